@@ -1,0 +1,559 @@
+//! The message model.
+//!
+//! A message is a JSON object `{id?, role, parts?, content?, metadata?, …}`: `parts` in the AI SDK
+//! UIMessage shape, `content` in the chat-completions shape, unknown fields kept. Writes validate
+//! it ([`Message::from_value`]), sanitise it and turn it into a [`PreparedMessage`]: the compact
+//! JSON body that is stored, hashed and measured once. Reads return a [`StoredMessage`] whose JSON
+//! is that body with the store-owned `createdAt` (and `updatedAt`) added.
+
+use std::fmt;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::tokens::TokenCounter;
+use crate::{COMPACTION_PREFIX, MAX_ID_CHARS, search};
+
+pub type JsonMap = serde_json::Map<String, Value>;
+
+/// Fields the store owns; a client's values for them are dropped on write.
+const STORE_OWNED_FIELDS: [&str; 2] = ["createdAt", "updatedAt"];
+
+/// Why a message (or identifier) was refused. `field` is a JSON path such as `parts[2].type`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid `{field}`: {kind}")]
+pub struct ValidationError {
+    pub field: String,
+    pub kind: ValidationErrorKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValidationErrorKind {
+    #[error("is required")]
+    Missing,
+    #[error("must be {expected}")]
+    WrongType { expected: &'static str },
+    #[error("must not be empty")]
+    Empty,
+    #[error("must be at most {max} characters")]
+    TooLong { max: usize },
+    #[error("must not contain control characters")]
+    ControlCharacter,
+    #[error("is not valid JSON: {reason}")]
+    NotJson { reason: String },
+    #[error("needs `parts` or `content`")]
+    NoBody,
+}
+
+impl ValidationError {
+    pub fn new(field: impl Into<String>, kind: ValidationErrorKind) -> Self {
+        Self {
+            field: field.into(),
+            kind,
+        }
+    }
+}
+
+/// Checks an identifier (session id, message id, namespace label): 1..=256 characters, no
+/// control characters. `field` names it in the error.
+pub fn validate_id(field: &str, id: &str) -> Result<(), ValidationError> {
+    if id.is_empty() {
+        return Err(ValidationError::new(field, ValidationErrorKind::Empty));
+    }
+    if id.chars().count() > MAX_ID_CHARS {
+        return Err(ValidationError::new(
+            field,
+            ValidationErrorKind::TooLong { max: MAX_ID_CHARS },
+        ));
+    }
+    if id.chars().any(char::is_control) {
+        return Err(ValidationError::new(
+            field,
+            ValidationErrorKind::ControlCharacter,
+        ));
+    }
+    Ok(())
+}
+
+/// A validated message as a client writes it. Construct with [`Message::from_value`],
+/// [`Message::parse`], or the builder ([`Message::new`] + `with_*`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    fields: JsonMap,
+}
+
+impl Message {
+    /// A message with a role and nothing else yet; add `parts` or `content` before writing.
+    pub fn new(role: impl Into<String>) -> Self {
+        let mut fields = JsonMap::new();
+        fields.insert("role".into(), Value::String(role.into()));
+        Self { fields }
+    }
+
+    /// A `{role, parts: [{type: "text", text}]}` message.
+    pub fn text(role: impl Into<String>, text: impl Into<String>) -> Self {
+        Self::new(role).with_part(serde_json::json!({"type": "text", "text": text.into()}))
+    }
+
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.fields
+            .shift_insert(0, "id".into(), Value::String(id.into()));
+        self
+    }
+
+    pub fn with_part(mut self, part: Value) -> Self {
+        match self.fields.get_mut("parts") {
+            Some(Value::Array(parts)) => parts.push(part),
+            _ => {
+                self.fields.insert("parts".into(), Value::Array(vec![part]));
+            }
+        }
+        self
+    }
+
+    pub fn with_content(mut self, content: Value) -> Self {
+        self.fields.insert("content".into(), content);
+        self
+    }
+
+    pub fn with_metadata(mut self, metadata: JsonMap) -> Self {
+        self.fields
+            .insert("metadata".into(), Value::Object(metadata));
+        self
+    }
+
+    /// Parses and validates JSON text.
+    pub fn parse(text: &str) -> Result<Self, ValidationError> {
+        let value: Value = serde_json::from_str(text).map_err(|e| {
+            ValidationError::new(
+                "message",
+                ValidationErrorKind::NotJson {
+                    reason: e.to_string(),
+                },
+            )
+        })?;
+        Self::from_value(value)
+    }
+
+    /// Validates a JSON value: an object with an optional string `id` (1..=256 chars), a
+    /// non-empty string `role`, an optional `parts` array of objects with a string `type`, an
+    /// optional `content` (string, array or object), an optional `metadata` object, and at least
+    /// one of `parts` / `content`. Unknown fields are kept.
+    pub fn from_value(value: Value) -> Result<Self, ValidationError> {
+        let Value::Object(fields) = value else {
+            return Err(wrong_type("message", "an object"));
+        };
+        let message = Self { fields };
+        message.validate()?;
+        Ok(message)
+    }
+
+    fn validate(&self) -> Result<(), ValidationError> {
+        match self.fields.get("id") {
+            None => {}
+            Some(Value::String(id)) => validate_id("id", id)?,
+            Some(_) => return Err(wrong_type("id", "a string")),
+        }
+        match self.fields.get("role") {
+            None => return Err(ValidationError::new("role", ValidationErrorKind::Missing)),
+            Some(Value::String(role)) => validate_id("role", role)?,
+            Some(_) => return Err(wrong_type("role", "a string")),
+        }
+        let has_parts = match self.fields.get("parts") {
+            None => false,
+            Some(Value::Array(parts)) => {
+                for (i, part) in parts.iter().enumerate() {
+                    let Value::Object(part) = part else {
+                        return Err(wrong_type(format!("parts[{i}]"), "an object"));
+                    };
+                    match part.get("type") {
+                        Some(Value::String(_)) => {}
+                        None => {
+                            return Err(ValidationError::new(
+                                format!("parts[{i}].type"),
+                                ValidationErrorKind::Missing,
+                            ));
+                        }
+                        Some(_) => return Err(wrong_type(format!("parts[{i}].type"), "a string")),
+                    }
+                }
+                true
+            }
+            Some(_) => return Err(wrong_type("parts", "an array")),
+        };
+        let has_content = match self.fields.get("content") {
+            None => false,
+            Some(Value::String(_) | Value::Array(_) | Value::Object(_)) => true,
+            Some(_) => return Err(wrong_type("content", "a string, an array or an object")),
+        };
+        match self.fields.get("metadata") {
+            None | Some(Value::Object(_)) => {}
+            Some(_) => return Err(wrong_type("metadata", "an object")),
+        }
+        if !has_parts && !has_content {
+            return Err(ValidationError::new("message", ValidationErrorKind::NoBody));
+        }
+        Ok(())
+    }
+
+    pub fn id(&self) -> Option<&str> {
+        self.fields.get("id").and_then(Value::as_str)
+    }
+
+    pub fn role(&self) -> &str {
+        self.fields.get("role").and_then(Value::as_str).unwrap_or("")
+    }
+
+    pub fn as_map(&self) -> &JsonMap {
+        &self.fields
+    }
+
+    pub fn into_value(self) -> Value {
+        Value::Object(self.fields)
+    }
+
+    /// True for ids of synthetic compaction overlays, which writes refuse to store.
+    pub fn is_compaction_overlay(&self) -> bool {
+        self.id().is_some_and(|id| id.starts_with(COMPACTION_PREFIX))
+    }
+
+    /// Gives the message an id when it has none (the id goes first in the stored JSON).
+    pub fn ensure_id(&mut self, generate: impl FnOnce() -> String) {
+        if self.id().is_none() {
+            self.fields
+                .shift_insert(0, "id".into(), Value::String(generate()));
+        }
+    }
+
+    /// Applies the write-side hygiene every client or server append/update gets (imports skip
+    /// it): drops store-owned fields, strips OpenAI item ids and encrypted reasoning from provider
+    /// metadata, drops blank reasoning parts, and for client-sourced writes removes the reserved
+    /// metadata keys.
+    pub fn sanitize(&mut self, source: Source, reserved_metadata_keys: &[String]) {
+        self.drop_store_owned_fields();
+        if let Some(Value::Array(parts)) = self.fields.get_mut("parts") {
+            parts.retain_mut(|part| {
+                let Value::Object(part) = part else {
+                    return true;
+                };
+                for key in ["providerMetadata", "callProviderMetadata"] {
+                    sanitize_provider_metadata(part, key);
+                }
+                !is_blank_reasoning(part)
+            });
+        }
+        if source == Source::Client && !reserved_metadata_keys.is_empty() {
+            let now_empty = match self.fields.get_mut("metadata") {
+                Some(Value::Object(meta)) => {
+                    for key in reserved_metadata_keys {
+                        meta.shift_remove(key);
+                    }
+                    meta.is_empty()
+                }
+                _ => false,
+            };
+            if now_empty {
+                self.fields.shift_remove("metadata");
+            }
+        }
+    }
+
+    /// Drops `createdAt` / `updatedAt`: the store stamps them.
+    pub fn drop_store_owned_fields(&mut self) {
+        for key in STORE_OWNED_FIELDS {
+            self.fields.shift_remove(key);
+        }
+    }
+
+    /// Computes everything a backend stores for this message. The message must have an id.
+    pub fn prepare(&self, counter: &dyn TokenCounter) -> PreparedMessage {
+        let id = self.id().unwrap_or_default().to_owned();
+        let body = serde_json::to_string(&self.fields).expect("a JSON map always serialises");
+        PreparedMessage {
+            content_hash: ContentHash::of(body.as_bytes()),
+            token_estimate: counter.count_message(&self.fields),
+            search_text: search::search_text(&self.fields),
+            role: self.role().to_owned(),
+            id,
+            body,
+        }
+    }
+}
+
+fn wrong_type(field: impl Into<String>, expected: &'static str) -> ValidationError {
+    ValidationError::new(field, ValidationErrorKind::WrongType { expected })
+}
+
+fn sanitize_provider_metadata(part: &mut JsonMap, key: &str) {
+    let Some(Value::Object(meta)) = part.get_mut(key) else {
+        return;
+    };
+    let openai_empty = match meta.get_mut("openai") {
+        Some(Value::Object(openai)) => {
+            openai.shift_remove("itemId");
+            openai.shift_remove("reasoningEncryptedContent");
+            openai.is_empty()
+        }
+        _ => false,
+    };
+    if openai_empty {
+        meta.shift_remove("openai");
+    }
+    if meta.is_empty() {
+        part.shift_remove(key);
+    }
+}
+
+fn is_blank_reasoning(part: &JsonMap) -> bool {
+    if part.get("type").and_then(Value::as_str) != Some("reasoning") {
+        return false;
+    }
+    let blank_text = match part.get("text") {
+        Some(Value::String(text)) => text.trim().is_empty(),
+        _ => true,
+    };
+    let has_provider_metadata =
+        matches!(part.get("providerMetadata"), Some(Value::Object(m)) if !m.is_empty());
+    blank_text && !has_provider_metadata
+}
+
+/// Who wrote a message. Reserved metadata keys are stripped only from client writes, so a server
+/// can keep keys (billing, moderation flags) that clients must not forge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Source {
+    #[default]
+    Server,
+    Client,
+}
+
+/// SHA-256 of a message's stored body. Equal hashes mean an update would change nothing.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ContentHash(pub [u8; 32]);
+
+impl ContentHash {
+    pub fn of(bytes: &[u8]) -> Self {
+        Self(Sha256::digest(bytes).into())
+    }
+
+    pub fn to_hex(&self) -> String {
+        use fmt::Write;
+        self.0.iter().fold(String::with_capacity(64), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+    }
+}
+
+impl fmt::Debug for ContentHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ContentHash({})", self.to_hex())
+    }
+}
+
+/// A message ready to store: the compact JSON body (without store-owned timestamps) and what is
+/// derived from it once, before any transaction starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreparedMessage {
+    pub id: String,
+    pub role: String,
+    pub body: String,
+    pub content_hash: ContentHash,
+    pub token_estimate: u64,
+    pub search_text: String,
+}
+
+impl PreparedMessage {
+    /// Stored bytes of this message: the UTF-8 length of its body.
+    pub fn bytes(&self) -> u64 {
+        self.body.len() as u64
+    }
+}
+
+/// A message as reads return it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredMessage {
+    pub id: String,
+    pub role: String,
+    pub parent_id: Option<String>,
+    /// Insertion order within the session; strictly increasing, never reused.
+    pub seq: i64,
+    /// Epoch milliseconds.
+    pub created_at: i64,
+    pub updated_at: Option<i64>,
+    pub token_estimate: u64,
+    /// UTF-8 bytes of the stored body (without the store-owned timestamps).
+    pub bytes: u64,
+    json: String,
+}
+
+/// Row fields of a stored message, as a backend reads them.
+#[derive(Debug, Clone)]
+pub struct StoredRow {
+    pub id: String,
+    pub role: String,
+    pub parent_id: Option<String>,
+    pub seq: i64,
+    pub created_at: i64,
+    pub updated_at: Option<i64>,
+    pub token_estimate: u64,
+}
+
+impl StoredMessage {
+    /// Builds the read form from a row and its reassembled body.
+    pub fn from_row(row: StoredRow, body: &str) -> Self {
+        Self {
+            json: with_timestamps(body, row.created_at, row.updated_at),
+            bytes: body.len() as u64,
+            id: row.id,
+            role: row.role,
+            parent_id: row.parent_id,
+            seq: row.seq,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            token_estimate: row.token_estimate,
+        }
+    }
+
+    /// The message as compact JSON text, `createdAt` (and `updatedAt`) included.
+    pub fn json(&self) -> &str {
+        &self.json
+    }
+
+    pub fn into_json(self) -> String {
+        self.json
+    }
+
+    /// The message as a JSON value.
+    pub fn to_value(&self) -> Value {
+        serde_json::from_str(&self.json).expect("stored JSON is valid by construction")
+    }
+
+    /// The body as stored (without the store-owned timestamps).
+    pub fn body(&self) -> String {
+        let mut value = self.to_value();
+        if let Value::Object(map) = &mut value {
+            for key in STORE_OWNED_FIELDS {
+                map.shift_remove(key);
+            }
+        }
+        value.to_string()
+    }
+
+    /// The message back as a writable [`Message`] (store-owned fields dropped).
+    pub fn to_message(&self) -> Message {
+        let Value::Object(fields) = self.to_value() else {
+            unreachable!("stored JSON is an object by construction")
+        };
+        let mut message = Message { fields };
+        message.drop_store_owned_fields();
+        message
+    }
+}
+
+/// Appends the store-owned timestamps to a body. A body is always a non-empty compact JSON
+/// object (it has at least `id` and `role`), so it ends with `}` and is never `{}`.
+fn with_timestamps(body: &str, created_at: i64, updated_at: Option<i64>) -> String {
+    let open = body.strip_suffix('}').unwrap_or(body);
+    let mut json = String::with_capacity(body.len() + 48);
+    json.push_str(open);
+    json.push_str(",\"createdAt\":");
+    json.push_str(&created_at.to_string());
+    if let Some(updated_at) = updated_at {
+        json.push_str(",\"updatedAt\":");
+        json.push_str(&updated_at.to_string());
+    }
+    json.push('}');
+    json
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokens::HeuristicCounter;
+    use serde_json::json;
+
+    fn invalid(v: Value) -> ValidationError {
+        Message::from_value(v).unwrap_err()
+    }
+
+    #[test]
+    fn validation_names_the_offending_field() {
+        assert_eq!(invalid(json!([])).field, "message");
+        assert_eq!(invalid(json!({"parts": []})).field, "role");
+        assert_eq!(invalid(json!({"role": 1, "parts": []})).field, "role");
+        assert_eq!(invalid(json!({"role": "", "parts": []})).field, "role");
+        assert_eq!(invalid(json!({"id": 5, "role": "u", "parts": []})).field, "id");
+        assert_eq!(invalid(json!({"id": "", "role": "u", "parts": []})).field, "id");
+        let long = "x".repeat(257);
+        assert_eq!(
+            invalid(json!({"id": long, "role": "u", "parts": []})).kind,
+            ValidationErrorKind::TooLong { max: 256 }
+        );
+        assert_eq!(invalid(json!({"role": "u", "parts": {}})).field, "parts");
+        assert_eq!(invalid(json!({"role": "u", "parts": [1]})).field, "parts[0]");
+        assert_eq!(
+            invalid(json!({"role": "u", "parts": [{"type": "text"}, {"text": "x"}]})).field,
+            "parts[1].type"
+        );
+        assert_eq!(invalid(json!({"role": "u", "content": 3})).field, "content");
+        assert_eq!(
+            invalid(json!({"role": "u", "content": "x", "metadata": []})).field,
+            "metadata"
+        );
+        assert_eq!(invalid(json!({"role": "u"})).kind, ValidationErrorKind::NoBody);
+        assert!(Message::parse("{").is_err());
+    }
+
+    #[test]
+    fn sanitize_strips_provider_ids_blank_reasoning_and_reserved_keys() {
+        let mut m = Message::from_value(json!({
+            "id": "a", "role": "assistant", "createdAt": 5,
+            "parts": [
+                {"type": "text", "text": "hi", "providerMetadata": {"openai": {"itemId": "x"}}},
+                {"type": "reasoning", "text": "  "},
+                {"type": "reasoning", "text": "", "providerMetadata": {"anthropic": {"sig": "s"}}},
+                {"type": "text", "text": "b", "callProviderMetadata": {"openai": {"itemId": "y", "keep": 1}}}
+            ],
+            "metadata": {"secret": 1, "ok": 2}
+        }))
+        .unwrap();
+        m.sanitize(Source::Client, &["secret".to_owned()]);
+        assert_eq!(
+            m.clone().into_value(),
+            json!({"id": "a", "role": "assistant", "parts": [
+                {"type": "text", "text": "hi"},
+                {"type": "reasoning", "text": "", "providerMetadata": {"anthropic": {"sig": "s"}}},
+                {"type": "text", "text": "b", "callProviderMetadata": {"openai": {"keep": 1}}}
+            ], "metadata": {"ok": 2}})
+        );
+        let mut server = Message::from_value(json!({"role": "u", "content": "x", "metadata": {"secret": 1}})).unwrap();
+        server.sanitize(Source::Server, &["secret".to_owned()]);
+        assert_eq!(server.as_map()["metadata"], json!({"secret": 1}));
+        let mut only_reserved = Message::from_value(json!({"role": "u", "content": "x", "metadata": {"secret": 1}})).unwrap();
+        only_reserved.sanitize(Source::Client, &["secret".to_owned()]);
+        assert!(only_reserved.as_map().get("metadata").is_none());
+    }
+
+    #[test]
+    fn stored_json_adds_timestamps_to_the_body() {
+        let mut m = Message::text("user", "hi");
+        m.ensure_id(|| "m1".into());
+        let p = m.prepare(&HeuristicCounter);
+        assert_eq!(p.body, r#"{"id":"m1","role":"user","parts":[{"type":"text","text":"hi"}]}"#);
+        let row = StoredRow {
+            id: p.id.clone(),
+            role: p.role.clone(),
+            parent_id: None,
+            seq: 1,
+            created_at: 7,
+            updated_at: Some(9),
+            token_estimate: p.token_estimate,
+        };
+        let s = StoredMessage::from_row(row, &p.body);
+        assert_eq!(s.to_value()["createdAt"], 7);
+        assert_eq!(s.to_value()["updatedAt"], 9);
+        assert_eq!(s.body(), p.body);
+        assert_eq!(s.to_message().prepare(&HeuristicCounter).content_hash, p.content_hash);
+        assert_eq!(p.content_hash.to_hex().len(), 64);
+    }
+}

@@ -1,0 +1,200 @@
+//! Read planning and delete splicing: pure functions over row statistics and parent links.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use crate::store::RowStat;
+
+/// Cuts a path (root → leaf row stats) into content windows of at most `max_rows` rows and
+/// `max_bytes` stored bytes. A row larger than `max_bytes` forms a window of its own, so memory
+/// held by a forward read is bounded by one window, whatever the session's size.
+pub fn content_windows(rows: &[RowStat], max_rows: usize, max_bytes: u64) -> Vec<Range<usize>> {
+    let max_rows = max_rows.max(1);
+    let mut windows = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0u64;
+    for (i, row) in rows.iter().enumerate() {
+        let full = i - start == max_rows || (i > start && bytes + row.bytes > max_bytes);
+        if full {
+            windows.push(start..i);
+            start = i;
+            bytes = 0;
+        }
+        bytes += row.bytes;
+    }
+    if start < rows.len() {
+        windows.push(start..rows.len());
+    }
+    windows
+}
+
+/// Index where the longest suffix of `rows` whose bytes fit in `max_bytes` starts; never past the
+/// last row, so a non-empty path always yields at least its leaf.
+pub fn recent_suffix_start(rows: &[RowStat], max_bytes: u64) -> usize {
+    let mut used = 0u64;
+    let mut start = rows.len();
+    while start > 0 {
+        let bytes = rows[start - 1].bytes;
+        if start < rows.len() && used + bytes > max_bytes {
+            break;
+        }
+        used += bytes;
+        start -= 1;
+    }
+    start
+}
+
+/// Groups a message stream into batches of at most `batch_size` messages and about `max_bytes`
+/// bytes; a message larger than `max_bytes` is a batch of its own. Batches are never empty.
+#[derive(Debug)]
+pub struct Batcher<T> {
+    batch_size: usize,
+    max_bytes: u64,
+    items: Vec<T>,
+    bytes: u64,
+}
+
+impl<T> Batcher<T> {
+    pub fn new(batch_size: usize, max_bytes: u64) -> Self {
+        Self {
+            batch_size: batch_size.max(1),
+            max_bytes: max_bytes.max(1),
+            items: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Adds an item of `bytes` size; returns the batches it completed (zero, one or two).
+    pub fn push(&mut self, item: T, bytes: u64) -> Vec<Vec<T>> {
+        let mut done = Vec::new();
+        if !self.items.is_empty()
+            && (self.items.len() >= self.batch_size || self.bytes + bytes > self.max_bytes)
+        {
+            done.extend(self.take());
+        }
+        self.items.push(item);
+        self.bytes += bytes;
+        if self.items.len() >= self.batch_size || self.bytes >= self.max_bytes {
+            done.extend(self.take());
+        }
+        done
+    }
+
+    /// The remaining partial batch, if any.
+    pub fn take(&mut self) -> Option<Vec<T>> {
+        self.bytes = 0;
+        (!self.items.is_empty()).then(|| std::mem::take(&mut self.items))
+    }
+}
+
+/// Computes the parent rewrites of a delete.
+///
+/// `deleted` maps each deleted id to its parent; `children` lists `(child, parent)` for the
+/// surviving children of deleted rows. Each such child moves to its nearest surviving ancestor:
+/// the first id up the deleted chain that is not itself deleted (or `None`: it becomes a root).
+/// Walks stop after `max_depth` steps so corrupt parent cycles cannot hang a delete.
+pub fn splice_rewires(
+    deleted: &HashMap<String, Option<String>>,
+    children: &[(String, String)],
+    max_depth: usize,
+) -> Vec<(String, Option<String>)> {
+    children
+        .iter()
+        .filter(|(child, _)| !deleted.contains_key(child))
+        .map(|(child, parent)| {
+            let mut ancestor = Some(parent.clone());
+            let mut steps = 0;
+            while let Some(id) = &ancestor {
+                match deleted.get(id) {
+                    Some(grandparent) if steps < max_depth => {
+                        ancestor = grandparent.clone();
+                        steps += 1;
+                    }
+                    Some(_) => {
+                        ancestor = None;
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            (child.clone(), ancestor)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(bytes: &[u64]) -> Vec<RowStat> {
+        bytes
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| RowStat {
+                id: format!("m{i}"),
+                role: "user".into(),
+                bytes: b,
+                token_estimate: 1,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn windows_respect_rows_and_bytes() {
+        assert_eq!(content_windows(&rows(&[1; 120]), 50, 1000), vec![0..50, 50..100, 100..120]);
+        assert_eq!(content_windows(&rows(&[6, 6, 6]), 50, 10), vec![0..1, 1..2, 2..3]);
+        assert_eq!(content_windows(&rows(&[2, 20, 2, 2]), 50, 10), vec![0..1, 1..2, 2..4]);
+        assert!(content_windows(&rows(&[]), 50, 10).is_empty());
+    }
+
+    #[test]
+    fn recent_suffix_is_longest_fitting_and_keeps_the_leaf() {
+        let r = rows(&[10; 6]);
+        assert_eq!(recent_suffix_start(&r, 30), 3);
+        assert_eq!(recent_suffix_start(&r, 1), 5);
+        assert_eq!(recent_suffix_start(&r, 1000), 0);
+        assert_eq!(recent_suffix_start(&rows(&[]), 10), 0);
+    }
+
+    #[test]
+    fn batches_follow_count_then_bytes() {
+        let mut b = Batcher::new(2, 1000);
+        let mut sizes = Vec::new();
+        for i in 0..5 {
+            sizes.extend(b.push(i, 10).into_iter().map(|v| v.len()));
+        }
+        sizes.extend(b.take().map(|v| v.len()));
+        assert_eq!(sizes, [2, 2, 1]);
+        let mut b = Batcher::new(50, 11);
+        let mut n = 0;
+        for i in 0..5 {
+            n += b.push(i, 10).len();
+        }
+        n += usize::from(b.take().is_some());
+        assert_eq!(n, 5);
+    }
+
+    #[test]
+    fn splice_moves_children_to_nearest_survivor() {
+        // root → a → b → c ; b → d. Delete a, b.
+        let deleted: HashMap<_, _> = [
+            ("a".to_string(), Some("root".to_string())),
+            ("b".to_string(), Some("a".to_string())),
+        ]
+        .into();
+        let children = [
+            ("b".to_string(), "a".to_string()),
+            ("c".to_string(), "b".to_string()),
+            ("d".to_string(), "b".to_string()),
+        ];
+        let mut rewires = splice_rewires(&deleted, &children, 100);
+        rewires.sort();
+        assert_eq!(
+            rewires,
+            vec![("c".into(), Some("root".into())), ("d".into(), Some("root".into()))]
+        );
+        let deleted: HashMap<_, _> = [("root".to_string(), None)].into();
+        let rewires = splice_rewires(&deleted, &[("a".into(), "root".into())], 100);
+        assert_eq!(rewires, vec![("a".into(), None)]);
+    }
+}

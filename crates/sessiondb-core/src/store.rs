@@ -1,0 +1,228 @@
+//! The contract between the facade and a storage backend.
+//!
+//! The facade prepares every message with the core before calling a backend, so a backend only
+//! persists prepared rows and fetches rows, atomically, with SQL that suits it. Semantic rules a
+//! backend must follow (parent resolution, splicing, aggregates) are spelled out on each type and
+//! checked by the conformance suite in `sessiondb-testkit`, which every backend runs unchanged.
+
+use std::future::Future;
+
+use crate::feed::{FeedFilter, Subscription};
+use crate::message::{PreparedMessage, StoredMessage, ValidationError, validate_id};
+
+/// Which session a call is about. Every row carries both parts, and no call ever reads or writes
+/// rows of another namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionKey {
+    pub namespace: String,
+    pub session_id: String,
+}
+
+impl SessionKey {
+    /// Validates both parts: the session id is 1..=256 characters; the namespace is empty (the
+    /// embedded default) or 1..=256 characters.
+    pub fn new(
+        namespace: impl Into<String>,
+        session_id: impl Into<String>,
+    ) -> Result<Self, ValidationError> {
+        let key = Self {
+            namespace: namespace.into(),
+            session_id: session_id.into(),
+        };
+        if !key.namespace.is_empty() {
+            validate_id("namespace", &key.namespace)?;
+        }
+        validate_id("sessionId", &key.session_id)?;
+        Ok(key)
+    }
+}
+
+/// Where an appended message attaches.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ParentSpec {
+    /// Under the session's active leaf (a new root when the session is empty).
+    #[default]
+    ActiveLeaf,
+    /// As a new root.
+    Root,
+    /// Under this message if it exists in the same session; otherwise (unknown id, another
+    /// session's id, empty string) as a new root.
+    Id(String),
+}
+
+/// One mutation. A [`WriteRequest`] applies its ops in order, all or nothing.
+#[derive(Debug, Clone)]
+pub enum WriteOp {
+    /// Inserts unless a message with this id exists (then returns it, `inserted: false`, and
+    /// writes nothing). The new row gets the next seq and becomes the active leaf.
+    Append {
+        message: PreparedMessage,
+        parent: ParentSpec,
+    },
+    /// Rewrites an existing message's body unless its content hash is unchanged. Never changes
+    /// parent, seq or createdAt.
+    Update { message: PreparedMessage },
+    /// Update when the id exists, append otherwise.
+    Upsert {
+        message: PreparedMessage,
+        parent: ParentSpec,
+    },
+    /// Verbatim historical write with an explicit (unvalidated) parent and timestamp; ignored when
+    /// the id exists. Refused with [`StoreError::ParentCycle`] when the parent chain would loop
+    /// back to this id. A written row becomes the active leaf.
+    Import {
+        message: PreparedMessage,
+        parent_id: Option<String>,
+        created_at: i64,
+    },
+    /// Deletes the existing ids among these; each surviving child of a deleted row moves to its
+    /// nearest surviving ancestor.
+    Delete { ids: Vec<String> },
+    /// Deletes every message of the session; the session itself stays.
+    Clear,
+}
+
+#[derive(Debug, Clone)]
+pub struct WriteRequest {
+    pub key: SessionKey,
+    /// Epoch milliseconds stamped as createdAt / updatedAt by this request.
+    pub now_ms: i64,
+    pub ops: Vec<WriteOp>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpdateOutcome {
+    Missing,
+    Unchanged(StoredMessage),
+    Changed(StoredMessage),
+}
+
+/// The result of one [`WriteOp`], in the same position as the op.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteOutcome {
+    Appended {
+        message: StoredMessage,
+        inserted: bool,
+    },
+    Updated(UpdateOutcome),
+    /// `None` when the id already existed and nothing was written.
+    Imported(Option<StoredMessage>),
+    Deleted {
+        count: usize,
+    },
+    Cleared,
+}
+
+/// Per-row numbers of a path, read without loading content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowStat {
+    pub id: String,
+    pub role: String,
+    pub bytes: u64,
+    pub token_estimate: u64,
+}
+
+/// A path root → leaf. `capped` is true when the walk stopped at [`crate::MAX_PATH_ROWS`] rows
+/// while the oldest row read still had a parent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PathRows {
+    pub rows: Vec<RowStat>,
+    pub capped: bool,
+}
+
+/// O(1) aggregates of a session's active path (as capped path reads see it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    /// Rows on the active path.
+    pub message_count: u64,
+    pub leaf_id: Option<String>,
+    pub token_estimate: u64,
+    pub content_bytes: u64,
+    /// Rows stored in the session, on every branch.
+    pub stored_messages: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SearchHit {
+    pub id: String,
+    pub role: String,
+    /// The indexed text of the message.
+    pub content: String,
+    pub session_id: String,
+    pub created_at: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("the database at {path} is already open in another process")]
+    Locked { path: String },
+    #[error("importing `{id}` under `{parent_id}` would make the parent chain a cycle")]
+    ParentCycle { id: String, parent_id: String },
+    #[error("the database schema version {found} is newer than this build supports ({supported})")]
+    SchemaTooNew { found: i64, supported: i64 },
+    #[error("the store is closed")]
+    Closed,
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    #[error("storage failure: {0}")]
+    Backend(String),
+}
+
+/// A storage backend. Every method is atomic; writes are durable when their future resolves and
+/// their change events are published, in commit order, before that.
+pub trait Store: Send + Sync + 'static {
+    fn write(
+        &self,
+        request: WriteRequest,
+    ) -> impl Future<Output = Result<Vec<WriteOutcome>, StoreError>> + Send;
+
+    fn message(
+        &self,
+        key: &SessionKey,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<StoredMessage>, StoreError>> + Send;
+
+    /// Children of `id`, oldest (lowest seq) first.
+    fn children(
+        &self,
+        key: &SessionKey,
+        id: &str,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send;
+
+    fn stats(&self, key: &SessionKey)
+    -> impl Future<Output = Result<SessionStats, StoreError>> + Send;
+
+    /// Row stats of the path ending at `leaf` (the active leaf when `None`); empty when the leaf
+    /// does not exist. At most [`crate::MAX_PATH_ROWS`] rows, the ones nearest the leaf.
+    fn path(
+        &self,
+        key: &SessionKey,
+        leaf: Option<&str>,
+    ) -> impl Future<Output = Result<PathRows, StoreError>> + Send;
+
+    /// Full messages for `ids`, in the given order; ids that do not exist are skipped.
+    fn fetch(
+        &self,
+        key: &SessionKey,
+        ids: &[String],
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send;
+
+    /// `from` and then its ancestors, following parent links, at most `limit` messages.
+    fn ancestors(
+        &self,
+        key: &SessionKey,
+        from: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send;
+
+    /// Messages of the session matching every word, best first.
+    fn search(
+        &self,
+        key: &SessionKey,
+        words: &[String],
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send;
+
+    fn subscribe(&self, filter: FeedFilter) -> Subscription;
+}

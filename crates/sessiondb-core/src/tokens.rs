@@ -1,0 +1,178 @@
+//! Token estimates. Every stored row is stamped with an estimate at write time so that aggregate
+//! checks never re-read content. The default is the reference heuristic; an exact tokenizer (or
+//! anything else) plugs in through [`TokenCounter`].
+
+use serde_json::Value;
+
+use crate::message::JsonMap;
+
+const CHARS_PER_TOKEN: f64 = 4.0;
+const WORDS_TOKEN_MULTIPLIER: f64 = 1.3;
+const TOKENS_PER_MESSAGE: u64 = 4;
+const IMAGE_ATTACHMENT_TOKENS: u64 = 1600;
+const MAX_ATTACHMENT_TOKENS: u64 = 20_000;
+
+/// Counts the tokens of one message (the whole JSON object as the client wrote it).
+///
+/// Implementations must be deterministic: the count is stamped on the row and compared later.
+pub trait TokenCounter: Send + Sync + std::fmt::Debug {
+    fn count_message(&self, message: &JsonMap) -> u64;
+}
+
+/// The reference heuristic: `max(chars / 4, words × 1.3)` per string plus 4 per message, with
+/// fixed costs for inline attachments. It under-counts tool-heavy histories; plug in an exact
+/// counter where that matters.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HeuristicCounter;
+
+impl TokenCounter for HeuristicCounter {
+    fn count_message(&self, message: &JsonMap) -> u64 {
+        estimate_message_tokens(message)
+    }
+}
+
+/// `ceil(max(utf16_len / 4, words × 1.3))`, 0 for the empty string. Lengths are UTF-16 code units
+/// (as the reference measures them), words are runs of non-whitespace.
+pub fn estimate_string_tokens(text: &str) -> u64 {
+    if text.is_empty() {
+        return 0;
+    }
+    let utf16_len: usize = text.chars().map(char::len_utf16).sum();
+    let words = text.split_whitespace().count();
+    let estimate = (utf16_len as f64 / CHARS_PER_TOKEN).max(words as f64 * WORDS_TOKEN_MULTIPLIER);
+    estimate.ceil() as u64
+}
+
+/// Strings count as themselves; any other non-null value by its compact JSON text.
+pub fn estimate_value_tokens(value: &Value) -> u64 {
+    match value {
+        Value::Null => 0,
+        Value::String(s) => estimate_string_tokens(s),
+        other => estimate_string_tokens(&other.to_string()),
+    }
+}
+
+fn part_tokens(part: &Value) -> u64 {
+    let Some(part) = part.as_object() else {
+        return 0;
+    };
+    let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
+    let field = |name: &str| part.get(name).unwrap_or(&Value::Null);
+    match kind {
+        "text" | "reasoning" => {
+            let text = part.get("text").or_else(|| part.get("reasoning"));
+            text.map_or(0, estimate_value_tokens)
+        }
+        k if k.starts_with("tool-") || k == "dynamic-tool" => {
+            let output = part.get("output").or_else(|| part.get("result"));
+            estimate_value_tokens(field("input")) + output.map_or(0, estimate_value_tokens)
+        }
+        _ => {
+            if let Some(text) = part.get("text") {
+                estimate_value_tokens(text)
+            } else {
+                part.get("result").map_or(0, estimate_value_tokens)
+            }
+        }
+    }
+}
+
+/// Inline `file` parts with a `data:` URL cost a fixed amount for images and their size for
+/// anything else (capped), estimated from the URL before attachments leave the row.
+fn attachment_tokens(part: &Value) -> u64 {
+    let Some(part) = part.as_object() else {
+        return 0;
+    };
+    if part.get("type").and_then(Value::as_str) != Some("file") {
+        return 0;
+    }
+    let Some(url) = part.get("url").and_then(Value::as_str) else {
+        return 0;
+    };
+    let Some(rest) = url.strip_prefix("data:") else {
+        return 0;
+    };
+    let media_type = part
+        .get("mediaType")
+        .and_then(Value::as_str)
+        .unwrap_or("application/octet-stream");
+    let (header, payload) = rest.split_once(',').unwrap_or((rest, ""));
+    let bytes = if header.ends_with(";base64") {
+        (payload.len() as u64) * 3 / 4
+    } else {
+        payload.len() as u64
+    };
+    if media_type.starts_with("image/") {
+        IMAGE_ATTACHMENT_TOKENS
+    } else {
+        bytes.div_ceil(4).min(MAX_ATTACHMENT_TOKENS)
+    }
+}
+
+/// Chat-completions `content`: a string, an array of strings or `{type: "text", text}` items, or
+/// any other JSON (counted by its text).
+fn content_tokens(content: &Value) -> u64 {
+    match content {
+        Value::Array(items) => items
+            .iter()
+            .map(|item| match item.get("text") {
+                Some(text) if item.get("type").and_then(Value::as_str) == Some("text") => {
+                    estimate_value_tokens(text)
+                }
+                _ => estimate_value_tokens(item),
+            })
+            .sum(),
+        other => estimate_value_tokens(other),
+    }
+}
+
+/// The stamped row estimate of one message: 4 + its parts + its `content` + inline attachments.
+pub fn estimate_message_tokens(message: &JsonMap) -> u64 {
+    let mut total = TOKENS_PER_MESSAGE;
+    if let Some(Value::Array(parts)) = message.get("parts") {
+        total += parts
+            .iter()
+            .map(|p| part_tokens(p) + attachment_tokens(p))
+            .sum::<u64>();
+    }
+    if let Some(content) = message.get("content") {
+        total += content_tokens(content);
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn map(v: Value) -> JsonMap {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn string_estimate_takes_the_larger_of_chars_and_words() {
+        assert_eq!(estimate_string_tokens(""), 0);
+        // One word is at least 1.3 tokens.
+        assert_eq!(estimate_string_tokens("abcd"), 2);
+        assert_eq!(estimate_string_tokens(&"a".repeat(40)), 10);
+        // 5 one-letter words: 9 chars / 4 = 2.25 < 5 × 1.3 = 6.5
+        assert_eq!(estimate_string_tokens("a b c d e"), 7);
+        // An emoji is two UTF-16 units.
+        assert_eq!(estimate_string_tokens(&"😀".repeat(10)), 5);
+    }
+
+    #[test]
+    fn message_estimate_counts_parts_tools_and_content() {
+        let text = map(json!({"role": "user", "parts": [{"type": "text", "text": "abcdefgh"}]}));
+        assert_eq!(estimate_message_tokens(&text), 4 + 2);
+        let tool = map(json!({"role": "assistant", "parts": [
+            {"type": "tool-search", "input": "abcd", "output": {"a": 1}}]}));
+        assert_eq!(estimate_message_tokens(&tool), 4 + 2 + 2);
+        let content = map(json!({"role": "user", "content": "abcdefgh"}));
+        assert_eq!(estimate_message_tokens(&content), 4 + 2);
+        let image = map(json!({"role": "user", "parts": [
+            {"type": "file", "mediaType": "image/png", "url": "data:image/png;base64,AAAA"}]}));
+        assert_eq!(estimate_message_tokens(&image), 4 + 1600);
+    }
+}

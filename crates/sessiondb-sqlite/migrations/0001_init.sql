@@ -1,0 +1,56 @@
+-- sessiondb schema 1. Released migrations are never edited; later changes are new files.
+
+CREATE TABLE store_meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+
+-- One row per session that was ever written. Holds the active leaf, the next seq, and the
+-- aggregates of the active path so that stats and token checks are O(1).
+CREATE TABLE sessions (
+    namespace       TEXT    NOT NULL,
+    id              TEXT    NOT NULL,
+    created_at      INTEGER NOT NULL,
+    updated_at      INTEGER NOT NULL,
+    last_message_at INTEGER,
+    next_seq        INTEGER NOT NULL,
+    leaf_id         TEXT,
+    path_len        INTEGER NOT NULL,
+    path_tokens     INTEGER NOT NULL,
+    path_bytes      INTEGER NOT NULL,
+    stored_messages INTEGER NOT NULL,
+    PRIMARY KEY (namespace, id)
+) WITHOUT ROWID;
+
+-- content holds slice 0 of the message body; content_chunks continuation slices follow in
+-- message_chunks (idx 1..=content_chunks). bytes is the UTF-8 length of the whole body.
+CREATE TABLE messages (
+    namespace      TEXT    NOT NULL,
+    session_id     TEXT    NOT NULL,
+    id             TEXT    NOT NULL,
+    seq            INTEGER NOT NULL,
+    parent_id      TEXT,
+    role           TEXT    NOT NULL,
+    content        TEXT    NOT NULL,
+    content_chunks INTEGER NOT NULL,
+    bytes          INTEGER NOT NULL,
+    token_estimate INTEGER NOT NULL,
+    content_hash   BLOB    NOT NULL,
+    created_at     INTEGER NOT NULL,
+    updated_at     INTEGER,
+    PRIMARY KEY (namespace, session_id, id)
+) WITHOUT ROWID;
+
+CREATE UNIQUE INDEX messages_by_seq ON messages (namespace, session_id, seq);
+CREATE INDEX messages_by_parent ON messages (namespace, session_id, parent_id, seq);
+-- Covers path walks and row stats, so they never touch message content pages.
+CREATE INDEX messages_tree ON messages (namespace, session_id, id, parent_id, role, bytes, token_estimate);
+
+CREATE TABLE message_chunks (
+    namespace  TEXT    NOT NULL,
+    session_id TEXT    NOT NULL,
+    id         TEXT    NOT NULL,
+    idx        INTEGER NOT NULL,
+    content    TEXT    NOT NULL,
+    PRIMARY KEY (namespace, session_id, id, idx)
+) WITHOUT ROWID;

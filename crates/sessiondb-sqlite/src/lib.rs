@@ -1,0 +1,489 @@
+//! sessiondb's embedded backend: one SQLite file in WAL mode.
+//!
+//! # Threads
+//! - **One writer** owns the only read-write connection. Callers send it write requests over a
+//!   channel; it takes every request already queued (up to `max_batch`), applies each inside its
+//!   own savepoint of one transaction, commits once (one fsync for the whole group), then
+//!   publishes the change events in commit order and answers each caller with its own result. A
+//!   request that fails rolls back to its savepoint and fails alone.
+//! - **A pool of readers**, each with a `query_only` connection, serves reads concurrently with
+//!   the writer (WAL readers see the last committed state).
+//!
+//! Neither side needs an async runtime: futures resolve through oneshot channels.
+//!
+//! # Durability
+//! `synchronous=FULL` by default: a write is acknowledged only after its commit reached the disk,
+//! so it survives power loss. `NORMAL` skips the fsync on commit in WAL mode; an acknowledged
+//! write then survives a process crash but may be lost on power loss or an OS crash.
+#![forbid(unsafe_code)]
+
+mod queries;
+mod schema;
+mod write;
+
+use std::fs::{File, TryLockError};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+
+use futures::channel::oneshot;
+use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
+use sessiondb_core::message::JsonMap;
+use sessiondb_core::{
+    Change, ChangeFeed, FeedFilter, PathRows, SearchHit, SessionKey, SessionStats, Store,
+    StoreError, StoredMessage, Subscription, WriteOutcome, WriteRequest, search,
+};
+
+use crate::write::WriteContext;
+
+/// File name of the database inside the data directory.
+pub const DATABASE_FILE: &str = "sessiondb.sqlite3";
+/// File held under an exclusive lock while a store has the directory open.
+pub const LOCK_FILE: &str = "sessiondb.lock";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// fsync on every commit: acknowledged writes survive power loss.
+    #[default]
+    Full,
+    /// No fsync on commit: acknowledged writes survive a process crash, not power loss.
+    Normal,
+}
+
+#[derive(Debug, Clone)]
+pub struct SqliteConfig {
+    pub synchronous: Synchronous,
+    /// Read connections (and threads).
+    pub readers: usize,
+    /// Most write requests committed together.
+    pub max_batch: usize,
+    /// Undelivered change events a subscriber may hold before it lags.
+    pub feed_buffer: usize,
+}
+
+impl Default for SqliteConfig {
+    fn default() -> Self {
+        Self {
+            synchronous: Synchronous::Full,
+            readers: 2,
+            max_batch: 256,
+            feed_buffer: 1024,
+        }
+    }
+}
+
+pub(crate) fn backend_error(e: rusqlite::Error) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+type ReadJob = Box<dyn FnOnce(&Connection) + Send>;
+
+enum WriteJob {
+    Write(WriteRequest, Reply<Vec<WriteOutcome>>),
+    EnsureSearchIndex(Reply<()>),
+}
+
+/// The SQLite store. Cheap to share behind an `Arc`; dropping the last handle finishes queued
+/// writes, closes the database and releases the directory lock.
+#[derive(Debug)]
+pub struct SqliteStore {
+    writes: Option<mpsc::Sender<WriteJob>>,
+    reads: Option<mpsc::Sender<ReadJob>>,
+    threads: Vec<JoinHandle<()>>,
+    feed: ChangeFeed,
+    search_index: Arc<AtomicBool>,
+    path: PathBuf,
+    // Held (locked) until every connection is closed; see Drop.
+    _lock: File,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store in directory `dir` with default settings.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with(dir, SqliteConfig::default())
+    }
+
+    pub fn open_with(dir: impl AsRef<Path>, config: SqliteConfig) -> Result<Self, StoreError> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(|e| io_error(dir, e))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io_error(&lock_path, e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                return Err(StoreError::Locked {
+                    path: dir.display().to_string(),
+                });
+            }
+            Err(TryLockError::Error(e)) => return Err(io_error(&lock_path, e)),
+        }
+        let path = dir.join(DATABASE_FILE);
+        let mut writer = Connection::open(&path).map_err(backend_error)?;
+        schema::configure(&writer, config.synchronous, false)?;
+        schema::migrate(&mut writer)?;
+        let search_ready = writer
+            .query_row(
+                "SELECT count(*) FROM store_meta WHERE key = 'search_index'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(backend_error)?
+            > 0;
+        let search_index = Arc::new(AtomicBool::new(search_ready));
+        let feed = ChangeFeed::new(config.feed_buffer);
+
+        let mut readers = Vec::new();
+        for _ in 0..config.readers.max(1) {
+            let conn = Connection::open_with_flags(
+                &path,
+                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .map_err(backend_error)?;
+            schema::configure(&conn, config.synchronous, true)?;
+            readers.push(conn);
+        }
+
+        let (write_tx, write_rx) = mpsc::channel();
+        let (read_tx, read_rx) = mpsc::channel::<ReadJob>();
+        let read_rx = Arc::new(Mutex::new(read_rx));
+        let mut threads = Vec::new();
+        let writer_state = Writer {
+            conn: writer,
+            feed: feed.clone(),
+            search_index: search_index.clone(),
+            max_batch: config.max_batch.max(1),
+        };
+        threads.push(spawn("sessiondb-writer", move || writer_state.run(write_rx))?);
+        for (i, conn) in readers.into_iter().enumerate() {
+            let jobs = read_rx.clone();
+            threads.push(spawn(&format!("sessiondb-reader-{i}"), move || {
+                loop {
+                    let job = match jobs.lock() {
+                        Ok(rx) => rx.recv(),
+                        Err(_) => return,
+                    };
+                    match job {
+                        Ok(job) => job(&conn),
+                        Err(_) => return,
+                    }
+                }
+            })?);
+        }
+        Ok(Self {
+            writes: Some(write_tx),
+            reads: Some(read_tx),
+            threads,
+            feed,
+            search_index,
+            path,
+            _lock: lock,
+        })
+    }
+
+    /// Path of the database file.
+    pub fn database_path(&self) -> &Path {
+        &self.path
+    }
+
+    fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
+        let (tx, rx) = oneshot::channel();
+        let job: ReadJob = Box::new(move |conn| {
+            let _ = tx.send(f(conn));
+        });
+        let sent = self.reads.as_ref().is_some_and(|r| r.send(job).is_ok());
+        async move {
+            if !sent {
+                return Err(StoreError::Closed);
+            }
+            rx.await.unwrap_or(Err(StoreError::Closed))
+        }
+    }
+
+    fn submit<T>(
+        &self,
+        make: impl FnOnce(Reply<T>) -> WriteJob,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static
+    where
+        T: Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let sent = self.writes.as_ref().is_some_and(|w| w.send(make(tx)).is_ok());
+        async move {
+            if !sent {
+                return Err(StoreError::Closed);
+            }
+            rx.await.unwrap_or(Err(StoreError::Closed))
+        }
+    }
+
+    /// Creates and back-fills the full-text index unless it exists. The first search does this;
+    /// from then on every write maintains the index.
+    async fn ensure_search_index(&self) -> Result<(), StoreError> {
+        if self.search_index.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.submit(WriteJob::EnsureSearchIndex).await
+    }
+
+    /// Whether the full-text index exists yet.
+    pub fn has_search_index(&self) -> bool {
+        self.search_index.load(Ordering::Acquire)
+    }
+}
+
+fn io_error(path: &Path, e: std::io::Error) -> StoreError {
+    StoreError::Backend(format!("{}: {e}", path.display()))
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, StoreError> {
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(f)
+        .map_err(|e| StoreError::Backend(format!("cannot start thread {name}: {e}")))
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        // Closing the channels lets the writer drain what is queued and every thread exit; the
+        // lock file is released only after all connections are closed.
+        self.writes.take();
+        self.reads.take();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+struct Writer {
+    conn: Connection,
+    feed: ChangeFeed,
+    search_index: Arc<AtomicBool>,
+    max_batch: usize,
+}
+
+type Applied = Result<(Vec<WriteOutcome>, Vec<Change>), StoreError>;
+
+impl Writer {
+    fn run(mut self, jobs: mpsc::Receiver<WriteJob>) {
+        let mut writes = Vec::new();
+        while let Ok(first) = jobs.recv() {
+            let mut next = Some(first);
+            while let Some(job) = next.take() {
+                match job {
+                    WriteJob::Write(request, reply) => writes.push((request, reply)),
+                    WriteJob::EnsureSearchIndex(reply) => {
+                        self.commit_group(&mut writes);
+                        let _ = reply.send(self.ensure_search_index());
+                    }
+                }
+                if writes.len() < self.max_batch {
+                    next = jobs.try_recv().ok();
+                }
+            }
+            self.commit_group(&mut writes);
+        }
+    }
+
+    /// Applies the queued requests in one transaction, each in its own savepoint.
+    fn commit_group(&mut self, writes: &mut Vec<(WriteRequest, Reply<Vec<WriteOutcome>>)>) {
+        if writes.is_empty() {
+            return;
+        }
+        let ctx = WriteContext {
+            search_index: self.search_index.load(Ordering::Acquire),
+        };
+        let mut results: Vec<Applied> = Vec::with_capacity(writes.len());
+        let committed = (|| -> Result<(), rusqlite::Error> {
+            let mut tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            for (request, _) in writes.iter() {
+                let mut savepoint = tx.savepoint()?;
+                let applied = write::apply(&savepoint, ctx, request);
+                if applied.is_ok() {
+                    savepoint.commit()?;
+                } else {
+                    savepoint.rollback()?;
+                }
+                results.push(applied);
+            }
+            tx.commit()
+        })();
+        if let Err(e) = committed {
+            // Nothing of this group is durable: every caller learns it, none sees an event.
+            let message = e.to_string();
+            results = writes
+                .iter()
+                .map(|_| Err(StoreError::Backend(message.clone())))
+                .collect();
+        }
+        let events = results.iter().zip(writes.iter()).flat_map(|(r, (req, _))| {
+            r.iter()
+                .flat_map(|(_, changes)| changes.iter().map(|c| (req.key.clone(), c.clone())))
+        });
+        self.feed.publish(events);
+        for ((_, reply), result) in writes.drain(..).zip(results) {
+            let _ = reply.send(result.map(|(outcomes, _)| outcomes));
+        }
+    }
+
+    fn ensure_search_index(&mut self) -> Result<(), StoreError> {
+        if self.search_index.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(backend_error)?;
+        tx.execute_batch(schema::SEARCH_SCHEMA)
+            .map_err(backend_error)?;
+        {
+            let mut rows = tx
+                .prepare(
+                    "SELECT namespace, session_id, id, role, content, content_chunks FROM messages",
+                )
+                .map_err(backend_error)?;
+            let mut insert = tx
+                .prepare(
+                    "INSERT OR REPLACE INTO message_search
+                         (namespace, session_id, message_id, role, text)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .map_err(backend_error)?;
+            let mut cursor = rows.query([]).map_err(backend_error)?;
+            while let Some(row) = cursor.next().map_err(backend_error)? {
+                let key = SessionKey {
+                    namespace: row.get(0).map_err(backend_error)?,
+                    session_id: row.get(1).map_err(backend_error)?,
+                };
+                let id: String = row.get(2).map_err(backend_error)?;
+                let role: String = row.get(3).map_err(backend_error)?;
+                let body = queries::reassemble(
+                    &tx,
+                    &key,
+                    &id,
+                    row.get(4).map_err(backend_error)?,
+                    row.get(5).map_err(backend_error)?,
+                )?;
+                let fields: JsonMap = serde_json::from_str(&body)
+                    .map_err(|e| StoreError::Corrupt(format!("message `{id}`: {e}")))?;
+                let text = search::search_text(&fields);
+                if !text.is_empty() {
+                    insert
+                        .execute(params![key.namespace, key.session_id, id, role, text])
+                        .map_err(backend_error)?;
+                }
+            }
+        }
+        tx.execute(
+            "INSERT OR REPLACE INTO store_meta (key, value) VALUES ('search_index', '1')",
+            [],
+        )
+        .map_err(backend_error)?;
+        tx.commit().map_err(backend_error)?;
+        self.search_index.store(true, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl Store for SqliteStore {
+    fn write(
+        &self,
+        request: WriteRequest,
+    ) -> impl Future<Output = Result<Vec<WriteOutcome>, StoreError>> + Send {
+        self.submit(|reply| WriteJob::Write(request, reply))
+    }
+
+    fn message(
+        &self,
+        key: &SessionKey,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<StoredMessage>, StoreError>> + Send {
+        let (key, id) = (key.clone(), id.to_owned());
+        self.read(move |c| queries::message(c, &key, &id))
+    }
+
+    fn children(
+        &self,
+        key: &SessionKey,
+        id: &str,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        let (key, id) = (key.clone(), id.to_owned());
+        self.read(move |c| queries::children(c, &key, &id))
+    }
+
+    fn stats(&self, key: &SessionKey) -> impl Future<Output = Result<SessionStats, StoreError>> + Send {
+        let key = key.clone();
+        self.read(move |c| queries::stats(c, &key))
+    }
+
+    fn path(
+        &self,
+        key: &SessionKey,
+        leaf: Option<&str>,
+    ) -> impl Future<Output = Result<PathRows, StoreError>> + Send {
+        let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
+        self.read(move |c| {
+            let leaf = match leaf {
+                Some(leaf) => leaf,
+                None => match queries::leaf_id(c, &key)? {
+                    Some(leaf) => leaf,
+                    None => return Ok(PathRows::default()),
+                },
+            };
+            queries::path(c, &key, &leaf)
+        })
+    }
+
+    fn fetch(
+        &self,
+        key: &SessionKey,
+        ids: &[String],
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        let (key, ids) = (key.clone(), ids.to_vec());
+        self.read(move |c| queries::fetch(c, &key, &ids))
+    }
+
+    fn ancestors(
+        &self,
+        key: &SessionKey,
+        from: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        let (key, from) = (key.clone(), from.to_owned());
+        self.read(move |c| queries::ancestors(c, &key, &from, limit))
+    }
+
+    fn search(
+        &self,
+        key: &SessionKey,
+        words: &[String],
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send {
+        let (key, words) = (key.clone(), words.to_vec());
+        async move {
+            self.ensure_search_index().await?;
+            self.read(move |c| {
+                if words.is_empty() || limit == 0 {
+                    return Ok(Vec::new());
+                }
+                queries::search(c, &key, &words, limit)
+            })
+            .await
+        }
+    }
+
+    fn subscribe(&self, filter: FeedFilter) -> Subscription {
+        self.feed.subscribe(filter)
+    }
+}

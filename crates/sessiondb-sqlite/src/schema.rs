@@ -1,0 +1,80 @@
+//! Connection set-up and numbered schema migrations (`PRAGMA user_version`).
+
+use rusqlite::Connection;
+use sessiondb_core::StoreError;
+
+use crate::{Synchronous, backend_error};
+
+/// Migrations in order; index + 1 is the schema version each one produces.
+const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
+
+/// Tables of the full-text index, created by the first search (see `search_index.rs`).
+pub(crate) const SEARCH_SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS message_search (
+    rowid      INTEGER PRIMARY KEY,
+    namespace  TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    role       TEXT NOT NULL,
+    text       TEXT NOT NULL,
+    UNIQUE (namespace, session_id, message_id)
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS message_fts USING fts5(
+    text, content='message_search', content_rowid='rowid', tokenize='porter unicode61'
+);
+CREATE TRIGGER IF NOT EXISTS message_search_ai AFTER INSERT ON message_search BEGIN
+    INSERT INTO message_fts (rowid, text) VALUES (new.rowid, new.text);
+END;
+CREATE TRIGGER IF NOT EXISTS message_search_ad AFTER DELETE ON message_search BEGIN
+    INSERT INTO message_fts (message_fts, rowid, text) VALUES ('delete', old.rowid, old.text);
+END;
+CREATE TRIGGER IF NOT EXISTS message_search_au AFTER UPDATE ON message_search BEGIN
+    INSERT INTO message_fts (message_fts, rowid, text) VALUES ('delete', old.rowid, old.text);
+    INSERT INTO message_fts (rowid, text) VALUES (new.rowid, new.text);
+END;
+"#;
+
+pub(crate) fn configure(
+    conn: &Connection,
+    synchronous: Synchronous,
+    read_only: bool,
+) -> Result<(), StoreError> {
+    let sync = match synchronous {
+        Synchronous::Full => "FULL",
+        Synchronous::Normal => "NORMAL",
+    };
+    conn.execute_batch(&format!(
+        "PRAGMA journal_mode = WAL;
+         PRAGMA synchronous = {sync};
+         PRAGMA foreign_keys = ON;
+         PRAGMA busy_timeout = 10000;
+         PRAGMA cache_size = -16384;
+         PRAGMA query_only = {};",
+        i32::from(read_only)
+    ))
+    .map_err(backend_error)?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(())
+}
+
+/// Brings the schema to the latest version, one transaction per migration.
+pub(crate) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(backend_error)?;
+    let latest = MIGRATIONS.len() as i64;
+    if version > latest {
+        return Err(StoreError::SchemaTooNew {
+            found: version,
+            supported: latest,
+        });
+    }
+    for (index, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        let tx = conn.transaction().map_err(backend_error)?;
+        tx.execute_batch(sql).map_err(backend_error)?;
+        tx.pragma_update(None, "user_version", index as i64 + 1)
+            .map_err(backend_error)?;
+        tx.commit().map_err(backend_error)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! sessiondb: a durable session store for AI agents.
+//!
+//! A session (conversation) is a tree of messages: appends extend the active branch, an explicit
+//! parent starts a new branch, and reads walk one path from the root to a leaf. History streams in
+//! bounded windows however long the session is; full-text search, O(1) session statistics and a
+//! change feed come with every backend.
+//!
+//! ```
+//! # futures::executor::block_on(async {
+//! use futures::StreamExt;
+//! use sessiondb::{AppendOptions, Db, Message, Parent};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let db = Db::open(dir.path())?; // an SQLite file in that directory
+//! let chat = db.session("chat-1")?;
+//!
+//! chat.append(Message::text("user", "What is a B-tree?").with_id("q1"), AppendOptions::default()).await?;
+//! chat.append(Message::text("assistant", "A balanced search tree.").with_id("a1"), AppendOptions::default()).await?;
+//! // Regenerate the answer: a sibling of a1 becomes the active branch.
+//! let retry = AppendOptions { parent: Parent::Id("q1".into()), ..Default::default() };
+//! chat.append(Message::text("assistant", "A self-balancing tree with wide nodes.").with_id("a2"), retry).await?;
+//!
+//! let ids: Vec<String> = chat.full_history(Default::default()).await?.into_iter().map(|m| m.id).collect();
+//! assert_eq!(ids, ["q1", "a2"]);
+//! assert_eq!(chat.branches("q1").await?.len(), 2);
+//! assert_eq!(chat.search("balanced", 10).await?[0].id, "a1");
+//!
+//! let mut newest_first = chat.history(sessiondb::HistoryOptions { newest_first: true, ..Default::default() });
+//! assert_eq!(newest_first.next().await.unwrap()?.id, "a2");
+//! # Ok::<(), sessiondb::Error>(())
+//! # }).unwrap();
+//! ```
+//!
+//! # Layout
+//! - [`Db`] opens a store and hands out [`Session`] handles; [`Session`] holds every per-session
+//!   operation (writes prepare messages with the core, then call the backend once).
+//! - The [`Store`] trait and all message types come from `sessiondb-core`; the SQLite backend
+//!   (feature `sqlite`, on by default) from `sessiondb-sqlite`.
+#![forbid(unsafe_code)]
+
+mod session;
+
+use std::sync::Arc;
+
+pub use sessiondb_core::tokens::{HeuristicCounter, TokenCounter};
+pub use sessiondb_core::{
+    Change, ChangeEvent, FeedFilter, FeedItem, MAX_PATH_ROWS, Message, ParentSpec, PathRows,
+    RowStat, SearchHit, SessionKey, SessionStats, Source, Store, StoreError, StoredMessage,
+    Subscription, ValidationError, ValidationErrorKind,
+};
+#[cfg(feature = "sqlite")]
+pub use sessiondb_sqlite::{SqliteConfig, SqliteStore, Synchronous};
+
+pub use session::{
+    AppendOptions, AppendResult, HistoryOptions, ImportOptions, Parent, RecentHistory, Session,
+};
+
+/// Every error the facade returns.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The input was refused; nothing was written.
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    /// The backend failed; nothing of the failed request was written.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Behaviour shared by every session of a [`Db`].
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Metadata keys removed from client-sourced writes ([`Source::Client`]).
+    pub reserved_metadata_keys: Vec<String>,
+    /// Stamps each message's token estimate. The reference heuristic by default.
+    pub token_counter: Arc<dyn TokenCounter>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            reserved_metadata_keys: Vec::new(),
+            token_counter: Arc::new(HeuristicCounter),
+        }
+    }
+}
+
+/// A store plus the options its sessions use. Cloning is cheap and shares the store.
+#[derive(Debug)]
+pub struct Db<S> {
+    store: Arc<S>,
+    options: Arc<Options>,
+}
+
+impl<S> Clone for Db<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            options: self.options.clone(),
+        }
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl Db<SqliteStore> {
+    /// Opens (creating if needed) the embedded store in directory `dir`.
+    pub fn open(dir: impl AsRef<std::path::Path>) -> Result<Self, Error> {
+        Ok(Self::new(SqliteStore::open(dir)?))
+    }
+}
+
+impl<S: Store> Db<S> {
+    pub fn new(store: S) -> Self {
+        Self::with_options(store, Options::default())
+    }
+
+    pub fn with_options(store: S, options: Options) -> Self {
+        Self {
+            store: Arc::new(store),
+            options: Arc::new(options),
+        }
+    }
+
+    /// A handle on session `id` in the default (empty) namespace. Sessions need no creation: the
+    /// first write creates one.
+    pub fn session(&self, id: &str) -> Result<Session<S>, Error> {
+        self.session_in("", id)
+    }
+
+    /// A handle on session `id` in `namespace`; nothing done through it sees other namespaces.
+    pub fn session_in(&self, namespace: &str, id: &str) -> Result<Session<S>, Error> {
+        Ok(Session::new(
+            self.store.clone(),
+            self.options.clone(),
+            SessionKey::new(namespace, id)?,
+        ))
+    }
+
+    /// Change events after each durable write, in commit order.
+    pub fn subscribe(&self, filter: FeedFilter) -> Subscription {
+        self.store.subscribe(filter)
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+}

@@ -1,0 +1,513 @@
+//! The per-session handle.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
+use sessiondb_core::message::StoredRow;
+use sessiondb_core::plan::{Batcher, content_windows, recent_suffix_start};
+use sessiondb_core::{
+    MAX_PATH_ROWS, Message, ParentSpec, PreparedMessage, RowStat, SearchHit, SessionKey,
+    SessionStats, Source, Store, StoredMessage, UpdateOutcome, ValidationError,
+    ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome, WriteRequest,
+    search,
+};
+
+use crate::{Error, Options};
+
+/// Where an appended message attaches.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Parent {
+    /// Under the active leaf (the default).
+    #[default]
+    ActiveLeaf,
+    /// As a new root.
+    Root,
+    /// Under this message; an id that is not in this session (or empty) makes a new root.
+    Id(String),
+}
+
+impl From<Parent> for ParentSpec {
+    fn from(p: Parent) -> Self {
+        match p {
+            Parent::ActiveLeaf => ParentSpec::ActiveLeaf,
+            Parent::Root => ParentSpec::Root,
+            Parent::Id(id) => ParentSpec::Id(id),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct AppendOptions {
+    pub parent: Parent,
+    pub source: Source,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppendResult {
+    /// True when this call stored the message.
+    pub inserted: bool,
+    /// True when the message was a synthetic `compaction_…` overlay echoed back by a client:
+    /// such messages are never stored and `message` is the input as it would have been stored.
+    pub refused: bool,
+    /// The stored message (the earlier one when the id already existed).
+    pub message: StoredMessage,
+}
+
+#[derive(Debug, Clone)]
+pub struct ImportOptions {
+    /// Stored as given, not validated (history may arrive out of order).
+    pub parent_id: Option<String>,
+    /// Epoch milliseconds.
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct HistoryOptions {
+    /// Read the path ending here instead of the active leaf.
+    pub leaf: Option<String>,
+    /// Walk from the leaf towards the root, reading only what the consumer takes.
+    pub newest_first: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecentHistory {
+    /// The longest suffix of the path (root side dropped) whose bytes fit the budget; always at
+    /// least the leaf.
+    pub messages: Vec<StoredMessage>,
+    /// True when rows of the path were left out (by the budget or the path cap).
+    pub truncated: bool,
+    /// Stored bytes of the whole (capped) path.
+    pub total_bytes: u64,
+}
+
+/// A handle on one session. Cheap to clone; holds no data of its own.
+#[derive(Debug)]
+pub struct Session<S> {
+    store: Arc<S>,
+    options: Arc<Options>,
+    key: SessionKey,
+}
+
+impl<S> Clone for Session<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            options: self.options.clone(),
+            key: self.key.clone(),
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn generate_id() -> String {
+    format!("msg_{}", uuid::Uuid::now_v7().simple())
+}
+
+/// Newest-first walks read this many rows first, doubling up to the maximum, so a consumer that
+/// stops after one message has read one row.
+const WALK_FIRST_WINDOW: usize = 1;
+const WALK_MAX_WINDOW: usize = 64;
+
+impl<S: Store> Session<S> {
+    pub(crate) fn new(store: Arc<S>, options: Arc<Options>, key: SessionKey) -> Self {
+        Self {
+            store,
+            options,
+            key,
+        }
+    }
+
+    pub fn key(&self) -> &SessionKey {
+        &self.key
+    }
+
+    pub fn id(&self) -> &str {
+        &self.key.session_id
+    }
+
+    /// Sanitises and prepares a message for a write; generates an id when it has none.
+    fn prepare(&self, mut message: Message, source: Source) -> PreparedMessage {
+        message.ensure_id(generate_id);
+        message.sanitize(source, &self.options.reserved_metadata_keys);
+        message.prepare(self.options.token_counter.as_ref())
+    }
+
+    async fn write(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteOutcome>, Error> {
+        let request = WriteRequest {
+            key: self.key.clone(),
+            now_ms: now_ms(),
+            ops,
+        };
+        Ok(self.store.write(request).await?)
+    }
+
+    async fn write_one(&self, op: WriteOp) -> Result<WriteOutcome, Error> {
+        let mut outcomes = self.write(vec![op]).await?;
+        Ok(outcomes.pop().expect("one outcome per op"))
+    }
+
+    /// The form a refused overlay would have had; never stored.
+    fn unstored(prepared: &PreparedMessage) -> StoredMessage {
+        let row = StoredRow {
+            id: prepared.id.clone(),
+            role: prepared.role.clone(),
+            parent_id: None,
+            seq: 0,
+            created_at: now_ms(),
+            updated_at: None,
+            token_estimate: prepared.token_estimate,
+        };
+        StoredMessage::from_row(row, &prepared.body)
+    }
+
+    /// Appends a message. Idempotent by id: when the id exists, nothing is written and the stored
+    /// message comes back with `inserted: false`.
+    pub async fn append(
+        &self,
+        message: Message,
+        options: AppendOptions,
+    ) -> Result<AppendResult, Error> {
+        let refused = message.is_compaction_overlay();
+        let prepared = self.prepare(message, options.source);
+        if refused {
+            return Ok(AppendResult {
+                inserted: false,
+                refused,
+                message: Self::unstored(&prepared),
+            });
+        }
+        let op = WriteOp::Append {
+            message: prepared,
+            parent: options.parent.into(),
+        };
+        Ok(append_result(self.write_one(op).await?))
+    }
+
+    /// Appends `messages` atomically, each under the previous one; the first goes under
+    /// `options.parent`. All or nothing.
+    pub async fn append_all(
+        &self,
+        messages: Vec<Message>,
+        options: AppendOptions,
+    ) -> Result<Vec<AppendResult>, Error> {
+        let mut parent = Some(ParentSpec::from(options.parent));
+        let mut ops = Vec::with_capacity(messages.len());
+        let mut slots = Vec::with_capacity(messages.len());
+        for message in messages {
+            let refused = message.is_compaction_overlay();
+            let prepared = self.prepare(message, options.source);
+            if refused {
+                slots.push(Err(Self::unstored(&prepared)));
+                continue;
+            }
+            slots.push(Ok(()));
+            ops.push(WriteOp::Append {
+                message: prepared,
+                parent: parent.take().unwrap_or(ParentSpec::ActiveLeaf),
+            });
+        }
+        let mut outcomes = self.write(ops).await?.into_iter();
+        Ok(slots
+            .into_iter()
+            .map(|slot| match slot {
+                Ok(()) => append_result(outcomes.next().expect("one outcome per op")),
+                Err(message) => AppendResult {
+                    inserted: false,
+                    refused: true,
+                    message,
+                },
+            })
+            .collect())
+    }
+
+    /// Updates the message when its id exists, appends it otherwise.
+    pub async fn upsert(
+        &self,
+        message: Message,
+        options: AppendOptions,
+    ) -> Result<AppendResult, Error> {
+        if message.is_compaction_overlay() {
+            return self.append(message, options).await;
+        }
+        let op = WriteOp::Upsert {
+            message: self.prepare(message, options.source),
+            parent: options.parent.into(),
+        };
+        Ok(match self.write_one(op).await? {
+            WriteOutcome::Updated(
+                UpdateOutcome::Changed(message) | UpdateOutcome::Unchanged(message),
+            ) => AppendResult {
+                inserted: false,
+                refused: false,
+                message,
+            },
+            other => append_result(other),
+        })
+    }
+
+    /// Replaces the body of an existing message (parent, seq and createdAt stay). Returns `None`
+    /// when no message has this id. An unchanged body writes nothing and emits no event.
+    pub async fn update(
+        &self,
+        message: Message,
+        source: Source,
+    ) -> Result<Option<StoredMessage>, Error> {
+        if message.id().is_none() {
+            return Err(ValidationError::new("id", ValidationErrorKind::Missing).into());
+        }
+        if message.is_compaction_overlay() {
+            return Ok(None);
+        }
+        let op = WriteOp::Update {
+            message: self.prepare(message, source),
+        };
+        match self.write_one(op).await? {
+            WriteOutcome::Updated(UpdateOutcome::Changed(m) | UpdateOutcome::Unchanged(m)) => {
+                Ok(Some(m))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Writes a historical message verbatim (no sanitising) with an explicit parent and time.
+    /// Returns `None` when the id already exists (nothing is written).
+    pub async fn import(
+        &self,
+        mut message: Message,
+        options: ImportOptions,
+    ) -> Result<Option<StoredMessage>, Error> {
+        message.ensure_id(generate_id);
+        message.drop_store_owned_fields();
+        let op = WriteOp::Import {
+            message: message.prepare(self.options.token_counter.as_ref()),
+            parent_id: options.parent_id,
+            created_at: options.created_at,
+        };
+        match self.write_one(op).await? {
+            WriteOutcome::Imported(stored) => Ok(stored),
+            _ => Ok(None),
+        }
+    }
+
+    /// Deletes messages; children of a deleted message move to its nearest surviving ancestor.
+    /// Returns how many existed.
+    pub async fn delete(&self, ids: &[String]) -> Result<usize, Error> {
+        match self.write_one(WriteOp::Delete { ids: ids.to_vec() }).await? {
+            WriteOutcome::Deleted { count } => Ok(count),
+            _ => Ok(0),
+        }
+    }
+
+    /// Deletes every message of the session.
+    pub async fn clear(&self) -> Result<(), Error> {
+        self.write_one(WriteOp::Clear).await?;
+        Ok(())
+    }
+
+    pub async fn message(&self, id: &str) -> Result<Option<StoredMessage>, Error> {
+        Ok(self.store.message(&self.key, id).await?)
+    }
+
+    /// The active leaf: the newest message written.
+    pub async fn latest_leaf(&self) -> Result<Option<StoredMessage>, Error> {
+        match self.store.stats(&self.key).await?.leaf_id {
+            Some(leaf) => self.message(&leaf).await,
+            None => Ok(None),
+        }
+    }
+
+    /// Children of `id`, oldest first.
+    pub async fn branches(&self, id: &str) -> Result<Vec<StoredMessage>, Error> {
+        Ok(self.store.children(&self.key, id).await?)
+    }
+
+    /// O(1) numbers of the active path.
+    pub async fn stats(&self) -> Result<SessionStats, Error> {
+        Ok(self.store.stats(&self.key).await?)
+    }
+
+    /// Rows on the path ending at `leaf` (the active leaf when `None`), capped.
+    pub async fn path_length(&self, leaf: Option<&str>) -> Result<usize, Error> {
+        match leaf {
+            None => Ok(self.stats().await?.message_count as usize),
+            Some(_) => Ok(self.row_stats(leaf).await?.len()),
+        }
+    }
+
+    /// Per-row numbers of the path, root first, without loading content.
+    pub async fn row_stats(&self, leaf: Option<&str>) -> Result<Vec<RowStat>, Error> {
+        Ok(self.store.path(&self.key, leaf).await?.rows)
+    }
+
+    /// The path root → leaf (or leaf → root) as a stream. Forward reads fetch content in windows
+    /// of at most 50 rows and 4 MiB; newest-first reads follow parent links and read only what is
+    /// consumed. Memory is bounded by one window, not by the session.
+    pub fn history(
+        &self,
+        options: HistoryOptions,
+    ) -> impl Stream<Item = Result<StoredMessage, Error>> + Send + 'static {
+        let batches: BoxStream<'static, Result<Vec<StoredMessage>, Error>> = if options.newest_first
+        {
+            self.walk_up(options.leaf).boxed()
+        } else {
+            let (store, key) = (self.store.clone(), self.key.clone());
+            stream::once(async move { store.path(&key, options.leaf.as_deref()).await })
+                .map_err(Error::from)
+                .map_ok({
+                    let (store, key) = (self.store.clone(), self.key.clone());
+                    move |path| fetch_windows(store.clone(), key.clone(), path.rows)
+                })
+                .try_flatten()
+                .boxed()
+        };
+        batches
+            .map_ok(|batch| stream::iter(batch.into_iter().map(Ok)))
+            .try_flatten()
+    }
+
+    fn walk_up(
+        &self,
+        leaf: Option<String>,
+    ) -> impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static {
+        struct Walk<S> {
+            store: Arc<S>,
+            key: SessionKey,
+            next: Option<String>,
+            started: bool,
+            remaining: usize,
+            window: usize,
+        }
+        let walk = Walk {
+            store: self.store.clone(),
+            key: self.key.clone(),
+            next: leaf,
+            started: false,
+            remaining: MAX_PATH_ROWS,
+            window: WALK_FIRST_WINDOW,
+        };
+        stream::try_unfold(walk, |mut walk| async move {
+            if !walk.started {
+                walk.started = true;
+                if walk.next.is_none() {
+                    walk.next = walk.store.stats(&walk.key).await?.leaf_id;
+                }
+            }
+            let Some(from) = walk.next.take() else {
+                return Ok(None);
+            };
+            if walk.remaining == 0 {
+                return Ok(None);
+            }
+            let limit = walk.window.min(walk.remaining);
+            let batch = walk.store.ancestors(&walk.key, &from, limit).await?;
+            if batch.is_empty() {
+                return Ok(None);
+            }
+            walk.remaining -= batch.len();
+            walk.next = batch.last().and_then(|m| m.parent_id.clone());
+            walk.window = (walk.window * 2).min(WALK_MAX_WINDOW);
+            Ok::<_, Error>(Some((batch, walk)))
+        })
+    }
+
+    /// History grouped into batches of at most `batch_size` messages and about `max_bytes`
+    /// bytes of JSON (a larger message is a batch of its own).
+    pub fn history_batches(
+        &self,
+        options: HistoryOptions,
+        batch_size: usize,
+        max_bytes: u64,
+    ) -> impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static {
+        let messages = self.history(options).map(Some).chain(stream::once(async { None }));
+        messages
+            .scan(Batcher::new(batch_size, max_bytes), |batcher, item| {
+                let out: Vec<Result<Vec<StoredMessage>, Error>> = match item {
+                    Some(Ok(message)) => {
+                        let bytes = message.json().len() as u64;
+                        batcher.push(message, bytes).into_iter().map(Ok).collect()
+                    }
+                    Some(Err(e)) => vec![Err(e)],
+                    None => batcher.take().into_iter().map(Ok).collect(),
+                };
+                futures::future::ready(Some(stream::iter(out)))
+            })
+            .flatten()
+    }
+
+    /// The whole path in memory.
+    pub async fn full_history(
+        &self,
+        options: HistoryOptions,
+    ) -> Result<Vec<StoredMessage>, Error> {
+        self.history(options).try_collect().await
+    }
+
+    /// The most recent messages whose stored bytes fit `max_bytes` (always at least the leaf).
+    pub async fn recent_history(
+        &self,
+        max_bytes: u64,
+        leaf: Option<&str>,
+    ) -> Result<RecentHistory, Error> {
+        let mut path = self.store.path(&self.key, leaf).await?;
+        let total_bytes = path.rows.iter().map(|r| r.bytes).sum();
+        let start = recent_suffix_start(&path.rows, max_bytes);
+        let window = path.rows.split_off(start);
+        let batches: Vec<Vec<StoredMessage>> =
+            fetch_windows(self.store.clone(), self.key.clone(), window)
+                .try_collect()
+                .await?;
+        let messages = batches.into_iter().flatten().collect();
+        Ok(RecentHistory {
+            messages,
+            truncated: start > 0 || path.capped,
+            total_bytes,
+        })
+    }
+
+    /// Full-text search over this session's messages, best match first. The query is plain
+    /// words: no character in it is search syntax.
+    pub async fn search(&self, query: &str, limit: usize) -> Result<Vec<SearchHit>, Error> {
+        let words = search::query_words(query);
+        Ok(self.store.search(&self.key, &words, limit).await?)
+    }
+}
+
+fn append_result(outcome: WriteOutcome) -> AppendResult {
+    match outcome {
+        WriteOutcome::Appended { message, inserted } => AppendResult {
+            inserted,
+            refused: false,
+            message,
+        },
+        other => unreachable!("append answered with {other:?}"),
+    }
+}
+
+/// Fetches the content of `rows` window by window; earlier windows are not retained.
+fn fetch_windows<S: Store>(
+    store: Arc<S>,
+    key: SessionKey,
+    rows: Vec<RowStat>,
+) -> impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static {
+    let windows: VecDeque<Range<usize>> =
+        content_windows(&rows, WINDOW_MAX_ROWS, WINDOW_MAX_BYTES).into();
+    let ids: Vec<String> = rows.into_iter().map(|r| r.id).collect();
+    stream::try_unfold(
+        (store, key, ids, windows),
+        |(store, key, ids, mut windows)| async move {
+            let Some(window) = windows.pop_front() else {
+                return Ok(None);
+            };
+            let batch = store.fetch(&key, &ids[window]).await?;
+            Ok::<_, Error>(Some((batch, (store, key, ids, windows))))
+        },
+    )
+}
