@@ -3,10 +3,12 @@
 //! A backend publishes one event per applied op after the transaction that holds it is durable,
 //! from the single place that orders commits, so subscribers see events in commit order. Each
 //! subscriber has a bounded buffer: publishing never blocks and never fails a write. When a
-//! buffer is full the event is dropped for that subscriber and it later receives
-//! [`FeedItem::Lagged`] with the number it missed.
+//! buffer is full the event is dropped for that subscriber, which then receives
+//! [`FeedItem::Lagged`] with the number it missed: in order, before any later event, or as soon
+//! as it has read everything buffered.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -88,7 +90,8 @@ pub enum FeedItem {
 struct Subscriber {
     filter: FeedFilter,
     sender: mpsc::Sender<FeedItem>,
-    missed: u64,
+    /// Events dropped and not yet reported; shared with the [`Subscription`].
+    missed: Arc<AtomicU64>,
 }
 
 #[derive(Debug, Default)]
@@ -115,12 +118,13 @@ impl ChangeFeed {
 
     pub fn subscribe(&self, filter: FeedFilter) -> Subscription {
         let (sender, receiver) = mpsc::channel(self.buffer);
+        let missed = Arc::new(AtomicU64::new(0));
         self.lock().subscribers.push(Subscriber {
             filter,
             sender,
-            missed: 0,
+            missed: missed.clone(),
         });
-        Subscription { receiver }
+        Subscription { receiver, missed }
     }
 
     /// Publishes events in order. Never blocks; subscribers that went away are dropped.
@@ -137,12 +141,13 @@ impl ChangeFeed {
                 if !sub.filter.accepts(&event.key) {
                     return !sub.sender.is_closed();
                 }
-                if sub.missed > 0 {
-                    match sub.sender.try_send(FeedItem::Lagged { missed: sub.missed }) {
-                        Ok(()) => sub.missed = 0,
+                let missed = sub.missed.swap(0, Ordering::AcqRel);
+                if missed > 0 {
+                    match sub.sender.try_send(FeedItem::Lagged { missed }) {
+                        Ok(()) => {}
                         Err(e) if e.is_disconnected() => return false,
                         Err(_) => {
-                            sub.missed += 1;
+                            sub.missed.fetch_add(missed + 1, Ordering::AcqRel);
                             return true;
                         }
                     }
@@ -151,7 +156,7 @@ impl ChangeFeed {
                     Ok(()) => true,
                     Err(e) if e.is_disconnected() => false,
                     Err(_) => {
-                        sub.missed += 1;
+                        sub.missed.fetch_add(1, Ordering::AcqRel);
                         true
                     }
                 }
@@ -175,12 +180,18 @@ impl ChangeFeed {
 #[derive(Debug)]
 pub struct Subscription {
     receiver: mpsc::Receiver<FeedItem>,
+    missed: Arc<AtomicU64>,
 }
 
 impl Subscription {
-    /// Takes an already delivered item without waiting.
+    /// Takes an already delivered item (or a lag report) without waiting.
     pub fn try_next(&mut self) -> Option<FeedItem> {
-        self.receiver.try_recv().ok()
+        self.receiver.try_recv().ok().or_else(|| self.take_lag())
+    }
+
+    fn take_lag(&self) -> Option<FeedItem> {
+        let missed = self.missed.swap(0, Ordering::AcqRel);
+        (missed > 0).then_some(FeedItem::Lagged { missed })
     }
 }
 
@@ -188,7 +199,15 @@ impl Stream for Subscription {
     type Item = FeedItem;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<FeedItem>> {
-        Pin::new(&mut self.receiver).poll_next(cx)
+        match Pin::new(&mut self.receiver).poll_next(cx) {
+            Poll::Ready(Some(item)) => Poll::Ready(Some(item)),
+            // Everything buffered was read: report what was dropped meanwhile. Events are only
+            // dropped while the buffer is full, so no wake-up is lost by checking here.
+            other => match self.take_lag() {
+                Some(lag) => Poll::Ready(Some(lag)),
+                None => other,
+            },
+        }
     }
 }
 
@@ -210,10 +229,17 @@ mod tests {
         // Capacity is buffer + one slot per sender.
         assert!(matches!(sub.try_next(), Some(FeedItem::Event(e)) if e.position == 1));
         assert!(matches!(sub.try_next(), Some(FeedItem::Event(e)) if e.position == 2));
-        assert_eq!(sub.try_next(), None);
-        feed.publish([(key("a"), Change::Clear)]);
         assert_eq!(sub.try_next(), Some(FeedItem::Lagged { missed: 3 }));
+        assert_eq!(sub.try_next(), None);
+        for _ in 0..3 {
+            feed.publish([(key("a"), Change::Clear)]);
+        }
+        // A lag between deliveries is reported in order, before the later event.
         assert!(matches!(sub.try_next(), Some(FeedItem::Event(e)) if e.position == 6));
+        assert!(matches!(sub.try_next(), Some(FeedItem::Event(e)) if e.position == 7));
+        feed.publish([(key("a"), Change::Clear)]);
+        assert_eq!(sub.try_next(), Some(FeedItem::Lagged { missed: 1 }));
+        assert!(matches!(sub.try_next(), Some(FeedItem::Event(e)) if e.position == 9));
     }
 
     #[test]

@@ -148,6 +148,16 @@ pub(crate) fn child_ids(conn: &Connection, key: &SessionKey, id: &str) -> Result
         .map_err(backend_error)
 }
 
+pub(crate) fn has_children(conn: &Connection, key: &SessionKey, id: &str) -> Result<bool> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT 1 FROM messages WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3",
+        )
+        .map_err(backend_error)?;
+    stmt.exists(params![key.namespace, key.session_id, id])
+        .map_err(backend_error)
+}
+
 pub(crate) fn leaf_id(conn: &Connection, key: &SessionKey) -> Result<Option<String>> {
     let mut stmt = conn
         .prepare_cached("SELECT leaf_id FROM sessions WHERE namespace = ?1 AND id = ?2")

@@ -211,6 +211,11 @@ impl RequestTx<'_> {
             ParentSpec::Id(id) if !id.is_empty() && queries::exists(self.conn, self.key, id)? => Some(id.clone()),
             ParentSpec::Id(_) => None,
         };
+        // A parent that would make the tree loop is treated like an unknown one: a new root.
+        let parent_id = match parent_id {
+            Some(p) if self.closes_cycle(&message.id, &p)? => None,
+            other => other,
+        };
         let stored = self.insert(message, parent_id, self.now)?;
         self.session.add_leaf(message, stored.parent_id.as_deref(), self.now);
         self.session.last_message_at = Some(self.now);
@@ -313,8 +318,13 @@ impl RequestTx<'_> {
         if queries::exists(self.conn, self.key, &message.id)? {
             return Ok(WriteOutcome::Imported(None));
         }
-        if let Some(parent) = parent_id {
-            self.refuse_cycle(&message.id, parent)?;
+        if let Some(parent) = parent_id
+            && self.closes_cycle(&message.id, parent)?
+        {
+            return Err(StoreError::ParentCycle {
+                id: message.id.clone(),
+                parent_id: parent.to_owned(),
+            });
         }
         let stored = self.insert(message, parent_id.map(str::to_owned), created_at)?;
         self.session.add_leaf(message, parent_id, created_at);
@@ -326,24 +336,28 @@ impl RequestTx<'_> {
         Ok(WriteOutcome::Imported(Some(stored)))
     }
 
-    /// An imported parent is not validated (history may arrive out of order), but it must not lead
-    /// back to the message being imported: rows already pointing at `id` as a dangling parent would
-    /// otherwise form a loop.
-    fn refuse_cycle(&self, id: &str, parent: &str) -> Result<()> {
+    /// True when `parent` as the parent of the new row `id` would close a loop. Only rows whose
+    /// parent is still missing can lead back to a new id (imports keep unvalidated parents so
+    /// history may arrive out of order), so without such rows this costs one index probe.
+    fn closes_cycle(&self, id: &str, parent: &str) -> Result<bool> {
+        if parent == id {
+            return Ok(true);
+        }
+        if !queries::has_children(self.conn, self.key, id)? {
+            return Ok(false);
+        }
         let mut current = parent.to_owned();
-        for _ in 0..=MAX_PATH_DEPTH {
+        // The tree is acyclic, so a walk to the root visits each stored row at most once.
+        for _ in 0..=self.session.stored_messages {
             if current == id {
-                return Err(StoreError::ParentCycle {
-                    id: id.to_owned(),
-                    parent_id: parent.to_owned(),
-                });
+                return Ok(true);
             }
             match queries::parent_of(self.conn, self.key, &current)? {
                 Some(Some(next)) => current = next,
-                _ => return Ok(()),
+                _ => return Ok(false),
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     fn delete(&mut self, ids: &[String]) -> Result<WriteOutcome> {

@@ -1,1 +1,124 @@
+//! The backend conformance suite of sessiondb.
+//!
+//! Every case is written once, as an `async fn(Db<S>)` generic over the [`Store`] trait, and
+//! every backend instantiates all of them with [`conformance_tests!`]:
+//!
+//! ```ignore
+//! sessiondb_testkit::conformance_tests!(|| {
+//!     let dir = tempfile::tempdir().unwrap();
+//!     (sessiondb::Db::new(SqliteStore::open(dir.path()).unwrap()), dir)
+//! });
+//! ```
+//!
+//! The factory returns a fresh, empty store plus a guard kept alive for the test's duration.
+//! [`model`] holds the property test that drives random operation sequences against a plain
+//! in-memory model of the tree.
 #![forbid(unsafe_code)]
+
+pub mod cases;
+pub mod model;
+
+use futures::StreamExt;
+use sessiondb::{
+    AppendOptions, Db, FeedItem, HistoryOptions, Message, Parent, Session, Store, StoredMessage,
+    Subscription,
+};
+
+pub use futures::executor::block_on;
+
+/// Instantiates every conformance case as a `#[test]` for the store the factory opens.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($factory:expr) => {
+        $crate::for_each_case!($crate::__conformance_test, $factory);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_test {
+    ($factory:expr; $($module:ident :: $name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                let (db, _guard) = ($factory)();
+                $crate::block_on($crate::cases::$module::$name(db));
+            }
+        )*
+    };
+}
+
+/// A text message with an id.
+pub fn text(id: &str, role: &str, body: &str) -> Message {
+    Message::text(role, body).with_id(id)
+}
+
+pub fn under(parent: &str) -> AppendOptions {
+    AppendOptions {
+        parent: Parent::Id(parent.to_owned()),
+        ..Default::default()
+    }
+}
+
+pub fn root() -> AppendOptions {
+    AppendOptions {
+        parent: Parent::Root,
+        ..Default::default()
+    }
+}
+
+/// Appends `(id, text)` pairs one after another under the active leaf.
+pub async fn chain<S: Store>(session: &Session<S>, ids: &[&str]) {
+    for (i, id) in ids.iter().enumerate() {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        session
+            .append(text(id, role, &format!("message {id}")), AppendOptions::default())
+            .await
+            .unwrap();
+    }
+}
+
+pub fn ids(messages: &[StoredMessage]) -> Vec<String> {
+    messages.iter().map(|m| m.id.clone()).collect()
+}
+
+pub async fn history_ids<S: Store>(session: &Session<S>, leaf: Option<&str>) -> Vec<String> {
+    let options = HistoryOptions {
+        leaf: leaf.map(str::to_owned),
+        newest_first: false,
+    };
+    ids(&session.full_history(options).await.unwrap())
+}
+
+pub async fn newest_first_ids<S: Store>(session: &Session<S>, leaf: Option<&str>) -> Vec<String> {
+    let options = HistoryOptions {
+        leaf: leaf.map(str::to_owned),
+        newest_first: true,
+    };
+    ids(&session.full_history(options).await.unwrap())
+}
+
+/// Everything already delivered to a subscription, as `(event name, session id)` pairs.
+pub fn drain(sub: &mut Subscription) -> Vec<FeedItem> {
+    std::iter::from_fn(|| sub.try_next()).collect()
+}
+
+pub fn event_names(items: &[FeedItem]) -> Vec<&'static str> {
+    items
+        .iter()
+        .filter_map(|item| match item {
+            FeedItem::Event(e) => Some(e.change.name()),
+            FeedItem::Lagged { .. } => None,
+        })
+        .collect()
+}
+
+/// The first message of a stream, or `None`.
+pub async fn first<S: Store>(session: &Session<S>, options: HistoryOptions) -> Option<StoredMessage> {
+    let mut stream = std::pin::pin!(session.history(options));
+    stream.next().await.map(|r| r.unwrap())
+}
+
+pub fn db_session<S: Store>(db: &Db<S>, id: &str) -> Session<S> {
+    db.session(id).unwrap()
+}

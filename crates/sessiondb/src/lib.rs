@@ -121,6 +121,14 @@ impl<S: Store> Db<S> {
         }
     }
 
+    /// The same store with other options (for example a different token counter).
+    pub fn reconfigured(&self, options: Options) -> Self {
+        Self {
+            store: self.store.clone(),
+            options: Arc::new(options),
+        }
+    }
+
     /// A handle on session `id` in the default (empty) namespace. Sessions need no creation: the
     /// first write creates one.
     pub fn session(&self, id: &str) -> Result<Session<S>, Error> {

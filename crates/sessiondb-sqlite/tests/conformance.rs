@@ -1,0 +1,25 @@
+//! The shared conformance suite and the model test, on a real SQLite file per test.
+
+use sessiondb::Db;
+use sessiondb_sqlite::{SqliteConfig, SqliteStore, Synchronous};
+
+fn open_default() -> (Db<SqliteStore>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
+    (Db::new(store), dir)
+}
+
+sessiondb_testkit::conformance_tests!(open_default);
+
+#[test]
+fn store_agrees_with_the_tree_model() {
+    // NORMAL only skips the commit fsync; it keeps the model run fast and changes no semantics.
+    sessiondb_testkit::model::check_against_model(
+        || {
+            let dir = tempfile::tempdir().unwrap();
+            let config = SqliteConfig { synchronous: Synchronous::Normal, ..Default::default() };
+            (Db::new(SqliteStore::open_with(dir.path(), config).unwrap()), dir)
+        },
+        std::env::var("MODEL_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(128),
+    );
+}

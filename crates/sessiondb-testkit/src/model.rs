@@ -1,0 +1,295 @@
+//! Model-based property test: random sequences of append, branch append, update, delete, clear
+//! and import run against a store and against a plain in-memory tree; after every operation each
+//! read path of the store must agree with the model.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use sessiondb::{
+    AppendOptions, Db, HeuristicCounter, HistoryOptions, ImportOptions, Message, Parent, Source,
+    Store,
+};
+
+use crate::{block_on, ids};
+
+/// Ids come from a small pool so that operations collide (re-appends, updates, deletes of
+/// existing rows, parents that exist).
+const ID_POOL: u8 = 10;
+
+#[derive(Debug, Clone)]
+pub enum Op {
+    Append { id: u8, text: String, parent: ParentChoice },
+    Update { id: u8, text: String },
+    Delete { ids: Vec<u8> },
+    Clear,
+    Import { id: u8, text: String, parent: Option<u8> },
+}
+
+#[derive(Debug, Clone)]
+pub enum ParentChoice {
+    Leaf,
+    Root,
+    Id(u8),
+}
+
+fn id(n: u8) -> String {
+    format!("m{n}")
+}
+
+fn message(n: u8, text: &str) -> Message {
+    let role = if n % 2 == 0 { "user" } else { "assistant" };
+    Message::text(role, text).with_id(id(n))
+}
+
+fn body_bytes(n: u8, text: &str) -> u64 {
+    message(n, text).prepare(&HeuristicCounter).bytes()
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let text = "[a-z ]{0,12}";
+    let parent = prop_oneof![
+        3 => Just(ParentChoice::Leaf),
+        1 => Just(ParentChoice::Root),
+        2 => (0..ID_POOL + 2).prop_map(ParentChoice::Id),
+    ];
+    prop_oneof![
+        6 => (0..ID_POOL, text, parent).prop_map(|(id, text, parent)| Op::Append { id, text, parent }),
+        2 => (0..ID_POOL, text).prop_map(|(id, text)| Op::Update { id, text }),
+        2 => proptest::collection::vec(0..ID_POOL, 0..4).prop_map(|ids| Op::Delete { ids }),
+        1 => Just(Op::Clear),
+        2 => (0..ID_POOL, text, proptest::option::of(0..ID_POOL + 2))
+            .prop_map(|(id, text, parent)| Op::Import { id, text, parent }),
+    ]
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    parent: Option<String>,
+    seq: u64,
+    n: u8,
+    text: String,
+}
+
+/// The reference tree: a map of nodes, the active leaf and the next seq.
+#[derive(Debug, Default)]
+struct Model {
+    nodes: BTreeMap<String, Node>,
+    leaf: Option<String>,
+    next_seq: u64,
+}
+
+impl Model {
+    fn insert(&mut self, n: u8, text: &str, parent: Option<String>) {
+        self.next_seq += 1;
+        let node = Node { parent, seq: self.next_seq, n, text: text.to_owned() };
+        self.nodes.insert(id(n), node);
+        self.leaf = Some(id(n));
+    }
+
+    /// Applies an op; returns false when the store must refuse it (an import cycle).
+    fn apply(&mut self, op: &Op) -> bool {
+        match op {
+            Op::Append { id: n, text, parent } => {
+                if self.nodes.contains_key(&id(*n)) {
+                    return true;
+                }
+                let parent = match parent {
+                    ParentChoice::Leaf => self.leaf.clone(),
+                    ParentChoice::Root => None,
+                    ParentChoice::Id(p) => self.nodes.contains_key(&id(*p)).then(|| id(*p)),
+                };
+                let parent = parent.filter(|p| !self.reaches(p, &id(*n)));
+                self.insert(*n, text, parent);
+            }
+            Op::Update { id: n, text } => {
+                if let Some(node) = self.nodes.get_mut(&id(*n)) {
+                    node.text.clone_from(text);
+                }
+            }
+            Op::Import { id: n, text, parent } => {
+                if self.nodes.contains_key(&id(*n)) {
+                    return true;
+                }
+                let parent = parent.map(id);
+                if parent.as_ref().is_some_and(|p| self.reaches(p, &id(*n))) {
+                    return false;
+                }
+                self.insert(*n, text, parent);
+            }
+            Op::Delete { ids: victims } => {
+                let victims: Vec<String> = victims.iter().map(|n| id(*n)).filter(|i| self.nodes.contains_key(i)).collect();
+                let survivor_of = |model: &Model, mut p: Option<String>| {
+                    while let Some(id) = p.clone() {
+                        if !victims.contains(&id) {
+                            break;
+                        }
+                        p = model.nodes.get(&id).and_then(|n| n.parent.clone());
+                    }
+                    p
+                };
+                let rewires: Vec<(String, Option<String>)> = self
+                    .nodes
+                    .iter()
+                    .filter(|(child, node)| !victims.contains(child) && node.parent.as_ref().is_some_and(|p| victims.contains(p)))
+                    .map(|(child, node)| (child.clone(), survivor_of(self, node.parent.clone())))
+                    .collect();
+                for (child, parent) in rewires {
+                    self.nodes.get_mut(&child).unwrap().parent = parent;
+                }
+                for v in &victims {
+                    self.nodes.remove(v);
+                }
+                if self.leaf.as_ref().is_some_and(|l| victims.contains(l)) {
+                    self.leaf = self.nodes.iter().max_by_key(|(_, n)| n.seq).map(|(i, _)| i.clone());
+                }
+            }
+            Op::Clear => {
+                self.nodes.clear();
+                self.leaf = None;
+            }
+        }
+        true
+    }
+
+    /// Whether walking parent links from `from` meets `target` (ids may dangle).
+    fn reaches(&self, from: &str, target: &str) -> bool {
+        let mut cursor = Some(from.to_owned());
+        while let Some(p) = cursor {
+            if p == target {
+                return true;
+            }
+            cursor = self.nodes.get(&p).and_then(|node| node.parent.clone());
+        }
+        false
+    }
+
+    fn path(&self, leaf: Option<&str>) -> Vec<String> {
+        let mut path = Vec::new();
+        let mut cursor = leaf.map(str::to_owned);
+        while let Some(id) = cursor {
+            let Some(node) = self.nodes.get(&id) else { break };
+            path.push(id);
+            cursor = node.parent.clone();
+        }
+        path.reverse();
+        path
+    }
+
+    fn children(&self, parent: &str) -> Vec<String> {
+        let mut kids: Vec<(&u64, &String)> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.parent.as_deref() == Some(parent))
+            .map(|(i, n)| (&n.seq, i))
+            .collect();
+        kids.sort();
+        kids.into_iter().map(|(_, i)| i.clone()).collect()
+    }
+}
+
+async fn run_op<S: Store>(session: &sessiondb::Session<S>, op: &Op) -> bool {
+    match op {
+        Op::Append { id: n, text, parent } => {
+            let parent = match parent {
+                ParentChoice::Leaf => Parent::ActiveLeaf,
+                ParentChoice::Root => Parent::Root,
+                ParentChoice::Id(p) => Parent::Id(id(*p)),
+            };
+            let options = AppendOptions { parent, ..Default::default() };
+            session.append(message(*n, text), options).await.is_ok()
+        }
+        Op::Update { id: n, text } => session.update(message(*n, text), Source::Server).await.is_ok(),
+        Op::Delete { ids } => {
+            let ids: Vec<String> = ids.iter().map(|n| id(*n)).collect();
+            session.delete(&ids).await.is_ok()
+        }
+        Op::Clear => session.clear().await.is_ok(),
+        Op::Import { id: n, text, parent } => {
+            let options = ImportOptions { parent_id: parent.map(id), created_at: 1 };
+            session.import(message(*n, text), options).await.is_ok()
+        }
+    }
+}
+
+async fn compare<S: Store>(session: &sessiondb::Session<S>, model: &Model) -> Result<(), TestCaseError> {
+    let expected = model.path(model.leaf.as_deref());
+    let forward = session.full_history(HistoryOptions::default()).await.unwrap();
+    prop_assert_eq!(ids(&forward), expected.clone());
+    for m in &forward {
+        let node = &model.nodes[&m.id];
+        let value = m.to_value();
+        prop_assert_eq!(value["parts"][0]["text"].as_str(), Some(node.text.as_str()));
+    }
+    let newest = session
+        .full_history(HistoryOptions { leaf: None, newest_first: true })
+        .await
+        .unwrap();
+    let mut reversed = expected.clone();
+    reversed.reverse();
+    prop_assert_eq!(ids(&newest), reversed);
+    let leaf = session.latest_leaf().await.unwrap().map(|m| m.id);
+    prop_assert_eq!(&leaf, &model.leaf);
+
+    let rows = session.row_stats(None).await.unwrap();
+    let row_ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+    prop_assert_eq!(&row_ids, &expected);
+    let bytes: Vec<u64> = expected.iter().map(|i| { let n = &model.nodes[i]; body_bytes(n.n, &n.text) }).collect();
+    prop_assert_eq!(rows.iter().map(|r| r.bytes).collect::<Vec<_>>(), bytes.clone());
+
+    let stats = session.stats().await.unwrap();
+    prop_assert_eq!(stats.message_count as usize, expected.len());
+    prop_assert_eq!(stats.stored_messages as usize, model.nodes.len());
+    prop_assert_eq!(stats.content_bytes, bytes.iter().sum::<u64>());
+    prop_assert_eq!(stats.token_estimate, rows.iter().map(|r| r.token_estimate).sum::<u64>());
+
+    // A budget of about half the path: the longest fitting suffix, never less than the leaf.
+    let total: u64 = bytes.iter().sum();
+    let budget = total / 2;
+    let recent = session.recent_history(budget, None).await.unwrap();
+    let mut start = bytes.len();
+    let mut used = 0;
+    while start > 0 && (start == bytes.len() || used + bytes[start - 1] <= budget) {
+        used += bytes[start - 1];
+        start -= 1;
+    }
+    prop_assert_eq!(ids(&recent.messages), expected[start..].to_vec());
+    prop_assert_eq!(recent.truncated, start > 0);
+    prop_assert_eq!(recent.total_bytes, total);
+
+    for n in 0..ID_POOL {
+        let stored = session.message(&id(n)).await.unwrap();
+        match model.nodes.get(&id(n)) {
+            Some(node) => {
+                let stored = stored.expect("message the model holds");
+                prop_assert_eq!(&stored.parent_id, &node.parent);
+                prop_assert_eq!(ids(&session.branches(&id(n)).await.unwrap()), model.children(&id(n)));
+                let path = model.path(Some(&id(n)));
+                prop_assert_eq!(ids(&session.full_history(HistoryOptions { leaf: Some(id(n)), newest_first: false }).await.unwrap()), path);
+            }
+            None => prop_assert!(stored.is_none()),
+        }
+    }
+    Ok(())
+}
+
+/// Runs `cases` random op sequences, each against a fresh store from `open`.
+pub fn check_against_model<S: Store, G>(open: impl Fn() -> (Db<S>, G), cases: u32) {
+    let mut runner = TestRunner::new(Config { cases, ..Config::default() });
+    let ops = proptest::collection::vec(op_strategy(), 1..40);
+    runner
+        .run(&ops, |ops| {
+            let (db, _guard) = open();
+            let session = db.session("model").unwrap();
+            let mut model = Model::default();
+            block_on(async {
+                for op in &ops {
+                    let accepted = model.apply(op);
+                    prop_assert_eq!(run_op(&session, op).await, accepted, "op {:?}", op);
+                    compare(&session, &model).await?;
+                }
+                Ok(())
+            })
+        })
+        .unwrap();
+}
