@@ -23,7 +23,7 @@ mod write;
 
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 
@@ -49,6 +49,15 @@ pub enum Synchronous {
     Full,
     /// No fsync on commit: acknowledged writes survive a process crash, not power loss.
     Normal,
+}
+
+/// Counters of the writer since the store opened.
+#[derive(Debug, Default)]
+pub struct WriteStats {
+    /// Transactions committed (each one fsync in `Full` mode).
+    pub commits: AtomicU64,
+    /// Write requests applied; `requests / commits` is the mean group-commit batch size.
+    pub requests: AtomicU64,
 }
 
 #[derive(Debug, Clone)]
@@ -94,6 +103,7 @@ pub struct SqliteStore {
     threads: Vec<JoinHandle<()>>,
     feed: ChangeFeed,
     search_index: Arc<AtomicBool>,
+    write_stats: Arc<WriteStats>,
     path: PathBuf,
     // Held (locked) until every connection is closed; see Drop.
     _lock: File,
@@ -154,10 +164,12 @@ impl SqliteStore {
         let (read_tx, read_rx) = mpsc::channel::<ReadJob>();
         let read_rx = Arc::new(Mutex::new(read_rx));
         let mut threads = Vec::new();
+        let write_stats = Arc::new(WriteStats::default());
         let writer_state = Writer {
             conn: writer,
             feed: feed.clone(),
             search_index: search_index.clone(),
+            stats: write_stats.clone(),
             max_batch: config.max_batch.max(1),
         };
         threads.push(spawn("sessiondb-writer", move || writer_state.run(write_rx))?);
@@ -182,9 +194,14 @@ impl SqliteStore {
             threads,
             feed,
             search_index,
+            write_stats,
             path,
             _lock: lock,
         })
+    }
+
+    pub fn write_stats(&self) -> &WriteStats {
+        &self.write_stats
     }
 
     /// Path of the database file.
@@ -268,6 +285,7 @@ struct Writer {
     conn: Connection,
     feed: ChangeFeed,
     search_index: Arc<AtomicBool>,
+    stats: Arc<WriteStats>,
     max_batch: usize,
 }
 
@@ -319,6 +337,12 @@ impl Writer {
             }
             tx.commit()
         })();
+        if committed.is_ok() {
+            self.stats.commits.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .requests
+                .fetch_add(writes.len() as u64, Ordering::Relaxed);
+        }
         if let Err(e) = committed {
             // Nothing of this group is durable: every caller learns it, none sees an event.
             let message = e.to_string();

@@ -49,7 +49,7 @@ pub use sessiondb_core::{
     Subscription, ValidationError, ValidationErrorKind,
 };
 #[cfg(feature = "sqlite")]
-pub use sessiondb_sqlite::{SqliteConfig, SqliteStore, Synchronous};
+pub use sessiondb_sqlite::{SqliteConfig, SqliteStore, Synchronous, WriteStats};
 
 pub use session::{
     AppendOptions, AppendResult, HistoryOptions, ImportOptions, Parent, RecentHistory, Session,
