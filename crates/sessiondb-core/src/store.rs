@@ -190,6 +190,13 @@ pub trait Store: Send + Sync + 'static {
         id: &str,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send;
 
+    /// Messages without a parent in this session (roots, and imports whose parent never
+    /// arrived), oldest first.
+    fn roots(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send;
+
     fn stats(&self, key: &SessionKey)
     -> impl Future<Output = Result<SessionStats, StoreError>> + Send;
 

@@ -446,6 +446,14 @@ impl Store for SqliteStore {
         self.read(move |c| queries::children(c, &key, &id))
     }
 
+    fn roots(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        let key = key.clone();
+        self.read(move |c| queries::roots(c, &key))
+    }
+
     fn stats(&self, key: &SessionKey) -> impl Future<Output = Result<SessionStats, StoreError>> + Send {
         let key = key.clone();
         self.read(move |c| queries::stats(c, &key))

@@ -136,6 +136,25 @@ pub(crate) fn children(conn: &Connection, key: &SessionKey, id: &str) -> Result<
     rows.into_iter().map(|p| complete(conn, key, p)).collect()
 }
 
+pub(crate) fn roots(conn: &Connection, key: &SessionKey) -> Result<Vec<StoredMessage>> {
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {MESSAGE_COLUMNS} FROM messages m
+              WHERE namespace = ?1 AND session_id = ?2
+                AND (parent_id IS NULL OR NOT EXISTS (
+                     SELECT 1 FROM messages p
+                      WHERE p.namespace = ?1 AND p.session_id = ?2 AND p.id = m.parent_id))
+              ORDER BY seq"
+        ))
+        .map_err(backend_error)?;
+    let rows = stmt
+        .query_map(params![key.namespace, key.session_id], stored_row)
+        .map_err(backend_error)?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(backend_error)?;
+    rows.into_iter().map(|p| complete(conn, key, p)).collect()
+}
+
 pub(crate) fn child_ids(conn: &Connection, key: &SessionKey, id: &str) -> Result<Vec<String>> {
     let mut stmt = conn
         .prepare_cached(

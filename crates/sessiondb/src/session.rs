@@ -329,6 +329,11 @@ impl<S: Store> Session<S> {
         Ok(self.store.children(&self.key, id).await?)
     }
 
+    /// Messages without a parent in this session, oldest first: the tops of its trees.
+    pub async fn roots(&self) -> Result<Vec<StoredMessage>, Error> {
+        Ok(self.store.roots(&self.key).await?)
+    }
+
     /// O(1) numbers of the active path.
     pub async fn stats(&self) -> Result<SessionStats, Error> {
         Ok(self.store.stats(&self.key).await?)

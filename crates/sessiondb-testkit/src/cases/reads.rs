@@ -137,6 +137,11 @@ pub async fn branches_list_children_oldest_first<S: Store>(db: Db<S>) {
         s.append(text(id, "assistant", id), under("p")).await.unwrap();
     }
     assert_eq!(ids(&s.branches("p").await.unwrap()), ["c3", "c1", "c2"]);
+    s.append(text("r2", "user", "second tree"), root()).await.unwrap();
+    s.import(text("o", "user", "orphan"), ImportOptions { parent_id: Some("gone".into()), created_at: 1 })
+        .await
+        .unwrap();
+    assert_eq!(ids(&s.roots().await.unwrap()), ["p", "r2", "o"]);
     assert!(s.branches("c1").await.unwrap().is_empty());
 }
 
