@@ -1,1 +1,171 @@
-fn main() {}
+//! sessiondb benchmark: the peer workload of bench/README.md on the embedded SQLite store.
+//!
+//! `cargo run --release -p sessiondb-bench [-- N]` prints one line per operation in the same
+//! format as the peer scripts (label, mean ms per op), so `bench/compare.sh` can put them side by
+//! side. Durable mode (`synchronous=FULL`, one fsync per commit) unless `SYNC=normal`.
+#![forbid(unsafe_code)]
+
+use std::time::Instant;
+
+use futures::StreamExt;
+use futures::executor::block_on;
+use sessiondb::{
+    AppendOptions, Db, HistoryOptions, Message, Parent, SqliteConfig, SqliteStore, Synchronous,
+};
+
+const WORDS: [&str; 19] = [
+    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
+    "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau",
+];
+
+/// The peers' text generator (same LCG and seed), so every store indexes the same words.
+struct Texts {
+    seed: u64,
+    n: usize,
+}
+
+impl Texts {
+    fn next(&mut self, i: usize) -> String {
+        let mut words: Vec<&str> = (0..30)
+            .map(|_| {
+                self.seed = (self.seed * 1_103_515_245 + 12_345) % (1 << 31);
+                WORDS[(self.seed as f64 / (1u64 << 31) as f64 * WORDS.len() as f64) as usize]
+            })
+            .collect();
+        let tag = format!("msg{i}");
+        words.push(&tag);
+        if i == self.n >> 1 {
+            words.push("needletoken");
+        }
+        words.join(" ")
+    }
+}
+
+fn report(label: &str, total_ms: f64, n: usize) {
+    let extra = if n > 1 {
+        format!("  (x{n}, total {:.2}s)", total_ms / 1000.0)
+    } else {
+        String::new()
+    };
+    println!("{label:<48} {:>10.3} ms{extra}", total_ms / n as f64);
+}
+
+fn message(i: usize, text: String) -> Message {
+    let role = if i % 2 == 1 { "assistant" } else { "user" };
+    Message::text(role, text).with_id(format!("m{i}"))
+}
+
+fn config() -> SqliteConfig {
+    let synchronous = match std::env::var("SYNC").as_deref() {
+        Ok("normal") => Synchronous::Normal,
+        _ => Synchronous::Full,
+    };
+    SqliteConfig { synchronous, ..SqliteConfig::default() }
+}
+
+fn main() {
+    let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10_000);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::new(SqliteStore::open_with(dir.path(), config()).unwrap());
+    let s = db.session("bench").unwrap();
+    println!("--- sessiondb (SQLite file, synchronous={:?}) N={n}", config().synchronous);
+    let mut texts = Texts { seed: 42, n };
+
+    block_on(async {
+        let t0 = Instant::now();
+        for i in 0..n {
+            s.append(message(i, texts.next(i)), AppendOptions::default()).await.unwrap();
+        }
+        report("append one-by-one (per msg)", ms(t0), n);
+
+        let t0 = Instant::now();
+        let mut last = Vec::new();
+        for _ in 0..200 {
+            let newest = HistoryOptions { leaf: None, newest_first: true };
+            last = s.history(newest).take(50).map(|m| m.unwrap()).collect::<Vec<_>>().await;
+        }
+        assert_eq!(last[0].id, format!("m{}", n - 1));
+        report("history(newest_first) take 50", ms(t0), 200);
+
+        let t0 = Instant::now();
+        for _ in 0..200 {
+            let recent = s.recent_history(50 * 400, None).await.unwrap();
+            assert!(!recent.messages.is_empty());
+        }
+        report("recent_history(20 KB budget)", ms(t0), 200);
+
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            let all = s.full_history(HistoryOptions::default()).await.unwrap();
+            assert_eq!(all.len(), n.min(sessiondb::MAX_PATH_ROWS));
+        }
+        report("full_history() whole path", ms(t0), 5);
+
+        let t0 = Instant::now();
+        let hits = s.search("needletoken", 10).await.unwrap();
+        report("search() first call (builds FTS index)", ms(t0), 1);
+        let t0 = Instant::now();
+        for _ in 0..200 {
+            assert_eq!(s.search("needletoken", 10).await.unwrap().len(), hits.len());
+        }
+        report("search() warm", ms(t0), 200);
+        println!("   hits: {}", hits.len());
+
+        let t0 = Instant::now();
+        let fork = AppendOptions { parent: Parent::Id(format!("m{}", n >> 2)), ..Default::default() };
+        s.append(Message::text("user", "forked question").with_id("fork1"), fork).await.unwrap();
+        report(&format!("branch: append with parent=m{}", n >> 2), ms(t0), 1);
+        let t0 = Instant::now();
+        let branch = s.full_history(HistoryOptions::default()).await.unwrap();
+        report("full_history() on new branch", ms(t0), 1);
+        println!("   branch length: {}", branch.len());
+    });
+    drop(s);
+    let size = std::fs::metadata(db.store().database_path()).map(|m| m.len()).unwrap_or(0);
+    drop(db);
+    println!("   db file size: {:.1} MB (before WAL checkpoint)", size as f64 / 1e6);
+
+    concurrency();
+}
+
+fn ms(t0: Instant) -> f64 {
+    t0.elapsed().as_secs_f64() * 1000.0
+}
+
+/// Appends/s with 1, 8 and 32 concurrent appenders, each on its own session, durable.
+fn concurrency() {
+    let mut single = 0.0;
+    for appenders in [1usize, 8, 32] {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::new(SqliteStore::open_with(dir.path(), config()).unwrap());
+        let per_appender = 4000 / appenders;
+        let t0 = Instant::now();
+        let threads: Vec<_> = (0..appenders)
+            .map(|a| {
+                let s = db.session(&format!("agent-{a}")).unwrap();
+                std::thread::spawn(move || {
+                    let mut texts = Texts { seed: 42 + a as u64, n: usize::MAX };
+                    for i in 0..per_appender {
+                        block_on(s.append(message(i, texts.next(i)), AppendOptions::default())).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let rate = (appenders * per_appender) as f64 / secs;
+        if appenders == 1 {
+            single = rate;
+        }
+        let stats = db.store().write_stats();
+        let commits = stats.commits.load(std::sync::atomic::Ordering::Relaxed);
+        let requests = stats.requests.load(std::sync::atomic::Ordering::Relaxed);
+        println!(
+            "appends/s with {appenders:>2} concurrent appenders {rate:>14.0} /s  ({:.1}x one appender, {:.1} appends per commit)",
+            rate / single,
+            requests as f64 / commits.max(1) as f64
+        );
+    }
+}
