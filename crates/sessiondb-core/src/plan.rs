@@ -28,20 +28,33 @@ pub fn content_windows(rows: &[RowStat], max_rows: usize, max_bytes: u64) -> Vec
     windows
 }
 
-/// Index where the longest suffix of `rows` whose bytes fit in `max_bytes` starts; never past the
-/// last row, so a non-empty path always yields at least its leaf.
-pub fn recent_suffix_start(rows: &[RowStat], max_bytes: u64) -> usize {
-    let mut used = 0u64;
-    let mut start = rows.len();
-    while start > 0 {
-        let bytes = rows[start - 1].bytes;
-        if start < rows.len() && used + bytes > max_bytes {
-            break;
+/// Admits path rows newest first while they fit a byte budget; the first row (the leaf) is
+/// always admitted, so a non-empty path always yields at least its leaf.
+#[derive(Debug, Clone)]
+pub struct SuffixBudget {
+    max_bytes: u64,
+    used: u64,
+    admitted: usize,
+}
+
+impl SuffixBudget {
+    pub fn new(max_bytes: u64) -> Self {
+        Self {
+            max_bytes,
+            used: 0,
+            admitted: 0,
         }
-        used += bytes;
-        start -= 1;
     }
-    start
+
+    /// Whether the next older row of `bytes` still fits; once a row is refused, callers stop.
+    pub fn admit(&mut self, bytes: u64) -> bool {
+        if self.admitted > 0 && self.used.saturating_add(bytes) > self.max_bytes {
+            return false;
+        }
+        self.used = self.used.saturating_add(bytes);
+        self.admitted += 1;
+        true
+    }
 }
 
 /// Groups a message stream into batches of at most `batch_size` messages and about `max_bytes`
@@ -132,6 +145,7 @@ mod tests {
             .enumerate()
             .map(|(i, &b)| RowStat {
                 id: format!("m{i}"),
+                seq: i as i64,
                 role: "user".into(),
                 bytes: b,
                 token_estimate: 1,
@@ -148,12 +162,15 @@ mod tests {
     }
 
     #[test]
-    fn recent_suffix_is_longest_fitting_and_keeps_the_leaf() {
-        let r = rows(&[10; 6]);
-        assert_eq!(recent_suffix_start(&r, 30), 3);
-        assert_eq!(recent_suffix_start(&r, 1), 5);
-        assert_eq!(recent_suffix_start(&r, 1000), 0);
-        assert_eq!(recent_suffix_start(&rows(&[]), 10), 0);
+    fn suffix_budget_keeps_the_leaf_and_stops_at_the_first_misfit() {
+        let fits = |budget: u64, sizes: &[u64]| {
+            let mut b = SuffixBudget::new(budget);
+            sizes.iter().take_while(|&&s| b.admit(s)).count()
+        };
+        assert_eq!(fits(30, &[10; 6]), 3);
+        assert_eq!(fits(1, &[10; 6]), 1);
+        assert_eq!(fits(1000, &[10; 6]), 6);
+        assert_eq!(fits(25, &[10, 20, 1]), 1);
     }
 
     #[test]

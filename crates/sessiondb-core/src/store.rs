@@ -117,6 +117,8 @@ pub enum WriteOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowStat {
     pub id: String,
+    /// The row's seq, which [`Store::fetch`] takes to read its content.
+    pub seq: i64,
     pub role: String,
     pub bytes: u64,
     pub token_estimate: u64,
@@ -128,6 +130,17 @@ pub struct RowStat {
 pub struct PathRows {
     pub rows: Vec<RowStat>,
     pub capped: bool,
+}
+
+/// The newest rows of a path that fit a byte budget.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PathSuffix {
+    /// Root side first; never empty for a non-empty path (the leaf always comes).
+    pub rows: Vec<RowStat>,
+    /// True when older rows of the path were left out (by the budget or the path cap).
+    pub truncated: bool,
+    /// Stored bytes of the whole (capped) path.
+    pub total_bytes: u64,
 }
 
 /// O(1) aggregates of a session's active path (as capped path reads see it).
@@ -208,11 +221,21 @@ pub trait Store: Send + Sync + 'static {
         leaf: Option<&str>,
     ) -> impl Future<Output = Result<PathRows, StoreError>> + Send;
 
-    /// Full messages for `ids`, in the given order; ids that do not exist are skipped.
+    /// The longest suffix of the path ending at `leaf` (the active leaf when `None`) whose
+    /// bytes fit `max_bytes`, at least the leaf. Reads only the rows it returns when the leaf is
+    /// the active one (the total comes from the session's aggregates).
+    fn path_suffix(
+        &self,
+        key: &SessionKey,
+        leaf: Option<&str>,
+        max_bytes: u64,
+    ) -> impl Future<Output = Result<PathSuffix, StoreError>> + Send;
+
+    /// Full messages for the rows with these seqs, in the given order; missing rows are skipped.
     fn fetch(
         &self,
         key: &SessionKey,
-        ids: &[String],
+        seqs: &[i64],
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send;
 
     /// `from` and then its ancestors, following parent links, at most `limit` messages.

@@ -15,21 +15,27 @@ CREATE TABLE sessions (
     last_message_at INTEGER,
     next_seq        INTEGER NOT NULL,
     leaf_id         TEXT,
+    leaf_seq        INTEGER,
     path_len        INTEGER NOT NULL,
     path_tokens     INTEGER NOT NULL,
     path_bytes      INTEGER NOT NULL,
+    path_capped     INTEGER NOT NULL,
     stored_messages INTEGER NOT NULL,
     PRIMARY KEY (namespace, id)
 ) WITHOUT ROWID;
 
+-- Messages are clustered by seq, so a path (mostly ascending seqs) is read by range scans.
 -- content holds slice 0 of the message body; content_chunks continuation slices follow in
 -- message_chunks (idx 1..=content_chunks). bytes is the UTF-8 length of the whole body.
+-- parent_seq is the parent's seq, NULL while the parent is missing (an import may name a
+-- parent that arrives later; parent_id keeps the link and parent_seq is filled in then).
 CREATE TABLE messages (
     namespace      TEXT    NOT NULL,
     session_id     TEXT    NOT NULL,
-    id             TEXT    NOT NULL,
     seq            INTEGER NOT NULL,
+    id             TEXT    NOT NULL,
     parent_id      TEXT,
+    parent_seq     INTEGER,
     role           TEXT    NOT NULL,
     content        TEXT    NOT NULL,
     content_chunks INTEGER NOT NULL,
@@ -38,13 +44,14 @@ CREATE TABLE messages (
     content_hash   BLOB    NOT NULL,
     created_at     INTEGER NOT NULL,
     updated_at     INTEGER,
-    PRIMARY KEY (namespace, session_id, id)
+    PRIMARY KEY (namespace, session_id, seq)
 ) WITHOUT ROWID;
 
-CREATE UNIQUE INDEX messages_by_seq ON messages (namespace, session_id, seq);
-CREATE INDEX messages_by_parent ON messages (namespace, session_id, parent_id, seq);
--- Covers path walks and row stats, so they never touch message content pages.
-CREATE INDEX messages_tree ON messages (namespace, session_id, id, parent_id, role, bytes, token_estimate);
+CREATE UNIQUE INDEX messages_by_id ON messages (namespace, session_id, id);
+-- Entries end with the primary key, so children come back in seq order.
+CREATE INDEX messages_by_parent ON messages (namespace, session_id, parent_id);
+-- Covers path walks and row stats, so they never read message content pages.
+CREATE INDEX messages_path ON messages (namespace, session_id, seq, parent_seq, id, role, bytes, token_estimate);
 
 CREATE TABLE message_chunks (
     namespace  TEXT    NOT NULL,

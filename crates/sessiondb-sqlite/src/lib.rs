@@ -31,7 +31,7 @@ use futures::channel::oneshot;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
 use sessiondb_core::message::JsonMap;
 use sessiondb_core::{
-    Change, ChangeFeed, FeedFilter, PathRows, SearchHit, SessionKey, SessionStats, Store,
+    Change, ChangeFeed, FeedFilter, PathRows, PathSuffix, SearchHit, SessionKey, SessionStats, Store,
     StoreError, StoredMessage, Subscription, WriteOutcome, WriteRequest, search,
 };
 
@@ -369,7 +369,7 @@ impl Writer {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(backend_error)?;
-        tx.execute_batch(schema::SEARCH_SCHEMA)
+        tx.execute_batch(schema::SEARCH_TABLES)
             .map_err(backend_error)?;
         {
             let mut rows = tx
@@ -409,6 +409,11 @@ impl Writer {
                 }
             }
         }
+        // One bulk build of the full-text index is much cheaper than a trigger per row.
+        tx.execute_batch("INSERT INTO message_fts (message_fts) VALUES ('rebuild');")
+            .map_err(backend_error)?;
+        tx.execute_batch(schema::SEARCH_TRIGGERS)
+            .map_err(backend_error)?;
         tx.execute(
             "INSERT OR REPLACE INTO store_meta (key, value) VALUES ('search_index', '1')",
             [],
@@ -465,25 +470,29 @@ impl Store for SqliteStore {
         leaf: Option<&str>,
     ) -> impl Future<Output = Result<PathRows, StoreError>> + Send {
         let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
-        self.read(move |c| {
-            let leaf = match leaf {
-                Some(leaf) => leaf,
-                None => match queries::leaf_id(c, &key)? {
-                    Some(leaf) => leaf,
-                    None => return Ok(PathRows::default()),
-                },
-            };
-            queries::path(c, &key, &leaf)
+        self.read(move |c| match queries::leaf_seq(c, &key, leaf.as_deref())? {
+            Some(seq) => queries::path(c, &key, seq),
+            None => Ok(PathRows::default()),
         })
+    }
+
+    fn path_suffix(
+        &self,
+        key: &SessionKey,
+        leaf: Option<&str>,
+        max_bytes: u64,
+    ) -> impl Future<Output = Result<PathSuffix, StoreError>> + Send {
+        let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
+        self.read(move |c| queries::path_suffix(c, &key, leaf.as_deref(), max_bytes))
     }
 
     fn fetch(
         &self,
         key: &SessionKey,
-        ids: &[String],
+        seqs: &[i64],
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
-        let (key, ids) = (key.clone(), ids.to_vec());
-        self.read(move |c| queries::fetch(c, &key, &ids))
+        let (key, seqs) = (key.clone(), seqs.to_vec());
+        self.read(move |c| queries::fetch(c, &key, &seqs))
     }
 
     fn ancestors(

@@ -1,9 +1,15 @@
 //! Read queries, shared by the reader pool and the writer (which reads inside its transaction).
+//!
+//! Messages are clustered by `(namespace, session_id, seq)`. A path is found by scanning the
+//! narrow `messages_path` index downwards from the leaf's seq and following `parent_seq`: parents
+//! always have lower seqs except for out-of-order imports, so a linear conversation is one range
+//! scan and a branch point costs at most one extra seek.
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use sessiondb_core::message::StoredRow;
+use sessiondb_core::plan::SuffixBudget;
 use sessiondb_core::{
-    MAX_PATH_DEPTH, MAX_PATH_ROWS, PathRows, RowStat, SearchHit, SessionKey, SessionStats,
+    MAX_PATH_ROWS, PathRows, PathSuffix, RowStat, SearchHit, SessionKey, SessionStats,
     StoreError, StoredMessage,
 };
 
@@ -14,21 +20,8 @@ type Result<T> = std::result::Result<T, StoreError>;
 const MESSAGE_COLUMNS: &str =
     "id, role, parent_id, seq, created_at, updated_at, token_estimate, content, content_chunks";
 
-/// Walks from `?3` towards the root, at most MAX_PATH_DEPTH steps; rows come leaf first.
-/// Uses only columns of the `messages_tree` covering index.
-macro_rules! path_cte {
-    () => {
-        "WITH RECURSIVE path(id, parent_id, role, bytes, token_estimate, depth) AS (
-             SELECT id, parent_id, role, bytes, token_estimate, 0 FROM messages
-              WHERE namespace = ?1 AND session_id = ?2 AND id = ?3
-             UNION ALL
-             SELECT m.id, m.parent_id, m.role, m.bytes, m.token_estimate, path.depth + 1
-               FROM path JOIN messages m
-                 ON m.namespace = ?1 AND m.session_id = ?2 AND m.id = path.parent_id
-              WHERE path.depth < ?4
-         ) "
-    };
-}
+/// Rows a path walk skips (other branches) before it seeks straight to the wanted seq.
+const MAX_SKIPPED_ROWS: usize = 32;
 
 fn stored_row(row: &Row<'_>) -> rusqlite::Result<(StoredRow, String, i64)> {
     Ok((
@@ -80,91 +73,82 @@ pub(crate) fn reassemble(
     Ok(body)
 }
 
-fn complete(conn: &Connection, key: &SessionKey, parts: (StoredRow, String, i64)) -> Result<StoredMessage> {
+fn complete(
+    conn: &Connection,
+    key: &SessionKey,
+    parts: (StoredRow, String, i64),
+) -> Result<StoredMessage> {
     let (row, content, chunks) = parts;
     let body = reassemble(conn, key, &row.id, content, chunks)?;
     Ok(StoredMessage::from_row(row, &body))
 }
 
-pub(crate) fn message(conn: &Connection, key: &SessionKey, id: &str) -> Result<Option<StoredMessage>> {
+/// Messages of the session matching `condition`, whose placeholders start at `?3`.
+fn messages_where(
+    conn: &Connection,
+    key: &SessionKey,
+    condition: &str,
+    args: &[&dyn rusqlite::ToSql],
+) -> Result<Vec<StoredMessage>> {
     let mut stmt = conn
         .prepare_cached(&format!(
             "SELECT {MESSAGE_COLUMNS} FROM messages
-              WHERE namespace = ?1 AND session_id = ?2 AND id = ?3"
+              WHERE namespace = ?1 AND session_id = ?2 AND {condition}"
         ))
         .map_err(backend_error)?;
-    let parts = stmt
-        .query_row(params![key.namespace, key.session_id, id], stored_row)
-        .optional()
+    let mut all: Vec<&dyn rusqlite::ToSql> = vec![&key.namespace, &key.session_id];
+    all.extend_from_slice(args);
+    let rows = stmt
+        .query_map(all.as_slice(), stored_row)
+        .map_err(backend_error)?
+        .collect::<rusqlite::Result<Vec<_>>>()
         .map_err(backend_error)?;
-    parts.map(|p| complete(conn, key, p)).transpose()
+    rows.into_iter().map(|p| complete(conn, key, p)).collect()
 }
 
-pub(crate) fn exists(conn: &Connection, key: &SessionKey, id: &str) -> Result<bool> {
-    let mut stmt = conn
-        .prepare_cached(
-            "SELECT 1 FROM messages WHERE namespace = ?1 AND session_id = ?2 AND id = ?3",
-        )
-        .map_err(backend_error)?;
-    stmt.exists(params![key.namespace, key.session_id, id])
-        .map_err(backend_error)
-}
-
-pub(crate) fn parent_of(conn: &Connection, key: &SessionKey, id: &str) -> Result<Option<Option<String>>> {
-    let mut stmt = conn
-        .prepare_cached(
-            "SELECT parent_id FROM messages WHERE namespace = ?1 AND session_id = ?2 AND id = ?3",
-        )
-        .map_err(backend_error)?;
-    stmt.query_row(params![key.namespace, key.session_id, id], |r| r.get(0))
-        .optional()
-        .map_err(backend_error)
+pub(crate) fn message(conn: &Connection, key: &SessionKey, id: &str) -> Result<Option<StoredMessage>> {
+    Ok(messages_where(conn, key, "id = ?3", &[&id])?.pop())
 }
 
 pub(crate) fn children(conn: &Connection, key: &SessionKey, id: &str) -> Result<Vec<StoredMessage>> {
-    let mut stmt = conn
-        .prepare_cached(&format!(
-            "SELECT {MESSAGE_COLUMNS} FROM messages
-              WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3 ORDER BY seq"
-        ))
-        .map_err(backend_error)?;
-    let rows = stmt
-        .query_map(params![key.namespace, key.session_id, id], stored_row)
-        .map_err(backend_error)?
-        .collect::<rusqlite::Result<Vec<_>>>()
-        .map_err(backend_error)?;
-    rows.into_iter().map(|p| complete(conn, key, p)).collect()
+    messages_where(conn, key, "parent_id = ?3 ORDER BY seq", &[&id])
 }
 
 pub(crate) fn roots(conn: &Connection, key: &SessionKey) -> Result<Vec<StoredMessage>> {
-    let mut stmt = conn
-        .prepare_cached(&format!(
-            "SELECT {MESSAGE_COLUMNS} FROM messages m
-              WHERE namespace = ?1 AND session_id = ?2
-                AND (parent_id IS NULL OR NOT EXISTS (
-                     SELECT 1 FROM messages p
-                      WHERE p.namespace = ?1 AND p.session_id = ?2 AND p.id = m.parent_id))
-              ORDER BY seq"
-        ))
-        .map_err(backend_error)?;
-    let rows = stmt
-        .query_map(params![key.namespace, key.session_id], stored_row)
-        .map_err(backend_error)?
-        .collect::<rusqlite::Result<Vec<_>>>()
-        .map_err(backend_error)?;
-    rows.into_iter().map(|p| complete(conn, key, p)).collect()
+    // Roots, and imports whose parent never arrived.
+    messages_where(conn, key, "parent_seq IS NULL ORDER BY seq", &[])
 }
 
-pub(crate) fn child_ids(conn: &Connection, key: &SessionKey, id: &str) -> Result<Vec<String>> {
+/// Where a message sits: `(seq, parent_id, parent_seq)`.
+pub(crate) type Location = (i64, Option<String>, Option<i64>);
+
+pub(crate) fn locate(conn: &Connection, key: &SessionKey, id: &str) -> Result<Option<Location>> {
     let mut stmt = conn
         .prepare_cached(
-            "SELECT id FROM messages WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3",
+            "SELECT seq, parent_id, parent_seq FROM messages
+              WHERE namespace = ?1 AND session_id = ?2 AND id = ?3",
         )
         .map_err(backend_error)?;
-    stmt.query_map(params![key.namespace, key.session_id, id], |r| r.get(0))
-        .map_err(backend_error)?
-        .collect::<rusqlite::Result<Vec<String>>>()
-        .map_err(backend_error)
+    stmt.query_row(params![key.namespace, key.session_id, id], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+    })
+    .optional()
+    .map_err(backend_error)
+}
+
+/// `(id, seq)` of the children of `id`.
+pub(crate) fn child_links(conn: &Connection, key: &SessionKey, id: &str) -> Result<Vec<(String, i64)>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT id, seq FROM messages WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3",
+        )
+        .map_err(backend_error)?;
+    stmt.query_map(params![key.namespace, key.session_id, id], |r| {
+        Ok((r.get(0)?, r.get(1)?))
+    })
+    .map_err(backend_error)?
+    .collect::<rusqlite::Result<Vec<_>>>()
+    .map_err(backend_error)
 }
 
 pub(crate) fn has_children(conn: &Connection, key: &SessionKey, id: &str) -> Result<bool> {
@@ -177,104 +161,239 @@ pub(crate) fn has_children(conn: &Connection, key: &SessionKey, id: &str) -> Res
         .map_err(backend_error)
 }
 
-pub(crate) fn leaf_id(conn: &Connection, key: &SessionKey) -> Result<Option<String>> {
+/// `(id, seq)` of the session's newest row.
+pub(crate) fn newest(conn: &Connection, key: &SessionKey) -> Result<Option<(String, i64)>> {
     let mut stmt = conn
-        .prepare_cached("SELECT leaf_id FROM sessions WHERE namespace = ?1 AND id = ?2")
-        .map_err(backend_error)?;
-    Ok(stmt
-        .query_row(params![key.namespace, key.session_id], |r| r.get(0))
-        .optional()
-        .map_err(backend_error)?
-        .flatten())
-}
-
-pub(crate) fn path(conn: &Connection, key: &SessionKey, leaf: &str) -> Result<PathRows> {
-    let mut stmt = conn
-        .prepare_cached(concat!(
-            path_cte!(),
-            "SELECT id, parent_id, role, bytes, token_estimate FROM path"
-        ))
-        .map_err(backend_error)?;
-    let mut oldest_parent: Option<String> = None;
-    let mut rows = stmt
-        .query_map(
-            params![key.namespace, key.session_id, leaf, MAX_PATH_DEPTH as i64],
-            |r| {
-                Ok((
-                    RowStat {
-                        id: r.get(0)?,
-                        role: r.get(2)?,
-                        bytes: r.get::<_, i64>(3)? as u64,
-                        token_estimate: r.get::<_, i64>(4)? as u64,
-                    },
-                    r.get::<_, Option<String>>(1)?,
-                ))
-            },
+        .prepare_cached(
+            "SELECT id, seq FROM messages WHERE namespace = ?1 AND session_id = ?2
+              ORDER BY seq DESC LIMIT 1",
         )
-        .map_err(backend_error)?
-        .map(|r| {
-            r.map(|(stat, parent)| {
-                oldest_parent = parent;
-                stat
-            })
-        })
-        .collect::<rusqlite::Result<Vec<_>>>()
         .map_err(backend_error)?;
-    rows.reverse();
-    let capped = rows.len() == MAX_PATH_ROWS && oldest_parent.is_some();
-    Ok(PathRows { rows, capped })
+    stmt.query_row(params![key.namespace, key.session_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()
+        .map_err(backend_error)
 }
 
-/// `(rows, tokens, bytes)` of the path ending at `leaf`.
-pub(crate) fn path_totals(conn: &Connection, key: &SessionKey, leaf: &str) -> Result<(u64, u64, u64)> {
+/// The session's active leaf seq with the aggregates of its path.
+pub(crate) struct ActiveLeaf {
+    pub seq: i64,
+    pub total_bytes: u64,
+    pub capped: bool,
+}
+
+pub(crate) fn active_leaf(conn: &Connection, key: &SessionKey) -> Result<Option<ActiveLeaf>> {
     let mut stmt = conn
-        .prepare_cached(concat!(
-            path_cte!(),
-            "SELECT count(*), coalesce(sum(token_estimate), 0), coalesce(sum(bytes), 0) FROM path"
-        ))
+        .prepare_cached(
+            "SELECT leaf_seq, path_bytes, path_capped FROM sessions
+              WHERE namespace = ?1 AND id = ?2 AND leaf_seq IS NOT NULL",
+        )
         .map_err(backend_error)?;
-    stmt.query_row(
-        params![key.namespace, key.session_id, leaf, MAX_PATH_DEPTH as i64],
-        |r| {
-            Ok((
-                r.get::<_, i64>(0)? as u64,
-                r.get::<_, i64>(1)? as u64,
-                r.get::<_, i64>(2)? as u64,
-            ))
-        },
-    )
+    stmt.query_row(params![key.namespace, key.session_id], |r| {
+        Ok(ActiveLeaf {
+            seq: r.get(0)?,
+            total_bytes: r.get::<_, i64>(1)? as u64,
+            capped: r.get(2)?,
+        })
+    })
+    .optional()
     .map_err(backend_error)
 }
 
-pub(crate) fn fetch(conn: &Connection, key: &SessionKey, ids: &[String]) -> Result<Vec<StoredMessage>> {
-    let mut out = Vec::with_capacity(ids.len());
-    for id in ids {
-        if let Some(m) = message(conn, key, id)? {
-            out.push(m);
+pub(crate) struct PathRow {
+    pub stat: RowStat,
+    pub parent_seq: Option<i64>,
+}
+
+/// Visits the path from the row with seq `start` towards the root, leaf first, until `visit`
+/// returns false, the root is reached, or [`MAX_PATH_ROWS`] rows were visited. Returns whether
+/// the last visited row still has a parent (the walk was cut short).
+pub(crate) fn walk(
+    conn: &Connection,
+    key: &SessionKey,
+    start: i64,
+    mut visit: impl FnMut(PathRow) -> bool,
+) -> Result<bool> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT seq, parent_seq, id, role, bytes, token_estimate FROM messages
+              WHERE namespace = ?1 AND session_id = ?2 AND seq <= ?3 ORDER BY seq DESC",
+        )
+        .map_err(backend_error)?;
+    let mut wanted = start;
+    let mut visited = 0;
+    'seek: loop {
+        let mut rows = stmt
+            .query(params![key.namespace, key.session_id, wanted])
+            .map_err(backend_error)?;
+        let mut skipped = 0;
+        while let Some(row) = rows.next().map_err(backend_error)? {
+            let seq: i64 = row.get(0).map_err(backend_error)?;
+            if seq > wanted {
+                skipped += 1;
+                if skipped > MAX_SKIPPED_ROWS {
+                    continue 'seek;
+                }
+                continue;
+            }
+            if seq < wanted {
+                return Ok(false); // the wanted row does not exist
+            }
+            let parent_seq: Option<i64> = row.get(1).map_err(backend_error)?;
+            let path_row = PathRow {
+                stat: RowStat {
+                    seq,
+                    id: row.get(2).map_err(backend_error)?,
+                    role: row.get(3).map_err(backend_error)?,
+                    bytes: row.get::<_, i64>(4).map_err(backend_error)? as u64,
+                    token_estimate: row.get::<_, i64>(5).map_err(backend_error)? as u64,
+                },
+                parent_seq,
+            };
+            visited += 1;
+            if !visit(path_row) || visited == MAX_PATH_ROWS {
+                return Ok(parent_seq.is_some());
+            }
+            match parent_seq {
+                None => return Ok(false),
+                Some(parent) => {
+                    wanted = parent;
+                    skipped = 0;
+                    if parent > seq {
+                        continue 'seek; // an out-of-order import: seek back up
+                    }
+                }
+            }
         }
+        return Ok(false);
+    }
+}
+
+/// The seq of `leaf`, or of the active leaf when `None`.
+pub(crate) fn leaf_seq(conn: &Connection, key: &SessionKey, leaf: Option<&str>) -> Result<Option<i64>> {
+    match leaf {
+        Some(id) => Ok(locate(conn, key, id)?.map(|(seq, _, _)| seq)),
+        None => Ok(active_leaf(conn, key)?.map(|a| a.seq)),
+    }
+}
+
+pub(crate) fn path(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<PathRows> {
+    let mut rows = Vec::new();
+    let capped = walk(conn, key, leaf, |r| {
+        rows.push(r.stat);
+        true
+    })?;
+    rows.reverse();
+    Ok(PathRows { rows, capped })
+}
+
+/// `(rows, tokens, bytes, capped)` of the path ending at `leaf`.
+pub(crate) fn path_totals(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<(u64, u64, u64, bool)> {
+    let (mut len, mut tokens, mut bytes) = (0, 0, 0);
+    let capped = walk(conn, key, leaf, |r| {
+        len += 1;
+        tokens += r.stat.token_estimate;
+        bytes += r.stat.bytes;
+        true
+    })?;
+    Ok((len, tokens, bytes, capped))
+}
+
+pub(crate) fn path_suffix(
+    conn: &Connection,
+    key: &SessionKey,
+    leaf: Option<&str>,
+    max_bytes: u64,
+) -> Result<PathSuffix> {
+    let active = active_leaf(conn, key)?;
+    let (start, known) = match (leaf, &active) {
+        (None, Some(a)) => (a.seq, Some((a.total_bytes, a.capped))),
+        (None, None) => return Ok(PathSuffix::default()),
+        (Some(id), _) => match locate(conn, key, id)? {
+            Some((seq, _, _)) if Some(seq) == active.as_ref().map(|a| a.seq) => {
+                (seq, active.as_ref().map(|a| (a.total_bytes, a.capped)))
+            }
+            Some((seq, _, _)) => (seq, None),
+            None => return Ok(PathSuffix::default()),
+        },
+    };
+    let mut budget = SuffixBudget::new(max_bytes);
+    let mut rows = Vec::new();
+    let mut walked_bytes = 0;
+    let mut over_budget = false;
+    let more = walk(conn, key, start, |r| {
+        walked_bytes += r.stat.bytes;
+        if !over_budget && budget.admit(r.stat.bytes) {
+            rows.push(r.stat);
+            return true;
+        }
+        over_budget = true;
+        // Past the budget, keep walking only to total the path when nothing else knows it.
+        known.is_none()
+    })?;
+    rows.reverse();
+    let (total_bytes, capped) = known.unwrap_or((walked_bytes, more));
+    Ok(PathSuffix {
+        rows,
+        truncated: over_budget || capped || more,
+        total_bytes,
+    })
+}
+
+/// Content of the rows with `seqs`, in that order. An ascending, dense window is read with one
+/// range scan; anything else with point reads.
+pub(crate) fn fetch(conn: &Connection, key: &SessionKey, seqs: &[i64]) -> Result<Vec<StoredMessage>> {
+    let (Some(&first), Some(&last)) = (seqs.first(), seqs.last()) else {
+        return Ok(Vec::new());
+    };
+    let ascending = seqs.windows(2).all(|w| w[0] < w[1]);
+    if ascending && (last - first + 1) as usize <= 2 * seqs.len() {
+        let mut stmt = conn
+            .prepare_cached(&format!(
+                "SELECT {MESSAGE_COLUMNS} FROM messages
+                  WHERE namespace = ?1 AND session_id = ?2 AND seq BETWEEN ?3 AND ?4 ORDER BY seq"
+            ))
+            .map_err(backend_error)?;
+        let mut wanted = seqs.iter().peekable();
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut rows = stmt
+            .query(params![key.namespace, key.session_id, first, last])
+            .map_err(backend_error)?;
+        while let Some(row) = rows.next().map_err(backend_error)? {
+            let seq: i64 = row.get(3).map_err(backend_error)?;
+            while wanted.next_if(|&&w| w < seq).is_some() {}
+            if wanted.next_if_eq(&&seq).is_some() {
+                out.push(complete(conn, key, stored_row(row).map_err(backend_error)?)?);
+            }
+        }
+        return Ok(out);
+    }
+    let mut out = Vec::with_capacity(seqs.len());
+    for seq in seqs {
+        out.extend(messages_where(conn, key, "seq = ?3", &[seq])?);
     }
     Ok(out)
 }
 
+/// `from` and its ancestors, at most `limit` messages.
 pub(crate) fn ancestors(
     conn: &Connection,
     key: &SessionKey,
     from: &str,
     limit: usize,
 ) -> Result<Vec<StoredMessage>> {
-    let mut out = Vec::with_capacity(limit.min(64));
-    let mut next = Some(from.to_owned());
-    while let Some(id) = next.take() {
-        if out.len() == limit {
-            break;
-        }
-        let Some(m) = message(conn, key, &id)? else {
-            break;
-        };
-        next.clone_from(&m.parent_id);
-        out.push(m);
-    }
-    Ok(out)
+    let Some((start, _, _)) = locate(conn, key, from)? else {
+        return Ok(Vec::new());
+    };
+    let mut seqs = Vec::with_capacity(limit.min(256));
+    walk(conn, key, start, |r| {
+        seqs.push(r.stat.seq);
+        seqs.len() < limit
+    })?;
+    // Read the window oldest first (one range scan), hand it back newest first.
+    seqs.reverse();
+    let mut messages = fetch(conn, key, &seqs)?;
+    messages.reverse();
+    Ok(messages)
 }
 
 pub(crate) fn stats(conn: &Connection, key: &SessionKey) -> Result<SessionStats> {

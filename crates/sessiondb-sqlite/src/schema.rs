@@ -8,8 +8,9 @@ use crate::{Synchronous, backend_error};
 /// Migrations in order; index + 1 is the schema version each one produces.
 const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
 
-/// Tables of the full-text index, created by the first search (see `search_index.rs`).
-pub(crate) const SEARCH_SCHEMA: &str = r#"
+/// Tables of the full-text index, created by the first search. `message_search` holds the
+/// indexed text; `message_fts` indexes it as external content.
+pub(crate) const SEARCH_TABLES: &str = r#"
 CREATE TABLE IF NOT EXISTS message_search (
     rowid      INTEGER PRIMARY KEY,
     namespace  TEXT NOT NULL,
@@ -22,6 +23,10 @@ CREATE TABLE IF NOT EXISTS message_search (
 CREATE VIRTUAL TABLE IF NOT EXISTS message_fts USING fts5(
     text, content='message_search', content_rowid='rowid', tokenize='porter unicode61'
 );
+"#;
+
+/// Keep `message_fts` in step with `message_search` once the index is built.
+pub(crate) const SEARCH_TRIGGERS: &str = r#"
 CREATE TRIGGER IF NOT EXISTS message_search_ai AFTER INSERT ON message_search BEGIN
     INSERT INTO message_fts (rowid, text) VALUES (new.rowid, new.text);
 END;

@@ -1,5 +1,5 @@
-//! Applying one [`WriteRequest`] inside the writer's transaction. Every function here runs on the
-//! writer thread, inside a savepoint, so an error leaves nothing behind.
+//! Applying one [`WriteRequest`] inside the writer's transaction. Everything here runs on the
+//! writer thread inside a savepoint, so an error leaves nothing behind.
 
 use std::collections::HashMap;
 
@@ -16,6 +16,13 @@ use crate::{backend_error, queries};
 
 type Result<T> = std::result::Result<T, StoreError>;
 
+/// Runs one statement with a parameter list.
+fn exec(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) -> Result<usize> {
+    conn.prepare_cached(sql)
+        .and_then(|mut stmt| stmt.execute(params))
+        .map_err(backend_error)
+}
+
 /// The session row, loaded once per request and saved once at its end.
 #[derive(Debug)]
 struct SessionRow {
@@ -26,9 +33,11 @@ struct SessionRow {
     last_message_at: Option<i64>,
     next_seq: i64,
     leaf_id: Option<String>,
+    leaf_seq: Option<i64>,
     path_len: u64,
     path_tokens: u64,
     path_bytes: u64,
+    path_capped: bool,
     stored_messages: u64,
     /// The path aggregates no longer describe the active leaf; recomputed once before saving.
     totals_stale: bool,
@@ -38,8 +47,8 @@ impl SessionRow {
     fn load(conn: &Connection, key: &SessionKey, now: i64) -> Result<Self> {
         let mut stmt = conn
             .prepare_cached(
-                "SELECT created_at, updated_at, last_message_at, next_seq, leaf_id,
-                        path_len, path_tokens, path_bytes, stored_messages
+                "SELECT created_at, updated_at, last_message_at, next_seq, leaf_id, leaf_seq,
+                        path_len, path_tokens, path_bytes, path_capped, stored_messages
                    FROM sessions WHERE namespace = ?1 AND id = ?2",
             )
             .map_err(backend_error)?;
@@ -53,10 +62,12 @@ impl SessionRow {
                     last_message_at: r.get(2)?,
                     next_seq: r.get(3)?,
                     leaf_id: r.get(4)?,
-                    path_len: r.get::<_, i64>(5)? as u64,
-                    path_tokens: r.get::<_, i64>(6)? as u64,
-                    path_bytes: r.get::<_, i64>(7)? as u64,
-                    stored_messages: r.get::<_, i64>(8)? as u64,
+                    leaf_seq: r.get(5)?,
+                    path_len: r.get::<_, i64>(6)? as u64,
+                    path_tokens: r.get::<_, i64>(7)? as u64,
+                    path_bytes: r.get::<_, i64>(8)? as u64,
+                    path_capped: r.get(9)?,
+                    stored_messages: r.get::<_, i64>(10)? as u64,
                     totals_stale: false,
                 })
             })
@@ -70,17 +81,19 @@ impl SessionRow {
             last_message_at: None,
             next_seq: 1,
             leaf_id: None,
+            leaf_seq: None,
             path_len: 0,
             path_tokens: 0,
             path_bytes: 0,
+            path_capped: false,
             stored_messages: 0,
             totals_stale: false,
         }))
     }
 
-    /// Records a new row that became the active leaf under `parent_id`.
-    fn add_leaf(&mut self, message: &PreparedMessage, parent_id: Option<&str>, now: i64) {
-        let extends_active_path = parent_id == self.leaf_id.as_deref();
+    /// Records a new row (with the current `next_seq`) that became the active leaf.
+    fn add_leaf(&mut self, message: &PreparedMessage, parent_seq: Option<i64>, now: i64) {
+        let extends_active_path = parent_seq == self.leaf_seq;
         if extends_active_path && !self.totals_stale && (self.path_len as usize) < MAX_PATH_ROWS {
             self.path_len += 1;
             self.path_tokens += message.token_estimate;
@@ -89,6 +102,7 @@ impl SessionRow {
             self.totals_stale = true;
         }
         self.leaf_id = Some(message.id.clone());
+        self.leaf_seq = Some(self.next_seq);
         self.next_seq += 1;
         self.stored_messages += 1;
         self.touch(now);
@@ -104,19 +118,19 @@ impl SessionRow {
             return Ok(());
         }
         if self.totals_stale {
-            (self.path_len, self.path_tokens, self.path_bytes) = match &self.leaf_id {
-                Some(leaf) => queries::path_totals(conn, key, leaf)?,
-                None => (0, 0, 0),
-            };
+            (self.path_len, self.path_tokens, self.path_bytes, self.path_capped) =
+                match self.leaf_seq {
+                    Some(leaf) => queries::path_totals(conn, key, leaf)?,
+                    None => (0, 0, 0, false),
+                };
         }
-        conn.prepare_cached(
+        exec(
+            conn,
             "INSERT OR REPLACE INTO sessions (namespace, id, created_at, updated_at,
-                 last_message_at, next_seq, leaf_id, path_len, path_tokens, path_bytes,
-                 stored_messages)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-        )
-        .and_then(|mut stmt| {
-            stmt.execute(params![
+                 last_message_at, next_seq, leaf_id, leaf_seq, path_len, path_tokens, path_bytes,
+                 path_capped, stored_messages)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+            params![
                 key.namespace,
                 key.session_id,
                 self.created_at,
@@ -124,13 +138,14 @@ impl SessionRow {
                 self.last_message_at,
                 self.next_seq,
                 self.leaf_id,
+                self.leaf_seq,
                 self.path_len as i64,
                 self.path_tokens as i64,
                 self.path_bytes as i64,
+                self.path_capped,
                 self.stored_messages as i64,
-            ])
-        })
-        .map_err(backend_error)?;
+            ],
+        )?;
         self.stored = true;
         Ok(())
     }
@@ -163,7 +178,7 @@ pub(crate) fn apply(
             WriteOp::Append { message, parent } => tx.append(message, parent)?,
             WriteOp::Update { message } => WriteOutcome::Updated(tx.update(message)?),
             WriteOp::Upsert { message, parent } => {
-                if queries::exists(conn, tx.key, &message.id)? {
+                if queries::locate(conn, tx.key, &message.id)?.is_some() {
                     WriteOutcome::Updated(tx.update(message)?)
                 } else {
                     tx.append(message, parent)?
@@ -182,6 +197,9 @@ pub(crate) fn apply(
     Ok((outcomes, tx.changes))
 }
 
+/// A parent link as stored: the parent's id and, when the parent exists, its seq.
+type ParentLink = (String, Option<i64>);
+
 /// One request in flight: its session row and the changes it has made so far.
 struct RequestTx<'a> {
     conn: &'a Connection,
@@ -194,7 +212,9 @@ struct RequestTx<'a> {
 
 impl RequestTx<'_> {
     fn append(&mut self, message: &PreparedMessage, parent: &ParentSpec) -> Result<WriteOutcome> {
-        if let Some(stored) = queries::message(self.conn, self.key, &message.id)? {
+        if queries::locate(self.conn, self.key, &message.id)?.is_some() {
+            let stored = queries::message(self.conn, self.key, &message.id)?
+                .ok_or_else(|| StoreError::Corrupt(format!("message `{}` vanished", message.id)))?;
             self.changes.push(Change::Append {
                 message: stored.clone(),
                 parent: parent.clone(),
@@ -205,19 +225,19 @@ impl RequestTx<'_> {
                 inserted: false,
             });
         }
-        let parent_id = match parent {
-            ParentSpec::ActiveLeaf => self.session.leaf_id.clone(),
+        let link: Option<ParentLink> = match parent {
+            ParentSpec::ActiveLeaf => self.session.leaf_id.clone().map(|id| (id, self.session.leaf_seq)),
             ParentSpec::Root => None,
-            ParentSpec::Id(id) if !id.is_empty() && queries::exists(self.conn, self.key, id)? => Some(id.clone()),
-            ParentSpec::Id(_) => None,
+            ParentSpec::Id(id) if id.is_empty() => None,
+            ParentSpec::Id(id) => queries::locate(self.conn, self.key, id)?.map(|(seq, _, _)| (id.clone(), Some(seq))),
         };
+        let orphans = queries::has_children(self.conn, self.key, &message.id)?;
         // A parent that would make the tree loop is treated like an unknown one: a new root.
-        let parent_id = match parent_id {
-            Some(p) if self.closes_cycle(&message.id, &p)? => None,
+        let link = match link {
+            Some((p, _)) if orphans && self.reaches(&p, &message.id)? => None,
             other => other,
         };
-        let stored = self.insert(message, parent_id, self.now)?;
-        self.session.add_leaf(message, stored.parent_id.as_deref(), self.now);
+        let stored = self.insert(message, link, orphans, self.now)?;
         self.session.last_message_at = Some(self.now);
         self.changes.push(Change::Append {
             message: stored.clone(),
@@ -231,34 +251,35 @@ impl RequestTx<'_> {
     }
 
     fn update(&mut self, message: &PreparedMessage) -> Result<UpdateOutcome> {
-        let mut stmt = self.conn
+        let current = self
+            .conn
             .prepare_cached(
-                "SELECT content_hash, content_chunks, seq, parent_id, created_at, updated_at,
+                "SELECT seq, parent_id, content_hash, content_chunks, created_at, updated_at,
                         token_estimate, bytes
                    FROM messages WHERE namespace = ?1 AND session_id = ?2 AND id = ?3",
             )
-            .map_err(backend_error)?;
-        let current = stmt
-            .query_row(params![self.key.namespace, self.key.session_id, message.id], |r| {
-                Ok((
-                    r.get::<_, Vec<u8>>(0)?,
-                    r.get::<_, i64>(1)?,
-                    StoredRow {
-                        id: message.id.clone(),
-                        role: message.role.clone(),
-                        seq: r.get(2)?,
-                        parent_id: r.get(3)?,
-                        created_at: r.get(4)?,
-                        updated_at: r.get(5)?,
-                        token_estimate: message.token_estimate,
-                    },
-                    r.get::<_, i64>(6)? as u64,
-                    r.get::<_, i64>(7)? as u64,
-                ))
+            .and_then(|mut stmt| {
+                stmt.query_row(params![self.key.namespace, self.key.session_id, message.id], |r| {
+                    Ok((
+                        StoredRow {
+                            id: message.id.clone(),
+                            role: message.role.clone(),
+                            seq: r.get(0)?,
+                            parent_id: r.get(1)?,
+                            created_at: r.get(4)?,
+                            updated_at: r.get(5)?,
+                            token_estimate: message.token_estimate,
+                        },
+                        r.get::<_, Vec<u8>>(2)?,
+                        r.get::<_, i64>(3)?,
+                        r.get::<_, i64>(6)? as u64,
+                        r.get::<_, i64>(7)? as u64,
+                    ))
+                })
+                .optional()
             })
-            .optional()
             .map_err(backend_error)?;
-        let Some((hash, old_chunks, mut row, old_tokens, old_bytes)) = current else {
+        let Some((mut row, hash, old_chunks, old_tokens, old_bytes)) = current else {
             return Ok(UpdateOutcome::Missing);
         };
         if hash == message.content_hash.0 {
@@ -266,16 +287,15 @@ impl RequestTx<'_> {
         }
         let slices = split_slices(&message.body, MAX_SLICE_BYTES);
         let chunks = slices.len() as i64 - 1;
-        self.conn.prepare_cached(
+        exec(
+            self.conn,
             "UPDATE messages SET role = ?4, content = ?5, content_chunks = ?6, bytes = ?7,
                     token_estimate = ?8, content_hash = ?9, updated_at = ?10
-              WHERE namespace = ?1 AND session_id = ?2 AND id = ?3",
-        )
-        .and_then(|mut s| {
-            s.execute(params![
+              WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
+            params![
                 self.key.namespace,
                 self.key.session_id,
-                message.id,
+                row.seq,
                 message.role,
                 slices[0],
                 chunks,
@@ -283,22 +303,21 @@ impl RequestTx<'_> {
                 message.token_estimate as i64,
                 &message.content_hash.0[..],
                 self.now,
-            ])
-        })
-        .map_err(backend_error)?;
+            ],
+        )?;
         if old_chunks > chunks {
-            self.conn.prepare_cached(
+            exec(
+                self.conn,
                 "DELETE FROM message_chunks
                   WHERE namespace = ?1 AND session_id = ?2 AND id = ?3 AND idx > ?4",
-            )
-            .and_then(|mut s| s.execute(params![self.key.namespace, self.key.session_id, message.id, chunks]))
-            .map_err(backend_error)?;
+                params![self.key.namespace, self.key.session_id, message.id, chunks],
+            )?;
         }
         self.write_chunks(&message.id, &slices)?;
         if self.ctx.search_index {
             self.reindex(message)?;
         }
-        if self.session.leaf_id.as_deref() == Some(message.id.as_str()) && !self.session.totals_stale {
+        if self.session.leaf_seq == Some(row.seq) && !self.session.totals_stale {
             self.session.path_tokens = self.session.path_tokens + message.token_estimate - old_tokens;
             self.session.path_bytes = self.session.path_bytes + message.bytes() - old_bytes;
         } else {
@@ -314,20 +333,27 @@ impl RequestTx<'_> {
         Ok(UpdateOutcome::Changed(stored))
     }
 
-    fn import(&mut self, message: &PreparedMessage, parent_id: Option<&str>, created_at: i64) -> Result<WriteOutcome> {
-        if queries::exists(self.conn, self.key, &message.id)? {
+    fn import(
+        &mut self,
+        message: &PreparedMessage,
+        parent_id: Option<&str>,
+        created_at: i64,
+    ) -> Result<WriteOutcome> {
+        if queries::locate(self.conn, self.key, &message.id)?.is_some() {
             return Ok(WriteOutcome::Imported(None));
         }
-        if let Some(parent) = parent_id
-            && self.closes_cycle(&message.id, parent)?
-        {
-            return Err(StoreError::ParentCycle {
-                id: message.id.clone(),
-                parent_id: parent.to_owned(),
-            });
-        }
-        let stored = self.insert(message, parent_id.map(str::to_owned), created_at)?;
-        self.session.add_leaf(message, parent_id, created_at);
+        let orphans = queries::has_children(self.conn, self.key, &message.id)?;
+        let link = match parent_id {
+            Some(p) if p == message.id || (orphans && self.reaches(p, &message.id)?) => {
+                return Err(StoreError::ParentCycle {
+                    id: message.id.clone(),
+                    parent_id: p.to_owned(),
+                });
+            }
+            Some(p) => Some((p.to_owned(), queries::locate(self.conn, self.key, p)?.map(|(seq, _, _)| seq))),
+            None => None,
+        };
+        let stored = self.insert(message, link, orphans, created_at)?;
         self.session.last_message_at = self.session.last_message_at.max(Some(created_at));
         self.changes.push(Change::Import {
             message: stored.clone(),
@@ -336,24 +362,17 @@ impl RequestTx<'_> {
         Ok(WriteOutcome::Imported(Some(stored)))
     }
 
-    /// True when `parent` as the parent of the new row `id` would close a loop. Only rows whose
-    /// parent is still missing can lead back to a new id (imports keep unvalidated parents so
-    /// history may arrive out of order), so without such rows this costs one index probe.
-    fn closes_cycle(&self, id: &str, parent: &str) -> Result<bool> {
-        if parent == id {
-            return Ok(true);
-        }
-        if !queries::has_children(self.conn, self.key, id)? {
-            return Ok(false);
-        }
-        let mut current = parent.to_owned();
+    /// Whether following parent links from `from` meets `target`. Only rows whose parent is
+    /// still missing can point at a new id, so callers ask only when such rows exist.
+    fn reaches(&self, from: &str, target: &str) -> Result<bool> {
+        let mut current = from.to_owned();
         // The tree is acyclic, so a walk to the root visits each stored row at most once.
         for _ in 0..=self.session.stored_messages {
-            if current == id {
+            if current == target {
                 return Ok(true);
             }
-            match queries::parent_of(self.conn, self.key, &current)? {
-                Some(Some(next)) => current = next,
+            match queries::locate(self.conn, self.key, &current)? {
+                Some((_, Some(parent), _)) => current = parent,
                 _ => return Ok(false),
             }
         }
@@ -362,12 +381,18 @@ impl RequestTx<'_> {
 
     fn delete(&mut self, ids: &[String]) -> Result<WriteOutcome> {
         let mut deleted: HashMap<String, Option<String>> = HashMap::new();
+        let mut seq_of: HashMap<String, Option<i64>> = HashMap::new();
+        let mut deleted_seqs = Vec::new();
         for id in ids {
             if deleted.contains_key(id) {
                 continue;
             }
-            if let Some(parent) = queries::parent_of(self.conn, self.key, id)? {
-                deleted.insert(id.clone(), parent);
+            if let Some((seq, parent_id, parent_seq)) = queries::locate(self.conn, self.key, id)? {
+                if let Some(parent) = &parent_id {
+                    seq_of.insert(parent.clone(), parent_seq);
+                }
+                deleted.insert(id.clone(), parent_id);
+                deleted_seqs.push((id.clone(), seq));
             }
         }
         self.changes.push(Change::Delete {
@@ -377,41 +402,40 @@ impl RequestTx<'_> {
             return Ok(WriteOutcome::Deleted { count: 0 });
         }
         let mut children = Vec::new();
+        let mut child_seq = HashMap::new();
         for id in deleted.keys() {
-            for child in queries::child_ids(self.conn, self.key, id)? {
-                children.push((child, id.clone()));
+            for (child, seq) in queries::child_links(self.conn, self.key, id)? {
+                children.push((child.clone(), id.clone()));
+                child_seq.insert(child, seq);
             }
         }
-        for (child, new_parent) in splice_rewires(&deleted, &children, MAX_PATH_DEPTH) {
-            self.conn.prepare_cached(
-                "UPDATE messages SET parent_id = ?4 WHERE namespace = ?1 AND session_id = ?2 AND id = ?3",
-            )
-            .and_then(|mut s| s.execute(params![self.key.namespace, self.key.session_id, child, new_parent]))
-            .map_err(backend_error)?;
+        for (child, parent) in splice_rewires(&deleted, &children, MAX_PATH_DEPTH) {
+            let parent_seq = parent.as_ref().and_then(|p| seq_of.get(p).copied().flatten());
+            exec(
+                self.conn,
+                "UPDATE messages SET parent_id = ?4, parent_seq = ?5
+                  WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
+                params![self.key.namespace, self.key.session_id, child_seq[&child], parent, parent_seq],
+            )?;
         }
-        for id in deleted.keys() {
-            for sql in [
-                "DELETE FROM messages WHERE namespace = ?1 AND session_id = ?2 AND id = ?3",
+        for (id, seq) in &deleted_seqs {
+            exec(
+                self.conn,
+                "DELETE FROM messages WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
+                params![self.key.namespace, self.key.session_id, seq],
+            )?;
+            exec(
+                self.conn,
                 "DELETE FROM message_chunks WHERE namespace = ?1 AND session_id = ?2 AND id = ?3",
-            ] {
-                self.conn.prepare_cached(sql)
-                    .and_then(|mut s| s.execute(params![self.key.namespace, self.key.session_id, id]))
-                    .map_err(backend_error)?;
-            }
+                params![self.key.namespace, self.key.session_id, id],
+            )?;
             self.unindex(id)?;
         }
         self.session.stored_messages -= deleted.len() as u64;
         if self.session.leaf_id.as_ref().is_some_and(|leaf| deleted.contains_key(leaf)) {
-            self.session.leaf_id = self.conn
-                .prepare_cached(
-                    "SELECT id FROM messages WHERE namespace = ?1 AND session_id = ?2
-                      ORDER BY seq DESC LIMIT 1",
-                )
-                .and_then(|mut s| {
-                    s.query_row(params![self.key.namespace, self.key.session_id], |r| r.get(0))
-                        .optional()
-                })
-                .map_err(backend_error)?;
+            let newest = queries::newest(self.conn, self.key)?;
+            self.session.leaf_seq = newest.as_ref().map(|(_, seq)| *seq);
+            self.session.leaf_id = newest.map(|(id, _)| id);
         }
         self.session.totals_stale = true;
         self.session.touch(self.now);
@@ -421,47 +445,51 @@ impl RequestTx<'_> {
     }
 
     fn clear(&mut self) -> Result<WriteOutcome> {
-        for sql in [
-            "DELETE FROM messages WHERE namespace = ?1 AND session_id = ?2",
-            "DELETE FROM message_chunks WHERE namespace = ?1 AND session_id = ?2",
-        ] {
-            self.conn.prepare_cached(sql)
-                .and_then(|mut s| s.execute(params![self.key.namespace, self.key.session_id]))
-                .map_err(backend_error)?;
-        }
+        let key = [&self.key.namespace as &dyn rusqlite::ToSql, &self.key.session_id];
+        exec(self.conn, "DELETE FROM messages WHERE namespace = ?1 AND session_id = ?2", &key)?;
+        exec(self.conn, "DELETE FROM message_chunks WHERE namespace = ?1 AND session_id = ?2", &key)?;
         if self.ctx.search_index {
-            self.conn.prepare_cached("DELETE FROM message_search WHERE namespace = ?1 AND session_id = ?2")
-                .and_then(|mut s| s.execute(params![self.key.namespace, self.key.session_id]))
-                .map_err(backend_error)?;
+            exec(self.conn, "DELETE FROM message_search WHERE namespace = ?1 AND session_id = ?2", &key)?;
         }
         self.changes.push(Change::Clear);
         if !self.session.stored {
             return Ok(WriteOutcome::Cleared);
         }
-        self.session.leaf_id = None;
-        self.session.path_len = 0;
-        self.session.path_tokens = 0;
-        self.session.path_bytes = 0;
-        self.session.stored_messages = 0;
-        self.session.totals_stale = false;
-        self.session.touch(self.now);
+        let session = &mut self.session;
+        session.leaf_id = None;
+        session.leaf_seq = None;
+        (session.path_len, session.path_tokens, session.path_bytes) = (0, 0, 0);
+        session.path_capped = false;
+        session.stored_messages = 0;
+        session.totals_stale = false;
+        session.touch(self.now);
         Ok(WriteOutcome::Cleared)
     }
 
-    fn insert(&self, message: &PreparedMessage, parent_id: Option<String>, created_at: i64) -> Result<StoredMessage> {
+    /// Inserts a new row with the next seq and makes it the active leaf. `orphans` says whether
+    /// rows already name this id as their (missing) parent; they are attached to it.
+    fn insert(
+        &mut self,
+        message: &PreparedMessage,
+        parent: Option<ParentLink>,
+        orphans: bool,
+        created_at: i64,
+    ) -> Result<StoredMessage> {
+        let seq = self.session.next_seq;
+        let (parent_id, parent_seq) = parent.map_or((None, None), |(id, seq)| (Some(id), seq));
         let slices = split_slices(&message.body, MAX_SLICE_BYTES);
-        self.conn.prepare_cached(
-            "INSERT INTO messages (namespace, session_id, id, seq, parent_id, role, content,
-                 content_chunks, bytes, token_estimate, content_hash, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, NULL)",
-        )
-        .and_then(|mut s| {
-            s.execute(params![
+        exec(
+            self.conn,
+            "INSERT INTO messages (namespace, session_id, seq, id, parent_id, parent_seq, role,
+                 content, content_chunks, bytes, token_estimate, content_hash, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+            params![
                 self.key.namespace,
                 self.key.session_id,
+                seq,
                 message.id,
-                self.session.next_seq,
                 parent_id,
+                parent_seq,
                 message.role,
                 slices[0],
                 slices.len() as i64 - 1,
@@ -469,18 +497,26 @@ impl RequestTx<'_> {
                 message.token_estimate as i64,
                 &message.content_hash.0[..],
                 created_at,
-            ])
-        })
-        .map_err(backend_error)?;
+            ],
+        )?;
         self.write_chunks(&message.id, &slices)?;
+        if orphans {
+            exec(
+                self.conn,
+                "UPDATE messages SET parent_seq = ?4
+                  WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3",
+                params![self.key.namespace, self.key.session_id, message.id, seq],
+            )?;
+        }
         if self.ctx.search_index && !message.search_text.is_empty() {
             self.index(&message.id, &message.role, &message.search_text)?;
         }
+        self.session.add_leaf(message, parent_seq, created_at.max(self.now));
         let row = StoredRow {
             id: message.id.clone(),
             role: message.role.clone(),
             parent_id,
-            seq: self.session.next_seq,
+            seq,
             created_at,
             updated_at: None,
             token_estimate: message.token_estimate,
@@ -490,41 +526,42 @@ impl RequestTx<'_> {
 
     fn write_chunks(&self, id: &str, slices: &[&str]) -> Result<()> {
         for (idx, slice) in slices.iter().enumerate().skip(1) {
-            self.conn.prepare_cached(
+            exec(
+                self.conn,
                 "INSERT OR REPLACE INTO message_chunks (namespace, session_id, id, idx, content)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
-            )
-            .and_then(|mut s| s.execute(params![self.key.namespace, self.key.session_id, id, idx as i64, slice]))
-            .map_err(backend_error)?;
+                params![self.key.namespace, self.key.session_id, id, idx as i64, slice],
+            )?;
         }
         Ok(())
     }
 
     fn index(&self, id: &str, role: &str, text: &str) -> Result<()> {
-        self.conn.prepare_cached(
+        exec(
+            self.conn,
             "INSERT INTO message_search (namespace, session_id, message_id, role, text)
              VALUES (?1, ?2, ?3, ?4, ?5)",
-        )
-        .and_then(|mut s| s.execute(params![self.key.namespace, self.key.session_id, id, role, text]))
-        .map_err(backend_error)?;
+            params![self.key.namespace, self.key.session_id, id, role, text],
+        )?;
         Ok(())
     }
 
     fn unindex(&self, id: &str) -> Result<()> {
-        if !self.ctx.search_index {
-            return Ok(());
+        if self.ctx.search_index {
+            exec(
+                self.conn,
+                "DELETE FROM message_search
+                  WHERE namespace = ?1 AND session_id = ?2 AND message_id = ?3",
+                params![self.key.namespace, self.key.session_id, id],
+            )?;
         }
-        self.conn.prepare_cached(
-            "DELETE FROM message_search WHERE namespace = ?1 AND session_id = ?2 AND message_id = ?3",
-        )
-        .and_then(|mut s| s.execute(params![self.key.namespace, self.key.session_id, id]))
-        .map_err(backend_error)?;
         Ok(())
     }
 
     /// Replaces a message's index entry, touching the index only when its text or role changed.
     fn reindex(&self, message: &PreparedMessage) -> Result<()> {
-        let current: Option<(String, String)> = self.conn
+        let current: Option<(String, String)> = self
+            .conn
             .prepare_cached(
                 "SELECT role, text FROM message_search
                   WHERE namespace = ?1 AND session_id = ?2 AND message_id = ?3",

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use sessiondb_core::message::StoredRow;
-use sessiondb_core::plan::{Batcher, content_windows, recent_suffix_start};
+use sessiondb_core::plan::{Batcher, content_windows};
 use sessiondb_core::{
     MAX_PATH_ROWS, Message, ParentSpec, PreparedMessage, RowStat, SearchHit, SessionKey,
     SessionStats, Source, Store, StoredMessage, UpdateOutcome, ValidationError,
@@ -111,10 +111,11 @@ fn generate_id() -> String {
     format!("msg_{}", uuid::Uuid::now_v7().simple())
 }
 
-/// Newest-first walks read this many rows first, doubling up to the maximum, so a consumer that
-/// stops after one message has read one row.
-const WALK_FIRST_WINDOW: usize = 1;
-const WALK_MAX_WINDOW: usize = 64;
+/// Newest-first walks read this many rows first and grow the window by `WALK_GROWTH` up to the
+/// maximum: a consumer that stops early has read at most a few rows more than it took.
+const WALK_FIRST_WINDOW: usize = 4;
+const WALK_GROWTH: usize = 4;
+const WALK_MAX_WINDOW: usize = 256;
 
 impl<S: Store> Session<S> {
     pub(crate) fn new(store: Arc<S>, options: Arc<Options>, key: SessionKey) -> Self {
@@ -418,7 +419,7 @@ impl<S: Store> Session<S> {
             }
             walk.remaining -= batch.len();
             walk.next = batch.last().and_then(|m| m.parent_id.clone());
-            walk.window = (walk.window * 2).min(WALK_MAX_WINDOW);
+            walk.window = (walk.window * WALK_GROWTH).min(WALK_MAX_WINDOW);
             Ok::<_, Error>(Some((batch, walk)))
         })
     }
@@ -461,19 +462,15 @@ impl<S: Store> Session<S> {
         max_bytes: u64,
         leaf: Option<&str>,
     ) -> Result<RecentHistory, Error> {
-        let mut path = self.store.path(&self.key, leaf).await?;
-        let total_bytes = path.rows.iter().map(|r| r.bytes).sum();
-        let start = recent_suffix_start(&path.rows, max_bytes);
-        let window = path.rows.split_off(start);
+        let suffix = self.store.path_suffix(&self.key, leaf, max_bytes).await?;
         let batches: Vec<Vec<StoredMessage>> =
-            fetch_windows(self.store.clone(), self.key.clone(), window)
+            fetch_windows(self.store.clone(), self.key.clone(), suffix.rows)
                 .try_collect()
                 .await?;
-        let messages = batches.into_iter().flatten().collect();
         Ok(RecentHistory {
-            messages,
-            truncated: start > 0 || path.capped,
-            total_bytes,
+            messages: batches.into_iter().flatten().collect(),
+            truncated: suffix.truncated,
+            total_bytes: suffix.total_bytes,
         })
     }
 
@@ -504,15 +501,15 @@ fn fetch_windows<S: Store>(
 ) -> impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static {
     let windows: VecDeque<Range<usize>> =
         content_windows(&rows, WINDOW_MAX_ROWS, WINDOW_MAX_BYTES).into();
-    let ids: Vec<String> = rows.into_iter().map(|r| r.id).collect();
+    let seqs: Vec<i64> = rows.into_iter().map(|r| r.seq).collect();
     stream::try_unfold(
-        (store, key, ids, windows),
-        |(store, key, ids, mut windows)| async move {
+        (store, key, seqs, windows),
+        |(store, key, seqs, mut windows)| async move {
             let Some(window) = windows.pop_front() else {
                 return Ok(None);
             };
-            let batch = store.fetch(&key, &ids[window]).await?;
-            Ok::<_, Error>(Some((batch, (store, key, ids, windows))))
+            let batch = store.fetch(&key, &seqs[window]).await?;
+            Ok::<_, Error>(Some((batch, (store, key, seqs, windows))))
         },
     )
 }
