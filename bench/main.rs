@@ -100,6 +100,17 @@ fn main() {
             assert_eq!(all.len(), n.min(sessiondb::MAX_PATH_ROWS));
         }
         report("full_history() whole path", ms(t0), 5);
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            assert_eq!(s.row_stats(None).await.unwrap().len(), n.min(sessiondb::MAX_PATH_ROWS));
+        }
+        report("row_stats() whole path (no content)", ms(t0), 5);
+        if let Ok(loops) = std::env::var("PROFILE_READS") {
+            for _ in 0..loops.parse::<usize>().unwrap() {
+                s.recent_history(50 * 400, None).await.unwrap();
+            }
+            std::process::exit(0);
+        }
 
         let t0 = Instant::now();
         let hits = s.search("needletoken", 10).await.unwrap();

@@ -6,10 +6,12 @@
 //!   own savepoint of one transaction, commits once (one fsync for the whole group), then
 //!   publishes the change events in commit order and answers each caller with its own result. A
 //!   request that fails rolls back to its savepoint and fails alone.
-//! - **A pool of readers**, each with a `query_only` connection, serves reads concurrently with
-//!   the writer (WAL readers see the last committed state).
+//! - **Reads run on the caller's thread** with a `query_only` connection checked out of a small
+//!   pool, concurrently with the writer (WAL readers see the last committed state). A read future
+//!   completes on its first poll: a thread hop per read costs more than most reads do here.
+//!   Async servers that read large paths should call from a blocking-friendly thread.
 //!
-//! Neither side needs an async runtime: futures resolve through oneshot channels.
+//! No async runtime is needed: write futures resolve through oneshot channels.
 //!
 //! # Durability
 //! `synchronous=FULL` by default: a write is acknowledged only after its commit reached the disk,
@@ -24,7 +26,7 @@ mod write;
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::thread::JoinHandle;
 
 use futures::channel::oneshot;
@@ -63,7 +65,7 @@ pub struct WriteStats {
 #[derive(Debug, Clone)]
 pub struct SqliteConfig {
     pub synchronous: Synchronous,
-    /// Read connections (and threads).
+    /// Most read connections open at once; further readers wait for one.
     pub readers: usize,
     /// Most write requests committed together.
     pub max_batch: usize,
@@ -75,7 +77,7 @@ impl Default for SqliteConfig {
     fn default() -> Self {
         Self {
             synchronous: Synchronous::Full,
-            readers: 2,
+            readers: 4,
             max_batch: 256,
             feed_buffer: 1024,
         }
@@ -87,7 +89,6 @@ pub(crate) fn backend_error(e: rusqlite::Error) -> StoreError {
 }
 
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
-type ReadJob = Box<dyn FnOnce(&Connection) + Send>;
 
 enum WriteJob {
     Write(WriteRequest, Reply<Vec<WriteOutcome>>),
@@ -99,8 +100,8 @@ enum WriteJob {
 #[derive(Debug)]
 pub struct SqliteStore {
     writes: Option<mpsc::Sender<WriteJob>>,
-    reads: Option<mpsc::Sender<ReadJob>>,
-    threads: Vec<JoinHandle<()>>,
+    writer: Option<JoinHandle<()>>,
+    readers: Arc<ReaderPool>,
     feed: ChangeFeed,
     search_index: Arc<AtomicBool>,
     write_stats: Arc<WriteStats>,
@@ -149,21 +150,16 @@ impl SqliteStore {
         let search_index = Arc::new(AtomicBool::new(search_ready));
         let feed = ChangeFeed::new(config.feed_buffer);
 
-        let mut readers = Vec::new();
-        for _ in 0..config.readers.max(1) {
-            let conn = Connection::open_with_flags(
-                &path,
-                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-            )
-            .map_err(backend_error)?;
-            schema::configure(&conn, config.synchronous, true)?;
-            readers.push(conn);
-        }
-
+        let readers = Arc::new(ReaderPool {
+            path: path.clone(),
+            synchronous: config.synchronous,
+            max: config.readers.max(1),
+            state: Mutex::new((Vec::new(), 0)),
+            returned: Condvar::new(),
+        });
+        // Open one reader now so a database that cannot be read fails at open, not later.
+        readers.checkin(readers.checkout()?);
         let (write_tx, write_rx) = mpsc::channel();
-        let (read_tx, read_rx) = mpsc::channel::<ReadJob>();
-        let read_rx = Arc::new(Mutex::new(read_rx));
-        let mut threads = Vec::new();
         let write_stats = Arc::new(WriteStats::default());
         let writer_state = Writer {
             conn: writer,
@@ -172,26 +168,11 @@ impl SqliteStore {
             stats: write_stats.clone(),
             max_batch: config.max_batch.max(1),
         };
-        threads.push(spawn("sessiondb-writer", move || writer_state.run(write_rx))?);
-        for (i, conn) in readers.into_iter().enumerate() {
-            let jobs = read_rx.clone();
-            threads.push(spawn(&format!("sessiondb-reader-{i}"), move || {
-                loop {
-                    let job = match jobs.lock() {
-                        Ok(rx) => rx.recv(),
-                        Err(_) => return,
-                    };
-                    match job {
-                        Ok(job) => job(&conn),
-                        Err(_) => return,
-                    }
-                }
-            })?);
-        }
+        let writer = spawn("sessiondb-writer", move || writer_state.run(write_rx))?;
         Ok(Self {
             writes: Some(write_tx),
-            reads: Some(read_tx),
-            threads,
+            writer: Some(writer),
+            readers,
             feed,
             search_index,
             write_stats,
@@ -213,16 +194,12 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
-        let (tx, rx) = oneshot::channel();
-        let job: ReadJob = Box::new(move |conn| {
-            let _ = tx.send(f(conn));
-        });
-        let sent = self.reads.as_ref().is_some_and(|r| r.send(job).is_ok());
+        let readers = self.readers.clone();
         async move {
-            if !sent {
-                return Err(StoreError::Closed);
-            }
-            rx.await.unwrap_or(Err(StoreError::Closed))
+            let conn = readers.checkout()?;
+            let result = f(&conn);
+            readers.checkin(conn);
+            result
         }
     }
 
@@ -271,13 +248,58 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>
 
 impl Drop for SqliteStore {
     fn drop(&mut self) {
-        // Closing the channels lets the writer drain what is queued and every thread exit; the
-        // lock file is released only after all connections are closed.
+        // Closing the channel lets the writer drain what is queued and exit. Fields drop after
+        // this, readers before the lock, so the lock is released only once every connection
+        // is closed.
         self.writes.take();
-        self.reads.take();
-        for thread in self.threads.drain(..) {
-            let _ = thread.join();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
         }
+    }
+}
+
+/// Read connections, opened on demand up to `max` and reused.
+#[derive(Debug)]
+struct ReaderPool {
+    path: PathBuf,
+    synchronous: Synchronous,
+    max: usize,
+    /// Idle connections and how many are open in all.
+    state: Mutex<(Vec<Connection>, usize)>,
+    returned: Condvar,
+}
+
+impl ReaderPool {
+    fn checkout(&self) -> Result<Connection, StoreError> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(conn) = state.0.pop() {
+                return Ok(conn);
+            }
+            if state.1 < self.max {
+                state.1 += 1;
+                drop(state);
+                return self.open().inspect_err(|_| {
+                    self.state.lock().unwrap_or_else(|p| p.into_inner()).1 -= 1;
+                });
+            }
+            state = self.returned.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn checkin(&self, conn: Connection) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).0.push(conn);
+        self.returned.notify_one();
+    }
+
+    fn open(&self) -> Result<Connection, StoreError> {
+        let conn = Connection::open_with_flags(
+            &self.path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(backend_error)?;
+        schema::configure(&conn, self.synchronous, true)?;
+        Ok(conn)
     }
 }
 

@@ -23,7 +23,7 @@ const MESSAGE_COLUMNS: &str =
 /// Rows a path walk skips (other branches) before it seeks straight to the wanted seq.
 const MAX_SKIPPED_ROWS: usize = 32;
 
-fn stored_row(row: &Row<'_>) -> rusqlite::Result<(StoredRow, String, i64)> {
+fn row_fields(row: &Row<'_>) -> rusqlite::Result<(StoredRow, i64)> {
     Ok((
         StoredRow {
             id: row.get(0)?,
@@ -34,9 +34,19 @@ fn stored_row(row: &Row<'_>) -> rusqlite::Result<(StoredRow, String, i64)> {
             updated_at: row.get(5)?,
             token_estimate: row.get::<_, i64>(6)? as u64,
         },
-        row.get(7)?,
         row.get(8)?,
     ))
+}
+
+/// Builds the message of a row. Slice 0 is read in place; only chunked bodies are assembled.
+fn read_message(conn: &Connection, key: &SessionKey, row: &Row<'_>) -> Result<StoredMessage> {
+    let (fields, chunks) = row_fields(row).map_err(backend_error)?;
+    let slice0 = row.get_ref(7).and_then(|v| Ok(v.as_str()?)).map_err(backend_error)?;
+    if chunks == 0 {
+        return Ok(StoredMessage::from_row(fields, slice0));
+    }
+    let body = reassemble(conn, key, &fields.id, slice0.to_owned(), chunks)?;
+    Ok(StoredMessage::from_row(fields, &body))
 }
 
 /// Appends the continuation slices of a chunked message to its slice 0.
@@ -73,16 +83,6 @@ pub(crate) fn reassemble(
     Ok(body)
 }
 
-fn complete(
-    conn: &Connection,
-    key: &SessionKey,
-    parts: (StoredRow, String, i64),
-) -> Result<StoredMessage> {
-    let (row, content, chunks) = parts;
-    let body = reassemble(conn, key, &row.id, content, chunks)?;
-    Ok(StoredMessage::from_row(row, &body))
-}
-
 /// Messages of the session matching `condition`, whose placeholders start at `?3`.
 fn messages_where(
     conn: &Connection,
@@ -98,12 +98,12 @@ fn messages_where(
         .map_err(backend_error)?;
     let mut all: Vec<&dyn rusqlite::ToSql> = vec![&key.namespace, &key.session_id];
     all.extend_from_slice(args);
-    let rows = stmt
-        .query_map(all.as_slice(), stored_row)
-        .map_err(backend_error)?
-        .collect::<rusqlite::Result<Vec<_>>>()
-        .map_err(backend_error)?;
-    rows.into_iter().map(|p| complete(conn, key, p)).collect()
+    let mut rows = stmt.query(all.as_slice()).map_err(backend_error)?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(backend_error)? {
+        out.push(read_message(conn, key, row)?);
+    }
+    Ok(out)
 }
 
 pub(crate) fn message(conn: &Connection, key: &SessionKey, id: &str) -> Result<Option<StoredMessage>> {
@@ -199,11 +199,6 @@ pub(crate) fn active_leaf(conn: &Connection, key: &SessionKey) -> Result<Option<
     .map_err(backend_error)
 }
 
-pub(crate) struct PathRow {
-    pub stat: RowStat,
-    pub parent_seq: Option<i64>,
-}
-
 /// Visits the path from the row with seq `start` towards the root, leaf first, until `visit`
 /// returns false, the root is reached, or [`MAX_PATH_ROWS`] rows were visited. Returns whether
 /// the last visited row still has a parent (the walk was cut short).
@@ -211,7 +206,7 @@ pub(crate) fn walk(
     conn: &Connection,
     key: &SessionKey,
     start: i64,
-    mut visit: impl FnMut(PathRow) -> bool,
+    mut visit: impl FnMut(RowStat) -> bool,
 ) -> Result<bool> {
     let mut stmt = conn
         .prepare_cached(
@@ -239,18 +234,15 @@ pub(crate) fn walk(
                 return Ok(false); // the wanted row does not exist
             }
             let parent_seq: Option<i64> = row.get(1).map_err(backend_error)?;
-            let path_row = PathRow {
-                stat: RowStat {
-                    seq,
-                    id: row.get(2).map_err(backend_error)?,
-                    role: row.get(3).map_err(backend_error)?,
-                    bytes: row.get::<_, i64>(4).map_err(backend_error)? as u64,
-                    token_estimate: row.get::<_, i64>(5).map_err(backend_error)? as u64,
-                },
-                parent_seq,
+            let stat = RowStat {
+                seq,
+                id: row.get(2).map_err(backend_error)?,
+                role: row.get(3).map_err(backend_error)?,
+                bytes: row.get::<_, i64>(4).map_err(backend_error)? as u64,
+                token_estimate: row.get::<_, i64>(5).map_err(backend_error)? as u64,
             };
             visited += 1;
-            if !visit(path_row) || visited == MAX_PATH_ROWS {
+            if !visit(stat) || visited == MAX_PATH_ROWS {
                 return Ok(parent_seq.is_some());
             }
             match parent_seq {
@@ -279,7 +271,7 @@ pub(crate) fn leaf_seq(conn: &Connection, key: &SessionKey, leaf: Option<&str>) 
 pub(crate) fn path(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<PathRows> {
     let mut rows = Vec::new();
     let capped = walk(conn, key, leaf, |r| {
-        rows.push(r.stat);
+        rows.push(r);
         true
     })?;
     rows.reverse();
@@ -291,8 +283,8 @@ pub(crate) fn path_totals(conn: &Connection, key: &SessionKey, leaf: i64) -> Res
     let (mut len, mut tokens, mut bytes) = (0, 0, 0);
     let capped = walk(conn, key, leaf, |r| {
         len += 1;
-        tokens += r.stat.token_estimate;
-        bytes += r.stat.bytes;
+        tokens += r.token_estimate;
+        bytes += r.bytes;
         true
     })?;
     Ok((len, tokens, bytes, capped))
@@ -321,9 +313,9 @@ pub(crate) fn path_suffix(
     let mut walked_bytes = 0;
     let mut over_budget = false;
     let more = walk(conn, key, start, |r| {
-        walked_bytes += r.stat.bytes;
-        if !over_budget && budget.admit(r.stat.bytes) {
-            rows.push(r.stat);
+        walked_bytes += r.bytes;
+        if !over_budget && budget.admit(r.bytes) {
+            rows.push(r);
             return true;
         }
         over_budget = true;
@@ -362,7 +354,7 @@ pub(crate) fn fetch(conn: &Connection, key: &SessionKey, seqs: &[i64]) -> Result
             let seq: i64 = row.get(3).map_err(backend_error)?;
             while wanted.next_if(|&&w| w < seq).is_some() {}
             if wanted.next_if_eq(&&seq).is_some() {
-                out.push(complete(conn, key, stored_row(row).map_err(backend_error)?)?);
+                out.push(read_message(conn, key, row)?);
             }
         }
         return Ok(out);
@@ -386,7 +378,7 @@ pub(crate) fn ancestors(
     };
     let mut seqs = Vec::with_capacity(limit.min(256));
     walk(conn, key, start, |r| {
-        seqs.push(r.stat.seq);
+        seqs.push(r.seq);
         seqs.len() < limit
     })?;
     // Read the window oldest first (one range scan), hand it back newest first.

@@ -1,6 +1,7 @@
 //! Connection set-up and numbered schema migrations (`PRAGMA user_version`).
 
 use rusqlite::Connection;
+use rusqlite::config::DbConfig;
 use sessiondb_core::StoreError;
 
 use crate::{Synchronous, backend_error};
@@ -58,6 +59,10 @@ pub(crate) fn configure(
         i32::from(read_only)
     ))
     .map_err(backend_error)?;
+    // The bundled SQLite has STAT4, which re-prepares a statement whenever a bound value of a
+    // range constraint changes; our plans never depend on values, so keep them stable.
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+        .map_err(backend_error)?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(())
 }
