@@ -453,14 +453,14 @@ impl StoredMessage {
 /// Appends the store-owned timestamps to a body. A body is always a non-empty compact JSON
 /// object (it has at least `id` and `role`), so it ends with `}` and is never `{}`.
 fn with_timestamps(body: &str, created_at: i64, updated_at: Option<i64>) -> String {
+    use fmt::Write;
     let open = body.strip_suffix('}').unwrap_or(body);
     let mut json = String::with_capacity(body.len() + 48);
     json.push_str(open);
-    json.push_str(",\"createdAt\":");
-    json.push_str(&created_at.to_string());
+    // Writing into a String cannot fail.
+    let _ = write!(json, ",\"createdAt\":{created_at}");
     if let Some(updated_at) = updated_at {
-        json.push_str(",\"updatedAt\":");
-        json.push_str(&updated_at.to_string());
+        let _ = write!(json, ",\"updatedAt\":{updated_at}");
     }
     json.push('}');
     json

@@ -3,12 +3,12 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use crate::store::RowStat;
+use crate::store::PlanRow;
 
-/// Cuts a path (root → leaf row stats) into content windows of at most `max_rows` rows and
-/// `max_bytes` stored bytes. A row larger than `max_bytes` forms a window of its own, so memory
-/// held by a forward read is bounded by one window, whatever the session's size.
-pub fn content_windows(rows: &[RowStat], max_rows: usize, max_bytes: u64) -> Vec<Range<usize>> {
+/// Cuts a path (root → leaf) into content windows of at most `max_rows` rows and `max_bytes`
+/// stored bytes. A row larger than `max_bytes` forms a window of its own, so memory held by a
+/// forward read is bounded by one window, whatever the session's size.
+pub fn content_windows(rows: &[PlanRow], max_rows: usize, max_bytes: u64) -> Vec<Range<usize>> {
     let max_rows = max_rows.max(1);
     let mut windows = Vec::new();
     let mut start = 0;
@@ -139,17 +139,11 @@ pub fn splice_rewires(
 mod tests {
     use super::*;
 
-    fn rows(bytes: &[u64]) -> Vec<RowStat> {
+    fn rows(bytes: &[u64]) -> Vec<PlanRow> {
         bytes
             .iter()
             .enumerate()
-            .map(|(i, &b)| RowStat {
-                id: format!("m{i}"),
-                seq: i as i64,
-                role: "user".into(),
-                bytes: b,
-                token_estimate: 1,
-            })
+            .map(|(i, &b)| PlanRow { seq: i as i64, bytes: b })
             .collect()
     }
 

@@ -124,6 +124,14 @@ pub struct RowStat {
     pub token_estimate: u64,
 }
 
+/// Where a path's rows are and how large, root first: all a forward read needs to plan its
+/// content windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanRow {
+    pub seq: i64,
+    pub bytes: u64,
+}
+
 /// A path root → leaf. `capped` is true when the walk stopped at [`crate::MAX_PATH_ROWS`] rows
 /// while the oldest row read still had a parent.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -220,6 +228,14 @@ pub trait Store: Send + Sync + 'static {
         key: &SessionKey,
         leaf: Option<&str>,
     ) -> impl Future<Output = Result<PathRows, StoreError>> + Send;
+
+    /// Seqs and sizes of the path ending at `leaf` (the active leaf when `None`), root first,
+    /// capped like [`Store::path`].
+    fn path_plan(
+        &self,
+        key: &SessionKey,
+        leaf: Option<&str>,
+    ) -> impl Future<Output = Result<Vec<PlanRow>, StoreError>> + Send;
 
     /// The longest suffix of the path ending at `leaf` (the active leaf when `None`) whose
     /// bytes fit `max_bytes`, at least the leaf. Reads only the rows it returns when the leaf is

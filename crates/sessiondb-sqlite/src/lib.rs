@@ -33,7 +33,7 @@ use futures::channel::oneshot;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
 use sessiondb_core::message::JsonMap;
 use sessiondb_core::{
-    Change, ChangeFeed, FeedFilter, PathRows, PathSuffix, SearchHit, SessionKey, SessionStats, Store,
+    Change, ChangeFeed, FeedFilter, PathRows, PathSuffix, PlanRow, SearchHit, SessionKey, SessionStats, Store,
     StoreError, StoredMessage, Subscription, WriteOutcome, WriteRequest, search,
 };
 
@@ -495,6 +495,18 @@ impl Store for SqliteStore {
         self.read(move |c| match queries::leaf_seq(c, &key, leaf.as_deref())? {
             Some(seq) => queries::path(c, &key, seq),
             None => Ok(PathRows::default()),
+        })
+    }
+
+    fn path_plan(
+        &self,
+        key: &SessionKey,
+        leaf: Option<&str>,
+    ) -> impl Future<Output = Result<Vec<PlanRow>, StoreError>> + Send {
+        let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
+        self.read(move |c| match queries::leaf_seq(c, &key, leaf.as_deref())? {
+            Some(seq) => queries::path_plan(c, &key, seq),
+            None => Ok(Vec::new()),
         })
     }
 

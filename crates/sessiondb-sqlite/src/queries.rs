@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use sessiondb_core::message::StoredRow;
 use sessiondb_core::plan::SuffixBudget;
 use sessiondb_core::{
-    MAX_PATH_ROWS, PathRows, PathSuffix, RowStat, SearchHit, SessionKey, SessionStats,
+    MAX_PATH_ROWS, PathRows, PathSuffix, PlanRow, RowStat, SearchHit, SessionKey, SessionStats,
     StoreError, StoredMessage,
 };
 
@@ -199,6 +199,26 @@ pub(crate) fn active_leaf(conn: &Connection, key: &SessionKey) -> Result<Option<
     .map_err(backend_error)
 }
 
+/// One row met by a path walk. Its id and role are read only when asked for.
+pub(crate) struct WalkRow<'r> {
+    pub seq: i64,
+    pub bytes: u64,
+    pub token_estimate: u64,
+    row: &'r Row<'r>,
+}
+
+impl WalkRow<'_> {
+    pub fn stat(&self) -> Result<RowStat> {
+        Ok(RowStat {
+            seq: self.seq,
+            id: self.row.get(2).map_err(backend_error)?,
+            role: self.row.get(3).map_err(backend_error)?,
+            bytes: self.bytes,
+            token_estimate: self.token_estimate,
+        })
+    }
+}
+
 /// Visits the path from the row with seq `start` towards the root, leaf first, until `visit`
 /// returns false, the root is reached, or [`MAX_PATH_ROWS`] rows were visited. Returns whether
 /// the last visited row still has a parent (the walk was cut short).
@@ -206,7 +226,7 @@ pub(crate) fn walk(
     conn: &Connection,
     key: &SessionKey,
     start: i64,
-    mut visit: impl FnMut(RowStat) -> bool,
+    mut visit: impl FnMut(&WalkRow<'_>) -> Result<bool>,
 ) -> Result<bool> {
     let mut stmt = conn
         .prepare_cached(
@@ -234,15 +254,14 @@ pub(crate) fn walk(
                 return Ok(false); // the wanted row does not exist
             }
             let parent_seq: Option<i64> = row.get(1).map_err(backend_error)?;
-            let stat = RowStat {
+            let walk_row = WalkRow {
                 seq,
-                id: row.get(2).map_err(backend_error)?,
-                role: row.get(3).map_err(backend_error)?,
                 bytes: row.get::<_, i64>(4).map_err(backend_error)? as u64,
                 token_estimate: row.get::<_, i64>(5).map_err(backend_error)? as u64,
+                row,
             };
             visited += 1;
-            if !visit(stat) || visited == MAX_PATH_ROWS {
+            if !visit(&walk_row)? || visited == MAX_PATH_ROWS {
                 return Ok(parent_seq.is_some());
             }
             match parent_seq {
@@ -271,11 +290,21 @@ pub(crate) fn leaf_seq(conn: &Connection, key: &SessionKey, leaf: Option<&str>) 
 pub(crate) fn path(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<PathRows> {
     let mut rows = Vec::new();
     let capped = walk(conn, key, leaf, |r| {
-        rows.push(r);
-        true
+        rows.push(r.stat()?);
+        Ok(true)
     })?;
     rows.reverse();
     Ok(PathRows { rows, capped })
+}
+
+pub(crate) fn path_plan(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<Vec<PlanRow>> {
+    let mut rows = Vec::new();
+    walk(conn, key, leaf, |r| {
+        rows.push(PlanRow { seq: r.seq, bytes: r.bytes });
+        Ok(true)
+    })?;
+    rows.reverse();
+    Ok(rows)
 }
 
 /// `(rows, tokens, bytes, capped)` of the path ending at `leaf`.
@@ -285,7 +314,7 @@ pub(crate) fn path_totals(conn: &Connection, key: &SessionKey, leaf: i64) -> Res
         len += 1;
         tokens += r.token_estimate;
         bytes += r.bytes;
-        true
+        Ok(true)
     })?;
     Ok((len, tokens, bytes, capped))
 }
@@ -315,12 +344,12 @@ pub(crate) fn path_suffix(
     let more = walk(conn, key, start, |r| {
         walked_bytes += r.bytes;
         if !over_budget && budget.admit(r.bytes) {
-            rows.push(r);
-            return true;
+            rows.push(r.stat()?);
+            return Ok(true);
         }
         over_budget = true;
         // Past the budget, keep walking only to total the path when nothing else knows it.
-        known.is_none()
+        Ok(known.is_none())
     })?;
     rows.reverse();
     let (total_bytes, capped) = known.unwrap_or((walked_bytes, more));
@@ -379,7 +408,7 @@ pub(crate) fn ancestors(
     let mut seqs = Vec::with_capacity(limit.min(256));
     walk(conn, key, start, |r| {
         seqs.push(r.seq);
-        seqs.len() < limit
+        Ok(seqs.len() < limit)
     })?;
     // Read the window oldest first (one range scan), hand it back newest first.
     seqs.reverse();

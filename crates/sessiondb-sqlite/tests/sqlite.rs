@@ -201,23 +201,30 @@ fn acknowledged_writes_survive_sigkill() {
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
+        let (acks_tx, acks_rx) = std::sync::mpsc::channel::<(String, usize)>();
         let reader = std::thread::spawn(move || {
-            BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-                .filter_map(|line| {
-                    let mut words = line.strip_prefix("ACK ")?.split(' ');
-                    Some((words.next()?.to_owned(), words.next()?.parse().ok()?))
-                })
-                .collect::<Vec<(String, usize)>>()
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let mut words = line.strip_prefix("ACK ").unwrap_or_default().split(' ');
+                if let (Some(id), Some(Ok(i))) = (words.next(), words.next().map(str::parse)) {
+                    let _ = acks_tx.send((id.to_owned(), i));
+                }
+            }
         });
-        // Kill at a pseudo-random moment between 150 and 900 ms into the run.
-        let delay = 150 + (seed.wrapping_mul(6364136223846793005).wrapping_add(round * 1442695040888963407) >> 33) % 750;
-        std::thread::sleep(Duration::from_millis(delay));
+        // Kill after a pseudo-random number of acknowledgements (so at a random moment); the
+        // first round waits long enough that every writer thread has stored a chunked message.
+        let mix = seed.wrapping_mul(6364136223846793005).wrapping_add(round * 1442695040888963407);
+        let threshold = if round == 0 { 25 } else { 1 + (mix >> 33) as usize % 60 };
+        let mut round_acks = Vec::new();
+        while round_acks.len() < threshold {
+            match acks_rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(ack) => round_acks.push(ack),
+                Err(e) => panic!("round {round}: the child stopped acknowledging: {e}"),
+            }
+        }
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
-        let round_acks = reader.join().unwrap();
-        assert!(!round_acks.is_empty(), "round {round}: the child acknowledged nothing in {delay} ms");
+        reader.join().unwrap(); // the pipe is at its end: every printed acknowledgement is in
+        round_acks.extend(acks_rx.try_iter());
         acked.extend(round_acks);
 
         let db = open(dir.path());

@@ -9,7 +9,7 @@ use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use sessiondb_core::message::StoredRow;
 use sessiondb_core::plan::{Batcher, content_windows};
 use sessiondb_core::{
-    MAX_PATH_ROWS, Message, ParentSpec, PreparedMessage, RowStat, SearchHit, SessionKey,
+    MAX_PATH_ROWS, Message, ParentSpec, PlanRow, PreparedMessage, RowStat, SearchHit, SessionKey,
     SessionStats, Source, Store, StoredMessage, UpdateOutcome, ValidationError,
     ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome, WriteRequest,
     search,
@@ -365,11 +365,11 @@ impl<S: Store> Session<S> {
             self.walk_up(options.leaf).boxed()
         } else {
             let (store, key) = (self.store.clone(), self.key.clone());
-            stream::once(async move { store.path(&key, options.leaf.as_deref()).await })
+            stream::once(async move { store.path_plan(&key, options.leaf.as_deref()).await })
                 .map_err(Error::from)
                 .map_ok({
                     let (store, key) = (self.store.clone(), self.key.clone());
-                    move |path| fetch_windows(store.clone(), key.clone(), path.rows)
+                    move |plan| fetch_windows(store.clone(), key.clone(), plan)
                 })
                 .try_flatten()
                 .boxed()
@@ -464,7 +464,7 @@ impl<S: Store> Session<S> {
     ) -> Result<RecentHistory, Error> {
         let suffix = self.store.path_suffix(&self.key, leaf, max_bytes).await?;
         let batches: Vec<Vec<StoredMessage>> =
-            fetch_windows(self.store.clone(), self.key.clone(), suffix.rows)
+            fetch_windows(self.store.clone(), self.key.clone(), plan_of(&suffix.rows))
                 .try_collect()
                 .await?;
         Ok(RecentHistory {
@@ -493,11 +493,17 @@ fn append_result(outcome: WriteOutcome) -> AppendResult {
     }
 }
 
+fn plan_of(rows: &[RowStat]) -> Vec<PlanRow> {
+    rows.iter()
+        .map(|r| PlanRow { seq: r.seq, bytes: r.bytes })
+        .collect()
+}
+
 /// Fetches the content of `rows` window by window; earlier windows are not retained.
 fn fetch_windows<S: Store>(
     store: Arc<S>,
     key: SessionKey,
-    rows: Vec<RowStat>,
+    rows: Vec<PlanRow>,
 ) -> impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static {
     let windows: VecDeque<Range<usize>> =
         content_windows(&rows, WINDOW_MAX_ROWS, WINDOW_MAX_BYTES).into();
