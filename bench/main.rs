@@ -60,29 +60,48 @@ fn config() -> SqliteConfig {
         Ok("normal") => Synchronous::Normal,
         _ => Synchronous::Full,
     };
-    SqliteConfig { synchronous, ..SqliteConfig::default() }
+    SqliteConfig {
+        synchronous,
+        ..SqliteConfig::default()
+    }
 }
 
 fn main() {
-    let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10_000);
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(10_000);
     let dir = tempfile::tempdir().unwrap();
     let db = Db::new(SqliteStore::open_with(dir.path(), config()).unwrap());
     let s = db.session("bench").unwrap();
-    println!("--- sessiondb (SQLite file, synchronous={:?}) N={n}", config().synchronous);
+    println!(
+        "--- sessiondb (SQLite file, synchronous={:?}) N={n}",
+        config().synchronous
+    );
     let mut texts = Texts { seed: 42, n };
 
     block_on(async {
         let t0 = Instant::now();
         for i in 0..n {
-            s.append(message(i, texts.next(i)), AppendOptions::default()).await.unwrap();
+            s.append(message(i, texts.next(i)), AppendOptions::default())
+                .await
+                .unwrap();
         }
         report("append one-by-one (per msg)", ms(t0), n);
 
         let t0 = Instant::now();
         let mut last = Vec::new();
         for _ in 0..200 {
-            let newest = HistoryOptions { leaf: None, newest_first: true };
-            last = s.history(newest).take(50).map(|m| m.unwrap()).collect::<Vec<_>>().await;
+            let newest = HistoryOptions {
+                leaf: None,
+                newest_first: true,
+            };
+            last = s
+                .history(newest)
+                .take(50)
+                .map(|m| m.unwrap())
+                .collect::<Vec<_>>()
+                .await;
         }
         assert_eq!(last[0].id, format!("m{}", n - 1));
         report("history(newest_first) take 50", ms(t0), 200);
@@ -102,12 +121,15 @@ fn main() {
         report("full_history() whole path", ms(t0), 5);
         let t0 = Instant::now();
         for _ in 0..5 {
-            assert_eq!(s.row_stats(None).await.unwrap().len(), n.min(sessiondb::MAX_PATH_ROWS));
+            assert_eq!(
+                s.row_stats(None).await.unwrap().len(),
+                n.min(sessiondb::MAX_PATH_ROWS)
+            );
         }
         report("row_stats() whole path (no content)", ms(t0), 5);
         if let Ok(loops) = std::env::var("PROFILE_READS") {
             for _ in 0..loops.parse::<usize>().unwrap() {
-                s.recent_history(50 * 400, None).await.unwrap();
+                s.full_history(HistoryOptions::default()).await.unwrap();
             }
             std::process::exit(0);
         }
@@ -123,18 +145,35 @@ fn main() {
         println!("   hits: {}", hits.len());
 
         let t0 = Instant::now();
-        let fork = AppendOptions { parent: Parent::Id(format!("m{}", n >> 2)), ..Default::default() };
-        s.append(Message::text("user", "forked question").with_id("fork1"), fork).await.unwrap();
-        report(&format!("branch: append with parent=m{}", n >> 2), ms(t0), 1);
+        let fork = AppendOptions {
+            parent: Parent::Id(format!("m{}", n >> 2)),
+            ..Default::default()
+        };
+        s.append(
+            Message::text("user", "forked question").with_id("fork1"),
+            fork,
+        )
+        .await
+        .unwrap();
+        report(
+            &format!("branch: append with parent=m{}", n >> 2),
+            ms(t0),
+            1,
+        );
         let t0 = Instant::now();
         let branch = s.full_history(HistoryOptions::default()).await.unwrap();
         report("full_history() on new branch", ms(t0), 1);
         println!("   branch length: {}", branch.len());
     });
     drop(s);
-    let size = std::fs::metadata(db.store().database_path()).map(|m| m.len()).unwrap_or(0);
+    let size = std::fs::metadata(db.store().database_path())
+        .map(|m| m.len())
+        .unwrap_or(0);
     drop(db);
-    println!("   db file size: {:.1} MB (before WAL checkpoint)", size as f64 / 1e6);
+    println!(
+        "   db file size: {:.1} MB (before WAL checkpoint)",
+        size as f64 / 1e6
+    );
 
     concurrency();
 }
@@ -155,9 +194,13 @@ fn concurrency() {
             .map(|a| {
                 let s = db.session(&format!("agent-{a}")).unwrap();
                 std::thread::spawn(move || {
-                    let mut texts = Texts { seed: 42 + a as u64, n: usize::MAX };
+                    let mut texts = Texts {
+                        seed: 42 + a as u64,
+                        n: usize::MAX,
+                    };
                     for i in 0..per_appender {
-                        block_on(s.append(message(i, texts.next(i)), AppendOptions::default())).unwrap();
+                        block_on(s.append(message(i, texts.next(i)), AppendOptions::default()))
+                            .unwrap();
                     }
                 })
             })

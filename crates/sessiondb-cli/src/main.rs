@@ -13,10 +13,19 @@ use futures::executor::block_on;
 use sessiondb::{AppendOptions, Db, HistoryOptions, Message, Parent, Session, SqliteStore};
 
 #[derive(Debug, Parser)]
-#[command(name = "sessiondb", version, about = "A durable session store for AI agents")]
+#[command(
+    name = "sessiondb",
+    version,
+    about = "A durable session store for AI agents"
+)]
 struct Cli {
     /// Directory of the embedded database.
-    #[arg(long, global = true, env = "SESSIONDB_DATA", default_value = "./sessiondb-data")]
+    #[arg(
+        long,
+        global = true,
+        env = "SESSIONDB_DATA",
+        default_value = "./sessiondb-data"
+    )]
     data: PathBuf,
     /// Namespace (tenant) of the sessions; empty by default.
     #[arg(long, global = true, env = "SESSIONDB_NAMESPACE", default_value = "")]
@@ -78,7 +87,14 @@ async fn run(db: Db<SqliteStore>, namespace: String, command: Command) -> anyhow
     let session = |id: &str| db.session_in(&namespace, id);
     let mut out = std::io::stdout().lock();
     match command {
-        Command::Append { session: sid, text, role, id, parent, root } => {
+        Command::Append {
+            session: sid,
+            text,
+            role,
+            id,
+            parent,
+            root,
+        } => {
             let mut message = match text {
                 Some(text) => Message::text(role, text),
                 None => {
@@ -95,14 +111,24 @@ async fn run(db: Db<SqliteStore>, namespace: String, command: Command) -> anyhow
                 (None, true) => Parent::Root,
                 (None, false) => Parent::ActiveLeaf,
             };
-            let options = AppendOptions { parent, ..Default::default() };
+            let options = AppendOptions {
+                parent,
+                ..Default::default()
+            };
             let result = session(&sid)?.append(message, options).await?;
             if !result.inserted {
-                eprintln!("a message with id {} already exists; nothing written", result.message.id);
+                eprintln!(
+                    "a message with id {} already exists; nothing written",
+                    result.message.id
+                );
             }
             writeln!(out, "{}", result.message.json())?;
         }
-        Command::History { session: sid, leaf, newest_first } => {
+        Command::History {
+            session: sid,
+            leaf,
+            newest_first,
+        } => {
             let options = HistoryOptions { leaf, newest_first };
             let mut history = std::pin::pin!(session(&sid)?.history(options));
             while let Some(message) = history.next().await {
@@ -110,7 +136,11 @@ async fn run(db: Db<SqliteStore>, namespace: String, command: Command) -> anyhow
             }
         }
         Command::Tree { session: sid } => tree::draw(&session(&sid)?, &mut out).await?,
-        Command::Search { session: sid, query, limit } => {
+        Command::Search {
+            session: sid,
+            query,
+            limit,
+        } => {
             for hit in session(&sid)?.search(&query, limit).await? {
                 writeln!(out, "{} [{}] {}", hit.id, hit.role, hit.content)?;
             }

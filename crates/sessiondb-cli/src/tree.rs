@@ -39,20 +39,43 @@ fn preview(message: &StoredMessage) -> String {
 
 /// Prints every tree of the session, children oldest first. Iterative, so deep trees are fine.
 pub async fn draw(session: &Session<SqliteStore>, out: &mut impl Write) -> anyhow::Result<()> {
-    let active: HashSet<String> = session.row_stats(None).await?.into_iter().map(|r| r.id).collect();
+    let active: HashSet<String> = session
+        .row_stats(None)
+        .await?
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
     // (message, prefix for its own line, prefix for its children)
     let mut stack: Vec<(StoredMessage, String, String)> = Vec::new();
     for root in session.roots().await?.into_iter().rev() {
         stack.push((root, String::new(), String::new()));
     }
     while let Some((message, line_prefix, child_prefix)) = stack.pop() {
-        let mark = if active.contains(&message.id) { " *" } else { "" };
-        writeln!(out, "{line_prefix}{} [{}] {}{mark}", message.id, message.role, preview(&message))?;
+        let mark = if active.contains(&message.id) {
+            " *"
+        } else {
+            ""
+        };
+        writeln!(
+            out,
+            "{line_prefix}{} [{}] {}{mark}",
+            message.id,
+            message.role,
+            preview(&message)
+        )?;
         let children = session.branches(&message.id).await?;
         let last = children.len().saturating_sub(1);
         for (i, child) in children.into_iter().enumerate().rev() {
-            let (branch, next) = if i == last { ("└─ ", "   ") } else { ("├─ ", "│  ") };
-            stack.push((child, format!("{child_prefix}{branch}"), format!("{child_prefix}{next}")));
+            let (branch, next) = if i == last {
+                ("└─ ", "   ")
+            } else {
+                ("├─ ", "│  ")
+            };
+            stack.push((
+                child,
+                format!("{child_prefix}{branch}"),
+                format!("{child_prefix}{next}"),
+            ));
         }
     }
     Ok(())

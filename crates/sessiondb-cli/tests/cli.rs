@@ -15,14 +15,23 @@ fn run(data: &std::path::Path, args: &[&str], stdin: Option<&str>) -> Output {
         .spawn()
         .unwrap();
     if let Some(input) = stdin {
-        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
     }
     child.wait_with_output().unwrap()
 }
 
 fn ok(data: &std::path::Path, args: &[&str], stdin: Option<&str>) -> String {
     let out = run(data, args, stdin);
-    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -30,9 +39,48 @@ fn ok(data: &std::path::Path, args: &[&str], stdin: Option<&str>) -> String {
 fn append_history_tree_search_and_stats() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path();
-    ok(data, &["append", "chat", "--id", "q1", "--text", "What is a B-tree?"], None);
-    ok(data, &["append", "chat", "--id", "a1", "--role", "assistant", "--text", "A balanced tree."], None);
-    ok(data, &["append", "chat", "--id", "a2", "--role", "assistant", "--parent", "q1", "--text", "Wide nodes for databases"], None);
+    ok(
+        data,
+        &[
+            "append",
+            "chat",
+            "--id",
+            "q1",
+            "--text",
+            "What is a B-tree?",
+        ],
+        None,
+    );
+    ok(
+        data,
+        &[
+            "append",
+            "chat",
+            "--id",
+            "a1",
+            "--role",
+            "assistant",
+            "--text",
+            "A balanced tree.",
+        ],
+        None,
+    );
+    ok(
+        data,
+        &[
+            "append",
+            "chat",
+            "--id",
+            "a2",
+            "--role",
+            "assistant",
+            "--parent",
+            "q1",
+            "--text",
+            "Wide nodes for databases",
+        ],
+        None,
+    );
     let stdin = r#"{"id":"f","role":"user","parts":[{"type":"text","text":"follow up"}]}"#;
     let appended = ok(data, &["append", "chat"], Some(stdin));
     assert!(appended.starts_with(r#"{"id":"f","role":"user""#));
@@ -43,7 +91,11 @@ fn append_history_tree_search_and_stats() {
         .collect();
     let ids: Vec<&str> = history.iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["q1", "a2", "f"]);
-    let newest = ok(data, &["history", "chat", "--newest-first", "--leaf", "a1"], None);
+    let newest = ok(
+        data,
+        &["history", "chat", "--newest-first", "--leaf", "a1"],
+        None,
+    );
     assert_eq!(newest.lines().count(), 2);
     assert!(newest.lines().next().unwrap().contains(r#""id":"a1""#));
 
@@ -55,15 +107,29 @@ fn append_history_tree_search_and_stats() {
          └─ a2 [assistant] Wide nodes for databases *\n   \
             └─ f [user] follow up *\n"
     );
-    assert_eq!(ok(data, &["search", "chat", "database"], None), "a2 [assistant] Wide nodes for databases\n");
-    let stats: serde_json::Value = serde_json::from_str(&ok(data, &["stats", "chat"], None)).unwrap();
-    assert_eq!((stats["messageCount"].as_u64(), stats["storedMessages"].as_u64()), (Some(3), Some(4)));
+    assert_eq!(
+        ok(data, &["search", "chat", "database"], None),
+        "a2 [assistant] Wide nodes for databases\n"
+    );
+    let stats: serde_json::Value =
+        serde_json::from_str(&ok(data, &["stats", "chat"], None)).unwrap();
+    assert_eq!(
+        (
+            stats["messageCount"].as_u64(),
+            stats["storedMessages"].as_u64()
+        ),
+        (Some(3), Some(4))
+    );
 }
 
 #[test]
 fn bad_input_fails_with_a_message_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let out = run(dir.path(), &["append", "chat"], Some(r#"{"role": 5, "content": "x"}"#));
+    let out = run(
+        dir.path(),
+        &["append", "chat"],
+        Some(r#"{"role": 5, "content": "x"}"#),
+    );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid `role`"));
     assert!(!run(dir.path(), &["stats", "chat"], None).status.success());

@@ -61,7 +61,10 @@ mod tests {
         let slices = split_slices(text, budget);
         assert_eq!(slices.concat(), text);
         for s in &slices {
-            assert!(s.len() <= budget || s.chars().count() == 1, "slice {s:?} over {budget}");
+            assert!(
+                s.len() <= budget || s.chars().count() == 1,
+                "slice {s:?} over {budget}"
+            );
             if !text.is_empty() {
                 assert!(!s.is_empty());
             }

@@ -83,7 +83,9 @@ impl FeedFilter {
 pub enum FeedItem {
     Event(Arc<ChangeEvent>),
     /// This many events were dropped because the subscriber's buffer was full.
-    Lagged { missed: u64 },
+    Lagged {
+        missed: u64,
+    },
 }
 
 #[derive(Debug)]

@@ -201,7 +201,10 @@ impl Message {
     }
 
     pub fn role(&self) -> &str {
-        self.fields.get("role").and_then(Value::as_str).unwrap_or("")
+        self.fields
+            .get("role")
+            .and_then(Value::as_str)
+            .unwrap_or("")
     }
 
     pub fn as_map(&self) -> &JsonMap {
@@ -214,7 +217,8 @@ impl Message {
 
     /// True for ids of synthetic compaction overlays, which writes refuse to store.
     pub fn is_compaction_overlay(&self) -> bool {
-        self.id().is_some_and(|id| id.starts_with(COMPACTION_PREFIX))
+        self.id()
+            .is_some_and(|id| id.starts_with(COMPACTION_PREFIX))
     }
 
     /// Gives the message an id when it has none (the id goes first in the stored JSON).
@@ -482,15 +486,24 @@ mod tests {
         assert_eq!(invalid(json!({"parts": []})).field, "role");
         assert_eq!(invalid(json!({"role": 1, "parts": []})).field, "role");
         assert_eq!(invalid(json!({"role": "", "parts": []})).field, "role");
-        assert_eq!(invalid(json!({"id": 5, "role": "u", "parts": []})).field, "id");
-        assert_eq!(invalid(json!({"id": "", "role": "u", "parts": []})).field, "id");
+        assert_eq!(
+            invalid(json!({"id": 5, "role": "u", "parts": []})).field,
+            "id"
+        );
+        assert_eq!(
+            invalid(json!({"id": "", "role": "u", "parts": []})).field,
+            "id"
+        );
         let long = "x".repeat(257);
         assert_eq!(
             invalid(json!({"id": long, "role": "u", "parts": []})).kind,
             ValidationErrorKind::TooLong { max: 256 }
         );
         assert_eq!(invalid(json!({"role": "u", "parts": {}})).field, "parts");
-        assert_eq!(invalid(json!({"role": "u", "parts": [1]})).field, "parts[0]");
+        assert_eq!(
+            invalid(json!({"role": "u", "parts": [1]})).field,
+            "parts[0]"
+        );
         assert_eq!(
             invalid(json!({"role": "u", "parts": [{"type": "text"}, {"text": "x"}]})).field,
             "parts[1].type"
@@ -500,7 +513,10 @@ mod tests {
             invalid(json!({"role": "u", "content": "x", "metadata": []})).field,
             "metadata"
         );
-        assert_eq!(invalid(json!({"role": "u"})).kind, ValidationErrorKind::NoBody);
+        assert_eq!(
+            invalid(json!({"role": "u"})).kind,
+            ValidationErrorKind::NoBody
+        );
         assert!(Message::parse("{").is_err());
     }
 
@@ -526,10 +542,14 @@ mod tests {
                 {"type": "text", "text": "b", "callProviderMetadata": {"openai": {"keep": 1}}}
             ], "metadata": {"ok": 2}})
         );
-        let mut server = Message::from_value(json!({"role": "u", "content": "x", "metadata": {"secret": 1}})).unwrap();
+        let mut server =
+            Message::from_value(json!({"role": "u", "content": "x", "metadata": {"secret": 1}}))
+                .unwrap();
         server.sanitize(Source::Server, &["secret".to_owned()]);
         assert_eq!(server.as_map()["metadata"], json!({"secret": 1}));
-        let mut only_reserved = Message::from_value(json!({"role": "u", "content": "x", "metadata": {"secret": 1}})).unwrap();
+        let mut only_reserved =
+            Message::from_value(json!({"role": "u", "content": "x", "metadata": {"secret": 1}}))
+                .unwrap();
         only_reserved.sanitize(Source::Client, &["secret".to_owned()]);
         assert!(only_reserved.as_map().get("metadata").is_none());
     }
@@ -539,7 +559,10 @@ mod tests {
         let mut m = Message::text("user", "hi");
         m.ensure_id(|| "m1".into());
         let p = m.prepare(&HeuristicCounter);
-        assert_eq!(p.body, r#"{"id":"m1","role":"user","parts":[{"type":"text","text":"hi"}]}"#);
+        assert_eq!(
+            p.body,
+            r#"{"id":"m1","role":"user","parts":[{"type":"text","text":"hi"}]}"#
+        );
         let row = StoredRow {
             id: p.id.clone(),
             role: p.role.clone(),
@@ -553,7 +576,10 @@ mod tests {
         assert_eq!(s.to_value()["createdAt"], 7);
         assert_eq!(s.to_value()["updatedAt"], 9);
         assert_eq!(s.body(), p.body);
-        assert_eq!(s.to_message().prepare(&HeuristicCounter).content_hash, p.content_hash);
+        assert_eq!(
+            s.to_message().prepare(&HeuristicCounter).content_hash,
+            p.content_hash
+        );
         assert_eq!(p.content_hash.to_hex().len(), 64);
     }
 }

@@ -143,15 +143,27 @@ mod tests {
         bytes
             .iter()
             .enumerate()
-            .map(|(i, &b)| PlanRow { seq: i as i64, bytes: b })
+            .map(|(i, &b)| PlanRow {
+                seq: i as i64,
+                bytes: b,
+            })
             .collect()
     }
 
     #[test]
     fn windows_respect_rows_and_bytes() {
-        assert_eq!(content_windows(&rows(&[1; 120]), 50, 1000), vec![0..50, 50..100, 100..120]);
-        assert_eq!(content_windows(&rows(&[6, 6, 6]), 50, 10), vec![0..1, 1..2, 2..3]);
-        assert_eq!(content_windows(&rows(&[2, 20, 2, 2]), 50, 10), vec![0..1, 1..2, 2..4]);
+        assert_eq!(
+            content_windows(&rows(&[1; 120]), 50, 1000),
+            vec![0..50, 50..100, 100..120]
+        );
+        assert_eq!(
+            content_windows(&rows(&[6, 6, 6]), 50, 10),
+            vec![0..1, 1..2, 2..3]
+        );
+        assert_eq!(
+            content_windows(&rows(&[2, 20, 2, 2]), 50, 10),
+            vec![0..1, 1..2, 2..4]
+        );
         assert!(content_windows(&rows(&[]), 50, 10).is_empty());
     }
 
@@ -202,7 +214,10 @@ mod tests {
         rewires.sort();
         assert_eq!(
             rewires,
-            vec![("c".into(), Some("root".into())), ("d".into(), Some("root".into()))]
+            vec![
+                ("c".into(), Some("root".into())),
+                ("d".into(), Some("root".into()))
+            ]
         );
         let deleted: HashMap<_, _> = [("root".to_string(), None)].into();
         let rewires = splice_rewires(&deleted, &[("a".into(), "root".into())], 100);

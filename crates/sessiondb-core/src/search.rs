@@ -86,7 +86,10 @@ mod tests {
 
     #[test]
     fn query_syntax_becomes_plain_words() {
-        assert_eq!(query_words("\"a\" NEAR(b* -c:d)"), ["a", "NEAR", "b", "c", "d"]);
+        assert_eq!(
+            query_words("\"a\" NEAR(b* -c:d)"),
+            ["a", "NEAR", "b", "c", "d"]
+        );
         assert!(query_words("\0 ** () \"").is_empty());
         assert!(query_words("").is_empty());
         assert_eq!(query_words("café café"), ["café"]);

@@ -218,8 +218,10 @@ pub trait Store: Send + Sync + 'static {
         key: &SessionKey,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send;
 
-    fn stats(&self, key: &SessionKey)
-    -> impl Future<Output = Result<SessionStats, StoreError>> + Send;
+    fn stats(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<SessionStats, StoreError>> + Send;
 
     /// Row stats of the path ending at `leaf` (the active leaf when `None`); empty when the leaf
     /// does not exist. At most [`crate::MAX_PATH_ROWS`] rows, the ones nearest the leaf.

@@ -1,17 +1,19 @@
 //! sessiondb's embedded backend: one SQLite file in WAL mode.
 //!
 //! # Threads
-//! - **One writer** owns the only read-write connection. Callers send it write requests over a
-//!   channel; it takes every request already queued (up to `max_batch`), applies each inside its
-//!   own savepoint of one transaction, commits once (one fsync for the whole group), then
-//!   publishes the change events in commit order and answers each caller with its own result. A
-//!   request that fails rolls back to its savepoint and fails alone.
+//! - **One writer connection, led by whoever finds it free.** A write request joins a queue; a
+//!   caller that finds the writer free becomes the leader: it takes every queued request (up to
+//!   `max_batch`), applies each in its own savepoint of one transaction, commits once (one fsync
+//!   for the whole group), publishes the change events in commit order, answers each caller, and
+//!   goes on while requests keep arriving. Callers that find a leader at work just wait for their
+//!   answer. An uncontended write thus never changes threads, and contended writes share commits.
+//!   A request that fails rolls back to its savepoint and fails alone.
 //! - **Reads run on the caller's thread** with a `query_only` connection checked out of a small
 //!   pool, concurrently with the writer (WAL readers see the last committed state). A read future
 //!   completes on its first poll: a thread hop per read costs more than most reads do here.
 //!   Async servers that read large paths should call from a blocking-friendly thread.
 //!
-//! No async runtime is needed: write futures resolve through oneshot channels.
+//! No async runtime is needed: a waiting writer's future resolves through a oneshot channel.
 //!
 //! # Durability
 //! `synchronous=FULL` by default: a write is acknowledged only after its commit reached the disk,
@@ -23,18 +25,19 @@ mod queries;
 mod schema;
 mod write;
 
-use std::fs::{File, TryLockError};
+use std::collections::VecDeque;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, mpsc};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Condvar, Mutex, TryLockError};
 
 use futures::channel::oneshot;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
 use sessiondb_core::message::JsonMap;
 use sessiondb_core::{
-    Change, ChangeFeed, FeedFilter, PathRows, PathSuffix, PlanRow, SearchHit, SessionKey, SessionStats, Store,
-    StoreError, StoredMessage, Subscription, WriteOutcome, WriteRequest, search,
+    Change, ChangeFeed, FeedFilter, PathRows, PathSuffix, PlanRow, SearchHit, SessionKey,
+    SessionStats, Store, StoreError, StoredMessage, Subscription, WriteOutcome, WriteRequest,
+    search,
 };
 
 use crate::write::WriteContext;
@@ -95,18 +98,18 @@ enum WriteJob {
     EnsureSearchIndex(Reply<()>),
 }
 
-/// The SQLite store. Cheap to share behind an `Arc`; dropping the last handle finishes queued
-/// writes, closes the database and releases the directory lock.
+/// The SQLite store. Share it behind an `Arc`; dropping it closes the database and releases the
+/// directory lock (every acknowledged write is already committed).
 #[derive(Debug)]
 pub struct SqliteStore {
-    writes: Option<mpsc::Sender<WriteJob>>,
-    writer: Option<JoinHandle<()>>,
+    writers: Arc<WriteQueue>,
     readers: Arc<ReaderPool>,
     feed: ChangeFeed,
     search_index: Arc<AtomicBool>,
     write_stats: Arc<WriteStats>,
     path: PathBuf,
-    // Held (locked) until every connection is closed; see Drop.
+    // Declared last: fields drop in order, so the directory lock is released only after every
+    // connection above is closed.
     _lock: File,
 }
 
@@ -128,12 +131,12 @@ impl SqliteStore {
             .map_err(|e| io_error(&lock_path, e))?;
         match lock.try_lock() {
             Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
+            Err(std::fs::TryLockError::WouldBlock) => {
                 return Err(StoreError::Locked {
                     path: dir.display().to_string(),
                 });
             }
-            Err(TryLockError::Error(e)) => return Err(io_error(&lock_path, e)),
+            Err(std::fs::TryLockError::Error(e)) => return Err(io_error(&lock_path, e)),
         }
         let path = dir.join(DATABASE_FILE);
         let mut writer = Connection::open(&path).map_err(backend_error)?;
@@ -159,19 +162,19 @@ impl SqliteStore {
         });
         // Open one reader now so a database that cannot be read fails at open, not later.
         readers.checkin(readers.checkout()?);
-        let (write_tx, write_rx) = mpsc::channel();
         let write_stats = Arc::new(WriteStats::default());
-        let writer_state = Writer {
-            conn: writer,
-            feed: feed.clone(),
-            search_index: search_index.clone(),
-            stats: write_stats.clone(),
+        let writers = Arc::new(WriteQueue {
+            jobs: Mutex::new(VecDeque::new()),
+            writer: Mutex::new(Writer {
+                conn: writer,
+                feed: feed.clone(),
+                search_index: search_index.clone(),
+                stats: write_stats.clone(),
+            }),
             max_batch: config.max_batch.max(1),
-        };
-        let writer = spawn("sessiondb-writer", move || writer_state.run(write_rx))?;
+        });
         Ok(Self {
-            writes: Some(write_tx),
-            writer: Some(writer),
+            writers,
             readers,
             feed,
             search_index,
@@ -205,17 +208,16 @@ impl SqliteStore {
 
     fn submit<T>(
         &self,
-        make: impl FnOnce(Reply<T>) -> WriteJob,
+        make: impl FnOnce(Reply<T>) -> WriteJob + Send + 'static,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static
     where
         T: Send + 'static,
     {
-        let (tx, rx) = oneshot::channel();
-        let sent = self.writes.as_ref().is_some_and(|w| w.send(make(tx)).is_ok());
+        let writers = self.writers.clone();
         async move {
-            if !sent {
-                return Err(StoreError::Closed);
-            }
+            let (tx, rx) = oneshot::channel();
+            writers.submit(make(tx));
+            drop(writers);
             rx.await.unwrap_or(Err(StoreError::Closed))
         }
     }
@@ -237,25 +239,6 @@ impl SqliteStore {
 
 fn io_error(path: &Path, e: std::io::Error) -> StoreError {
     StoreError::Backend(format!("{}: {e}", path.display()))
-}
-
-fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, StoreError> {
-    std::thread::Builder::new()
-        .name(name.to_owned())
-        .spawn(f)
-        .map_err(|e| StoreError::Backend(format!("cannot start thread {name}: {e}")))
-}
-
-impl Drop for SqliteStore {
-    fn drop(&mut self) {
-        // Closing the channel lets the writer drain what is queued and exit. Fields drop after
-        // this, readers before the lock, so the lock is released only once every connection
-        // is closed.
-        self.writes.take();
-        if let Some(writer) = self.writer.take() {
-            let _ = writer.join();
-        }
-    }
 }
 
 /// Read connections, opened on demand up to `max` and reused.
@@ -288,7 +271,11 @@ impl ReaderPool {
     }
 
     fn checkin(&self, conn: Connection) {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).0.push(conn);
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .push(conn);
         self.returned.notify_one();
     }
 
@@ -303,35 +290,80 @@ impl ReaderPool {
     }
 }
 
+/// Queued write jobs and the one writer connection that commits them.
+struct WriteQueue {
+    jobs: Mutex<VecDeque<WriteJob>>,
+    writer: Mutex<Writer>,
+    max_batch: usize,
+}
+
+impl std::fmt::Debug for WriteQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteQueue").field("max_batch", &self.max_batch).finish_non_exhaustive()
+    }
+}
+
+impl WriteQueue {
+    /// Queues `job`; leads the writer when it is free. Returns once `job` is committed (when
+    /// leading) or handed to the caller that leads.
+    ///
+    /// No job is ever stranded: a caller that fails to take the writer queued its job before
+    /// trying, and a leader looks at the queue again after letting the writer go.
+    fn submit(&self, job: WriteJob) {
+        lock(&self.jobs).push_back(job);
+        loop {
+            let mut writer = match self.writer.try_lock() {
+                Ok(writer) => writer,
+                Err(TryLockError::WouldBlock) => return,
+                // A panic mid-commit dropped its transaction, which rolled back: still usable.
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            };
+            loop {
+                let batch: Vec<WriteJob> = {
+                    let mut jobs = lock(&self.jobs);
+                    let n = jobs.len().min(self.max_batch);
+                    jobs.drain(..n).collect()
+                };
+                if batch.is_empty() {
+                    break;
+                }
+                writer.process(batch);
+            }
+            drop(writer);
+            if lock(&self.jobs).is_empty() {
+                return;
+            }
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 struct Writer {
     conn: Connection,
     feed: ChangeFeed,
     search_index: Arc<AtomicBool>,
     stats: Arc<WriteStats>,
-    max_batch: usize,
 }
 
 type Applied = Result<(Vec<WriteOutcome>, Vec<Change>), StoreError>;
 
 impl Writer {
-    fn run(mut self, jobs: mpsc::Receiver<WriteJob>) {
-        let mut writes = Vec::new();
-        while let Ok(first) = jobs.recv() {
-            let mut next = Some(first);
-            while let Some(job) = next.take() {
-                match job {
-                    WriteJob::Write(request, reply) => writes.push((request, reply)),
-                    WriteJob::EnsureSearchIndex(reply) => {
-                        self.commit_group(&mut writes);
-                        let _ = reply.send(self.ensure_search_index());
-                    }
-                }
-                if writes.len() < self.max_batch {
-                    next = jobs.try_recv().ok();
+    /// Commits runs of write requests as groups; an index build commits on its own.
+    fn process(&mut self, batch: Vec<WriteJob>) {
+        let mut writes = Vec::with_capacity(batch.len());
+        for job in batch {
+            match job {
+                WriteJob::Write(request, reply) => writes.push((request, reply)),
+                WriteJob::EnsureSearchIndex(reply) => {
+                    self.commit_group(&mut writes);
+                    let _ = reply.send(self.ensure_search_index());
                 }
             }
-            self.commit_group(&mut writes);
         }
+        self.commit_group(&mut writes);
     }
 
     /// Applies the queued requests in one transaction, each in its own savepoint.
@@ -481,7 +513,10 @@ impl Store for SqliteStore {
         self.read(move |c| queries::roots(c, &key))
     }
 
-    fn stats(&self, key: &SessionKey) -> impl Future<Output = Result<SessionStats, StoreError>> + Send {
+    fn stats(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<SessionStats, StoreError>> + Send {
         let key = key.clone();
         self.read(move |c| queries::stats(c, &key))
     }
@@ -492,10 +527,12 @@ impl Store for SqliteStore {
         leaf: Option<&str>,
     ) -> impl Future<Output = Result<PathRows, StoreError>> + Send {
         let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
-        self.read(move |c| match queries::leaf_seq(c, &key, leaf.as_deref())? {
-            Some(seq) => queries::path(c, &key, seq),
-            None => Ok(PathRows::default()),
-        })
+        self.read(
+            move |c| match queries::leaf_seq(c, &key, leaf.as_deref())? {
+                Some(seq) => queries::path(c, &key, seq),
+                None => Ok(PathRows::default()),
+            },
+        )
     }
 
     fn path_plan(
@@ -504,10 +541,12 @@ impl Store for SqliteStore {
         leaf: Option<&str>,
     ) -> impl Future<Output = Result<Vec<PlanRow>, StoreError>> + Send {
         let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
-        self.read(move |c| match queries::leaf_seq(c, &key, leaf.as_deref())? {
-            Some(seq) => queries::path_plan(c, &key, seq),
-            None => Ok(Vec::new()),
-        })
+        self.read(
+            move |c| match queries::leaf_seq(c, &key, leaf.as_deref())? {
+                Some(seq) => queries::path_plan(c, &key, seq),
+                None => Ok(Vec::new()),
+            },
+        )
     }
 
     fn path_suffix(

@@ -17,8 +17,18 @@ use crate::backend_error;
 
 type Result<T> = std::result::Result<T, StoreError>;
 
-const MESSAGE_COLUMNS: &str =
-    "id, role, parent_id, seq, created_at, updated_at, token_estimate, content, content_chunks";
+/// `SELECT` of every column a [`StoredMessage`] needs, as a literal so statements built from it
+/// are `&'static str` (no formatting on the read path).
+macro_rules! select_messages {
+    ($condition:literal) => {
+        concat!(
+            "SELECT id, role, parent_id, seq, created_at, updated_at, token_estimate, content,
+                    content_chunks
+               FROM messages WHERE namespace = ?1 AND session_id = ?2 AND ",
+            $condition
+        )
+    };
+}
 
 /// Rows a path walk skips (other branches) before it seeks straight to the wanted seq.
 const MAX_SKIPPED_ROWS: usize = 32;
@@ -41,7 +51,10 @@ fn row_fields(row: &Row<'_>) -> rusqlite::Result<(StoredRow, i64)> {
 /// Builds the message of a row. Slice 0 is read in place; only chunked bodies are assembled.
 fn read_message(conn: &Connection, key: &SessionKey, row: &Row<'_>) -> Result<StoredMessage> {
     let (fields, chunks) = row_fields(row).map_err(backend_error)?;
-    let slice0 = row.get_ref(7).and_then(|v| Ok(v.as_str()?)).map_err(backend_error)?;
+    let slice0 = row
+        .get_ref(7)
+        .and_then(|v| Ok(v.as_str()?))
+        .map_err(backend_error)?;
     if chunks == 0 {
         return Ok(StoredMessage::from_row(fields, slice0));
     }
@@ -83,19 +96,15 @@ pub(crate) fn reassemble(
     Ok(body)
 }
 
-/// Messages of the session matching `condition`, whose placeholders start at `?3`.
+/// Messages of the session selected by `sql` (from `select_messages!`), whose extra
+/// placeholders start at `?3`.
 fn messages_where(
     conn: &Connection,
     key: &SessionKey,
-    condition: &str,
+    sql: &'static str,
     args: &[&dyn rusqlite::ToSql],
 ) -> Result<Vec<StoredMessage>> {
-    let mut stmt = conn
-        .prepare_cached(&format!(
-            "SELECT {MESSAGE_COLUMNS} FROM messages
-              WHERE namespace = ?1 AND session_id = ?2 AND {condition}"
-        ))
-        .map_err(backend_error)?;
+    let mut stmt = conn.prepare_cached(sql).map_err(backend_error)?;
     let mut all: Vec<&dyn rusqlite::ToSql> = vec![&key.namespace, &key.session_id];
     all.extend_from_slice(args);
     let mut rows = stmt.query(all.as_slice()).map_err(backend_error)?;
@@ -106,17 +115,35 @@ fn messages_where(
     Ok(out)
 }
 
-pub(crate) fn message(conn: &Connection, key: &SessionKey, id: &str) -> Result<Option<StoredMessage>> {
-    Ok(messages_where(conn, key, "id = ?3", &[&id])?.pop())
+pub(crate) fn message(
+    conn: &Connection,
+    key: &SessionKey,
+    id: &str,
+) -> Result<Option<StoredMessage>> {
+    Ok(messages_where(conn, key, select_messages!("id = ?3"), &[&id])?.pop())
 }
 
-pub(crate) fn children(conn: &Connection, key: &SessionKey, id: &str) -> Result<Vec<StoredMessage>> {
-    messages_where(conn, key, "parent_id = ?3 ORDER BY seq", &[&id])
+pub(crate) fn children(
+    conn: &Connection,
+    key: &SessionKey,
+    id: &str,
+) -> Result<Vec<StoredMessage>> {
+    messages_where(
+        conn,
+        key,
+        select_messages!("parent_id = ?3 ORDER BY seq"),
+        &[&id],
+    )
 }
 
 pub(crate) fn roots(conn: &Connection, key: &SessionKey) -> Result<Vec<StoredMessage>> {
     // Roots, and imports whose parent never arrived.
-    messages_where(conn, key, "parent_seq IS NULL ORDER BY seq", &[])
+    messages_where(
+        conn,
+        key,
+        select_messages!("parent_seq IS NULL ORDER BY seq"),
+        &[],
+    )
 }
 
 /// Where a message sits: `(seq, parent_id, parent_seq)`.
@@ -137,7 +164,11 @@ pub(crate) fn locate(conn: &Connection, key: &SessionKey, id: &str) -> Result<Op
 }
 
 /// `(id, seq)` of the children of `id`.
-pub(crate) fn child_links(conn: &Connection, key: &SessionKey, id: &str) -> Result<Vec<(String, i64)>> {
+pub(crate) fn child_links(
+    conn: &Connection,
+    key: &SessionKey,
+    id: &str,
+) -> Result<Vec<(String, i64)>> {
     let mut stmt = conn
         .prepare_cached(
             "SELECT id, seq FROM messages WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3",
@@ -169,9 +200,11 @@ pub(crate) fn newest(conn: &Connection, key: &SessionKey) -> Result<Option<(Stri
               ORDER BY seq DESC LIMIT 1",
         )
         .map_err(backend_error)?;
-    stmt.query_row(params![key.namespace, key.session_id], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()
-        .map_err(backend_error)
+    stmt.query_row(params![key.namespace, key.session_id], |r| {
+        Ok((r.get(0)?, r.get(1)?))
+    })
+    .optional()
+    .map_err(backend_error)
 }
 
 /// The session's active leaf seq with the aggregates of its path.
@@ -280,7 +313,11 @@ pub(crate) fn walk(
 }
 
 /// The seq of `leaf`, or of the active leaf when `None`.
-pub(crate) fn leaf_seq(conn: &Connection, key: &SessionKey, leaf: Option<&str>) -> Result<Option<i64>> {
+pub(crate) fn leaf_seq(
+    conn: &Connection,
+    key: &SessionKey,
+    leaf: Option<&str>,
+) -> Result<Option<i64>> {
     match leaf {
         Some(id) => Ok(locate(conn, key, id)?.map(|(seq, _, _)| seq)),
         None => Ok(active_leaf(conn, key)?.map(|a| a.seq)),
@@ -300,7 +337,10 @@ pub(crate) fn path(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<Pat
 pub(crate) fn path_plan(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<Vec<PlanRow>> {
     let mut rows = Vec::new();
     walk(conn, key, leaf, |r| {
-        rows.push(PlanRow { seq: r.seq, bytes: r.bytes });
+        rows.push(PlanRow {
+            seq: r.seq,
+            bytes: r.bytes,
+        });
         Ok(true)
     })?;
     rows.reverse();
@@ -308,7 +348,11 @@ pub(crate) fn path_plan(conn: &Connection, key: &SessionKey, leaf: i64) -> Resul
 }
 
 /// `(rows, tokens, bytes, capped)` of the path ending at `leaf`.
-pub(crate) fn path_totals(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<(u64, u64, u64, bool)> {
+pub(crate) fn path_totals(
+    conn: &Connection,
+    key: &SessionKey,
+    leaf: i64,
+) -> Result<(u64, u64, u64, bool)> {
     let (mut len, mut tokens, mut bytes) = (0, 0, 0);
     let capped = walk(conn, key, leaf, |r| {
         len += 1;
@@ -362,17 +406,18 @@ pub(crate) fn path_suffix(
 
 /// Content of the rows with `seqs`, in that order. An ascending, dense window is read with one
 /// range scan; anything else with point reads.
-pub(crate) fn fetch(conn: &Connection, key: &SessionKey, seqs: &[i64]) -> Result<Vec<StoredMessage>> {
+pub(crate) fn fetch(
+    conn: &Connection,
+    key: &SessionKey,
+    seqs: &[i64],
+) -> Result<Vec<StoredMessage>> {
     let (Some(&first), Some(&last)) = (seqs.first(), seqs.last()) else {
         return Ok(Vec::new());
     };
     let ascending = seqs.windows(2).all(|w| w[0] < w[1]);
     if ascending && (last - first + 1) as usize <= 2 * seqs.len() {
         let mut stmt = conn
-            .prepare_cached(&format!(
-                "SELECT {MESSAGE_COLUMNS} FROM messages
-                  WHERE namespace = ?1 AND session_id = ?2 AND seq BETWEEN ?3 AND ?4 ORDER BY seq"
-            ))
+            .prepare_cached(select_messages!("seq BETWEEN ?3 AND ?4 ORDER BY seq"))
             .map_err(backend_error)?;
         let mut wanted = seqs.iter().peekable();
         let mut out = Vec::with_capacity(seqs.len());
@@ -390,7 +435,12 @@ pub(crate) fn fetch(conn: &Connection, key: &SessionKey, seqs: &[i64]) -> Result
     }
     let mut out = Vec::with_capacity(seqs.len());
     for seq in seqs {
-        out.extend(messages_where(conn, key, "seq = ?3", &[seq])?);
+        out.extend(messages_where(
+            conn,
+            key,
+            select_messages!("seq = ?3"),
+            &[seq],
+        )?);
     }
     Ok(out)
 }
@@ -468,7 +518,12 @@ pub(crate) fn search(
         )
         .map_err(backend_error)?;
     stmt.query_map(
-        params![match_expression(words), key.namespace, key.session_id, limit as i64],
+        params![
+            match_expression(words),
+            key.namespace,
+            key.session_id,
+            limit as i64
+        ],
         |r| {
             Ok(SearchHit {
                 id: r.get(0)?,

@@ -118,18 +118,31 @@ impl SessionRow {
             return Ok(());
         }
         if self.totals_stale {
-            (self.path_len, self.path_tokens, self.path_bytes, self.path_capped) =
-                match self.leaf_seq {
-                    Some(leaf) => queries::path_totals(conn, key, leaf)?,
-                    None => (0, 0, 0, false),
-                };
+            (
+                self.path_len,
+                self.path_tokens,
+                self.path_bytes,
+                self.path_capped,
+            ) = match self.leaf_seq {
+                Some(leaf) => queries::path_totals(conn, key, leaf)?,
+                None => (0, 0, 0, false),
+            };
         }
+        // An existing row is updated in place: REPLACE would delete and re-insert it.
+        let sql = if self.stored {
+            "UPDATE sessions SET created_at = ?3, updated_at = ?4, last_message_at = ?5,
+                    next_seq = ?6, leaf_id = ?7, leaf_seq = ?8, path_len = ?9, path_tokens = ?10,
+                    path_bytes = ?11, path_capped = ?12, stored_messages = ?13
+              WHERE namespace = ?1 AND id = ?2"
+        } else {
+            "INSERT INTO sessions (namespace, id, created_at, updated_at, last_message_at,
+                 next_seq, leaf_id, leaf_seq, path_len, path_tokens, path_bytes, path_capped,
+                 stored_messages)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+        };
         exec(
             conn,
-            "INSERT OR REPLACE INTO sessions (namespace, id, created_at, updated_at,
-                 last_message_at, next_seq, leaf_id, leaf_seq, path_len, path_tokens, path_bytes,
-                 path_capped, stored_messages)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+            sql,
             params![
                 key.namespace,
                 key.session_id,
@@ -226,10 +239,16 @@ impl RequestTx<'_> {
             });
         }
         let link: Option<ParentLink> = match parent {
-            ParentSpec::ActiveLeaf => self.session.leaf_id.clone().map(|id| (id, self.session.leaf_seq)),
+            ParentSpec::ActiveLeaf => self
+                .session
+                .leaf_id
+                .clone()
+                .map(|id| (id, self.session.leaf_seq)),
             ParentSpec::Root => None,
             ParentSpec::Id(id) if id.is_empty() => None,
-            ParentSpec::Id(id) => queries::locate(self.conn, self.key, id)?.map(|(seq, _, _)| (id.clone(), Some(seq))),
+            ParentSpec::Id(id) => {
+                queries::locate(self.conn, self.key, id)?.map(|(seq, _, _)| (id.clone(), Some(seq)))
+            }
         };
         let orphans = queries::has_children(self.conn, self.key, &message.id)?;
         // A parent that would make the tree loop is treated like an unknown one: a new root.
@@ -259,23 +278,26 @@ impl RequestTx<'_> {
                    FROM messages WHERE namespace = ?1 AND session_id = ?2 AND id = ?3",
             )
             .and_then(|mut stmt| {
-                stmt.query_row(params![self.key.namespace, self.key.session_id, message.id], |r| {
-                    Ok((
-                        StoredRow {
-                            id: message.id.clone(),
-                            role: message.role.clone(),
-                            seq: r.get(0)?,
-                            parent_id: r.get(1)?,
-                            created_at: r.get(4)?,
-                            updated_at: r.get(5)?,
-                            token_estimate: message.token_estimate,
-                        },
-                        r.get::<_, Vec<u8>>(2)?,
-                        r.get::<_, i64>(3)?,
-                        r.get::<_, i64>(6)? as u64,
-                        r.get::<_, i64>(7)? as u64,
-                    ))
-                })
+                stmt.query_row(
+                    params![self.key.namespace, self.key.session_id, message.id],
+                    |r| {
+                        Ok((
+                            StoredRow {
+                                id: message.id.clone(),
+                                role: message.role.clone(),
+                                seq: r.get(0)?,
+                                parent_id: r.get(1)?,
+                                created_at: r.get(4)?,
+                                updated_at: r.get(5)?,
+                                token_estimate: message.token_estimate,
+                            },
+                            r.get::<_, Vec<u8>>(2)?,
+                            r.get::<_, i64>(3)?,
+                            r.get::<_, i64>(6)? as u64,
+                            r.get::<_, i64>(7)? as u64,
+                        ))
+                    },
+                )
                 .optional()
             })
             .map_err(backend_error)?;
@@ -283,7 +305,10 @@ impl RequestTx<'_> {
             return Ok(UpdateOutcome::Missing);
         };
         if hash == message.content_hash.0 {
-            return Ok(UpdateOutcome::Unchanged(StoredMessage::from_row(row, &message.body)));
+            return Ok(UpdateOutcome::Unchanged(StoredMessage::from_row(
+                row,
+                &message.body,
+            )));
         }
         let slices = split_slices(&message.body, MAX_SLICE_BYTES);
         let chunks = slices.len() as i64 - 1;
@@ -318,7 +343,8 @@ impl RequestTx<'_> {
             self.reindex(message)?;
         }
         if self.session.leaf_seq == Some(row.seq) && !self.session.totals_stale {
-            self.session.path_tokens = self.session.path_tokens + message.token_estimate - old_tokens;
+            self.session.path_tokens =
+                self.session.path_tokens + message.token_estimate - old_tokens;
             self.session.path_bytes = self.session.path_bytes + message.bytes() - old_bytes;
         } else {
             // The row may sit anywhere on (or off) the active path.
@@ -350,7 +376,10 @@ impl RequestTx<'_> {
                     parent_id: p.to_owned(),
                 });
             }
-            Some(p) => Some((p.to_owned(), queries::locate(self.conn, self.key, p)?.map(|(seq, _, _)| seq))),
+            Some(p) => Some((
+                p.to_owned(),
+                queries::locate(self.conn, self.key, p)?.map(|(seq, _, _)| seq),
+            )),
             None => None,
         };
         let stored = self.insert(message, link, orphans, created_at)?;
@@ -410,12 +439,20 @@ impl RequestTx<'_> {
             }
         }
         for (child, parent) in splice_rewires(&deleted, &children, MAX_PATH_DEPTH) {
-            let parent_seq = parent.as_ref().and_then(|p| seq_of.get(p).copied().flatten());
+            let parent_seq = parent
+                .as_ref()
+                .and_then(|p| seq_of.get(p).copied().flatten());
             exec(
                 self.conn,
                 "UPDATE messages SET parent_id = ?4, parent_seq = ?5
                   WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
-                params![self.key.namespace, self.key.session_id, child_seq[&child], parent, parent_seq],
+                params![
+                    self.key.namespace,
+                    self.key.session_id,
+                    child_seq[&child],
+                    parent,
+                    parent_seq
+                ],
             )?;
         }
         for (id, seq) in &deleted_seqs {
@@ -432,7 +469,12 @@ impl RequestTx<'_> {
             self.unindex(id)?;
         }
         self.session.stored_messages -= deleted.len() as u64;
-        if self.session.leaf_id.as_ref().is_some_and(|leaf| deleted.contains_key(leaf)) {
+        if self
+            .session
+            .leaf_id
+            .as_ref()
+            .is_some_and(|leaf| deleted.contains_key(leaf))
+        {
             let newest = queries::newest(self.conn, self.key)?;
             self.session.leaf_seq = newest.as_ref().map(|(_, seq)| *seq);
             self.session.leaf_id = newest.map(|(id, _)| id);
@@ -445,11 +487,26 @@ impl RequestTx<'_> {
     }
 
     fn clear(&mut self) -> Result<WriteOutcome> {
-        let key = [&self.key.namespace as &dyn rusqlite::ToSql, &self.key.session_id];
-        exec(self.conn, "DELETE FROM messages WHERE namespace = ?1 AND session_id = ?2", &key)?;
-        exec(self.conn, "DELETE FROM message_chunks WHERE namespace = ?1 AND session_id = ?2", &key)?;
+        let key = [
+            &self.key.namespace as &dyn rusqlite::ToSql,
+            &self.key.session_id,
+        ];
+        exec(
+            self.conn,
+            "DELETE FROM messages WHERE namespace = ?1 AND session_id = ?2",
+            &key,
+        )?;
+        exec(
+            self.conn,
+            "DELETE FROM message_chunks WHERE namespace = ?1 AND session_id = ?2",
+            &key,
+        )?;
         if self.ctx.search_index {
-            exec(self.conn, "DELETE FROM message_search WHERE namespace = ?1 AND session_id = ?2", &key)?;
+            exec(
+                self.conn,
+                "DELETE FROM message_search WHERE namespace = ?1 AND session_id = ?2",
+                &key,
+            )?;
         }
         self.changes.push(Change::Clear);
         if !self.session.stored {
@@ -511,7 +568,8 @@ impl RequestTx<'_> {
         if self.ctx.search_index && !message.search_text.is_empty() {
             self.index(&message.id, &message.role, &message.search_text)?;
         }
-        self.session.add_leaf(message, parent_seq, created_at.max(self.now));
+        self.session
+            .add_leaf(message, parent_seq, created_at.max(self.now));
         let row = StoredRow {
             id: message.id.clone(),
             role: message.role.clone(),
@@ -530,7 +588,13 @@ impl RequestTx<'_> {
                 self.conn,
                 "INSERT OR REPLACE INTO message_chunks (namespace, session_id, id, idx, content)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![self.key.namespace, self.key.session_id, id, idx as i64, slice],
+                params![
+                    self.key.namespace,
+                    self.key.session_id,
+                    id,
+                    idx as i64,
+                    slice
+                ],
             )?;
         }
         Ok(())
@@ -567,9 +631,10 @@ impl RequestTx<'_> {
                   WHERE namespace = ?1 AND session_id = ?2 AND message_id = ?3",
             )
             .and_then(|mut s| {
-                s.query_row(params![self.key.namespace, self.key.session_id, message.id], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })
+                s.query_row(
+                    params![self.key.namespace, self.key.session_id, message.id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
                 .optional()
             })
             .map_err(backend_error)?;

@@ -17,9 +17,18 @@ fn store_agrees_with_the_tree_model() {
     sessiondb_testkit::model::check_against_model(
         || {
             let dir = tempfile::tempdir().unwrap();
-            let config = SqliteConfig { synchronous: Synchronous::Normal, ..Default::default() };
-            (Db::new(SqliteStore::open_with(dir.path(), config).unwrap()), dir)
+            let config = SqliteConfig {
+                synchronous: Synchronous::Normal,
+                ..Default::default()
+            };
+            (
+                Db::new(SqliteStore::open_with(dir.path(), config).unwrap()),
+                dir,
+            )
         },
-        std::env::var("MODEL_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(128),
+        std::env::var("MODEL_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(128),
     );
 }

@@ -25,7 +25,10 @@ fn count(conn: &Connection, sql: &str) -> i64 {
 }
 
 fn table_exists(conn: &Connection, name: &str) -> bool {
-    count(conn, &format!("SELECT count(*) FROM sqlite_schema WHERE name = '{name}'")) > 0
+    count(
+        conn,
+        &format!("SELECT count(*) FROM sqlite_schema WHERE name = '{name}'"),
+    ) > 0
 }
 
 #[test]
@@ -34,9 +37,19 @@ fn search_index_is_built_by_the_first_search_and_back_fills() {
     let db = open(dir.path());
     let s = db.session("s").unwrap();
     block_on(async {
-        s.append(Message::text("user", "the quick brown fox").with_id("a"), AppendOptions::default()).await.unwrap();
+        s.append(
+            Message::text("user", "the quick brown fox").with_id("a"),
+            AppendOptions::default(),
+        )
+        .await
+        .unwrap();
         let big = format!("{} needle", "x ".repeat(1_000_000));
-        s.append(Message::text("user", big).with_id("chunked"), AppendOptions::default()).await.unwrap();
+        s.append(
+            Message::text("user", big).with_id("chunked"),
+            AppendOptions::default(),
+        )
+        .await
+        .unwrap();
         assert!(!table_exists(&raw(dir.path()), "message_fts"));
         assert!(!db.store().has_search_index());
         assert_eq!(s.search("quick brown", 5).await.unwrap()[0].id, "a");
@@ -56,11 +69,18 @@ fn a_second_open_of_the_same_directory_is_refused() {
     let err = SqliteStore::open(dir.path()).unwrap_err();
     assert!(matches!(err, StoreError::Locked { .. }), "{err}");
     let s = db.session("s").unwrap();
-    block_on(s.append(Message::text("user", "kept").with_id("k"), AppendOptions::default())).unwrap();
+    block_on(s.append(
+        Message::text("user", "kept").with_id("k"),
+        AppendOptions::default(),
+    ))
+    .unwrap();
     drop((s, db));
     let db = open(dir.path());
     let s = db.session("s").unwrap();
-    assert!(block_on(s.message("k")).unwrap().is_some(), "data survives a reopen");
+    assert!(
+        block_on(s.message("k")).unwrap().is_some(),
+        "data survives a reopen"
+    );
 }
 
 #[test]
@@ -69,12 +89,23 @@ fn migrations_stamp_the_schema_version_and_refuse_newer_files() {
     drop(open(dir.path()));
     let conn = raw(dir.path());
     assert_eq!(count(&conn, "PRAGMA user_version"), 1);
-    let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
     assert_eq!(mode, "wal");
     conn.pragma_update(None, "user_version", 99).unwrap();
     drop(conn);
     let err = SqliteStore::open(dir.path()).unwrap_err();
-    assert!(matches!(err, StoreError::SchemaTooNew { found: 99, supported: 1 }), "{err}");
+    assert!(
+        matches!(
+            err,
+            StoreError::SchemaTooNew {
+                found: 99,
+                supported: 1
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -85,18 +116,31 @@ fn chunk_rows_follow_the_message_size() {
     let chunks = |conn: &Connection| count(conn, "SELECT count(*) FROM message_chunks");
     block_on(async {
         let text = |n: usize| Message::text("user", "a".repeat(n)).with_id("m");
-        s.append(text(5_000_000), AppendOptions::default()).await.unwrap();
+        s.append(text(5_000_000), AppendOptions::default())
+            .await
+            .unwrap();
         assert_eq!(chunks(&raw(dir.path())), 3);
         s.update(text(2_000_000), Source::Server).await.unwrap();
         assert_eq!(chunks(&raw(dir.path())), 1);
         s.update(text(4), Source::Server).await.unwrap();
         assert_eq!(chunks(&raw(dir.path())), 0);
         let conn = raw(dir.path());
-        let max_slice: i64 = count(&conn, "SELECT max(length(CAST(content AS BLOB))) FROM messages");
+        let max_slice: i64 = count(
+            &conn,
+            "SELECT max(length(CAST(content AS BLOB))) FROM messages",
+        );
         assert!(max_slice <= 1_572_864);
-        s.append(Message::text("user", "é".repeat(1_000_000)).with_id("multi"), AppendOptions::default()).await.unwrap();
+        s.append(
+            Message::text("user", "é".repeat(1_000_000)).with_id("multi"),
+            AppendOptions::default(),
+        )
+        .await
+        .unwrap();
         let conn = raw(dir.path());
-        let slice_bytes = count(&conn, "SELECT max(length(CAST(content AS BLOB))) FROM message_chunks");
+        let slice_bytes = count(
+            &conn,
+            "SELECT max(length(CAST(content AS BLOB))) FROM message_chunks",
+        );
         assert!(slice_bytes <= 1_572_864);
         s.delete(&["multi".into()]).await.unwrap();
         assert_eq!(chunks(&raw(dir.path())), 0);
@@ -108,15 +152,43 @@ fn invalid_input_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let db = open(dir.path());
     let s = db.session("s").unwrap();
-    for bad in [r#"{"role": "user"}"#, r#"{"role": 1, "content": "x"}"#, r#"[1]"#, "{", r#"{"role":"u","parts":[{"text":"no type"}]}"#] {
+    for bad in [
+        r#"{"role": "user"}"#,
+        r#"{"role": 1, "content": "x"}"#,
+        r#"[1]"#,
+        "{",
+        r#"{"role":"u","parts":[{"text":"no type"}]}"#,
+    ] {
         let err = Message::parse(bad).unwrap_err();
         assert!(!err.field.is_empty(), "{bad}: {err}");
     }
     block_on(async {
-        s.import(Message::text("user", "a").with_id("a"), ImportOptions { parent_id: Some("b".into()), created_at: 1 }).await.unwrap();
-        let refused = s.import(Message::text("user", "b").with_id("b"), ImportOptions { parent_id: Some("a".into()), created_at: 1 }).await;
-        assert!(matches!(refused, Err(Error::Store(StoreError::ParentCycle { .. }))));
-        assert!(matches!(s.update(Message::text("user", "x"), Source::Server).await, Err(Error::Invalid(_))));
+        s.import(
+            Message::text("user", "a").with_id("a"),
+            ImportOptions {
+                parent_id: Some("b".into()),
+                created_at: 1,
+            },
+        )
+        .await
+        .unwrap();
+        let refused = s
+            .import(
+                Message::text("user", "b").with_id("b"),
+                ImportOptions {
+                    parent_id: Some("a".into()),
+                    created_at: 1,
+                },
+            )
+            .await;
+        assert!(matches!(
+            refused,
+            Err(Error::Store(StoreError::ParentCycle { .. }))
+        ));
+        assert!(matches!(
+            s.update(Message::text("user", "x"), Source::Server).await,
+            Err(Error::Invalid(_))
+        ));
     });
     let conn = raw(dir.path());
     assert_eq!(count(&conn, "SELECT count(*) FROM messages"), 1);
@@ -132,7 +204,11 @@ fn concurrent_appends_share_commits() {
             let s = db.session(&format!("s{t}")).unwrap();
             std::thread::spawn(move || {
                 for i in 0..20 {
-                    block_on(s.append(Message::text("user", format!("{t}-{i}")), AppendOptions::default())).unwrap();
+                    block_on(s.append(
+                        Message::text("user", format!("{t}-{i}")),
+                        AppendOptions::default(),
+                    ))
+                    .unwrap();
                 }
             })
         })
@@ -141,9 +217,15 @@ fn concurrent_appends_share_commits() {
         t.join().unwrap();
     }
     let stats = db.store().write_stats();
-    let (commits, requests) = (stats.commits.load(Ordering::Relaxed), stats.requests.load(Ordering::Relaxed));
+    let (commits, requests) = (
+        stats.commits.load(Ordering::Relaxed),
+        stats.requests.load(Ordering::Relaxed),
+    );
     assert_eq!(requests, 640);
-    assert!(commits < requests, "group commit: {commits} commits for {requests} appends");
+    assert!(
+        commits < requests,
+        "group commit: {commits} commits for {requests} appends"
+    );
 }
 
 // ---- crash safety ----------------------------------------------------------------------------
@@ -153,9 +235,15 @@ const CHILD_PREFIX: &str = "SESSIONDB_CRASH_PREFIX";
 
 /// The body of message `id`: every 5th message is several MiB (so it is chunked).
 fn crash_body(id: &str, index: usize) -> String {
-    let unit = id.bytes().fold(0u32, |a, b| a.wrapping_mul(31).wrapping_add(b as u32));
+    let unit = id
+        .bytes()
+        .fold(0u32, |a, b| a.wrapping_mul(31).wrapping_add(b as u32));
     let ch = char::from(b'a' + (unit % 26) as u8);
-    let len = if index % 5 == 4 { 3 * 1024 * 1024 + index } else { 200 + index % 50 };
+    let len = if index % 5 == 4 {
+        3 * 1024 * 1024 + index
+    } else {
+        200 + index % 50
+    };
     format!("{id}:{}", ch.to_string().repeat(len))
 }
 
@@ -190,10 +278,18 @@ fn acknowledged_writes_survive_sigkill() {
     }
     let dir = tempfile::tempdir().unwrap();
     let mut acked: Vec<(String, usize)> = Vec::new();
-    let seed = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().subsec_nanos() as u64;
+    let seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
     for round in 0..6u64 {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "acknowledged_writes_survive_sigkill", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "acknowledged_writes_survive_sigkill",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_DIR, dir.path())
             .env(CHILD_PREFIX, format!("r{round}"))
             .stdout(Stdio::piped())
@@ -212,8 +308,14 @@ fn acknowledged_writes_survive_sigkill() {
         });
         // Kill after a pseudo-random number of acknowledgements (so at a random moment); the
         // first round waits long enough that every writer thread has stored a chunked message.
-        let mix = seed.wrapping_mul(6364136223846793005).wrapping_add(round * 1442695040888963407);
-        let threshold = if round == 0 { 25 } else { 1 + (mix >> 33) as usize % 60 };
+        let mix = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(round * 1442695040888963407);
+        let threshold = if round == 0 {
+            25
+        } else {
+            1 + (mix >> 33) as usize % 60
+        };
         let mut round_acks = Vec::new();
         while round_acks.len() < threshold {
             match acks_rx.recv_timeout(Duration::from_secs(30)) {
@@ -231,16 +333,31 @@ fn acknowledged_writes_survive_sigkill() {
         let s = db.session("crash").unwrap();
         let stored = block_on(s.full_history(HistoryOptions::default())).unwrap();
         let stats = block_on(s.stats()).unwrap();
-        assert_eq!(stats.stored_messages as usize, stored.len(), "every stored message is on the one chain");
+        assert_eq!(
+            stats.stored_messages as usize,
+            stored.len(),
+            "every stored message is on the one chain"
+        );
         for m in &stored {
             let index: usize = m.id.rsplit('-').next().unwrap().parse().unwrap();
-            let text = m.to_value()["parts"][0]["text"].as_str().unwrap().to_owned();
-            assert!(text == crash_body(&m.id, index), "message {} is not whole", m.id);
+            let text = m.to_value()["parts"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            assert!(
+                text == crash_body(&m.id, index),
+                "message {} is not whole",
+                m.id
+            );
         }
-        let present: std::collections::HashSet<&str> = stored.iter().map(|m| m.id.as_str()).collect();
+        let present: std::collections::HashSet<&str> =
+            stored.iter().map(|m| m.id.as_str()).collect();
         for (id, _) in &acked {
             assert!(present.contains(id.as_str()), "acknowledged {id} was lost");
         }
     }
-    assert!(acked.iter().any(|(_, i)| i % 5 == 4), "some acknowledged messages were chunked");
+    assert!(
+        acked.iter().any(|(_, i)| i % 5 == 4),
+        "some acknowledged messages were chunked"
+    );
 }

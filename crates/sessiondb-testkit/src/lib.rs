@@ -72,7 +72,10 @@ pub async fn chain<S: Store>(session: &Session<S>, ids: &[&str]) {
     for (i, id) in ids.iter().enumerate() {
         let role = if i % 2 == 0 { "user" } else { "assistant" };
         session
-            .append(text(id, role, &format!("message {id}")), AppendOptions::default())
+            .append(
+                text(id, role, &format!("message {id}")),
+                AppendOptions::default(),
+            )
             .await
             .unwrap();
     }
@@ -114,7 +117,10 @@ pub fn event_names(items: &[FeedItem]) -> Vec<&'static str> {
 }
 
 /// The first message of a stream, or `None`.
-pub async fn first<S: Store>(session: &Session<S>, options: HistoryOptions) -> Option<StoredMessage> {
+pub async fn first<S: Store>(
+    session: &Session<S>,
+    options: HistoryOptions,
+) -> Option<StoredMessage> {
     let mut stream = std::pin::pin!(session.history(options));
     stream.next().await.map(|r| r.unwrap())
 }

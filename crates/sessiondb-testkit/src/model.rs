@@ -19,11 +19,24 @@ const ID_POOL: u8 = 10;
 
 #[derive(Debug, Clone)]
 pub enum Op {
-    Append { id: u8, text: String, parent: ParentChoice },
-    Update { id: u8, text: String },
-    Delete { ids: Vec<u8> },
+    Append {
+        id: u8,
+        text: String,
+        parent: ParentChoice,
+    },
+    Update {
+        id: u8,
+        text: String,
+    },
+    Delete {
+        ids: Vec<u8>,
+    },
     Clear,
-    Import { id: u8, text: String, parent: Option<u8> },
+    Import {
+        id: u8,
+        text: String,
+        parent: Option<u8>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -38,7 +51,7 @@ fn id(n: u8) -> String {
 }
 
 fn message(n: u8, text: &str) -> Message {
-    let role = if n % 2 == 0 { "user" } else { "assistant" };
+    let role = if n.is_multiple_of(2) { "user" } else { "assistant" };
     Message::text(role, text).with_id(id(n))
 }
 
@@ -82,7 +95,12 @@ struct Model {
 impl Model {
     fn insert(&mut self, n: u8, text: &str, parent: Option<String>) {
         self.next_seq += 1;
-        let node = Node { parent, seq: self.next_seq, n, text: text.to_owned() };
+        let node = Node {
+            parent,
+            seq: self.next_seq,
+            n,
+            text: text.to_owned(),
+        };
         self.nodes.insert(id(n), node);
         self.leaf = Some(id(n));
     }
@@ -90,7 +108,11 @@ impl Model {
     /// Applies an op; returns false when the store must refuse it (an import cycle).
     fn apply(&mut self, op: &Op) -> bool {
         match op {
-            Op::Append { id: n, text, parent } => {
+            Op::Append {
+                id: n,
+                text,
+                parent,
+            } => {
                 if self.nodes.contains_key(&id(*n)) {
                     return true;
                 }
@@ -107,7 +129,11 @@ impl Model {
                     node.text.clone_from(text);
                 }
             }
-            Op::Import { id: n, text, parent } => {
+            Op::Import {
+                id: n,
+                text,
+                parent,
+            } => {
                 if self.nodes.contains_key(&id(*n)) {
                     return true;
                 }
@@ -118,7 +144,11 @@ impl Model {
                 self.insert(*n, text, parent);
             }
             Op::Delete { ids: victims } => {
-                let victims: Vec<String> = victims.iter().map(|n| id(*n)).filter(|i| self.nodes.contains_key(i)).collect();
+                let victims: Vec<String> = victims
+                    .iter()
+                    .map(|n| id(*n))
+                    .filter(|i| self.nodes.contains_key(i))
+                    .collect();
                 let survivor_of = |model: &Model, mut p: Option<String>| {
                     while let Some(id) = p.clone() {
                         if !victims.contains(&id) {
@@ -131,7 +161,10 @@ impl Model {
                 let rewires: Vec<(String, Option<String>)> = self
                     .nodes
                     .iter()
-                    .filter(|(child, node)| !victims.contains(child) && node.parent.as_ref().is_some_and(|p| victims.contains(p)))
+                    .filter(|(child, node)| {
+                        !victims.contains(child)
+                            && node.parent.as_ref().is_some_and(|p| victims.contains(p))
+                    })
                     .map(|(child, node)| (child.clone(), survivor_of(self, node.parent.clone())))
                     .collect();
                 for (child, parent) in rewires {
@@ -141,7 +174,11 @@ impl Model {
                     self.nodes.remove(v);
                 }
                 if self.leaf.as_ref().is_some_and(|l| victims.contains(l)) {
-                    self.leaf = self.nodes.iter().max_by_key(|(_, n)| n.seq).map(|(i, _)| i.clone());
+                    self.leaf = self
+                        .nodes
+                        .iter()
+                        .max_by_key(|(_, n)| n.seq)
+                        .map(|(i, _)| i.clone());
                 }
             }
             Op::Clear => {
@@ -168,7 +205,9 @@ impl Model {
         let mut path = Vec::new();
         let mut cursor = leaf.map(str::to_owned);
         while let Some(id) = cursor {
-            let Some(node) = self.nodes.get(&id) else { break };
+            let Some(node) = self.nodes.get(&id) else {
+                break;
+            };
             path.push(id);
             cursor = node.parent.clone();
         }
@@ -190,31 +229,54 @@ impl Model {
 
 async fn run_op<S: Store>(session: &sessiondb::Session<S>, op: &Op) -> bool {
     match op {
-        Op::Append { id: n, text, parent } => {
+        Op::Append {
+            id: n,
+            text,
+            parent,
+        } => {
             let parent = match parent {
                 ParentChoice::Leaf => Parent::ActiveLeaf,
                 ParentChoice::Root => Parent::Root,
                 ParentChoice::Id(p) => Parent::Id(id(*p)),
             };
-            let options = AppendOptions { parent, ..Default::default() };
+            let options = AppendOptions {
+                parent,
+                ..Default::default()
+            };
             session.append(message(*n, text), options).await.is_ok()
         }
-        Op::Update { id: n, text } => session.update(message(*n, text), Source::Server).await.is_ok(),
+        Op::Update { id: n, text } => session
+            .update(message(*n, text), Source::Server)
+            .await
+            .is_ok(),
         Op::Delete { ids } => {
             let ids: Vec<String> = ids.iter().map(|n| id(*n)).collect();
             session.delete(&ids).await.is_ok()
         }
         Op::Clear => session.clear().await.is_ok(),
-        Op::Import { id: n, text, parent } => {
-            let options = ImportOptions { parent_id: parent.map(id), created_at: 1 };
+        Op::Import {
+            id: n,
+            text,
+            parent,
+        } => {
+            let options = ImportOptions {
+                parent_id: parent.map(id),
+                created_at: 1,
+            };
             session.import(message(*n, text), options).await.is_ok()
         }
     }
 }
 
-async fn compare<S: Store>(session: &sessiondb::Session<S>, model: &Model) -> Result<(), TestCaseError> {
+async fn compare<S: Store>(
+    session: &sessiondb::Session<S>,
+    model: &Model,
+) -> Result<(), TestCaseError> {
     let expected = model.path(model.leaf.as_deref());
-    let forward = session.full_history(HistoryOptions::default()).await.unwrap();
+    let forward = session
+        .full_history(HistoryOptions::default())
+        .await
+        .unwrap();
     prop_assert_eq!(ids(&forward), expected.clone());
     for m in &forward {
         let node = &model.nodes[&m.id];
@@ -222,7 +284,10 @@ async fn compare<S: Store>(session: &sessiondb::Session<S>, model: &Model) -> Re
         prop_assert_eq!(value["parts"][0]["text"].as_str(), Some(node.text.as_str()));
     }
     let newest = session
-        .full_history(HistoryOptions { leaf: None, newest_first: true })
+        .full_history(HistoryOptions {
+            leaf: None,
+            newest_first: true,
+        })
         .await
         .unwrap();
     let mut reversed = expected.clone();
@@ -234,14 +299,26 @@ async fn compare<S: Store>(session: &sessiondb::Session<S>, model: &Model) -> Re
     let rows = session.row_stats(None).await.unwrap();
     let row_ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
     prop_assert_eq!(&row_ids, &expected);
-    let bytes: Vec<u64> = expected.iter().map(|i| { let n = &model.nodes[i]; body_bytes(n.n, &n.text) }).collect();
-    prop_assert_eq!(rows.iter().map(|r| r.bytes).collect::<Vec<_>>(), bytes.clone());
+    let bytes: Vec<u64> = expected
+        .iter()
+        .map(|i| {
+            let n = &model.nodes[i];
+            body_bytes(n.n, &n.text)
+        })
+        .collect();
+    prop_assert_eq!(
+        rows.iter().map(|r| r.bytes).collect::<Vec<_>>(),
+        bytes.clone()
+    );
 
     let stats = session.stats().await.unwrap();
     prop_assert_eq!(stats.message_count as usize, expected.len());
     prop_assert_eq!(stats.stored_messages as usize, model.nodes.len());
     prop_assert_eq!(stats.content_bytes, bytes.iter().sum::<u64>());
-    prop_assert_eq!(stats.token_estimate, rows.iter().map(|r| r.token_estimate).sum::<u64>());
+    prop_assert_eq!(
+        stats.token_estimate,
+        rows.iter().map(|r| r.token_estimate).sum::<u64>()
+    );
 
     // A budget of about half the path: the longest fitting suffix, never less than the leaf.
     let total: u64 = bytes.iter().sum();
@@ -263,9 +340,21 @@ async fn compare<S: Store>(session: &sessiondb::Session<S>, model: &Model) -> Re
             Some(node) => {
                 let stored = stored.expect("message the model holds");
                 prop_assert_eq!(&stored.parent_id, &node.parent);
-                prop_assert_eq!(ids(&session.branches(&id(n)).await.unwrap()), model.children(&id(n)));
+                prop_assert_eq!(
+                    ids(&session.branches(&id(n)).await.unwrap()),
+                    model.children(&id(n))
+                );
                 let path = model.path(Some(&id(n)));
-                prop_assert_eq!(ids(&session.full_history(HistoryOptions { leaf: Some(id(n)), newest_first: false }).await.unwrap()), path);
+                prop_assert_eq!(
+                    ids(&session
+                        .full_history(HistoryOptions {
+                            leaf: Some(id(n)),
+                            newest_first: false
+                        })
+                        .await
+                        .unwrap()),
+                    path
+                );
             }
             None => prop_assert!(stored.is_none()),
         }
@@ -275,7 +364,10 @@ async fn compare<S: Store>(session: &sessiondb::Session<S>, model: &Model) -> Re
 
 /// Runs `cases` random op sequences, each against a fresh store from `open`.
 pub fn check_against_model<S: Store, G>(open: impl Fn() -> (Db<S>, G), cases: u32) {
-    let mut runner = TestRunner::new(Config { cases, ..Config::default() });
+    let mut runner = TestRunner::new(Config {
+        cases,
+        ..Config::default()
+    });
     let ops = proptest::collection::vec(op_strategy(), 1..40);
     runner
         .run(&ops, |ops| {

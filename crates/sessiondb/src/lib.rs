@@ -153,3 +153,8 @@ impl<S: Store> Db<S> {
         &self.store
     }
 }
+
+/// The README's examples run as doctests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

@@ -114,7 +114,7 @@ fn generate_id() -> String {
 /// Newest-first walks read this many rows first and grow the window by `WALK_GROWTH` up to the
 /// maximum: a consumer that stops early has read at most a few rows more than it took.
 const WALK_FIRST_WINDOW: usize = 4;
-const WALK_GROWTH: usize = 4;
+const WALK_GROWTH: usize = 16;
 const WALK_MAX_WINDOW: usize = 256;
 
 impl<S: Store> Session<S> {
@@ -301,7 +301,10 @@ impl<S: Store> Session<S> {
     /// Deletes messages; children of a deleted message move to its nearest surviving ancestor.
     /// Returns how many existed.
     pub async fn delete(&self, ids: &[String]) -> Result<usize, Error> {
-        match self.write_one(WriteOp::Delete { ids: ids.to_vec() }).await? {
+        match self
+            .write_one(WriteOp::Delete { ids: ids.to_vec() })
+            .await?
+        {
             WriteOutcome::Deleted { count } => Ok(count),
             _ => Ok(0),
         }
@@ -432,7 +435,10 @@ impl<S: Store> Session<S> {
         batch_size: usize,
         max_bytes: u64,
     ) -> impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static {
-        let messages = self.history(options).map(Some).chain(stream::once(async { None }));
+        let messages = self
+            .history(options)
+            .map(Some)
+            .chain(stream::once(async { None }));
         messages
             .scan(Batcher::new(batch_size, max_bytes), |batcher, item| {
                 let out: Vec<Result<Vec<StoredMessage>, Error>> = match item {
@@ -449,10 +455,7 @@ impl<S: Store> Session<S> {
     }
 
     /// The whole path in memory.
-    pub async fn full_history(
-        &self,
-        options: HistoryOptions,
-    ) -> Result<Vec<StoredMessage>, Error> {
+    pub async fn full_history(&self, options: HistoryOptions) -> Result<Vec<StoredMessage>, Error> {
         self.history(options).try_collect().await
     }
 
@@ -495,7 +498,10 @@ fn append_result(outcome: WriteOutcome) -> AppendResult {
 
 fn plan_of(rows: &[RowStat]) -> Vec<PlanRow> {
     rows.iter()
-        .map(|r| PlanRow { seq: r.seq, bytes: r.bytes })
+        .map(|r| PlanRow {
+            seq: r.seq,
+            bytes: r.bytes,
+        })
         .collect()
 }
 

@@ -1,6 +1,9 @@
 //! The change feed: order, payloads, filters, lag.
 
-use sessiondb::{AppendOptions, Change, Db, FeedFilter, FeedItem, ImportOptions, Parent, ParentSpec, Source, Store};
+use sessiondb::{
+    AppendOptions, Change, Db, FeedFilter, FeedItem, ImportOptions, Parent, ParentSpec, Source,
+    Store,
+};
 
 use crate::*;
 
@@ -18,16 +21,27 @@ pub async fn feed_reports_each_write_in_order<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     let mut sub = db.subscribe(FeedFilter::All);
     chain(&s, &["a"]).await;
-    s.append(text("a", "user", "again"), AppendOptions::default()).await.unwrap();
-    s.update(text("a", "user", "changed"), Source::Server).await.unwrap();
+    s.append(text("a", "user", "again"), AppendOptions::default())
+        .await
+        .unwrap();
+    s.update(text("a", "user", "changed"), Source::Server)
+        .await
+        .unwrap();
     s.delete(&["a".into()]).await.unwrap();
     s.clear().await.unwrap();
     let got = events(drain(&mut sub));
     let names: Vec<_> = got.iter().map(|e| e.change.name()).collect();
     assert_eq!(names, ["append", "append", "update", "delete", "clear"]);
-    assert!(matches!(&got[0].change, Change::Append { inserted: true, .. }));
-    assert!(matches!(&got[1].change, Change::Append { inserted: false, message, .. } if message.json().contains("message a")));
-    assert!(matches!(&got[2].change, Change::Update { message } if message.json().contains("changed")));
+    assert!(matches!(
+        &got[0].change,
+        Change::Append { inserted: true, .. }
+    ));
+    assert!(
+        matches!(&got[1].change, Change::Append { inserted: false, message, .. } if message.json().contains("message a"))
+    );
+    assert!(
+        matches!(&got[2].change, Change::Update { message } if message.json().contains("changed"))
+    );
     assert!(matches!(&got[3].change, Change::Delete { message_ids } if message_ids == &["a"]));
     assert!(got.windows(2).all(|w| w[0].position < w[1].position));
     assert!(got.iter().all(|e| e.key.session_id == "s"));
@@ -37,13 +51,42 @@ pub async fn feed_carries_parents_and_imports<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     let mut sub = db.subscribe(FeedFilter::All);
     chain(&s, &["a"]).await;
-    s.append(text("b", "user", "x"), AppendOptions { parent: Parent::Id("a".into()), ..Default::default() }).await.unwrap();
-    s.import(text("i", "user", "old"), ImportOptions { parent_id: Some("a".into()), created_at: 3 }).await.unwrap();
+    s.append(
+        text("b", "user", "x"),
+        AppendOptions {
+            parent: Parent::Id("a".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    s.import(
+        text("i", "user", "old"),
+        ImportOptions {
+            parent_id: Some("a".into()),
+            created_at: 3,
+        },
+    )
+    .await
+    .unwrap();
     let got = events(drain(&mut sub));
-    assert_eq!(got.iter().map(|e| e.change.name()).collect::<Vec<_>>(), ["append", "append", "import"]);
-    assert!(matches!(&got[0].change, Change::Append { parent: ParentSpec::ActiveLeaf, .. }));
-    assert!(matches!(&got[1].change, Change::Append { parent: ParentSpec::Id(p), message, .. } if p == "a" && message.parent_id.as_deref() == Some("a")));
-    assert!(matches!(&got[2].change, Change::Import { parent_id: Some(p), message } if p == "a" && message.created_at == 3));
+    assert_eq!(
+        got.iter().map(|e| e.change.name()).collect::<Vec<_>>(),
+        ["append", "append", "import"]
+    );
+    assert!(matches!(
+        &got[0].change,
+        Change::Append {
+            parent: ParentSpec::ActiveLeaf,
+            ..
+        }
+    ));
+    assert!(
+        matches!(&got[1].change, Change::Append { parent: ParentSpec::Id(p), message, .. } if p == "a" && message.parent_id.as_deref() == Some("a"))
+    );
+    assert!(
+        matches!(&got[2].change, Change::Import { parent_id: Some(p), message } if p == "a" && message.created_at == 3)
+    );
 }
 
 pub async fn feed_filters_by_session_and_namespace<S: Store>(db: Db<S>) {
@@ -67,8 +110,12 @@ pub async fn a_stalled_subscriber_never_blocks_writes<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     let mut stalled = db.subscribe(FeedFilter::All);
     let n = 3000;
-    let messages = (0..n).map(|i| text(&format!("m{i}"), "user", "x")).collect();
-    s.append_all(messages, AppendOptions::default()).await.unwrap();
+    let messages = (0..n)
+        .map(|i| text(&format!("m{i}"), "user", "x"))
+        .collect();
+    s.append_all(messages, AppendOptions::default())
+        .await
+        .unwrap();
     chain(&s, &["last"]).await;
     assert_eq!(s.stats().await.unwrap().message_count, n as u64 + 1);
     let items = drain(&mut stalled);
@@ -86,24 +133,57 @@ pub async fn a_stalled_subscriber_never_blocks_writes<S: Store>(db: Db<S>) {
 
 pub async fn failed_writes_publish_nothing<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
-    s.import(text("a", "user", "a"), ImportOptions { parent_id: Some("b".into()), created_at: 1 }).await.unwrap();
+    s.import(
+        text("a", "user", "a"),
+        ImportOptions {
+            parent_id: Some("b".into()),
+            created_at: 1,
+        },
+    )
+    .await
+    .unwrap();
     let mut sub = db.subscribe(FeedFilter::All);
-    assert!(s.import(text("b", "user", "b"), ImportOptions { parent_id: Some("a".into()), created_at: 2 }).await.is_err());
+    assert!(
+        s.import(
+            text("b", "user", "b"),
+            ImportOptions {
+                parent_id: Some("a".into()),
+                created_at: 2
+            }
+        )
+        .await
+        .is_err()
+    );
     assert!(drain(&mut sub).is_empty());
 }
 
 pub async fn one_bad_write_does_not_fail_concurrent_ones<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
-    s.import(text("a", "user", "a"), ImportOptions { parent_id: Some("b".into()), created_at: 1 }).await.unwrap();
+    s.import(
+        text("a", "user", "a"),
+        ImportOptions {
+            parent_id: Some("b".into()),
+            created_at: 1,
+        },
+    )
+    .await
+    .unwrap();
     let handles: Vec<_> = (0..16)
         .map(|i| {
             let s = s.clone();
             std::thread::spawn(move || {
                 if i % 4 == 0 {
-                    let bad = ImportOptions { parent_id: Some("a".into()), created_at: 2 };
+                    let bad = ImportOptions {
+                        parent_id: Some("a".into()),
+                        created_at: 2,
+                    };
                     block_on(s.import(text("b", "user", "b"), bad)).is_err()
                 } else {
-                    block_on(s.append(text(&format!("ok{i}"), "user", "x"), AppendOptions::default())).is_ok()
+                    block_on(s.append(
+                        text(&format!("ok{i}"), "user", "x"),
+                        AppendOptions::default(),
+                    ))
+                    .is_ok()
                 }
             })
         })

@@ -15,7 +15,9 @@ async fn chain_n<S: Store>(s: &sessiondb::Session<S>, n: usize) -> Vec<String> {
         .iter()
         .map(|id| text(id, "user", &format!("body of {id}")))
         .collect();
-    s.append_all(messages, AppendOptions::default()).await.unwrap();
+    s.append_all(messages, AppendOptions::default())
+        .await
+        .unwrap();
     names
 }
 
@@ -28,7 +30,10 @@ pub async fn empty_and_unknown_reads_are_empty<S: Store>(db: Db<S>) {
     assert!(s.branches("x").await.unwrap().is_empty());
     assert_eq!(s.path_length(None).await.unwrap(), 0);
     let recent = s.recent_history(100, None).await.unwrap();
-    assert_eq!((recent.messages.len(), recent.truncated, recent.total_bytes), (0, false, 0));
+    assert_eq!(
+        (recent.messages.len(), recent.truncated, recent.total_bytes),
+        (0, false, 0)
+    );
     chain(&s, &["a"]).await;
     assert!(history_ids(&s, Some("ghost")).await.is_empty());
     assert!(newest_first_ids(&s, Some("ghost")).await.is_empty());
@@ -37,7 +42,9 @@ pub async fn empty_and_unknown_reads_are_empty<S: Store>(db: Db<S>) {
 pub async fn newest_first_is_the_exact_reverse<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     let names = chain_n(&s, 150).await;
-    s.append(text("side", "user", "x"), under("n40")).await.unwrap();
+    s.append(text("side", "user", "x"), under("n40"))
+        .await
+        .unwrap();
     let mut forward = history_ids(&s, Some("n149")).await;
     forward.reverse();
     assert_eq!(newest_first_ids(&s, Some("n149")).await, forward);
@@ -51,10 +58,21 @@ pub async fn newest_first_is_the_exact_reverse<S: Store>(db: Db<S>) {
 pub async fn newest_first_stops_when_the_consumer_does<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     chain_n(&s, 20).await;
-    let leaf = first(&s, HistoryOptions { leaf: None, newest_first: true }).await.unwrap();
+    let leaf = first(
+        &s,
+        HistoryOptions {
+            leaf: None,
+            newest_first: true,
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(leaf.id, "n19");
     let three: Vec<_> = s
-        .history(HistoryOptions { leaf: None, newest_first: true })
+        .history(HistoryOptions {
+            leaf: None,
+            newest_first: true,
+        })
         .take(3)
         .map(|m| m.unwrap().id)
         .collect()
@@ -114,7 +132,10 @@ pub async fn row_stats_describe_rows_without_content<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     chain(&s, &["a", "b"]).await;
     let rows = s.row_stats(None).await.unwrap();
-    assert_eq!(rows.iter().map(|r| r.role.as_str()).collect::<Vec<_>>(), ["user", "assistant"]);
+    assert_eq!(
+        rows.iter().map(|r| r.role.as_str()).collect::<Vec<_>>(),
+        ["user", "assistant"]
+    );
     let b = s.message("b").await.unwrap().unwrap();
     assert_eq!(rows[1].bytes, b.body().len() as u64);
     assert_eq!(rows[1].token_estimate, b.token_estimate);
@@ -134,13 +155,23 @@ pub async fn branches_list_children_oldest_first<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     chain(&s, &["p"]).await;
     for id in ["c3", "c1", "c2"] {
-        s.append(text(id, "assistant", id), under("p")).await.unwrap();
+        s.append(text(id, "assistant", id), under("p"))
+            .await
+            .unwrap();
     }
     assert_eq!(ids(&s.branches("p").await.unwrap()), ["c3", "c1", "c2"]);
-    s.append(text("r2", "user", "second tree"), root()).await.unwrap();
-    s.import(text("o", "user", "orphan"), ImportOptions { parent_id: Some("gone".into()), created_at: 1 })
+    s.append(text("r2", "user", "second tree"), root())
         .await
         .unwrap();
+    s.import(
+        text("o", "user", "orphan"),
+        ImportOptions {
+            parent_id: Some("gone".into()),
+            created_at: 1,
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(ids(&s.roots().await.unwrap()), ["p", "r2", "o"]);
     assert!(s.branches("c1").await.unwrap().is_empty());
 }
@@ -158,15 +189,24 @@ pub async fn paths_are_capped_at_ten_thousand_and_one_rows<S: Store>(db: Db<S>) 
     assert_eq!(capped.messages[0].id, names[1]);
     assert_eq!(history_ids(&s, None).await.len(), MAX_PATH_ROWS);
     assert_eq!(newest_first_ids(&s, None).await.len(), MAX_PATH_ROWS);
-    assert_eq!(s.stats().await.unwrap().message_count as usize, MAX_PATH_ROWS);
+    assert_eq!(
+        s.stats().await.unwrap().message_count as usize,
+        MAX_PATH_ROWS
+    );
 }
 
 pub async fn imported_rows_move_the_leaf_even_off_branch<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     chain(&s, &["a", "b", "c"]).await;
-    s.import(Message::text("user", "old").with_id("i"), ImportOptions { parent_id: Some("a".into()), created_at: 1 })
-        .await
-        .unwrap();
+    s.import(
+        Message::text("user", "old").with_id("i"),
+        ImportOptions {
+            parent_id: Some("a".into()),
+            created_at: 1,
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(s.latest_leaf().await.unwrap().unwrap().id, "i");
     assert_eq!(history_ids(&s, None).await, ["a", "i"]);
 }

@@ -8,20 +8,35 @@ use crate::*;
 
 pub async fn appends_chain_in_order<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
-    let first = s.append(text("m1", "user", "one"), AppendOptions::default()).await.unwrap();
+    let first = s
+        .append(text("m1", "user", "one"), AppendOptions::default())
+        .await
+        .unwrap();
     assert!(first.inserted);
     chain(&s, &["m2", "m3"]).await;
     assert_eq!(history_ids(&s, None).await, ["m1", "m2", "m3"]);
     assert_eq!(s.latest_leaf().await.unwrap().unwrap().id, "m3");
     assert_eq!(s.row_stats(None).await.unwrap().len(), 3);
-    let streamed: Vec<_> = s.history(HistoryOptions::default()).map(|m| m.unwrap()).collect().await;
-    assert_eq!(streamed, s.full_history(HistoryOptions::default()).await.unwrap());
+    let streamed: Vec<_> = s
+        .history(HistoryOptions::default())
+        .map(|m| m.unwrap())
+        .collect()
+        .await;
+    assert_eq!(
+        streamed,
+        s.full_history(HistoryOptions::default()).await.unwrap()
+    );
 }
 
 pub async fn reappend_keeps_first_content<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
-    s.append(text("m1", "user", "First"), AppendOptions::default()).await.unwrap();
-    let again = s.append(text("m1", "user", "Duplicate"), AppendOptions::default()).await.unwrap();
+    s.append(text("m1", "user", "First"), AppendOptions::default())
+        .await
+        .unwrap();
+    let again = s
+        .append(text("m1", "user", "Duplicate"), AppendOptions::default())
+        .await
+        .unwrap();
     assert!(!again.inserted);
     assert!(again.message.json().contains("First"));
     assert_eq!(s.stats().await.unwrap().stored_messages, 1);
@@ -31,7 +46,9 @@ pub async fn reappend_keeps_first_content<S: Store>(db: Db<S>) {
 pub async fn explicit_parent_starts_a_branch<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     chain(&s, &["a", "b1"]).await;
-    s.append(text("b2", "assistant", "retry"), under("a")).await.unwrap();
+    s.append(text("b2", "assistant", "retry"), under("a"))
+        .await
+        .unwrap();
     assert_eq!(ids(&s.branches("a").await.unwrap()), ["b1", "b2"]);
     assert_eq!(history_ids(&s, None).await, ["a", "b2"]);
     assert_eq!(history_ids(&s, Some("b1")).await, ["a", "b1"]);
@@ -48,7 +65,9 @@ pub async fn root_parent_starts_a_new_tree<S: Store>(db: Db<S>) {
 pub async fn unknown_or_empty_parent_makes_a_root<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     chain(&s, &["a"]).await;
-    s.append(text("r3", "user", "x"), under("missing")).await.unwrap();
+    s.append(text("r3", "user", "x"), under("missing"))
+        .await
+        .unwrap();
     assert_eq!(history_ids(&s, None).await, ["r3"]);
     s.append(text("r4", "user", "x"), under("")).await.unwrap();
     assert_eq!(history_ids(&s, None).await, ["r4"]);
@@ -59,14 +78,22 @@ pub async fn parent_from_another_session_makes_a_root<S: Store>(db: Db<S>) {
     chain(&other, &["foreign"]).await;
     let s = db_session(&db, "s");
     chain(&s, &["a"]).await;
-    s.append(text("b", "user", "x"), under("foreign")).await.unwrap();
+    s.append(text("b", "user", "x"), under("foreign"))
+        .await
+        .unwrap();
     assert_eq!(s.message("b").await.unwrap().unwrap().parent_id, None);
 }
 
 pub async fn generated_ids_are_unique_and_prefixed<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
-    let a = s.append(Message::text("user", "a"), AppendOptions::default()).await.unwrap();
-    let b = s.append(Message::text("user", "a"), AppendOptions::default()).await.unwrap();
+    let a = s
+        .append(Message::text("user", "a"), AppendOptions::default())
+        .await
+        .unwrap();
+    let b = s
+        .append(Message::text("user", "a"), AppendOptions::default())
+        .await
+        .unwrap();
     assert!(a.message.id.starts_with("msg_"), "{}", a.message.id);
     assert_ne!(a.message.id, b.message.id);
     assert!(b.inserted);
@@ -78,16 +105,25 @@ pub async fn compaction_ids_are_never_stored<S: Store>(db: Db<S>) {
     chain(&s, &["m1"]).await;
     let mut sub = db.subscribe(sessiondb::FeedFilter::All);
     let overlay = text("compaction_abc", "assistant", "summary");
-    let r = s.append(overlay.clone(), AppendOptions::default()).await.unwrap();
+    let r = s
+        .append(overlay.clone(), AppendOptions::default())
+        .await
+        .unwrap();
     assert!(!r.inserted && r.refused);
     assert_eq!(r.message.id, "compaction_abc");
-    let r = s.upsert(overlay.clone(), AppendOptions::default()).await.unwrap();
+    let r = s
+        .upsert(overlay.clone(), AppendOptions::default())
+        .await
+        .unwrap();
     assert!(!r.inserted && r.refused);
     assert_eq!(s.update(overlay, Source::Server).await.unwrap(), None);
     assert!(s.message("compaction_abc").await.unwrap().is_none());
     assert!(drain(&mut sub).is_empty());
     chain(&s, &["m2"]).await;
-    assert_eq!(s.message("m2").await.unwrap().unwrap().parent_id.as_deref(), Some("m1"));
+    assert_eq!(
+        s.message("m2").await.unwrap().unwrap().parent_id.as_deref(),
+        Some("m1")
+    );
 }
 
 pub async fn append_result_matches_later_reads<S: Store>(db: Db<S>) {
@@ -104,7 +140,10 @@ pub async fn append_result_matches_later_reads<S: Store>(db: Db<S>) {
         .unwrap()
         .message;
     assert_eq!(s.message("m").await.unwrap().unwrap(), appended);
-    assert_eq!(s.full_history(HistoryOptions::default()).await.unwrap(), [appended.clone()]);
+    assert_eq!(
+        s.full_history(HistoryOptions::default()).await.unwrap(),
+        std::slice::from_ref(&appended)
+    );
     assert_eq!(
         appended.body(),
         r#"{"id":"m","role":"user","parts":[{"type":"text","text":"hi","extra":{"k":[1,2.5,null]}}],"metadata":{"a":"b"},"custom":true}"#
@@ -118,26 +157,57 @@ pub async fn created_at_is_stamped_by_the_store<S: Store>(db: Db<S>) {
     let stored = s.append(m, AppendOptions::default()).await.unwrap().message;
     assert!(stored.created_at > 1_600_000_000_000);
     assert_eq!(stored.to_value()["createdAt"], json!(stored.created_at));
-    assert_eq!(stored.to_value().as_object().unwrap().keys().filter(|k| *k == "createdAt").count(), 1);
+    assert_eq!(
+        stored
+            .to_value()
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| *k == "createdAt")
+            .count(),
+        1
+    );
     assert_eq!(stored.updated_at, None);
 }
 
 pub async fn same_id_in_two_sessions_is_independent<S: Store>(db: Db<S>) {
     let a = db_session(&db, "a");
     let b = db_session(&db, "b");
-    a.append(text("m", "user", "in a"), AppendOptions::default()).await.unwrap();
-    b.append(text("m", "user", "in b"), AppendOptions::default()).await.unwrap();
-    a.update(text("m", "user", "changed a"), Source::Server).await.unwrap();
-    assert!(b.message("m").await.unwrap().unwrap().json().contains("in b"));
+    a.append(text("m", "user", "in a"), AppendOptions::default())
+        .await
+        .unwrap();
+    b.append(text("m", "user", "in b"), AppendOptions::default())
+        .await
+        .unwrap();
+    a.update(text("m", "user", "changed a"), Source::Server)
+        .await
+        .unwrap();
+    assert!(
+        b.message("m")
+            .await
+            .unwrap()
+            .unwrap()
+            .json()
+            .contains("in b")
+    );
     assert_eq!(b.delete(&["m".into()]).await.unwrap(), 1);
-    assert!(a.message("m").await.unwrap().unwrap().json().contains("changed a"));
+    assert!(
+        a.message("m")
+            .await
+            .unwrap()
+            .unwrap()
+            .json()
+            .contains("changed a")
+    );
     assert!(b.message("m").await.unwrap().is_none());
 }
 
 pub async fn namespaces_never_see_each_other<S: Store>(db: Db<S>) {
     let t1 = db.session_in("tenant-1", "chat").unwrap();
     let t2 = db.session_in("tenant-2", "chat").unwrap();
-    t1.append(text("m", "user", "secret alpha"), AppendOptions::default()).await.unwrap();
+    t1.append(text("m", "user", "secret alpha"), AppendOptions::default())
+        .await
+        .unwrap();
     assert!(t2.message("m").await.unwrap().is_none());
     assert!(history_ids(&t2, None).await.is_empty());
     assert!(t2.search("alpha", 10).await.unwrap().is_empty());
@@ -151,15 +221,22 @@ pub async fn namespaces_never_see_each_other<S: Store>(db: Db<S>) {
 
 pub async fn invalid_session_ids_are_refused<S: Store>(db: Db<S>) {
     assert!(matches!(db.session(""), Err(Error::Invalid(e)) if e.field == "sessionId"));
-    assert!(matches!(db.session(&"x".repeat(257)), Err(Error::Invalid(_))));
+    assert!(matches!(
+        db.session(&"x".repeat(257)),
+        Err(Error::Invalid(_))
+    ));
     assert!(db.session(&"é".repeat(256)).is_ok());
-    assert!(matches!(db.session_in(&"n".repeat(300), "s"), Err(Error::Invalid(e)) if e.field == "namespace"));
+    assert!(
+        matches!(db.session_in(&"n".repeat(300), "s"), Err(Error::Invalid(e)) if e.field == "namespace")
+    );
 }
 
 pub async fn branch_append_becomes_the_active_leaf<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     chain(&s, &["a", "b", "c", "d"]).await;
-    s.append(text("x", "user", "branch"), under("b")).await.unwrap();
+    s.append(text("x", "user", "branch"), under("b"))
+        .await
+        .unwrap();
     assert_eq!(s.latest_leaf().await.unwrap().unwrap().id, "x");
     chain(&s, &["y"]).await;
     assert_eq!(history_ids(&s, None).await, ["a", "b", "x", "y"]);
@@ -169,11 +246,21 @@ pub async fn branch_append_becomes_the_active_leaf<S: Store>(db: Db<S>) {
 pub async fn append_all_chains_atomically<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     chain(&s, &["a", "b"]).await;
-    let batch = vec![text("c1", "user", "1"), text("c2", "assistant", "2"), text("b", "user", "dup")];
+    let batch = vec![
+        text("c1", "user", "1"),
+        text("c2", "assistant", "2"),
+        text("b", "user", "dup"),
+    ];
     let results = s.append_all(batch, under("a")).await.unwrap();
-    assert_eq!(results.iter().map(|r| r.inserted).collect::<Vec<_>>(), [true, true, false]);
+    assert_eq!(
+        results.iter().map(|r| r.inserted).collect::<Vec<_>>(),
+        [true, true, false]
+    );
     assert_eq!(history_ids(&s, None).await, ["a", "c1", "c2"]);
-    assert_eq!(s.message("c1").await.unwrap().unwrap().parent_id.as_deref(), Some("a"));
+    assert_eq!(
+        s.message("c1").await.unwrap().unwrap().parent_id.as_deref(),
+        Some("a")
+    );
 }
 
 pub async fn seq_strictly_increases_and_is_never_reused<S: Store>(db: Db<S>) {
@@ -206,7 +293,11 @@ pub async fn concurrent_appends_all_land<S: Store>(db: Db<S>) {
     }
     let history = s.full_history(HistoryOptions::default()).await.unwrap();
     assert_eq!(history.len(), 200);
-    assert!(history.windows(2).all(|p| p[0].seq < p[1].seq && p[1].parent_id.as_deref() == Some(&*p[0].id)));
+    assert!(
+        history
+            .windows(2)
+            .all(|p| p[0].seq < p[1].seq && p[1].parent_id.as_deref() == Some(&*p[0].id))
+    );
     let stats = s.stats().await.unwrap();
     assert_eq!(stats.message_count, 200);
 }

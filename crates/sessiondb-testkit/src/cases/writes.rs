@@ -2,8 +2,8 @@
 
 use serde_json::json;
 use sessiondb::{
-    AppendOptions, Db, Error, FeedFilter, ImportOptions, Message, Source, Store,
-    StoreError, ValidationErrorKind,
+    AppendOptions, Db, Error, FeedFilter, ImportOptions, Message, Source, Store, StoreError,
+    ValidationErrorKind,
 };
 
 use crate::*;
@@ -12,9 +12,16 @@ pub async fn update_replaces_body_and_keeps_position<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     chain(&s, &["a", "b", "c"]).await;
     let before = s.message("b").await.unwrap().unwrap();
-    let updated = s.update(text("b", "assistant", "rewritten"), Source::Server).await.unwrap().unwrap();
+    let updated = s
+        .update(text("b", "assistant", "rewritten"), Source::Server)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(updated.json().contains("rewritten"));
-    assert_eq!((updated.seq, updated.created_at), (before.seq, before.created_at));
+    assert_eq!(
+        (updated.seq, updated.created_at),
+        (before.seq, before.created_at)
+    );
     assert_eq!(updated.parent_id.as_deref(), Some("a"));
     assert!(updated.updated_at.is_some());
     assert_eq!(s.message("b").await.unwrap().unwrap(), updated);
@@ -24,7 +31,12 @@ pub async fn update_replaces_body_and_keeps_position<S: Store>(db: Db<S>) {
 pub async fn update_of_unknown_id_creates_nothing<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     chain(&s, &["a"]).await;
-    assert_eq!(s.update(text("nope", "user", "x"), Source::Server).await.unwrap(), None);
+    assert_eq!(
+        s.update(text("nope", "user", "x"), Source::Server)
+            .await
+            .unwrap(),
+        None
+    );
     assert!(s.message("nope").await.unwrap().is_none());
     assert_eq!(s.stats().await.unwrap().stored_messages, 1);
 }
@@ -34,7 +46,11 @@ pub async fn identical_update_writes_and_emits_nothing<S: Store>(db: Db<S>) {
     chain(&s, &["a"]).await;
     let stored = s.message("a").await.unwrap().unwrap();
     let mut sub = db.subscribe(FeedFilter::All);
-    let same = s.update(stored.to_message(), Source::Server).await.unwrap().unwrap();
+    let same = s
+        .update(stored.to_message(), Source::Server)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(same, stored);
     assert_eq!(s.message("a").await.unwrap().unwrap().updated_at, None);
     assert!(drain(&mut sub).is_empty());
@@ -42,14 +58,21 @@ pub async fn identical_update_writes_and_emits_nothing<S: Store>(db: Db<S>) {
 
 pub async fn update_needs_an_id<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
-    let err = s.update(Message::text("user", "x"), Source::Server).await.unwrap_err();
-    assert!(matches!(err, Error::Invalid(e) if e.field == "id" && e.kind == ValidationErrorKind::Missing));
+    let err = s
+        .update(Message::text("user", "x"), Source::Server)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Invalid(e) if e.field == "id" && e.kind == ValidationErrorKind::Missing)
+    );
 }
 
 pub async fn update_can_change_the_role<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     chain(&s, &["a"]).await;
-    s.update(text("a", "system", "message a"), Source::Server).await.unwrap();
+    s.update(text("a", "system", "message a"), Source::Server)
+        .await
+        .unwrap();
     let rows = s.row_stats(None).await.unwrap();
     assert_eq!(rows[0].role, "system");
     assert_eq!(s.message("a").await.unwrap().unwrap().role, "system");
@@ -58,13 +81,22 @@ pub async fn update_can_change_the_role<S: Store>(db: Db<S>) {
 pub async fn upsert_appends_when_missing_and_updates_when_present<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     chain(&s, &["a"]).await;
-    let r = s.upsert(text("b", "user", "new"), AppendOptions::default()).await.unwrap();
+    let r = s
+        .upsert(text("b", "user", "new"), AppendOptions::default())
+        .await
+        .unwrap();
     assert!(r.inserted);
     assert_eq!(r.message.parent_id.as_deref(), Some("a"));
-    let r = s.upsert(text("a", "user", "edited"), under("b")).await.unwrap();
+    let r = s
+        .upsert(text("a", "user", "edited"), under("b"))
+        .await
+        .unwrap();
     assert!(!r.inserted);
     assert!(r.message.json().contains("edited"));
-    assert_eq!(r.message.parent_id, None, "an upsert that updates never moves the message");
+    assert_eq!(
+        r.message.parent_id, None,
+        "an upsert that updates never moves the message"
+    );
     assert_eq!(history_ids(&s, None).await, ["a", "b"]);
 }
 
@@ -72,12 +104,28 @@ pub async fn import_is_verbatim_with_explicit_parent_and_time<S: Store>(db: Db<S
     let s = db_session(&db, "s");
     let m1 = Message::from_value(json!({"id": "i1", "role": "user", "content": "old",
         "parts": [{"type": "text", "text": "t", "providerMetadata": {"openai": {"itemId": "x"}}}]}))
+    .unwrap();
+    let first = s
+        .import(
+            m1,
+            ImportOptions {
+                parent_id: None,
+                created_at: 1000,
+            },
+        )
+        .await
+        .unwrap()
         .unwrap();
-    let first = s.import(m1, ImportOptions { parent_id: None, created_at: 1000 }).await.unwrap().unwrap();
     assert_eq!(first.created_at, 1000);
     assert!(first.json().contains("itemId"), "imports are not sanitised");
     let second = s
-        .import(text("i2", "assistant", "reply"), ImportOptions { parent_id: Some("i1".into()), created_at: 2000 })
+        .import(
+            text("i2", "assistant", "reply"),
+            ImportOptions {
+                parent_id: Some("i1".into()),
+                created_at: 2000,
+            },
+        )
         .await
         .unwrap()
         .unwrap();
@@ -90,38 +138,91 @@ pub async fn import_is_verbatim_with_explicit_parent_and_time<S: Store>(db: Db<S
 pub async fn import_of_existing_id_is_ignored<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     let mut sub = db.subscribe(FeedFilter::All);
-    let opts = ImportOptions { parent_id: None, created_at: 5 };
-    assert!(s.import(text("i", "user", "first"), opts.clone()).await.unwrap().is_some());
-    assert!(s.import(text("i", "user", "second"), opts).await.unwrap().is_none());
-    assert!(s.message("i").await.unwrap().unwrap().json().contains("first"));
+    let opts = ImportOptions {
+        parent_id: None,
+        created_at: 5,
+    };
+    assert!(
+        s.import(text("i", "user", "first"), opts.clone())
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        s.import(text("i", "user", "second"), opts)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        s.message("i")
+            .await
+            .unwrap()
+            .unwrap()
+            .json()
+            .contains("first")
+    );
     assert_eq!(event_names(&drain(&mut sub)), ["import"]);
 }
 
 pub async fn import_under_a_missing_parent_keeps_the_link<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
-    s.import(text("child", "user", "c"), ImportOptions { parent_id: Some("later".into()), created_at: 2 })
-        .await
-        .unwrap();
+    s.import(
+        text("child", "user", "c"),
+        ImportOptions {
+            parent_id: Some("later".into()),
+            created_at: 2,
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(history_ids(&s, None).await, ["child"]);
-    s.import(text("later", "user", "p"), ImportOptions { parent_id: None, created_at: 1 })
-        .await
-        .unwrap();
+    s.import(
+        text("later", "user", "p"),
+        ImportOptions {
+            parent_id: None,
+            created_at: 1,
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(history_ids(&s, Some("child")).await, ["later", "child"]);
 }
 
 pub async fn import_that_would_loop_is_refused<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
-    s.import(text("a", "user", "a"), ImportOptions { parent_id: Some("b".into()), created_at: 1 })
-        .await
-        .unwrap();
+    s.import(
+        text("a", "user", "a"),
+        ImportOptions {
+            parent_id: Some("b".into()),
+            created_at: 1,
+        },
+    )
+    .await
+    .unwrap();
     let err = s
-        .import(text("b", "user", "b"), ImportOptions { parent_id: Some("a".into()), created_at: 2 })
+        .import(
+            text("b", "user", "b"),
+            ImportOptions {
+                parent_id: Some("a".into()),
+                created_at: 2,
+            },
+        )
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Store(StoreError::ParentCycle { .. })), "{err}");
+    assert!(
+        matches!(err, Error::Store(StoreError::ParentCycle { .. })),
+        "{err}"
+    );
     assert!(s.message("b").await.unwrap().is_none());
     let self_parent = s
-        .import(text("c", "user", "c"), ImportOptions { parent_id: Some("c".into()), created_at: 3 })
+        .import(
+            text("c", "user", "c"),
+            ImportOptions {
+                parent_id: Some("c".into()),
+                created_at: 3,
+            },
+        )
         .await;
     assert!(self_parent.is_err());
     assert_eq!(s.stats().await.unwrap().stored_messages, 1);
@@ -140,10 +241,18 @@ pub async fn delete_splices_children_onto_the_survivor<S: Store>(db: Db<S>) {
 pub async fn bulk_delete_rewires_the_boundary_child<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     chain(&s, &["root", "l1", "l2", "l3", "left-leaf"]).await;
-    s.append(text("right", "user", "r"), under("root")).await.unwrap();
-    let n = s.delete(&["l1".into(), "l2".into(), "l3".into()]).await.unwrap();
+    s.append(text("right", "user", "r"), under("root"))
+        .await
+        .unwrap();
+    let n = s
+        .delete(&["l1".into(), "l2".into(), "l3".into()])
+        .await
+        .unwrap();
     assert_eq!(n, 3);
-    assert_eq!(history_ids(&s, Some("left-leaf")).await, ["root", "left-leaf"]);
+    assert_eq!(
+        history_ids(&s, Some("left-leaf")).await,
+        ["root", "left-leaf"]
+    );
     assert_eq!(history_ids(&s, Some("right")).await, ["root", "right"]);
     s.delete(&["root".into()]).await.unwrap();
     assert_eq!(history_ids(&s, Some("right")).await, ["right"]);
@@ -153,7 +262,9 @@ pub async fn bulk_delete_rewires_the_boundary_child<S: Store>(db: Db<S>) {
 pub async fn deleting_the_leaf_moves_it_to_the_newest_survivor<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     chain(&s, &["a", "b"]).await;
-    s.append(text("c", "user", "other branch"), under("a")).await.unwrap();
+    s.append(text("c", "user", "other branch"), under("a"))
+        .await
+        .unwrap();
     s.delete(&["c".into()]).await.unwrap();
     assert_eq!(s.latest_leaf().await.unwrap().unwrap().id, "b");
     assert_eq!(history_ids(&s, None).await, ["a", "b"]);
@@ -166,8 +277,16 @@ pub async fn delete_of_unknown_or_repeated_ids_counts_what_existed<S: Store>(db:
     let mut sub = db.subscribe(FeedFilter::All);
     assert_eq!(s.delete(&[]).await.unwrap(), 0);
     assert_eq!(s.delete(&["zz".into()]).await.unwrap(), 0);
-    assert_eq!(s.delete(&["b".into(), "b".into(), "zz".into()]).await.unwrap(), 1);
-    assert_eq!(event_names(&drain(&mut sub)), ["delete", "delete", "delete"]);
+    assert_eq!(
+        s.delete(&["b".into(), "b".into(), "zz".into()])
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        event_names(&drain(&mut sub)),
+        ["delete", "delete", "delete"]
+    );
     assert_eq!(history_ids(&s, None).await, ["a"]);
 }
 
@@ -179,7 +298,14 @@ pub async fn clear_empties_the_session_and_keeps_it_usable<S: Store>(db: Db<S>) 
     assert!(s.latest_leaf().await.unwrap().is_none());
     assert!(s.message("a").await.unwrap().is_none());
     let stats = s.stats().await.unwrap();
-    assert_eq!((stats.message_count, stats.token_estimate, stats.stored_messages), (0, 0, 0));
+    assert_eq!(
+        (
+            stats.message_count,
+            stats.token_estimate,
+            stats.stored_messages
+        ),
+        (0, 0, 0)
+    );
     chain(&s, &["c"]).await;
     assert_eq!(s.message("c").await.unwrap().unwrap().parent_id, None);
     let other = db_session(&db, "other");
@@ -198,10 +324,17 @@ pub async fn reserved_metadata_is_stripped_only_from_client_writes<S: Store>(db:
             "metadata": {"billing": 1, "keep": 2}}))
         .unwrap()
     };
-    let client = AppendOptions { source: Source::Client, ..Default::default() };
+    let client = AppendOptions {
+        source: Source::Client,
+        ..Default::default()
+    };
     let a = s.append(meta("a"), client.clone()).await.unwrap().message;
     assert_eq!(a.to_value()["metadata"], json!({"keep": 2}));
-    let b = s.append(meta("b"), AppendOptions::default()).await.unwrap().message;
+    let b = s
+        .append(meta("b"), AppendOptions::default())
+        .await
+        .unwrap()
+        .message;
     assert_eq!(b.to_value()["metadata"], json!({"billing": 1, "keep": 2}));
     let b = s.update(meta("b"), Source::Client).await.unwrap().unwrap();
     assert_eq!(b.to_value()["metadata"], json!({"keep": 2}));
@@ -215,7 +348,10 @@ pub async fn provider_metadata_is_sanitised_on_append<S: Store>(db: Db<S>) {
     ]}))
     .unwrap();
     let stored = s.append(m, AppendOptions::default()).await.unwrap().message;
-    assert_eq!(stored.to_value()["parts"], json!([{"type": "text", "text": "ok"}]));
+    assert_eq!(
+        stored.to_value()["parts"],
+        json!([{"type": "text", "text": "ok"}])
+    );
 }
 
 pub async fn stats_track_every_kind_of_write<S: Store>(db: Db<S>) {
@@ -224,23 +360,45 @@ pub async fn stats_track_every_kind_of_write<S: Store>(db: Db<S>) {
         let rows = s.row_stats(None).await.unwrap();
         let stats = s.stats().await.unwrap();
         assert_eq!(stats.message_count as usize, rows.len());
-        assert_eq!(stats.token_estimate, rows.iter().map(|r| r.token_estimate).sum::<u64>());
-        assert_eq!(stats.content_bytes, rows.iter().map(|r| r.bytes).sum::<u64>());
+        assert_eq!(
+            stats.token_estimate,
+            rows.iter().map(|r| r.token_estimate).sum::<u64>()
+        );
+        assert_eq!(
+            stats.content_bytes,
+            rows.iter().map(|r| r.bytes).sum::<u64>()
+        );
         assert_eq!(stats.leaf_id, rows.last().map(|r| r.id.clone()));
     }
     chain(&s, &["a", "b", "c"]).await;
     check(&s).await;
-    s.update(text("c", "user", &"long ".repeat(100)), Source::Server).await.unwrap();
+    s.update(text("c", "user", &"long ".repeat(100)), Source::Server)
+        .await
+        .unwrap();
     check(&s).await;
-    s.update(text("a", "user", &"longer ".repeat(100)), Source::Server).await.unwrap();
+    s.update(text("a", "user", &"longer ".repeat(100)), Source::Server)
+        .await
+        .unwrap();
     check(&s).await;
-    s.append(text("x", "user", "branch"), under("a")).await.unwrap();
+    s.append(text("x", "user", "branch"), under("a"))
+        .await
+        .unwrap();
     check(&s).await;
-    s.append(text("y", "user", "new root"), root()).await.unwrap();
+    s.append(text("y", "user", "new root"), root())
+        .await
+        .unwrap();
     check(&s).await;
     s.delete(&["y".into()]).await.unwrap();
     check(&s).await;
-    s.import(text("z", "user", "imp"), ImportOptions { parent_id: Some("b".into()), created_at: 1 }).await.unwrap();
+    s.import(
+        text("z", "user", "imp"),
+        ImportOptions {
+            parent_id: Some("b".into()),
+            created_at: 1,
+        },
+    )
+    .await
+    .unwrap();
     check(&s).await;
     assert_eq!(s.stats().await.unwrap().message_count, 3);
     s.clear().await.unwrap();
@@ -255,24 +413,45 @@ pub async fn custom_token_counter_is_stamped<S: Store>(db: Db<S>) {
             1000
         }
     }
-    let mut options = sessiondb::Options::default();
-    options.token_counter = std::sync::Arc::new(Fixed);
+    let options = sessiondb::Options {
+        token_counter: std::sync::Arc::new(Fixed),
+        ..Default::default()
+    };
     let db = db.reconfigured(options);
     let s = db_session(&db, "s");
     chain(&s, &["a", "b"]).await;
     assert_eq!(s.stats().await.unwrap().token_estimate, 2000);
-    assert!(s.row_stats(None).await.unwrap().iter().all(|r| r.token_estimate == 1000));
+    assert!(
+        s.row_stats(None)
+            .await
+            .unwrap()
+            .iter()
+            .all(|r| r.token_estimate == 1000)
+    );
 }
 
 pub async fn appends_can_never_close_a_loop_through_orphans<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     // `orphan` waits for a parent `p` that does not exist yet; appending `p` under the leaf
     // (`orphan` itself) would make p → orphan → p.
-    s.import(text("orphan", "user", "o"), ImportOptions { parent_id: Some("p".into()), created_at: 1 })
+    s.import(
+        text("orphan", "user", "o"),
+        ImportOptions {
+            parent_id: Some("p".into()),
+            created_at: 1,
+        },
+    )
+    .await
+    .unwrap();
+    let p = s
+        .append(text("p", "user", "p"), AppendOptions::default())
         .await
-        .unwrap();
-    let p = s.append(text("p", "user", "p"), AppendOptions::default()).await.unwrap().message;
-    assert_eq!(p.parent_id, None, "a looping parent is treated like an unknown one");
+        .unwrap()
+        .message;
+    assert_eq!(
+        p.parent_id, None,
+        "a looping parent is treated like an unknown one"
+    );
     assert_eq!(history_ids(&s, Some("orphan")).await, ["p", "orphan"]);
     assert_eq!(history_ids(&s, None).await, ["p"]);
 }
