@@ -6,7 +6,8 @@ CREATE TABLE store_meta (
 ) WITHOUT ROWID;
 
 -- One row per session that was ever written. Holds the active leaf, the next seq, and the
--- aggregates of the active path so that stats and token checks are O(1).
+-- aggregates of the active path (capped like path reads; path_head_seq is its oldest row) so
+-- that stats and token checks are O(1).
 CREATE TABLE sessions (
     namespace       TEXT    NOT NULL,
     id              TEXT    NOT NULL,
@@ -20,6 +21,7 @@ CREATE TABLE sessions (
     path_tokens     INTEGER NOT NULL,
     path_bytes      INTEGER NOT NULL,
     path_capped     INTEGER NOT NULL,
+    path_head_seq   INTEGER,
     stored_messages INTEGER NOT NULL,
     PRIMARY KEY (namespace, id)
 ) WITHOUT ROWID;

@@ -299,7 +299,9 @@ struct WriteQueue {
 
 impl std::fmt::Debug for WriteQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WriteQueue").field("max_batch", &self.max_batch).finish_non_exhaustive()
+        f.debug_struct("WriteQueue")
+            .field("max_batch", &self.max_batch)
+            .finish_non_exhaustive()
     }
 }
 

@@ -347,20 +347,51 @@ pub(crate) fn path_plan(conn: &Connection, key: &SessionKey, leaf: i64) -> Resul
     Ok(rows)
 }
 
-/// `(rows, tokens, bytes, capped)` of the path ending at `leaf`.
-pub(crate) fn path_totals(
-    conn: &Connection,
-    key: &SessionKey,
-    leaf: i64,
-) -> Result<(u64, u64, u64, bool)> {
-    let (mut len, mut tokens, mut bytes) = (0, 0, 0);
-    let capped = walk(conn, key, leaf, |r| {
-        len += 1;
-        tokens += r.token_estimate;
-        bytes += r.bytes;
+/// Aggregates of a (capped) path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PathTotals {
+    pub len: u64,
+    pub tokens: u64,
+    pub bytes: u64,
+    /// The oldest row read still has a parent.
+    pub capped: bool,
+    /// Seq of the oldest row read.
+    pub head_seq: Option<i64>,
+}
+
+pub(crate) fn path_totals(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<PathTotals> {
+    let mut totals = PathTotals::default();
+    totals.capped = walk(conn, key, leaf, |r| {
+        totals.len += 1;
+        totals.tokens += r.token_estimate;
+        totals.bytes += r.bytes;
+        totals.head_seq = Some(r.seq);
         Ok(true)
     })?;
-    Ok((len, tokens, bytes, capped))
+    Ok(totals)
+}
+
+/// `(id, token_estimate, bytes)` of the row with `seq`.
+pub(crate) fn row_size(
+    conn: &Connection,
+    key: &SessionKey,
+    seq: i64,
+) -> Result<Option<(String, u64, u64)>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT id, token_estimate, bytes FROM messages
+              WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
+        )
+        .map_err(backend_error)?;
+    stmt.query_row(params![key.namespace, key.session_id, seq], |r| {
+        Ok((
+            r.get(0)?,
+            r.get::<_, i64>(1)? as u64,
+            r.get::<_, i64>(2)? as u64,
+        ))
+    })
+    .optional()
+    .map_err(backend_error)
 }
 
 pub(crate) fn path_suffix(

@@ -12,7 +12,8 @@ use sessiondb_core::{
     SessionKey, StoreError, StoredMessage, UpdateOutcome, WriteOp, WriteOutcome, WriteRequest,
 };
 
-use crate::{backend_error, queries};
+use crate::backend_error;
+use crate::queries::{self, PathTotals};
 
 type Result<T> = std::result::Result<T, StoreError>;
 
@@ -34,10 +35,8 @@ struct SessionRow {
     next_seq: i64,
     leaf_id: Option<String>,
     leaf_seq: Option<i64>,
-    path_len: u64,
-    path_tokens: u64,
-    path_bytes: u64,
-    path_capped: bool,
+    /// Aggregates of the active (capped) path.
+    path: PathTotals,
     stored_messages: u64,
     /// The path aggregates no longer describe the active leaf; recomputed once before saving.
     totals_stale: bool,
@@ -48,7 +47,8 @@ impl SessionRow {
         let mut stmt = conn
             .prepare_cached(
                 "SELECT created_at, updated_at, last_message_at, next_seq, leaf_id, leaf_seq,
-                        path_len, path_tokens, path_bytes, path_capped, stored_messages
+                        path_len, path_tokens, path_bytes, path_capped, path_head_seq,
+                        stored_messages
                    FROM sessions WHERE namespace = ?1 AND id = ?2",
             )
             .map_err(backend_error)?;
@@ -63,11 +63,14 @@ impl SessionRow {
                     next_seq: r.get(3)?,
                     leaf_id: r.get(4)?,
                     leaf_seq: r.get(5)?,
-                    path_len: r.get::<_, i64>(6)? as u64,
-                    path_tokens: r.get::<_, i64>(7)? as u64,
-                    path_bytes: r.get::<_, i64>(8)? as u64,
-                    path_capped: r.get(9)?,
-                    stored_messages: r.get::<_, i64>(10)? as u64,
+                    path: PathTotals {
+                        len: r.get::<_, i64>(6)? as u64,
+                        tokens: r.get::<_, i64>(7)? as u64,
+                        bytes: r.get::<_, i64>(8)? as u64,
+                        capped: r.get(9)?,
+                        head_seq: r.get(10)?,
+                    },
+                    stored_messages: r.get::<_, i64>(11)? as u64,
                     totals_stale: false,
                 })
             })
@@ -82,30 +85,60 @@ impl SessionRow {
             next_seq: 1,
             leaf_id: None,
             leaf_seq: None,
-            path_len: 0,
-            path_tokens: 0,
-            path_bytes: 0,
-            path_capped: false,
+            path: PathTotals::default(),
             stored_messages: 0,
             totals_stale: false,
         }))
     }
 
     /// Records a new row (with the current `next_seq`) that became the active leaf.
-    fn add_leaf(&mut self, message: &PreparedMessage, parent_seq: Option<i64>, now: i64) {
-        let extends_active_path = parent_seq == self.leaf_seq;
-        if extends_active_path && !self.totals_stale && (self.path_len as usize) < MAX_PATH_ROWS {
-            self.path_len += 1;
-            self.path_tokens += message.token_estimate;
-            self.path_bytes += message.bytes();
+    fn add_leaf(
+        &mut self,
+        conn: &Connection,
+        key: &SessionKey,
+        message: &PreparedMessage,
+        parent_seq: Option<i64>,
+        now: i64,
+    ) -> Result<()> {
+        let seq = self.next_seq;
+        let extends_active_path = parent_seq == self.leaf_seq && !self.totals_stale;
+        if extends_active_path && (self.path.len as usize) < MAX_PATH_ROWS {
+            self.path.len += 1;
+            self.path.tokens += message.token_estimate;
+            self.path.bytes += message.bytes();
+            self.path.head_seq = self.path.head_seq.or(Some(seq));
+        } else if extends_active_path && self.drop_path_head(conn, key)? {
+            self.path.tokens += message.token_estimate;
+            self.path.bytes += message.bytes();
         } else {
             self.totals_stale = true;
         }
         self.leaf_id = Some(message.id.clone());
-        self.leaf_seq = Some(self.next_seq);
+        self.leaf_seq = Some(seq);
         self.next_seq += 1;
         self.stored_messages += 1;
         self.touch(now);
+        Ok(())
+    }
+
+    /// A full (capped) path that grows at the leaf loses its oldest row: subtract it and make its
+    /// child the head. O(1) on a linear path; returns false (recompute) when the head has
+    /// several children and the one on the path is not known without a walk.
+    fn drop_path_head(&mut self, conn: &Connection, key: &SessionKey) -> Result<bool> {
+        let Some(head) = self.path.head_seq else {
+            return Ok(false);
+        };
+        let Some((head_id, tokens, bytes)) = queries::row_size(conn, key, head)? else {
+            return Ok(false);
+        };
+        let [(_, next_head)] = queries::child_links(conn, key, &head_id)?[..] else {
+            return Ok(false);
+        };
+        self.path.tokens -= tokens;
+        self.path.bytes -= bytes;
+        self.path.head_seq = Some(next_head);
+        self.path.capped = true;
+        Ok(true)
     }
 
     fn touch(&mut self, now: i64) {
@@ -118,27 +151,23 @@ impl SessionRow {
             return Ok(());
         }
         if self.totals_stale {
-            (
-                self.path_len,
-                self.path_tokens,
-                self.path_bytes,
-                self.path_capped,
-            ) = match self.leaf_seq {
+            self.path = match self.leaf_seq {
                 Some(leaf) => queries::path_totals(conn, key, leaf)?,
-                None => (0, 0, 0, false),
+                None => PathTotals::default(),
             };
         }
         // An existing row is updated in place: REPLACE would delete and re-insert it.
         let sql = if self.stored {
             "UPDATE sessions SET created_at = ?3, updated_at = ?4, last_message_at = ?5,
                     next_seq = ?6, leaf_id = ?7, leaf_seq = ?8, path_len = ?9, path_tokens = ?10,
-                    path_bytes = ?11, path_capped = ?12, stored_messages = ?13
+                    path_bytes = ?11, path_capped = ?12, path_head_seq = ?13,
+                    stored_messages = ?14
               WHERE namespace = ?1 AND id = ?2"
         } else {
             "INSERT INTO sessions (namespace, id, created_at, updated_at, last_message_at,
                  next_seq, leaf_id, leaf_seq, path_len, path_tokens, path_bytes, path_capped,
-                 stored_messages)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+                 path_head_seq, stored_messages)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
         };
         exec(
             conn,
@@ -152,10 +181,11 @@ impl SessionRow {
                 self.next_seq,
                 self.leaf_id,
                 self.leaf_seq,
-                self.path_len as i64,
-                self.path_tokens as i64,
-                self.path_bytes as i64,
-                self.path_capped,
+                self.path.len as i64,
+                self.path.tokens as i64,
+                self.path.bytes as i64,
+                self.path.capped,
+                self.path.head_seq,
                 self.stored_messages as i64,
             ],
         )?;
@@ -343,9 +373,9 @@ impl RequestTx<'_> {
             self.reindex(message)?;
         }
         if self.session.leaf_seq == Some(row.seq) && !self.session.totals_stale {
-            self.session.path_tokens =
-                self.session.path_tokens + message.token_estimate - old_tokens;
-            self.session.path_bytes = self.session.path_bytes + message.bytes() - old_bytes;
+            let path = &mut self.session.path;
+            path.tokens = path.tokens + message.token_estimate - old_tokens;
+            path.bytes = path.bytes + message.bytes() - old_bytes;
         } else {
             // The row may sit anywhere on (or off) the active path.
             self.session.totals_stale = true;
@@ -515,8 +545,7 @@ impl RequestTx<'_> {
         let session = &mut self.session;
         session.leaf_id = None;
         session.leaf_seq = None;
-        (session.path_len, session.path_tokens, session.path_bytes) = (0, 0, 0);
-        session.path_capped = false;
+        session.path = PathTotals::default();
         session.stored_messages = 0;
         session.totals_stale = false;
         session.touch(self.now);
@@ -568,8 +597,13 @@ impl RequestTx<'_> {
         if self.ctx.search_index && !message.search_text.is_empty() {
             self.index(&message.id, &message.role, &message.search_text)?;
         }
-        self.session
-            .add_leaf(message, parent_seq, created_at.max(self.now));
+        self.session.add_leaf(
+            self.conn,
+            self.key,
+            message,
+            parent_seq,
+            created_at.max(self.now),
+        )?;
         let row = StoredRow {
             id: message.id.clone(),
             role: message.role.clone(),

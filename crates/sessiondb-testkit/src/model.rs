@@ -51,7 +51,11 @@ fn id(n: u8) -> String {
 }
 
 fn message(n: u8, text: &str) -> Message {
-    let role = if n.is_multiple_of(2) { "user" } else { "assistant" };
+    let role = if n.is_multiple_of(2) {
+        "user"
+    } else {
+        "assistant"
+    };
     Message::text(role, text).with_id(id(n))
 }
 
