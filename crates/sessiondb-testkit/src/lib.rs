@@ -3,7 +3,7 @@
 //! Every case is written once, as an `async fn(Db<S>)` generic over the [`Store`] trait, and
 //! every backend instantiates all of them with [`conformance_tests!`]:
 //!
-//! ```ignore
+//! ```text
 //! sessiondb_testkit::conformance_tests!(|| {
 //!     let dir = tempfile::tempdir().unwrap();
 //!     (sessiondb::Db::new(SqliteStore::open(dir.path()).unwrap()), dir)
