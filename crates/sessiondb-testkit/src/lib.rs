@@ -20,8 +20,8 @@ pub mod model;
 
 use futures::StreamExt;
 use sessiondb::{
-    AppendOptions, Db, FeedItem, HistoryOptions, Message, Parent, Session, Store, StoredMessage,
-    Subscription,
+    AppendOptions, Db, FeedItem, HistoryOptions, ImportOptions, Message, Parent, Session, Store,
+    StoredMessage, Subscription,
 };
 
 pub use futures::executor::block_on;
@@ -57,6 +57,14 @@ pub fn under(parent: &str) -> AppendOptions {
     AppendOptions {
         parent: Parent::Id(parent.to_owned()),
         ..Default::default()
+    }
+}
+
+/// Import options: stored under `parent` (as given) at `created_at`.
+pub fn imported(parent: Option<&str>, created_at: i64) -> ImportOptions {
+    ImportOptions {
+        parent_id: parent.map(str::to_owned),
+        created_at,
     }
 }
 

@@ -1,9 +1,7 @@
 //! Messages larger than one row: split on character boundaries, byte-exact on read.
 
 use serde_json::json;
-use sessiondb::{
-    AppendOptions, Db, FeedFilter, HistoryOptions, ImportOptions, Message, Source, Store,
-};
+use sessiondb::{AppendOptions, Db, FeedFilter, HistoryOptions, Message, Source, Store};
 
 use crate::*;
 
@@ -124,15 +122,9 @@ pub async fn deleting_a_chunked_message_keeps_the_others<S: Store>(db: Db<S>) {
 pub async fn import_of_an_oversized_message_round_trips<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     let body = "i".repeat(4_000_000);
-    s.import(
-        big("imp", body.clone()),
-        ImportOptions {
-            parent_id: None,
-            created_at: 7,
-        },
-    )
-    .await
-    .unwrap();
+    s.import(big("imp", body.clone()), imported(None, 7))
+        .await
+        .unwrap();
     let read = s.message("imp").await.unwrap().unwrap();
     assert_eq!(read.to_value()["parts"][0]["text"].as_str().unwrap(), body);
 }

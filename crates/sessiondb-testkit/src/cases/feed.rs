@@ -1,8 +1,7 @@
 //! The change feed: order, payloads, filters, lag.
 
 use sessiondb::{
-    AppendOptions, Change, Db, FeedFilter, FeedItem, ImportOptions, Parent, ParentSpec, Source,
-    Store,
+    AppendOptions, Change, Db, FeedFilter, FeedItem, Parent, ParentSpec, Source, Store,
 };
 
 use crate::*;
@@ -60,15 +59,9 @@ pub async fn feed_carries_parents_and_imports<S: Store>(db: Db<S>) {
     )
     .await
     .unwrap();
-    s.import(
-        text("i", "user", "old"),
-        ImportOptions {
-            parent_id: Some("a".into()),
-            created_at: 3,
-        },
-    )
-    .await
-    .unwrap();
+    s.import(text("i", "user", "old"), imported(Some("a"), 3))
+        .await
+        .unwrap();
     let got = events(drain(&mut sub));
     assert_eq!(
         got.iter().map(|e| e.change.name()).collect::<Vec<_>>(),
@@ -133,50 +126,29 @@ pub async fn a_stalled_subscriber_never_blocks_writes<S: Store>(db: Db<S>) {
 
 pub async fn failed_writes_publish_nothing<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
-    s.import(
-        text("a", "user", "a"),
-        ImportOptions {
-            parent_id: Some("b".into()),
-            created_at: 1,
-        },
-    )
-    .await
-    .unwrap();
+    s.import(text("a", "user", "a"), imported(Some("b"), 1))
+        .await
+        .unwrap();
     let mut sub = db.subscribe(FeedFilter::All);
     assert!(
-        s.import(
-            text("b", "user", "b"),
-            ImportOptions {
-                parent_id: Some("a".into()),
-                created_at: 2
-            }
-        )
-        .await
-        .is_err()
+        s.import(text("b", "user", "b"), imported(Some("a"), 2))
+            .await
+            .is_err()
     );
     assert!(drain(&mut sub).is_empty());
 }
 
 pub async fn one_bad_write_does_not_fail_concurrent_ones<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
-    s.import(
-        text("a", "user", "a"),
-        ImportOptions {
-            parent_id: Some("b".into()),
-            created_at: 1,
-        },
-    )
-    .await
-    .unwrap();
+    s.import(text("a", "user", "a"), imported(Some("b"), 1))
+        .await
+        .unwrap();
     let handles: Vec<_> = (0..16)
         .map(|i| {
             let s = s.clone();
             std::thread::spawn(move || {
                 if i % 4 == 0 {
-                    let bad = ImportOptions {
-                        parent_id: Some("a".into()),
-                        created_at: 2,
-                    };
+                    let bad = imported(Some("a"), 2);
                     block_on(s.import(text("b", "user", "b"), bad)).is_err()
                 } else {
                     block_on(s.append(

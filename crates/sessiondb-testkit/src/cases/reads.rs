@@ -1,7 +1,7 @@
 //! Read paths: history both ways, batches, recent windows, row stats, branches, the path cap.
 
 use futures::{StreamExt, TryStreamExt};
-use sessiondb::{AppendOptions, Db, HistoryOptions, ImportOptions, MAX_PATH_ROWS, Message, Store};
+use sessiondb::{AppendOptions, Db, HistoryOptions, MAX_PATH_ROWS, Message, Store};
 
 use crate::*;
 
@@ -163,15 +163,9 @@ pub async fn branches_list_children_oldest_first<S: Store>(db: Db<S>) {
     s.append(text("r2", "user", "second tree"), root())
         .await
         .unwrap();
-    s.import(
-        text("o", "user", "orphan"),
-        ImportOptions {
-            parent_id: Some("gone".into()),
-            created_at: 1,
-        },
-    )
-    .await
-    .unwrap();
+    s.import(text("o", "user", "orphan"), imported(Some("gone"), 1))
+        .await
+        .unwrap();
     assert_eq!(ids(&s.roots().await.unwrap()), ["p", "r2", "o"]);
     assert!(s.branches("c1").await.unwrap().is_empty());
 }
@@ -200,10 +194,7 @@ pub async fn imported_rows_move_the_leaf_even_off_branch<S: Store>(db: Db<S>) {
     chain(&s, &["a", "b", "c"]).await;
     s.import(
         Message::text("user", "old").with_id("i"),
-        ImportOptions {
-            parent_id: Some("a".into()),
-            created_at: 1,
-        },
+        imported(Some("a"), 1),
     )
     .await
     .unwrap();

@@ -2,8 +2,7 @@
 
 use serde_json::json;
 use sessiondb::{
-    AppendOptions, Db, Error, FeedFilter, ImportOptions, Message, Source, Store, StoreError,
-    ValidationErrorKind,
+    AppendOptions, Db, Error, FeedFilter, Message, Source, Store, StoreError, ValidationErrorKind,
 };
 
 use crate::*;
@@ -105,27 +104,11 @@ pub async fn import_is_verbatim_with_explicit_parent_and_time<S: Store>(db: Db<S
     let m1 = Message::from_value(json!({"id": "i1", "role": "user", "content": "old",
         "parts": [{"type": "text", "text": "t", "providerMetadata": {"openai": {"itemId": "x"}}}]}))
     .unwrap();
-    let first = s
-        .import(
-            m1,
-            ImportOptions {
-                parent_id: None,
-                created_at: 1000,
-            },
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let first = s.import(m1, imported(None, 1000)).await.unwrap().unwrap();
     assert_eq!(first.created_at, 1000);
     assert!(first.json().contains("itemId"), "imports are not sanitised");
     let second = s
-        .import(
-            text("i2", "assistant", "reply"),
-            ImportOptions {
-                parent_id: Some("i1".into()),
-                created_at: 2000,
-            },
-        )
+        .import(text("i2", "assistant", "reply"), imported(Some("i1"), 2000))
         .await
         .unwrap()
         .unwrap();
@@ -138,10 +121,7 @@ pub async fn import_is_verbatim_with_explicit_parent_and_time<S: Store>(db: Db<S
 pub async fn import_of_existing_id_is_ignored<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     let mut sub = db.subscribe(FeedFilter::All);
-    let opts = ImportOptions {
-        parent_id: None,
-        created_at: 5,
-    };
+    let opts = imported(None, 5);
     assert!(
         s.import(text("i", "user", "first"), opts.clone())
             .await
@@ -167,47 +147,23 @@ pub async fn import_of_existing_id_is_ignored<S: Store>(db: Db<S>) {
 
 pub async fn import_under_a_missing_parent_keeps_the_link<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
-    s.import(
-        text("child", "user", "c"),
-        ImportOptions {
-            parent_id: Some("later".into()),
-            created_at: 2,
-        },
-    )
-    .await
-    .unwrap();
+    s.import(text("child", "user", "c"), imported(Some("later"), 2))
+        .await
+        .unwrap();
     assert_eq!(history_ids(&s, None).await, ["child"]);
-    s.import(
-        text("later", "user", "p"),
-        ImportOptions {
-            parent_id: None,
-            created_at: 1,
-        },
-    )
-    .await
-    .unwrap();
+    s.import(text("later", "user", "p"), imported(None, 1))
+        .await
+        .unwrap();
     assert_eq!(history_ids(&s, Some("child")).await, ["later", "child"]);
 }
 
 pub async fn import_that_would_loop_is_refused<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
-    s.import(
-        text("a", "user", "a"),
-        ImportOptions {
-            parent_id: Some("b".into()),
-            created_at: 1,
-        },
-    )
-    .await
-    .unwrap();
+    s.import(text("a", "user", "a"), imported(Some("b"), 1))
+        .await
+        .unwrap();
     let err = s
-        .import(
-            text("b", "user", "b"),
-            ImportOptions {
-                parent_id: Some("a".into()),
-                created_at: 2,
-            },
-        )
+        .import(text("b", "user", "b"), imported(Some("a"), 2))
         .await
         .unwrap_err();
     assert!(
@@ -216,13 +172,7 @@ pub async fn import_that_would_loop_is_refused<S: Store>(db: Db<S>) {
     );
     assert!(s.message("b").await.unwrap().is_none());
     let self_parent = s
-        .import(
-            text("c", "user", "c"),
-            ImportOptions {
-                parent_id: Some("c".into()),
-                created_at: 3,
-            },
-        )
+        .import(text("c", "user", "c"), imported(Some("c"), 3))
         .await;
     assert!(self_parent.is_err());
     assert_eq!(s.stats().await.unwrap().stored_messages, 1);
@@ -390,15 +340,9 @@ pub async fn stats_track_every_kind_of_write<S: Store>(db: Db<S>) {
     check(&s).await;
     s.delete(&["y".into()]).await.unwrap();
     check(&s).await;
-    s.import(
-        text("z", "user", "imp"),
-        ImportOptions {
-            parent_id: Some("b".into()),
-            created_at: 1,
-        },
-    )
-    .await
-    .unwrap();
+    s.import(text("z", "user", "imp"), imported(Some("b"), 1))
+        .await
+        .unwrap();
     check(&s).await;
     assert_eq!(s.stats().await.unwrap().message_count, 3);
     s.clear().await.unwrap();
@@ -434,15 +378,9 @@ pub async fn appends_can_never_close_a_loop_through_orphans<S: Store>(db: Db<S>)
     let s = db_session(&db, "s");
     // `orphan` waits for a parent `p` that does not exist yet; appending `p` under the leaf
     // (`orphan` itself) would make p → orphan → p.
-    s.import(
-        text("orphan", "user", "o"),
-        ImportOptions {
-            parent_id: Some("p".into()),
-            created_at: 1,
-        },
-    )
-    .await
-    .unwrap();
+    s.import(text("orphan", "user", "o"), imported(Some("p"), 1))
+        .await
+        .unwrap();
     let p = s
         .append(text("p", "user", "p"), AppendOptions::default())
         .await
