@@ -80,8 +80,8 @@ def main():
     env = dict(os.environ, N=str(a.n))
 
     measured = {}
-    ours = sections(run([a.ours, str(a.n)]))
-    measured["sessiondb"] = next(iter(ours.values()))
+    ours_output = run([a.ours, str(a.n)])
+    measured["sessiondb"] = next(iter(sections(ours_output).values()))
     script = os.path.join(a.cf_dir, "bench_cf_sessions.mjs")
     with open(os.path.join(a.peers_dir, "bench_cf_sessions.mjs")) as src, open(script, "w") as dst:
         dst.write(src.read())
@@ -104,6 +104,10 @@ def main():
             else:
                 cells.append(f"{theirs:.3f} ({theirs / mine:.1f}×)")
         print(f"| {op} | {mine:.3f} | " + " | ".join(cells) + " |")
+    print()
+    for line in ours_output.splitlines():
+        if line.startswith("appends/s"):
+            print(line)
 
 
 if __name__ == "__main__":

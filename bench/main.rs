@@ -88,9 +88,6 @@ fn main() {
                 .unwrap();
         }
         report("append one-by-one (per msg)", ms(t0), n);
-        if std::env::var("PROFILE_APPENDS").is_ok() {
-            std::process::exit(0);
-        }
 
         let t0 = Instant::now();
         let mut last = Vec::new();
@@ -130,12 +127,6 @@ fn main() {
             );
         }
         report("row_stats() whole path (no content)", ms(t0), 5);
-        if let Ok(loops) = std::env::var("PROFILE_READS") {
-            for _ in 0..loops.parse::<usize>().unwrap() {
-                s.full_history(HistoryOptions::default()).await.unwrap();
-            }
-            std::process::exit(0);
-        }
 
         let t0 = Instant::now();
         let hits = s.search("needletoken", 10).await.unwrap();

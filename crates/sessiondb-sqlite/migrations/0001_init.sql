@@ -22,6 +22,7 @@ CREATE TABLE sessions (
     path_bytes      INTEGER NOT NULL,
     path_capped     INTEGER NOT NULL,
     path_head_seq   INTEGER,
+    path_epoch      INTEGER NOT NULL,
     stored_messages INTEGER NOT NULL,
     PRIMARY KEY (namespace, id)
 ) WITHOUT ROWID;
@@ -31,6 +32,9 @@ CREATE TABLE sessions (
 -- message_chunks (idx 1..=content_chunks). bytes is the UTF-8 length of the whole body.
 -- parent_seq is the parent's seq, NULL while the parent is missing (an import may name a
 -- parent that arrives later; parent_id keeps the link and parent_seq is filled in then).
+-- path_len/path_tokens/path_bytes total the (uncapped) path from its root to this row; they are
+-- valid while path_epoch equals the session's path_epoch, which moves whenever a write could
+-- change the totals of rows below another (interior updates, deletes, adopted orphans).
 CREATE TABLE messages (
     namespace      TEXT    NOT NULL,
     session_id     TEXT    NOT NULL,
@@ -46,6 +50,10 @@ CREATE TABLE messages (
     content_hash   BLOB    NOT NULL,
     created_at     INTEGER NOT NULL,
     updated_at     INTEGER,
+    path_len       INTEGER,
+    path_tokens    INTEGER,
+    path_bytes     INTEGER,
+    path_epoch     INTEGER,
     PRIMARY KEY (namespace, session_id, seq)
 ) WITHOUT ROWID;
 

@@ -371,6 +371,34 @@ pub(crate) fn path_totals(conn: &Connection, key: &SessionKey, leaf: i64) -> Res
     Ok(totals)
 }
 
+/// The stored totals of the path ending at the row with `seq`, with the epoch they belong to.
+pub(crate) fn stored_path_totals(
+    conn: &Connection,
+    key: &SessionKey,
+    seq: i64,
+) -> Result<Option<(PathTotals, i64)>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT path_len, path_tokens, path_bytes, path_epoch FROM messages
+              WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3 AND path_epoch IS NOT NULL",
+        )
+        .map_err(backend_error)?;
+    stmt.query_row(params![key.namespace, key.session_id, seq], |r| {
+        Ok((
+            PathTotals {
+                len: r.get::<_, i64>(0)? as u64,
+                tokens: r.get::<_, i64>(1)? as u64,
+                bytes: r.get::<_, i64>(2)? as u64,
+                capped: false,
+                head_seq: None,
+            },
+            r.get(3)?,
+        ))
+    })
+    .optional()
+    .map_err(backend_error)
+}
+
 /// `(id, token_estimate, bytes)` of the row with `seq`.
 pub(crate) fn row_size(
     conn: &Connection,

@@ -37,6 +37,8 @@ struct SessionRow {
     leaf_seq: Option<i64>,
     /// Aggregates of the active (capped) path.
     path: PathTotals,
+    /// Rows whose stored path totals carry this epoch have valid ones.
+    epoch: i64,
     stored_messages: u64,
     /// The path aggregates no longer describe the active leaf; recomputed once before saving.
     totals_stale: bool,
@@ -48,7 +50,7 @@ impl SessionRow {
             .prepare_cached(
                 "SELECT created_at, updated_at, last_message_at, next_seq, leaf_id, leaf_seq,
                         path_len, path_tokens, path_bytes, path_capped, path_head_seq,
-                        stored_messages
+                        stored_messages, path_epoch
                    FROM sessions WHERE namespace = ?1 AND id = ?2",
             )
             .map_err(backend_error)?;
@@ -71,6 +73,7 @@ impl SessionRow {
                         head_seq: r.get(10)?,
                     },
                     stored_messages: r.get::<_, i64>(11)? as u64,
+                    epoch: r.get(12)?,
                     totals_stale: false,
                 })
             })
@@ -86,18 +89,21 @@ impl SessionRow {
             leaf_id: None,
             leaf_seq: None,
             path: PathTotals::default(),
+            epoch: 0,
             stored_messages: 0,
             totals_stale: false,
         }))
     }
 
-    /// Records a new row (with the current `next_seq`) that became the active leaf.
+    /// Records a new row (with the current `next_seq`) that became the active leaf; `totals`
+    /// are the totals of its whole path when known.
     fn add_leaf(
         &mut self,
         conn: &Connection,
         key: &SessionKey,
         message: &PreparedMessage,
         parent_seq: Option<i64>,
+        totals: Option<PathTotals>,
         now: i64,
     ) -> Result<()> {
         let seq = self.next_seq;
@@ -110,6 +116,10 @@ impl SessionRow {
         } else if extends_active_path && self.drop_path_head(conn, key)? {
             self.path.tokens += message.token_estimate;
             self.path.bytes += message.bytes();
+        } else if let Some(totals) = totals.filter(|t| t.len as usize <= MAX_PATH_ROWS) {
+            // A branch (or new root): its own totals are exact; the head is found if needed.
+            self.path = totals;
+            self.totals_stale = false;
         } else {
             self.totals_stale = true;
         }
@@ -161,13 +171,13 @@ impl SessionRow {
             "UPDATE sessions SET created_at = ?3, updated_at = ?4, last_message_at = ?5,
                     next_seq = ?6, leaf_id = ?7, leaf_seq = ?8, path_len = ?9, path_tokens = ?10,
                     path_bytes = ?11, path_capped = ?12, path_head_seq = ?13,
-                    stored_messages = ?14
+                    stored_messages = ?14, path_epoch = ?15
               WHERE namespace = ?1 AND id = ?2"
         } else {
             "INSERT INTO sessions (namespace, id, created_at, updated_at, last_message_at,
                  next_seq, leaf_id, leaf_seq, path_len, path_tokens, path_bytes, path_capped,
-                 path_head_seq, stored_messages)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+                 path_head_seq, stored_messages, path_epoch)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
         };
         exec(
             conn,
@@ -187,6 +197,7 @@ impl SessionRow {
                 self.path.capped,
                 self.path.head_seq,
                 self.stored_messages as i64,
+                self.epoch,
             ],
         )?;
         self.stored = true;
@@ -372,10 +383,31 @@ impl RequestTx<'_> {
         if self.ctx.search_index {
             self.reindex(message)?;
         }
+        let (token_delta, byte_delta) = (
+            message.token_estimate as i64 - old_tokens as i64,
+            message.bytes() as i64 - old_bytes as i64,
+        );
+        if queries::has_children(self.conn, self.key, &message.id)? {
+            // Every path through this row changes: stored totals below it are stale.
+            self.session.epoch += 1;
+        } else {
+            exec(
+                self.conn,
+                "UPDATE messages SET path_tokens = path_tokens + ?4, path_bytes = path_bytes + ?5
+                  WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
+                params![
+                    self.key.namespace,
+                    self.key.session_id,
+                    row.seq,
+                    token_delta,
+                    byte_delta
+                ],
+            )?;
+        }
         if self.session.leaf_seq == Some(row.seq) && !self.session.totals_stale {
             let path = &mut self.session.path;
-            path.tokens = path.tokens + message.token_estimate - old_tokens;
-            path.bytes = path.bytes + message.bytes() - old_bytes;
+            path.tokens = path.tokens.saturating_add_signed(token_delta);
+            path.bytes = path.bytes.saturating_add_signed(byte_delta);
         } else {
             // The row may sit anywhere on (or off) the active path.
             self.session.totals_stale = true;
@@ -499,6 +531,8 @@ impl RequestTx<'_> {
             self.unindex(id)?;
         }
         self.session.stored_messages -= deleted.len() as u64;
+        // Spliced children now have shorter paths, and so does everything below them.
+        self.session.epoch += 1;
         if self
             .session
             .leaf_id
@@ -563,12 +597,28 @@ impl RequestTx<'_> {
     ) -> Result<StoredMessage> {
         let seq = self.session.next_seq;
         let (parent_id, parent_seq) = parent.map_or((None, None), |(id, seq)| (Some(id), seq));
+        if orphans {
+            // Adopted orphans (and everything below them) get a longer path.
+            self.session.epoch += 1;
+        }
+        let totals = match parent_seq {
+            Some(parent) => self.path_totals_to(parent)?,
+            None => Some(PathTotals::default()),
+        }
+        .map(|t| PathTotals {
+            len: t.len + 1,
+            tokens: t.tokens + message.token_estimate,
+            bytes: t.bytes + message.bytes(),
+            capped: false,
+            head_seq: None,
+        });
         let slices = split_slices(&message.body, MAX_SLICE_BYTES);
         exec(
             self.conn,
             "INSERT INTO messages (namespace, session_id, seq, id, parent_id, parent_seq, role,
-                 content, content_chunks, bytes, token_estimate, content_hash, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                 content, content_chunks, bytes, token_estimate, content_hash, created_at,
+                 path_len, path_tokens, path_bytes, path_epoch)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
             params![
                 self.key.namespace,
                 self.key.session_id,
@@ -583,6 +633,10 @@ impl RequestTx<'_> {
                 message.token_estimate as i64,
                 &message.content_hash.0[..],
                 created_at,
+                totals.map(|t| t.len as i64),
+                totals.map(|t| t.tokens as i64),
+                totals.map(|t| t.bytes as i64),
+                totals.map(|_| self.session.epoch),
             ],
         )?;
         self.write_chunks(&message.id, &slices)?;
@@ -602,6 +656,7 @@ impl RequestTx<'_> {
             self.key,
             message,
             parent_seq,
+            totals,
             created_at.max(self.now),
         )?;
         let row = StoredRow {
@@ -614,6 +669,18 @@ impl RequestTx<'_> {
             token_estimate: message.token_estimate,
         };
         Ok(StoredMessage::from_row(row, &message.body))
+    }
+
+    /// Totals of the whole path ending at `seq`: stored ones when still valid, else walked (and
+    /// then only if the path is within the cap, so they are exact).
+    fn path_totals_to(&self, seq: i64) -> Result<Option<PathTotals>> {
+        if let Some((totals, epoch)) = queries::stored_path_totals(self.conn, self.key, seq)?
+            && epoch == self.session.epoch
+        {
+            return Ok(Some(totals));
+        }
+        let walked = queries::path_totals(self.conn, self.key, seq)?;
+        Ok((!walked.capped).then_some(walked))
     }
 
     fn write_chunks(&self, id: &str, slices: &[&str]) -> Result<()> {
