@@ -158,6 +158,18 @@ fn main() {
         let branch = s.full_history(HistoryOptions::default()).await.unwrap();
         report("full_history() on new branch", ms(t0), 1);
         println!("   branch length: {}", branch.len());
+        let t0 = Instant::now();
+        for k in 0..100 {
+            let at = AppendOptions { parent: Parent::Id(format!("m{}", (k * 97) % n)), ..Default::default() };
+            s.append(Message::text("user", "another fork").with_id(format!("fork-{k}")), at).await.unwrap();
+        }
+        report("branch appends at spread-out points (mean)", ms(t0), 100);
+        let t0 = Instant::now();
+        for k in 0..100 {
+            let text = format!("tail append {k} after the index exists");
+            s.append(Message::text("user", text), AppendOptions::default()).await.unwrap();
+        }
+        report("append with the search index (mean)", ms(t0), 100);
     });
     drop(s);
     let size = std::fs::metadata(db.store().database_path())

@@ -377,23 +377,38 @@ impl Writer {
             search_index: self.search_index.load(Ordering::Acquire),
         };
         let mut results: Vec<Applied> = Vec::with_capacity(writes.len());
+        // Transaction control runs through cached statements: parsing them anew for every
+        // append was a measurable share of its cost. A lone request needs no savepoint: the
+        // transaction is its unit.
+        let conn = &self.conn;
+        let run = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([]).map(drop));
+        let alone = writes.len() == 1;
         let committed = (|| -> Result<(), rusqlite::Error> {
-            let mut tx = self
-                .conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            run("BEGIN IMMEDIATE")?;
             for (request, _) in writes.iter() {
-                let mut savepoint = tx.savepoint()?;
-                let applied = write::apply(&savepoint, ctx, request);
-                if applied.is_ok() {
-                    savepoint.commit()?;
-                } else {
-                    savepoint.rollback()?;
+                if !alone {
+                    run("SAVEPOINT request")?;
+                }
+                let applied = write::apply(conn, ctx, request);
+                match (&applied, alone) {
+                    (Ok(_), false) => run("RELEASE request")?,
+                    (Err(_), false) => {
+                        run("ROLLBACK TO request")?;
+                        run("RELEASE request")?;
+                    }
+                    (_, true) => {}
                 }
                 results.push(applied);
             }
-            tx.commit()
+            if alone && results[0].is_err() {
+                return run("ROLLBACK");
+            }
+            run("COMMIT")
         })();
-        if committed.is_ok() {
+        if committed.is_err() && !conn.is_autocommit() {
+            let _ = run("ROLLBACK");
+        }
+        if committed.is_ok() && results.iter().any(Result::is_ok) {
             self.stats.commits.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .requests
