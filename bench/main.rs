@@ -160,14 +160,24 @@ fn main() {
         println!("   branch length: {}", branch.len());
         let t0 = Instant::now();
         for k in 0..100 {
-            let at = AppendOptions { parent: Parent::Id(format!("m{}", (k * 97) % n)), ..Default::default() };
-            s.append(Message::text("user", "another fork").with_id(format!("fork-{k}")), at).await.unwrap();
+            let at = AppendOptions {
+                parent: Parent::Id(format!("m{}", (k * 97) % n)),
+                ..Default::default()
+            };
+            s.append(
+                Message::text("user", "another fork").with_id(format!("fork-{k}")),
+                at,
+            )
+            .await
+            .unwrap();
         }
         report("branch appends at spread-out points (mean)", ms(t0), 100);
         let t0 = Instant::now();
         for k in 0..100 {
             let text = format!("tail append {k} after the index exists");
-            s.append(Message::text("user", text), AppendOptions::default()).await.unwrap();
+            s.append(Message::text("user", text), AppendOptions::default())
+                .await
+                .unwrap();
         }
         report("append with the search index (mean)", ms(t0), 100);
     });
@@ -188,44 +198,57 @@ fn ms(t0: Instant) -> f64 {
     t0.elapsed().as_secs_f64() * 1000.0
 }
 
-/// Appends/s with 1, 8 and 32 concurrent appenders, each on its own session, durable.
+/// Appends/s with 1, 8 and 32 concurrent appenders, durable: each on its own session (many
+/// agents), then all on one session (one busy conversation).
 fn concurrency() {
-    let mut single = 0.0;
-    for appenders in [1usize, 8, 32] {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::new(SqliteStore::open_with(dir.path(), config()).unwrap());
-        let per_appender = 4000 / appenders;
-        let t0 = Instant::now();
-        let threads: Vec<_> = (0..appenders)
-            .map(|a| {
-                let s = db.session(&format!("agent-{a}")).unwrap();
-                std::thread::spawn(move || {
-                    let mut texts = Texts {
-                        seed: 42 + a as u64,
-                        n: usize::MAX,
+    for shared_session in [false, true] {
+        let mut single = 0.0;
+        for appenders in [1usize, 8, 32] {
+            let dir = tempfile::tempdir().unwrap();
+            let db = Db::new(SqliteStore::open_with(dir.path(), config()).unwrap());
+            let per_appender = 4000 / appenders;
+            let t0 = Instant::now();
+            let threads: Vec<_> = (0..appenders)
+                .map(|a| {
+                    let name = if shared_session {
+                        "shared".to_owned()
+                    } else {
+                        format!("agent-{a}")
                     };
-                    for i in 0..per_appender {
-                        block_on(s.append(message(i, texts.next(i)), AppendOptions::default()))
-                            .unwrap();
-                    }
+                    let s = db.session(&name).unwrap();
+                    std::thread::spawn(move || {
+                        let mut texts = Texts {
+                            seed: 42 + a as u64,
+                            n: usize::MAX,
+                        };
+                        for i in 0..per_appender {
+                            let message =
+                                Message::text("user", texts.next(i)).with_id(format!("a{a}-{i}"));
+                            block_on(s.append(message, AppendOptions::default())).unwrap();
+                        }
+                    })
                 })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            let rate = (appenders * per_appender) as f64 / t0.elapsed().as_secs_f64();
+            if appenders == 1 {
+                single = rate;
+            }
+            let stats = db.store().write_stats();
+            let commits = stats.commits.load(std::sync::atomic::Ordering::Relaxed);
+            let requests = stats.requests.load(std::sync::atomic::Ordering::Relaxed);
+            let target = if shared_session {
+                "one shared session"
+            } else {
+                "own sessions"
+            };
+            println!(
+                "appends/s with {appenders:>2} concurrent appenders ({target}) {rate:>10.0} /s  ({:.1}x one appender, {:.1} appends per commit)",
+                rate / single,
+                requests as f64 / commits.max(1) as f64
+            );
         }
-        let secs = t0.elapsed().as_secs_f64();
-        let rate = (appenders * per_appender) as f64 / secs;
-        if appenders == 1 {
-            single = rate;
-        }
-        let stats = db.store().write_stats();
-        let commits = stats.commits.load(std::sync::atomic::Ordering::Relaxed);
-        let requests = stats.requests.load(std::sync::atomic::Ordering::Relaxed);
-        println!(
-            "appends/s with {appenders:>2} concurrent appenders {rate:>14.0} /s  ({:.1}x one appender, {:.1} appends per commit)",
-            rate / single,
-            requests as f64 / commits.max(1) as f64
-        );
     }
 }

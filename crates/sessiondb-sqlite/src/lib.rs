@@ -381,7 +381,10 @@ impl Writer {
         // append was a measurable share of its cost. A lone request needs no savepoint: the
         // transaction is its unit.
         let conn = &self.conn;
-        let run = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([]).map(drop));
+        let run = |sql: &str| {
+            conn.prepare_cached(sql)
+                .and_then(|mut s| s.execute([]).map(drop))
+        };
         let alone = writes.len() == 1;
         let committed = (|| -> Result<(), rusqlite::Error> {
             run("BEGIN IMMEDIATE")?;
