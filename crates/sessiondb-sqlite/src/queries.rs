@@ -182,6 +182,22 @@ pub(crate) fn child_links(
     .map_err(backend_error)
 }
 
+/// Whether a message with `id` exists, and whether rows name `id` as their parent.
+pub(crate) fn id_status(conn: &Connection, key: &SessionKey, id: &str) -> Result<(bool, bool)> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM messages
+                             WHERE namespace = ?1 AND session_id = ?2 AND id = ?3),
+                    EXISTS (SELECT 1 FROM messages
+                             WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3)",
+        )
+        .map_err(backend_error)?;
+    stmt.query_row(params![key.namespace, key.session_id, id], |r| {
+        Ok((r.get(0)?, r.get(1)?))
+    })
+    .map_err(backend_error)
+}
+
 pub(crate) fn has_children(conn: &Connection, key: &SessionKey, id: &str) -> Result<bool> {
     let mut stmt = conn
         .prepare_cached(

@@ -266,7 +266,8 @@ struct RequestTx<'a> {
 
 impl RequestTx<'_> {
     fn append(&mut self, message: &PreparedMessage, parent: &ParentSpec) -> Result<WriteOutcome> {
-        if queries::locate(self.conn, self.key, &message.id)?.is_some() {
+        let (exists, orphans) = queries::id_status(self.conn, self.key, &message.id)?;
+        if exists {
             let stored = queries::message(self.conn, self.key, &message.id)?
                 .ok_or_else(|| StoreError::Corrupt(format!("message `{}` vanished", message.id)))?;
             self.changes.push(Change::Append {
@@ -291,7 +292,6 @@ impl RequestTx<'_> {
                 queries::locate(self.conn, self.key, id)?.map(|(seq, _, _)| (id.clone(), Some(seq)))
             }
         };
-        let orphans = queries::has_children(self.conn, self.key, &message.id)?;
         // A parent that would make the tree loop is treated like an unknown one: a new root.
         let link = match link {
             Some((p, _)) if orphans && self.reaches(&p, &message.id)? => None,
@@ -427,10 +427,10 @@ impl RequestTx<'_> {
         parent_id: Option<&str>,
         created_at: i64,
     ) -> Result<WriteOutcome> {
-        if queries::locate(self.conn, self.key, &message.id)?.is_some() {
+        let (exists, orphans) = queries::id_status(self.conn, self.key, &message.id)?;
+        if exists {
             return Ok(WriteOutcome::Imported(None));
         }
-        let orphans = queries::has_children(self.conn, self.key, &message.id)?;
         let link = match parent_id {
             Some(p) if p == message.id || (orphans && self.reaches(p, &message.id)?) => {
                 return Err(StoreError::ParentCycle {
@@ -674,6 +674,10 @@ impl RequestTx<'_> {
     /// Totals of the whole path ending at `seq`: stored ones when still valid, else walked (and
     /// then only if the path is within the cap, so they are exact).
     fn path_totals_to(&self, seq: i64) -> Result<Option<PathTotals>> {
+        let session = &self.session;
+        if session.leaf_seq == Some(seq) && !session.totals_stale && !session.path.capped {
+            return Ok(Some(session.path));
+        }
         if let Some((totals, epoch)) = queries::stored_path_totals(self.conn, self.key, seq)?
             && epoch == self.session.epoch
         {
