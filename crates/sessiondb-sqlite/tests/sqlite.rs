@@ -83,6 +83,45 @@ fn a_second_open_of_the_same_directory_is_refused() {
     );
 }
 
+const HOLD_DIR: &str = "SESSIONDB_HOLD_DIR";
+
+#[test]
+fn a_second_process_gets_a_clear_error() {
+    if let Ok(dir) = std::env::var(HOLD_DIR) {
+        // Child: hold the store open until killed.
+        let _db = open(std::path::Path::new(&dir));
+        println!("OPEN");
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_second_process_gets_a_clear_error",
+            "--nocapture",
+        ])
+        .env(HOLD_DIR, dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(
+        lines.any(|l| l.is_ok_and(|l| l == "OPEN")),
+        "the child never opened the store"
+    );
+    let err = SqliteStore::open(dir.path()).unwrap_err();
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+    assert!(err.to_string().contains("already open in another process"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        SqliteStore::open(dir.path()).is_ok(),
+        "the lock dies with its process"
+    );
+}
+
 #[test]
 fn migrations_stamp_the_schema_version_and_refuse_newer_files() {
     let dir = tempfile::tempdir().unwrap();
