@@ -554,6 +554,107 @@ mod tests {
         assert!(only_reserved.as_map().get("metadata").is_none());
     }
 
+    fn arbitrary_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            ".{0,12}".prop_map(Value::from),
+            prop_oneof![
+                Just("id"),
+                Just("role"),
+                Just("parts"),
+                Just("content"),
+                Just("type"),
+                Just("text"),
+                Just("metadata"),
+                Just("createdAt"),
+                Just("providerMetadata"),
+                Just("openai"),
+                Just("itemId")
+            ]
+            .prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            let keys = prop_oneof![
+                Just("id".to_owned()),
+                Just("role".to_owned()),
+                Just("parts".to_owned()),
+                Just("content".to_owned()),
+                Just("type".to_owned()),
+                Just("text".to_owned()),
+                Just("metadata".to_owned()),
+                Just("createdAt".to_owned()),
+                Just("providerMetadata".to_owned()),
+                Just("openai".to_owned()),
+                Just("itemId".to_owned()),
+                ".{0,6}",
+            ];
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                proptest::collection::vec((keys, inner), 0..6)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Mostly valid messages with arbitrary extra JSON inside, so the accepting path is exercised.
+    fn message_like_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let part = (
+            prop_oneof![Just("text"), Just("reasoning"), Just("tool-x"), Just("file")],
+            arbitrary_json(),
+            arbitrary_json(),
+        )
+            .prop_map(|(kind, text, meta)| {
+                serde_json::json!({"type": kind, "text": text, "providerMetadata": meta})
+            });
+        (
+            prop_oneof![Just("user"), Just("assistant"), Just("")],
+            proptest::collection::vec(part, 0..4),
+            arbitrary_json(),
+        )
+            .prop_map(|(role, parts, extra)| {
+                serde_json::json!({"role": role, "parts": parts, "metadata": {"itemId": 1, "x": extra}, "createdAt": 9})
+            })
+    }
+
+    proptest::proptest! {
+        /// Any JSON is either refused with a field-naming error or prepared; sanitising twice
+        /// changes nothing more, and the stored form always reads back as the same message.
+        #[test]
+        fn any_json_is_refused_cleanly_or_round_trips(
+            value in proptest::prop_oneof![arbitrary_json(), message_like_json()]
+        ) {
+            match Message::from_value(value) {
+                Err(e) => proptest::prop_assert!(!e.field.is_empty()),
+                Ok(mut m) => {
+                    m.ensure_id(|| "generated".into());
+                    m.sanitize(Source::Client, &["itemId".to_owned()]);
+                    let once = m.clone();
+                    m.sanitize(Source::Client, &["itemId".to_owned()]);
+                    proptest::prop_assert_eq!(&m, &once);
+                    let p = m.prepare(&HeuristicCounter);
+                    let row = StoredRow {
+                        id: p.id.clone(),
+                        role: p.role.clone(),
+                        parent_id: None,
+                        seq: 1,
+                        created_at: 3,
+                        updated_at: None,
+                        token_estimate: p.token_estimate,
+                    };
+                    let stored = StoredMessage::from_row(row, &p.body);
+                    proptest::prop_assert_eq!(stored.to_message().prepare(&HeuristicCounter), p);
+                }
+            }
+        }
+    }
+
     #[test]
     fn stored_json_adds_timestamps_to_the_body() {
         let mut m = Message::text("user", "hi");

@@ -144,8 +144,8 @@ impl SessionRow {
         let [(_, next_head)] = queries::child_links(conn, key, &head_id)?[..] else {
             return Ok(false);
         };
-        self.path.tokens -= tokens;
-        self.path.bytes -= bytes;
+        self.path.tokens = self.path.tokens.saturating_sub(tokens);
+        self.path.bytes = self.path.bytes.saturating_sub(bytes);
         self.path.head_seq = Some(next_head);
         self.path.capped = true;
         Ok(true)
@@ -530,7 +530,10 @@ impl RequestTx<'_> {
             )?;
             self.unindex(id)?;
         }
-        self.session.stored_messages -= deleted.len() as u64;
+        self.session.stored_messages = self
+            .session
+            .stored_messages
+            .saturating_sub(deleted.len() as u64);
         // Spliced children now have shorter paths, and so does everything below them.
         self.session.epoch += 1;
         if self
