@@ -656,6 +656,13 @@ mod tests {
     }
 
     #[test]
+    fn numbers_keep_their_exact_text() {
+        let text = r#"{"id":"n","role":"user","content":"x","metadata":{"big":123456789012345678901234567890,"f":1.0,"e":1e-7,"p":0.1}}"#;
+        let p = Message::parse(text).unwrap().prepare(&HeuristicCounter);
+        assert_eq!(p.body, text);
+    }
+
+    #[test]
     fn stored_json_adds_timestamps_to_the_body() {
         let mut m = Message::text("user", "hi");
         m.ensure_id(|| "m1".into());
