@@ -16,14 +16,14 @@ use futures::Stream;
 use futures::channel::mpsc;
 
 use crate::message::StoredMessage;
-use crate::store::{ParentSpec, SessionKey};
+use crate::store::{Parent, SessionKey};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
     /// Also published for an idempotent re-append (`inserted: false`), which writes nothing.
     Append {
         message: StoredMessage,
-        parent: ParentSpec,
+        parent: Parent,
         inserted: bool,
     },
     Update {

@@ -29,7 +29,7 @@ pub use message::{
     ValidationErrorKind,
 };
 pub use store::{
-    ParentSpec, PathRows, PathSuffix, PlanRow, RowStat, SearchHit, SessionKey, SessionStats, Store,
+    Parent, PathRows, PathSuffix, PlanRow, RowStat, SearchHit, SessionKey, SessionStats, Store,
     StoreError, UpdateOutcome, WriteOp, WriteOutcome, WriteRequest,
 };
 

@@ -39,7 +39,7 @@ impl SessionKey {
 
 /// Where an appended message attaches.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum ParentSpec {
+pub enum Parent {
     /// Under the session's active leaf (a new root when the session is empty).
     #[default]
     ActiveLeaf,
@@ -57,7 +57,7 @@ pub enum WriteOp {
     /// writes nothing). The new row gets the next seq and becomes the active leaf.
     Append {
         message: PreparedMessage,
-        parent: ParentSpec,
+        parent: Parent,
     },
     /// Rewrites an existing message's body unless its content hash is unchanged. Never changes
     /// parent, seq or createdAt.
@@ -65,7 +65,7 @@ pub enum WriteOp {
     /// Update when the id exists, append otherwise.
     Upsert {
         message: PreparedMessage,
-        parent: ParentSpec,
+        parent: Parent,
     },
     /// Verbatim historical write with an explicit (unvalidated) parent and timestamp; ignored when
     /// the id exists. Refused with [`StoreError::ParentCycle`] when the parent chain would loop

@@ -8,8 +8,8 @@ use sessiondb_core::chunk::split_slices;
 use sessiondb_core::message::StoredRow;
 use sessiondb_core::plan::splice_rewires;
 use sessiondb_core::{
-    Change, MAX_PATH_DEPTH, MAX_PATH_ROWS, MAX_SLICE_BYTES, ParentSpec, PreparedMessage,
-    SessionKey, StoreError, StoredMessage, UpdateOutcome, WriteOp, WriteOutcome, WriteRequest,
+    Change, MAX_PATH_DEPTH, MAX_PATH_ROWS, MAX_SLICE_BYTES, Parent, PreparedMessage, SessionKey,
+    StoreError, StoredMessage, UpdateOutcome, WriteOp, WriteOutcome, WriteRequest,
 };
 
 use crate::backend_error;
@@ -265,7 +265,7 @@ struct RequestTx<'a> {
 }
 
 impl RequestTx<'_> {
-    fn append(&mut self, message: &PreparedMessage, parent: &ParentSpec) -> Result<WriteOutcome> {
+    fn append(&mut self, message: &PreparedMessage, parent: &Parent) -> Result<WriteOutcome> {
         let (exists, orphans) = queries::id_status(self.conn, self.key, &message.id)?;
         if exists {
             let stored = queries::message(self.conn, self.key, &message.id)?
@@ -281,14 +281,14 @@ impl RequestTx<'_> {
             });
         }
         let link: Option<ParentLink> = match parent {
-            ParentSpec::ActiveLeaf => self
+            Parent::ActiveLeaf => self
                 .session
                 .leaf_id
                 .clone()
                 .map(|id| (id, self.session.leaf_seq)),
-            ParentSpec::Root => None,
-            ParentSpec::Id(id) if id.is_empty() => None,
-            ParentSpec::Id(id) => {
+            Parent::Root => None,
+            Parent::Id(id) if id.is_empty() => None,
+            Parent::Id(id) => {
                 queries::locate(self.conn, self.key, id)?.map(|(seq, _, _)| (id.clone(), Some(seq)))
             }
         };

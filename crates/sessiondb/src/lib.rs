@@ -44,15 +44,15 @@ use std::sync::Arc;
 
 pub use sessiondb_core::tokens::{HeuristicCounter, TokenCounter};
 pub use sessiondb_core::{
-    Change, ChangeEvent, FeedFilter, FeedItem, MAX_PATH_ROWS, Message, ParentSpec, PathRows,
-    RowStat, SearchHit, SessionKey, SessionStats, Source, Store, StoreError, StoredMessage,
-    Subscription, ValidationError, ValidationErrorKind,
+    Change, ChangeEvent, FeedFilter, FeedItem, MAX_PATH_ROWS, Message, Parent, PathRows, RowStat,
+    SearchHit, SessionKey, SessionStats, Source, Store, StoreError, StoredMessage, Subscription,
+    ValidationError, ValidationErrorKind,
 };
 #[cfg(feature = "sqlite")]
 pub use sessiondb_sqlite::{SqliteConfig, SqliteStore, Synchronous, WriteStats};
 
 pub use session::{
-    AppendOptions, AppendResult, HistoryOptions, ImportOptions, Parent, RecentHistory, Session,
+    AppendOptions, AppendResult, HistoryOptions, ImportOptions, RecentHistory, Session,
 };
 
 /// Every error the facade returns.

@@ -9,35 +9,13 @@ use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use sessiondb_core::message::StoredRow;
 use sessiondb_core::plan::{Batcher, content_windows};
 use sessiondb_core::{
-    MAX_PATH_ROWS, Message, ParentSpec, PlanRow, PreparedMessage, RowStat, SearchHit, SessionKey,
+    MAX_PATH_ROWS, Message, Parent, PlanRow, PreparedMessage, RowStat, SearchHit, SessionKey,
     SessionStats, Source, Store, StoredMessage, UpdateOutcome, ValidationError,
     ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome, WriteRequest,
     search,
 };
 
 use crate::{Error, Options};
-
-/// Where an appended message attaches.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum Parent {
-    /// Under the active leaf (the default).
-    #[default]
-    ActiveLeaf,
-    /// As a new root.
-    Root,
-    /// Under this message; an id that is not in this session (or empty) makes a new root.
-    Id(String),
-}
-
-impl From<Parent> for ParentSpec {
-    fn from(p: Parent) -> Self {
-        match p {
-            Parent::ActiveLeaf => ParentSpec::ActiveLeaf,
-            Parent::Root => ParentSpec::Root,
-            Parent::Id(id) => ParentSpec::Id(id),
-        }
-    }
-}
 
 #[derive(Debug, Clone, Default)]
 pub struct AppendOptions {
@@ -187,7 +165,7 @@ impl<S: Store> Session<S> {
         }
         let op = WriteOp::Append {
             message: prepared,
-            parent: options.parent.into(),
+            parent: options.parent,
         };
         Ok(append_result(self.write_one(op).await?))
     }
@@ -199,7 +177,7 @@ impl<S: Store> Session<S> {
         messages: Vec<Message>,
         options: AppendOptions,
     ) -> Result<Vec<AppendResult>, Error> {
-        let mut parent = Some(ParentSpec::from(options.parent));
+        let mut parent = Some(options.parent);
         let mut ops = Vec::with_capacity(messages.len());
         let mut slots = Vec::with_capacity(messages.len());
         for message in messages {
@@ -212,7 +190,7 @@ impl<S: Store> Session<S> {
             slots.push(Ok(()));
             ops.push(WriteOp::Append {
                 message: prepared,
-                parent: parent.take().unwrap_or(ParentSpec::ActiveLeaf),
+                parent: parent.take().unwrap_or(Parent::ActiveLeaf),
             });
         }
         let mut outcomes = self.write(ops).await?.into_iter();
@@ -240,7 +218,7 @@ impl<S: Store> Session<S> {
         }
         let op = WriteOp::Upsert {
             message: self.prepare(message, options.source),
-            parent: options.parent.into(),
+            parent: options.parent,
         };
         Ok(match self.write_one(op).await? {
             WriteOutcome::Updated(

@@ -1,8 +1,6 @@
 //! The change feed: order, payloads, filters, lag.
 
-use sessiondb::{
-    AppendOptions, Change, Db, FeedFilter, FeedItem, Parent, ParentSpec, Source, Store,
-};
+use sessiondb::{AppendOptions, Change, Db, FeedFilter, FeedItem, Parent, Source, Store};
 
 use crate::*;
 
@@ -70,12 +68,12 @@ pub async fn feed_carries_parents_and_imports<S: Store>(db: Db<S>) {
     assert!(matches!(
         &got[0].change,
         Change::Append {
-            parent: ParentSpec::ActiveLeaf,
+            parent: Parent::ActiveLeaf,
             ..
         }
     ));
     assert!(
-        matches!(&got[1].change, Change::Append { parent: ParentSpec::Id(p), message, .. } if p == "a" && message.parent_id.as_deref() == Some("a"))
+        matches!(&got[1].change, Change::Append { parent: Parent::Id(p), message, .. } if p == "a" && message.parent_id.as_deref() == Some("a"))
     );
     assert!(
         matches!(&got[2].change, Change::Import { parent_id: Some(p), message } if p == "a" && message.created_at == 3)
