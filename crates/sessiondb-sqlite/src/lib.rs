@@ -184,6 +184,7 @@ impl SqliteStore {
         })
     }
 
+    /// Commits and requests since the store opened (group-commit effectiveness).
     pub fn write_stats(&self) -> &WriteStats {
         &self.write_stats
     }
@@ -199,10 +200,11 @@ impl SqliteStore {
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
         let readers = self.readers.clone();
         async move {
-            let conn = readers.checkout()?;
-            let result = f(&conn);
-            readers.checkin(conn);
-            result
+            let conn = Checkout {
+                pool: &readers,
+                conn: Some(readers.checkout()?),
+            };
+            f(conn.conn.as_ref().expect("held until drop"))
         }
     }
 
@@ -239,6 +241,20 @@ impl SqliteStore {
 
 fn io_error(path: &Path, e: std::io::Error) -> StoreError {
     StoreError::Backend(format!("{}: {e}", path.display()))
+}
+
+/// A checked-out reader, returned to its pool on drop (also when a read panics).
+struct Checkout<'a> {
+    pool: &'a ReaderPool,
+    conn: Option<Connection>,
+}
+
+impl Drop for Checkout<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.pool.checkin(conn);
+        }
+    }
 }
 
 /// Read connections, opened on demand up to `max` and reused.
