@@ -418,6 +418,22 @@ impl StoredMessage {
         }
     }
 
+    /// A row as stored: `json` already carries the timestamps (backends store exactly what
+    /// [`StoredMessage::json`] returns, so a read copies nothing more); `bytes` is the body size.
+    pub fn from_stored(row: StoredRow, json: String, bytes: u64) -> Self {
+        Self {
+            json,
+            bytes,
+            id: row.id,
+            role: row.role,
+            parent_id: row.parent_id,
+            seq: row.seq,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            token_estimate: row.token_estimate,
+        }
+    }
+
     /// The message as compact JSON text, `createdAt` (and `updatedAt`) included.
     pub fn json(&self) -> &str {
         &self.json

@@ -28,8 +28,10 @@ CREATE TABLE sessions (
 ) WITHOUT ROWID;
 
 -- Messages are clustered by seq, so a path (mostly ascending seqs) is read by range scans.
--- content holds slice 0 of the message body; content_chunks continuation slices follow in
--- message_chunks (idx 1..=content_chunks). bytes is the UTF-8 length of the whole body.
+-- content holds slice 0 of the message's JSON as reads return it (body plus createdAt and
+-- updatedAt); content_chunks continuation slices follow in message_chunks (idx
+-- 1..=content_chunks). bytes is the UTF-8 length of the body alone (what budgets count);
+-- content_hash is the SHA-256 of the body.
 -- parent_seq is the parent's seq, NULL while the parent is missing (an import may name a
 -- parent that arrives later; parent_id keeps the link and parent_seq is filled in then).
 -- path_len/path_tokens/path_bytes total the (uncapped) path from its root to this row; they are

@@ -23,7 +23,7 @@ macro_rules! select_messages {
     ($condition:literal) => {
         concat!(
             "SELECT id, role, parent_id, seq, created_at, updated_at, token_estimate, content,
-                    content_chunks
+                    content_chunks, bytes
                FROM messages WHERE namespace = ?1 AND session_id = ?2 AND ",
             $condition
         )
@@ -33,7 +33,7 @@ macro_rules! select_messages {
 /// Rows a path walk skips (other branches) before it seeks straight to the wanted seq.
 const MAX_SKIPPED_ROWS: usize = 32;
 
-fn row_fields(row: &Row<'_>) -> rusqlite::Result<(StoredRow, i64)> {
+fn row_fields(row: &Row<'_>) -> rusqlite::Result<(StoredRow, i64, u64)> {
     Ok((
         StoredRow {
             id: row.get(0)?,
@@ -45,21 +45,16 @@ fn row_fields(row: &Row<'_>) -> rusqlite::Result<(StoredRow, i64)> {
             token_estimate: row.get::<_, i64>(6)? as u64,
         },
         row.get(8)?,
+        row.get::<_, i64>(9)? as u64,
     ))
 }
 
-/// Builds the message of a row. Slice 0 is read in place; only chunked bodies are assembled.
+/// Builds the message of a row: the stored text is already the message's JSON.
 fn read_message(conn: &Connection, key: &SessionKey, row: &Row<'_>) -> Result<StoredMessage> {
-    let (fields, chunks) = row_fields(row).map_err(backend_error)?;
-    let slice0 = row
-        .get_ref(7)
-        .and_then(|v| Ok(v.as_str()?))
-        .map_err(backend_error)?;
-    if chunks == 0 {
-        return Ok(StoredMessage::from_row(fields, slice0));
-    }
-    let body = reassemble(conn, key, &fields.id, slice0.to_owned(), chunks)?;
-    Ok(StoredMessage::from_row(fields, &body))
+    let (fields, chunks, bytes) = row_fields(row).map_err(backend_error)?;
+    let slice0: String = row.get(7).map_err(backend_error)?;
+    let json = reassemble(conn, key, &fields.id, slice0, chunks)?;
+    Ok(StoredMessage::from_stored(fields, json, bytes))
 }
 
 /// Appends the continuation slices of a chunked message to its slice 0.

@@ -351,7 +351,9 @@ impl RequestTx<'_> {
                 &message.body,
             )));
         }
-        let slices = split_slices(&message.body, MAX_SLICE_BYTES);
+        row.updated_at = Some(self.now);
+        let stored = StoredMessage::from_row(row, &message.body);
+        let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
         let chunks = slices.len() as i64 - 1;
         exec(
             self.conn,
@@ -361,7 +363,7 @@ impl RequestTx<'_> {
             params![
                 self.key.namespace,
                 self.key.session_id,
-                row.seq,
+                stored.seq,
                 message.role,
                 slices[0],
                 chunks,
@@ -398,13 +400,13 @@ impl RequestTx<'_> {
                 params![
                     self.key.namespace,
                     self.key.session_id,
-                    row.seq,
+                    stored.seq,
                     token_delta,
                     byte_delta
                 ],
             )?;
         }
-        if self.session.leaf_seq == Some(row.seq) && !self.session.totals_stale {
+        if self.session.leaf_seq == Some(stored.seq) && !self.session.totals_stale {
             let path = &mut self.session.path;
             path.tokens = path.tokens.saturating_add_signed(token_delta);
             path.bytes = path.bytes.saturating_add_signed(byte_delta);
@@ -413,8 +415,6 @@ impl RequestTx<'_> {
             self.session.totals_stale = true;
         }
         self.session.touch(self.now);
-        row.updated_at = Some(self.now);
-        let stored = StoredMessage::from_row(row, &message.body);
         self.changes.push(Change::Update {
             message: stored.clone(),
         });
@@ -615,7 +615,18 @@ impl RequestTx<'_> {
             capped: false,
             head_seq: None,
         });
-        let slices = split_slices(&message.body, MAX_SLICE_BYTES);
+        let row = StoredRow {
+            id: message.id.clone(),
+            role: message.role.clone(),
+            parent_id: parent_id.clone(),
+            seq,
+            created_at,
+            updated_at: None,
+            token_estimate: message.token_estimate,
+        };
+        // The stored text is exactly what reads return.
+        let stored = StoredMessage::from_row(row, &message.body);
+        let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
         exec(
             self.conn,
             "INSERT INTO messages (namespace, session_id, seq, id, parent_id, parent_seq, role,
@@ -662,16 +673,7 @@ impl RequestTx<'_> {
             totals,
             created_at.max(self.now),
         )?;
-        let row = StoredRow {
-            id: message.id.clone(),
-            role: message.role.clone(),
-            parent_id,
-            seq,
-            created_at,
-            updated_at: None,
-            token_estimate: message.token_estimate,
-        };
-        Ok(StoredMessage::from_row(row, &message.body))
+        Ok(stored)
     }
 
     /// Totals of the whole path ending at `seq`: stored ones when still valid, else walked (and
