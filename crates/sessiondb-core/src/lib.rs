@@ -29,8 +29,8 @@ pub use message::{
     ValidationErrorKind,
 };
 pub use store::{
-    Parent, PathRows, PathSuffix, PlanRow, RowStat, SearchHit, SessionKey, SessionStats, Store,
-    StoreError, UpdateOutcome, WriteOp, WriteOutcome, WriteRequest,
+    Parent, PathPlan, PathRows, PathSuffix, PlanRow, RowStat, SearchHit, SessionKey, SessionStats,
+    Store, StoreError, UpdateOutcome, WriteOp, WriteOutcome, WriteRequest,
 };
 
 /// Maximum depth walked from a leaf towards the root; a path holds at most `MAX_PATH_DEPTH + 1`

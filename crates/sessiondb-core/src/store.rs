@@ -132,6 +132,16 @@ pub struct PlanRow {
     pub bytes: u64,
 }
 
+/// How to read a path forward.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathPlan {
+    /// The path is exactly the session's rows with seqs `first..=last`, in seq order (a linear
+    /// conversation): read it with [`Store::fetch_range`], no walk needed.
+    Range { first: i64, last: i64 },
+    /// The path's rows, root first; read them with [`Store::fetch`].
+    Rows(Vec<PlanRow>),
+}
+
 /// A path root → leaf. `capped` is true when the walk stopped at [`crate::MAX_PATH_ROWS`] rows
 /// while the oldest row read still had a parent.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -231,13 +241,25 @@ pub trait Store: Send + Sync + 'static {
         leaf: Option<&str>,
     ) -> impl Future<Output = Result<PathRows, StoreError>> + Send;
 
-    /// Seqs and sizes of the path ending at `leaf` (the active leaf when `None`), root first,
-    /// capped like [`Store::path`].
+    /// How to read the path ending at `leaf` (the active leaf when `None`) forward, capped like
+    /// [`Store::path`].
     fn path_plan(
         &self,
         key: &SessionKey,
         leaf: Option<&str>,
-    ) -> impl Future<Output = Result<Vec<PlanRow>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<PathPlan, StoreError>> + Send;
+
+    /// The next content window of a [`PathPlan::Range`]: rows with seqs `from..=last` in seq
+    /// order, at most `max_rows` of them and no more than `max_bytes` stored bytes (a larger
+    /// first row comes alone).
+    fn fetch_range(
+        &self,
+        key: &SessionKey,
+        from: i64,
+        last: i64,
+        max_rows: usize,
+        max_bytes: u64,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send;
 
     /// The longest suffix of the path ending at `leaf` (the active leaf when `None`) whose
     /// bytes fit `max_bytes`, at least the leaf. Reads only the rows it returns when the leaf is

@@ -22,6 +22,9 @@ CREATE TABLE sessions (
     path_bytes      INTEGER NOT NULL,
     path_capped     INTEGER NOT NULL,
     path_head_seq   INTEGER,
+    -- 1 when the active path is exactly the rows with seq >= path_head_seq (a linear
+    -- conversation), so forward reads need no walk.
+    path_dense      INTEGER NOT NULL,
     path_epoch      INTEGER NOT NULL,
     stored_messages INTEGER NOT NULL,
     PRIMARY KEY (namespace, id)

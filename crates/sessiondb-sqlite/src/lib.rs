@@ -35,7 +35,7 @@ use futures::channel::oneshot;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
 use sessiondb_core::message::JsonMap;
 use sessiondb_core::{
-    Change, ChangeFeed, FeedFilter, PathRows, PathSuffix, PlanRow, SearchHit, SessionKey,
+    Change, ChangeFeed, FeedFilter, PathPlan, PathRows, PathSuffix, SearchHit, SessionKey,
     SessionStats, Store, StoreError, StoredMessage, Subscription, WriteOutcome, WriteRequest,
     search,
 };
@@ -575,14 +575,21 @@ impl Store for SqliteStore {
         &self,
         key: &SessionKey,
         leaf: Option<&str>,
-    ) -> impl Future<Output = Result<Vec<PlanRow>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<PathPlan, StoreError>> + Send {
         let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
-        self.read(
-            move |c| match queries::leaf_seq(c, &key, leaf.as_deref())? {
-                Some(seq) => queries::path_plan(c, &key, seq),
-                None => Ok(Vec::new()),
-            },
-        )
+        self.read(move |c| queries::path_plan(c, &key, leaf.as_deref()))
+    }
+
+    fn fetch_range(
+        &self,
+        key: &SessionKey,
+        from: i64,
+        last: i64,
+        max_rows: usize,
+        max_bytes: u64,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        let key = key.clone();
+        self.read(move |c| queries::fetch_range(c, &key, from, last, max_rows, max_bytes))
     }
 
     fn path_suffix(

@@ -9,8 +9,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use sessiondb_core::message::StoredRow;
 use sessiondb_core::plan::SuffixBudget;
 use sessiondb_core::{
-    MAX_PATH_ROWS, PathRows, PathSuffix, PlanRow, RowStat, SearchHit, SessionKey, SessionStats,
-    StoreError, StoredMessage,
+    MAX_PATH_ROWS, PathPlan, PathRows, PathSuffix, PlanRow, RowStat, SearchHit, SessionKey,
+    SessionStats, StoreError, StoredMessage,
 };
 
 use crate::backend_error;
@@ -246,6 +246,7 @@ pub(crate) fn active_leaf(conn: &Connection, key: &SessionKey) -> Result<Option<
 /// One row met by a path walk. Its id and role are read only when asked for.
 pub(crate) struct WalkRow<'r> {
     pub seq: i64,
+    pub parent_seq: Option<i64>,
     pub bytes: u64,
     pub token_estimate: u64,
     row: &'r Row<'r>,
@@ -300,6 +301,7 @@ pub(crate) fn walk(
             let parent_seq: Option<i64> = row.get(1).map_err(backend_error)?;
             let walk_row = WalkRow {
                 seq,
+                parent_seq,
                 bytes: row.get::<_, i64>(4).map_err(backend_error)? as u64,
                 token_estimate: row.get::<_, i64>(5).map_err(backend_error)? as u64,
                 row,
@@ -345,7 +347,43 @@ pub(crate) fn path(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<Pat
     Ok(PathRows { rows, capped })
 }
 
-pub(crate) fn path_plan(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<Vec<PlanRow>> {
+/// How to read the path ending at `leaf` (the active leaf when `None`) forward.
+pub(crate) fn path_plan(
+    conn: &Connection,
+    key: &SessionKey,
+    leaf: Option<&str>,
+) -> Result<PathPlan> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT leaf_id, leaf_seq, path_head_seq, path_dense FROM sessions
+              WHERE namespace = ?1 AND id = ?2 AND leaf_seq IS NOT NULL",
+        )
+        .map_err(backend_error)?;
+    let active: Option<(String, i64, Option<i64>, bool)> = stmt
+        .query_row(params![key.namespace, key.session_id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
+        .optional()
+        .map_err(backend_error)?;
+    if let Some((leaf_id, leaf_seq, Some(head), true)) = &active
+        && leaf.is_none_or(|l| l == leaf_id)
+    {
+        return Ok(PathPlan::Range {
+            first: *head,
+            last: *leaf_seq,
+        });
+    }
+    let start = match leaf {
+        None => active.map(|(_, seq, _, _)| seq),
+        Some(id) => locate(conn, key, id)?.map(|(seq, _, _)| seq),
+    };
+    Ok(PathPlan::Rows(match start {
+        Some(seq) => path_rows_plan(conn, key, seq)?,
+        None => Vec::new(),
+    }))
+}
+
+fn path_rows_plan(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<Vec<PlanRow>> {
     let mut rows = Vec::new();
     walk(conn, key, leaf, |r| {
         rows.push(PlanRow {
@@ -368,17 +406,34 @@ pub(crate) struct PathTotals {
     pub capped: bool,
     /// Seq of the oldest row read.
     pub head_seq: Option<i64>,
+    /// The path is exactly the rows with seq >= `head_seq`.
+    pub dense: bool,
 }
 
+/// Totals of the path ending at `leaf`, which must be the session's newest row for `dense` to
+/// mean anything.
 pub(crate) fn path_totals(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<PathTotals> {
     let mut totals = PathTotals::default();
+    let mut ascending = true;
     totals.capped = walk(conn, key, leaf, |r| {
         totals.len += 1;
         totals.tokens += r.token_estimate;
         totals.bytes += r.bytes;
         totals.head_seq = Some(r.seq);
+        ascending &= r.parent_seq.is_none_or(|p| p < r.seq);
         Ok(true)
     })?;
+    if let (true, Some(head)) = (ascending, totals.head_seq) {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT count(*) FROM messages WHERE namespace = ?1 AND session_id = ?2 AND seq >= ?3",
+            )
+            .map_err(backend_error)?;
+        let rows: i64 = stmt
+            .query_row(params![key.namespace, key.session_id, head], |r| r.get(0))
+            .map_err(backend_error)?;
+        totals.dense = rows as u64 == totals.len;
+    }
     Ok(totals)
 }
 
@@ -402,6 +457,7 @@ pub(crate) fn stored_path_totals(
                 bytes: r.get::<_, i64>(2)? as u64,
                 capped: false,
                 head_seq: None,
+                dense: false,
             },
             r.get(3)?,
         ))
@@ -511,6 +567,43 @@ pub(crate) fn fetch(
             select_messages!("seq = ?3"),
             &[seq],
         )?);
+    }
+    Ok(out)
+}
+
+/// One window of a dense path: rows `from..=last` in seq order, at most `max_rows` and
+/// `max_bytes` stored bytes (a larger first row alone).
+pub(crate) fn fetch_range(
+    conn: &Connection,
+    key: &SessionKey,
+    from: i64,
+    last: i64,
+    max_rows: usize,
+    max_bytes: u64,
+) -> Result<Vec<StoredMessage>> {
+    let mut stmt = conn
+        .prepare_cached(select_messages!(
+            "seq BETWEEN ?3 AND ?4 ORDER BY seq LIMIT ?5"
+        ))
+        .map_err(backend_error)?;
+    let mut rows = stmt
+        .query(params![
+            key.namespace,
+            key.session_id,
+            from,
+            last,
+            max_rows as i64
+        ])
+        .map_err(backend_error)?;
+    let mut out = Vec::with_capacity(max_rows.min(64));
+    let mut used = 0u64;
+    while let Some(row) = rows.next().map_err(backend_error)? {
+        let bytes = row.get::<_, i64>(9).map_err(backend_error)? as u64;
+        if !out.is_empty() && used + bytes > max_bytes {
+            break;
+        }
+        used += bytes;
+        out.push(read_message(conn, key, row)?);
     }
     Ok(out)
 }

@@ -50,7 +50,7 @@ impl SessionRow {
             .prepare_cached(
                 "SELECT created_at, updated_at, last_message_at, next_seq, leaf_id, leaf_seq,
                         path_len, path_tokens, path_bytes, path_capped, path_head_seq,
-                        stored_messages, path_epoch
+                        stored_messages, path_epoch, path_dense
                    FROM sessions WHERE namespace = ?1 AND id = ?2",
             )
             .map_err(backend_error)?;
@@ -71,6 +71,7 @@ impl SessionRow {
                         bytes: r.get::<_, i64>(8)? as u64,
                         capped: r.get(9)?,
                         head_seq: r.get(10)?,
+                        dense: r.get(13)?,
                     },
                     stored_messages: r.get::<_, i64>(11)? as u64,
                     epoch: r.get(12)?,
@@ -171,13 +172,13 @@ impl SessionRow {
             "UPDATE sessions SET created_at = ?3, updated_at = ?4, last_message_at = ?5,
                     next_seq = ?6, leaf_id = ?7, leaf_seq = ?8, path_len = ?9, path_tokens = ?10,
                     path_bytes = ?11, path_capped = ?12, path_head_seq = ?13,
-                    stored_messages = ?14, path_epoch = ?15
+                    stored_messages = ?14, path_epoch = ?15, path_dense = ?16
               WHERE namespace = ?1 AND id = ?2"
         } else {
             "INSERT INTO sessions (namespace, id, created_at, updated_at, last_message_at,
                  next_seq, leaf_id, leaf_seq, path_len, path_tokens, path_bytes, path_capped,
-                 path_head_seq, stored_messages, path_epoch)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+                 path_head_seq, stored_messages, path_epoch, path_dense)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
         };
         exec(
             conn,
@@ -198,6 +199,7 @@ impl SessionRow {
                 self.path.head_seq,
                 self.stored_messages as i64,
                 self.epoch,
+                self.path.dense,
             ],
         )?;
         self.stored = true;
@@ -613,7 +615,9 @@ impl RequestTx<'_> {
             tokens: t.tokens + message.token_estimate,
             bytes: t.bytes + message.bytes(),
             capped: false,
-            head_seq: None,
+            // A new root is the newest row and alone on its path.
+            head_seq: parent_seq.is_none().then_some(seq),
+            dense: parent_seq.is_none(),
         });
         let row = StoredRow {
             id: message.id.clone(),

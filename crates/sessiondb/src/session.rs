@@ -9,8 +9,8 @@ use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use sessiondb_core::message::StoredRow;
 use sessiondb_core::plan::{Batcher, content_windows};
 use sessiondb_core::{
-    MAX_PATH_ROWS, Message, Parent, PlanRow, PreparedMessage, RowStat, SearchHit, SessionKey,
-    SessionStats, Source, Store, StoredMessage, UpdateOutcome, ValidationError,
+    MAX_PATH_ROWS, Message, Parent, PathPlan, PlanRow, PreparedMessage, RowStat, SearchHit,
+    SessionKey, SessionStats, Source, Store, StoredMessage, UpdateOutcome, ValidationError,
     ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome, WriteRequest,
     search,
 };
@@ -350,7 +350,7 @@ impl<S: Store> Session<S> {
                 .map_err(Error::from)
                 .map_ok({
                     let (store, key) = (self.store.clone(), self.key.clone());
-                    move |plan| fetch_windows(store.clone(), key.clone(), plan)
+                    move |plan| read_plan(store.clone(), key.clone(), plan)
                 })
                 .try_flatten()
                 .boxed()
@@ -481,6 +481,32 @@ fn plan_of(rows: &[RowStat]) -> Vec<PlanRow> {
             bytes: r.bytes,
         })
         .collect()
+}
+
+/// Reads a planned path forward, window by window.
+fn read_plan<S: Store>(
+    store: Arc<S>,
+    key: SessionKey,
+    plan: PathPlan,
+) -> BoxStream<'static, Result<Vec<StoredMessage>, Error>> {
+    match plan {
+        PathPlan::Rows(rows) => fetch_windows(store, key, rows).boxed(),
+        PathPlan::Range { first, last } => {
+            stream::try_unfold((store, key, first), move |(store, key, from)| async move {
+                if from > last {
+                    return Ok(None);
+                }
+                let batch = store
+                    .fetch_range(&key, from, last, WINDOW_MAX_ROWS, WINDOW_MAX_BYTES)
+                    .await?;
+                let Some(next) = batch.last().map(|m| m.seq + 1) else {
+                    return Ok(None);
+                };
+                Ok::<_, Error>(Some((batch, (store, key, next))))
+            })
+            .boxed()
+        }
+    }
 }
 
 /// Fetches the content of `rows` window by window; earlier windows are not retained.
