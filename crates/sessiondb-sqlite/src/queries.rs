@@ -410,6 +410,18 @@ pub(crate) struct PathTotals {
     pub dense: bool,
 }
 
+impl PathTotals {
+    /// The path of an empty session: nothing, trivially dense.
+    pub const EMPTY: PathTotals = PathTotals {
+        len: 0,
+        tokens: 0,
+        bytes: 0,
+        capped: false,
+        head_seq: None,
+        dense: true,
+    };
+}
+
 /// Totals of the path ending at `leaf`, which must be the session's newest row for `dense` to
 /// mean anything.
 pub(crate) fn path_totals(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<PathTotals> {

@@ -89,7 +89,7 @@ impl SessionRow {
             next_seq: 1,
             leaf_id: None,
             leaf_seq: None,
-            path: PathTotals::default(),
+            path: PathTotals::EMPTY,
             epoch: 0,
             stored_messages: 0,
             totals_stale: false,
@@ -164,7 +164,7 @@ impl SessionRow {
         if self.totals_stale {
             self.path = match self.leaf_seq {
                 Some(leaf) => queries::path_totals(conn, key, leaf)?,
-                None => PathTotals::default(),
+                None => PathTotals::EMPTY,
             };
         }
         // An existing row is updated in place: REPLACE would delete and re-insert it.
@@ -584,7 +584,7 @@ impl RequestTx<'_> {
         let session = &mut self.session;
         session.leaf_id = None;
         session.leaf_seq = None;
-        session.path = PathTotals::default();
+        session.path = PathTotals::EMPTY;
         session.stored_messages = 0;
         session.totals_stale = false;
         session.touch(self.now);

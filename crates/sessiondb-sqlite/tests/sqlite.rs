@@ -400,3 +400,43 @@ fn acknowledged_writes_survive_sigkill() {
         "some acknowledged messages were chunked"
     );
 }
+
+#[test]
+fn linear_paths_are_read_by_range_and_branches_by_rows() {
+    use sessiondb::Store;
+    use sessiondb_core::{Parent, PathPlan};
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    let s = db.session("s").unwrap();
+    let plan = || block_on(db.store().path_plan(s.key(), None)).unwrap();
+    let append = |id: &str, parent: Parent| {
+        let options = AppendOptions {
+            parent,
+            ..Default::default()
+        };
+        block_on(s.append(Message::text("user", id).with_id(id), options)).unwrap();
+    };
+    append("a", Parent::ActiveLeaf);
+    append("b", Parent::ActiveLeaf);
+    append("c", Parent::ActiveLeaf);
+    assert_eq!(plan(), PathPlan::Range { first: 1, last: 3 });
+    append("x", Parent::Id("a".into()));
+    assert!(
+        matches!(plan(), PathPlan::Rows(rows) if rows.iter().map(|r| r.seq).collect::<Vec<_>>() == [1, 4])
+    );
+    append("r", Parent::Root);
+    assert_eq!(plan(), PathPlan::Range { first: 5, last: 5 });
+    append("r2", Parent::ActiveLeaf);
+    assert_eq!(plan(), PathPlan::Range { first: 5, last: 6 });
+    block_on(s.delete(&["r2".into(), "r".into()])).unwrap();
+    // The newest survivor is x, whose path (a, x) skips b and c.
+    assert!(matches!(plan(), PathPlan::Rows(_)));
+    block_on(s.delete(&["b".into(), "c".into()])).unwrap();
+    assert_eq!(plan(), PathPlan::Range { first: 1, last: 4 });
+    let ids: Vec<String> = block_on(s.full_history(HistoryOptions::default()))
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(ids, ["a", "x"]);
+}
