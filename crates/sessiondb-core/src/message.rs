@@ -377,7 +377,8 @@ impl PreparedMessage {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredMessage {
     pub id: String,
-    pub role: String,
+    /// Common roles are shared static strings: a long read allocates nothing for them.
+    pub role: Role,
     pub parent_id: Option<String>,
     /// Insertion order within the session; strictly increasing, never reused.
     pub seq: i64,
@@ -390,11 +391,25 @@ pub struct StoredMessage {
     json: String,
 }
 
+/// A message role: the common ones are static, others owned.
+pub type Role = std::borrow::Cow<'static, str>;
+
+/// The role for `text`, without allocating for `user`, `assistant`, `system` and `tool`.
+pub fn role_of(text: &str) -> Role {
+    match text {
+        "user" => Role::Borrowed("user"),
+        "assistant" => Role::Borrowed("assistant"),
+        "system" => Role::Borrowed("system"),
+        "tool" => Role::Borrowed("tool"),
+        other => Role::Owned(other.to_owned()),
+    }
+}
+
 /// Row fields of a stored message, as a backend reads them.
 #[derive(Debug, Clone)]
 pub struct StoredRow {
     pub id: String,
-    pub role: String,
+    pub role: Role,
     pub parent_id: Option<String>,
     pub seq: i64,
     pub created_at: i64,
@@ -657,7 +672,7 @@ mod tests {
                     let p = m.prepare(&HeuristicCounter);
                     let row = StoredRow {
                         id: p.id.clone(),
-                        role: p.role.clone(),
+                        role: role_of(&p.role),
                         parent_id: None,
                         seq: 1,
                         created_at: 3,
@@ -689,7 +704,7 @@ mod tests {
         );
         let row = StoredRow {
             id: p.id.clone(),
-            role: p.role.clone(),
+            role: role_of(&p.role),
             parent_id: None,
             seq: 1,
             created_at: 7,

@@ -6,7 +6,7 @@
 //! scan and a branch point costs at most one extra seek.
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
-use sessiondb_core::message::StoredRow;
+use sessiondb_core::message::{StoredRow, role_of};
 use sessiondb_core::plan::SuffixBudget;
 use sessiondb_core::{
     MAX_PATH_ROWS, PathPlan, PathRows, PathSuffix, PlanRow, RowStat, SearchHit, SessionKey,
@@ -37,7 +37,7 @@ fn row_fields(row: &Row<'_>) -> rusqlite::Result<(StoredRow, i64, u64)> {
     Ok((
         StoredRow {
             id: row.get(0)?,
-            role: row.get(1)?,
+            role: role_of(row.get_ref(1)?.as_str()?),
             parent_id: row.get(2)?,
             seq: row.get(3)?,
             created_at: row.get(4)?,

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use rusqlite::{Connection, OptionalExtension, params};
 use sessiondb_core::chunk::split_slices;
-use sessiondb_core::message::StoredRow;
+use sessiondb_core::message::{StoredRow, role_of};
 use sessiondb_core::plan::splice_rewires;
 use sessiondb_core::{
     Change, MAX_PATH_DEPTH, MAX_PATH_ROWS, MAX_SLICE_BYTES, Parent, PreparedMessage, SessionKey,
@@ -327,7 +327,7 @@ impl RequestTx<'_> {
                         Ok((
                             StoredRow {
                                 id: message.id.clone(),
-                                role: message.role.clone(),
+                                role: role_of(&message.role),
                                 seq: r.get(0)?,
                                 parent_id: r.get(1)?,
                                 created_at: r.get(4)?,
@@ -621,7 +621,7 @@ impl RequestTx<'_> {
         });
         let row = StoredRow {
             id: message.id.clone(),
-            role: message.role.clone(),
+            role: role_of(&message.role),
             parent_id: parent_id.clone(),
             seq,
             created_at,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
-use sessiondb_core::message::StoredRow;
+use sessiondb_core::message::{StoredRow, role_of};
 use sessiondb_core::plan::{Batcher, content_windows};
 use sessiondb_core::{
     MAX_PATH_ROWS, Message, Parent, PathPlan, PlanRow, PreparedMessage, RowStat, SearchHit,
@@ -137,7 +137,7 @@ impl<S: Store> Session<S> {
     fn unstored(prepared: &PreparedMessage) -> StoredMessage {
         let row = StoredRow {
             id: prepared.id.clone(),
-            role: prepared.role.clone(),
+            role: role_of(&prepared.role),
             parent_id: None,
             seq: 0,
             created_at: now_ms(),
@@ -434,7 +434,24 @@ impl<S: Store> Session<S> {
 
     /// The whole path in memory.
     pub async fn full_history(&self, options: HistoryOptions) -> Result<Vec<StoredMessage>, Error> {
-        self.history(options).try_collect().await
+        if options.newest_first {
+            return self.history(options).try_collect().await;
+        }
+        // Forward: the plan says how many rows come, so the result is allocated once.
+        let plan = self
+            .store
+            .path_plan(&self.key, options.leaf.as_deref())
+            .await?;
+        let rows = match &plan {
+            PathPlan::Range { first, last } => (last - first + 1).max(0) as usize,
+            PathPlan::Rows(rows) => rows.len(),
+        };
+        read_plan(self.store.clone(), self.key.clone(), plan)
+            .try_fold(Vec::with_capacity(rows), |mut all, batch| async move {
+                all.extend(batch);
+                Ok(all)
+            })
+            .await
     }
 
     /// The most recent messages whose stored bytes fit `max_bytes` (always at least the leaf).
