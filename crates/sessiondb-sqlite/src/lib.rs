@@ -200,11 +200,22 @@ impl SqliteStore {
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
         let readers = self.readers.clone();
         async move {
-            let conn = Checkout {
+            let checkout = Checkout {
                 pool: &readers,
                 conn: Some(readers.checkout()?),
             };
-            f(conn.conn.as_ref().expect("held until drop"))
+            let conn = checkout.conn.as_ref().expect("held until drop");
+            // One snapshot per read: every query of `f` sees the same committed state (a path and
+            // its totals, a message and its continuation slices).
+            let run = |sql: &str| {
+                conn.prepare_cached(sql)
+                    .and_then(|mut s| s.execute([]).map(drop))
+                    .map_err(backend_error)
+            };
+            run("BEGIN")?;
+            let result = f(conn);
+            run("COMMIT")?;
+            result
         }
     }
 
@@ -252,6 +263,10 @@ struct Checkout<'a> {
 impl Drop for Checkout<'_> {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
+            // A read that panicked left its snapshot open; the next one must start afresh.
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
             self.pool.checkin(conn);
         }
     }

@@ -440,3 +440,41 @@ fn linear_paths_are_read_by_range_and_branches_by_rows() {
         .collect();
     assert_eq!(ids, ["a", "x"]);
 }
+
+#[test]
+fn chunked_messages_are_never_read_torn_during_updates() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    let s = db.session("s").unwrap();
+    let bodies = ["a".repeat(1_700_000), "b".repeat(1_700_000)];
+    block_on(s.append(
+        Message::text("user", bodies[0].clone()).with_id("m"),
+        AppendOptions::default(),
+    ))
+    .unwrap();
+    let writer = {
+        let s = s.clone();
+        let bodies = bodies.clone();
+        std::thread::spawn(move || {
+            for i in 0..12 {
+                let body = bodies[(i + 1) % 2].clone();
+                block_on(s.update(Message::text("user", body).with_id("m"), Source::Server))
+                    .unwrap();
+            }
+        })
+    };
+    let mut reads = 0;
+    while !writer.is_finished() || reads < 10 {
+        let m = block_on(s.message("m")).unwrap().unwrap();
+        let text = m.to_value()["parts"][0]["text"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            text == bodies[0] || text == bodies[1],
+            "a read mixed two versions"
+        );
+        reads += 1;
+    }
+    writer.join().unwrap();
+}
