@@ -1,5 +1,6 @@
 //! The change feed: order, payloads, filters, lag.
 
+use futures::StreamExt;
 use sessiondb::{AppendOptions, Change, Db, FeedFilter, FeedItem, Parent, Source, Store};
 
 use crate::*;
@@ -160,4 +161,29 @@ pub async fn one_bad_write_does_not_fail_concurrent_ones<S: Store>(db: Db<S>) {
         .collect();
     assert!(handles.into_iter().all(|h| h.join().unwrap()));
     assert_eq!(s.stats().await.unwrap().stored_messages, 13);
+}
+
+pub async fn events_arrive_after_the_write_is_readable<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    let mut sub = db.subscribe(FeedFilter::Session(s.key().clone()));
+    let writer = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            for i in 0..20 {
+                let id = format!("w{i}");
+                block_on(s.append(text(&id, "user", &id), AppendOptions::default())).unwrap();
+            }
+        })
+    };
+    for _ in 0..20 {
+        let Some(FeedItem::Event(event)) = sub.next().await else {
+            panic!("the feed ended or lagged");
+        };
+        let Change::Append { message, .. } = &event.change else {
+            panic!("unexpected {:?}", event.change);
+        };
+        // Published after the commit: whoever hears of a write can read it.
+        assert!(s.message(&message.id).await.unwrap().is_some());
+    }
+    writer.join().unwrap();
 }

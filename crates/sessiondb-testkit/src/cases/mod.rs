@@ -82,6 +82,7 @@ macro_rules! for_each_case {
             feed::a_stalled_subscriber_never_blocks_writes,
             feed::failed_writes_publish_nothing,
             feed::one_bad_write_does_not_fail_concurrent_ones,
+            feed::events_arrive_after_the_write_is_readable,
         );
     };
 }
