@@ -418,19 +418,10 @@ pub struct StoredRow {
 }
 
 impl StoredMessage {
-    /// Builds the read form from a row and its reassembled body.
+    /// Builds the read form from a row and its body (the stored text is this form's JSON).
     pub fn from_row(row: StoredRow, body: &str) -> Self {
-        Self {
-            json: with_timestamps(body, row.created_at, row.updated_at),
-            bytes: body.len() as u64,
-            id: row.id,
-            role: row.role,
-            parent_id: row.parent_id,
-            seq: row.seq,
-            created_at: row.created_at,
-            updated_at: row.updated_at,
-            token_estimate: row.token_estimate,
-        }
+        let json = with_timestamps(body, row.created_at, row.updated_at);
+        Self::from_stored(row, json, body.len() as u64)
     }
 
     /// A row as stored: `json` already carries the timestamps (backends store exactly what
