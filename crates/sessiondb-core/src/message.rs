@@ -371,6 +371,26 @@ impl PreparedMessage {
     pub fn bytes(&self) -> u64 {
         self.body.len() as u64
     }
+
+    /// The read form of this message at a position in a session.
+    pub fn stored(
+        &self,
+        seq: i64,
+        parent_id: Option<String>,
+        created_at: i64,
+        updated_at: Option<i64>,
+    ) -> StoredMessage {
+        let row = StoredRow {
+            id: self.id.clone(),
+            role: role_of(&self.role),
+            parent_id,
+            seq,
+            created_at,
+            updated_at,
+            token_estimate: self.token_estimate,
+        };
+        StoredMessage::from_row(row, &self.body)
+    }
 }
 
 /// A message as reads return it.
@@ -661,16 +681,7 @@ mod tests {
                     m.sanitize(Source::Client, &["itemId".to_owned()]);
                     proptest::prop_assert_eq!(&m, &once);
                     let p = m.prepare(&HeuristicCounter);
-                    let row = StoredRow {
-                        id: p.id.clone(),
-                        role: role_of(&p.role),
-                        parent_id: None,
-                        seq: 1,
-                        created_at: 3,
-                        updated_at: None,
-                        token_estimate: p.token_estimate,
-                    };
-                    let stored = StoredMessage::from_row(row, &p.body);
+                    let stored = p.stored(1, None, 3, None);
                     proptest::prop_assert_eq!(stored.to_message().prepare(&HeuristicCounter), p);
                 }
             }
@@ -693,16 +704,7 @@ mod tests {
             p.body,
             r#"{"id":"m1","role":"user","parts":[{"type":"text","text":"hi"}]}"#
         );
-        let row = StoredRow {
-            id: p.id.clone(),
-            role: role_of(&p.role),
-            parent_id: None,
-            seq: 1,
-            created_at: 7,
-            updated_at: Some(9),
-            token_estimate: p.token_estimate,
-        };
-        let s = StoredMessage::from_row(row, &p.body);
+        let s = p.stored(1, None, 7, Some(9));
         assert_eq!(s.to_value()["createdAt"], 7);
         assert_eq!(s.to_value()["updatedAt"], 9);
         assert_eq!(s.body(), p.body);

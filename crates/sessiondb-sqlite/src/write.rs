@@ -5,7 +5,6 @@ use std::collections::HashMap;
 
 use rusqlite::{Connection, OptionalExtension, params};
 use sessiondb_core::chunk::split_slices;
-use sessiondb_core::message::{StoredRow, role_of};
 use sessiondb_core::plan::splice_rewires;
 use sessiondb_core::{
     Change, MAX_PATH_DEPTH, MAX_PATH_ROWS, MAX_SLICE_BYTES, Parent, PreparedMessage, SessionKey,
@@ -325,15 +324,7 @@ impl RequestTx<'_> {
                     params![self.key.namespace, self.key.session_id, message.id],
                     |r| {
                         Ok((
-                            StoredRow {
-                                id: message.id.clone(),
-                                role: role_of(&message.role),
-                                seq: r.get(0)?,
-                                parent_id: r.get(1)?,
-                                created_at: r.get(4)?,
-                                updated_at: r.get(5)?,
-                                token_estimate: message.token_estimate,
-                            },
+                            (r.get(0)?, r.get(1)?, r.get(4)?, r.get(5)?),
                             r.get::<_, Vec<u8>>(2)?,
                             r.get::<_, i64>(3)?,
                             r.get::<_, i64>(6)? as u64,
@@ -344,17 +335,16 @@ impl RequestTx<'_> {
                 .optional()
             })
             .map_err(backend_error)?;
-        let Some((mut row, hash, old_chunks, old_tokens, old_bytes)) = current else {
+        let Some((position, hash, old_chunks, old_tokens, old_bytes)) = current else {
             return Ok(UpdateOutcome::Missing);
         };
+        let (seq, parent_id, created_at, updated_at): (i64, Option<String>, i64, Option<i64>) =
+            position;
         if hash == message.content_hash.0 {
-            return Ok(UpdateOutcome::Unchanged(StoredMessage::from_row(
-                row,
-                &message.body,
-            )));
+            let unchanged = message.stored(seq, parent_id, created_at, updated_at);
+            return Ok(UpdateOutcome::Unchanged(unchanged));
         }
-        row.updated_at = Some(self.now);
-        let stored = StoredMessage::from_row(row, &message.body);
+        let stored = message.stored(seq, parent_id, created_at, Some(self.now));
         let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
         let chunks = slices.len() as i64 - 1;
         exec(
@@ -619,17 +609,8 @@ impl RequestTx<'_> {
             head_seq: parent_seq.is_none().then_some(seq),
             dense: parent_seq.is_none(),
         });
-        let row = StoredRow {
-            id: message.id.clone(),
-            role: role_of(&message.role),
-            parent_id: parent_id.clone(),
-            seq,
-            created_at,
-            updated_at: None,
-            token_estimate: message.token_estimate,
-        };
         // The stored text is exactly what reads return.
-        let stored = StoredMessage::from_row(row, &message.body);
+        let stored = message.stored(seq, parent_id.clone(), created_at, None);
         let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
         exec(
             self.conn,

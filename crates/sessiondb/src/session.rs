@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
-use sessiondb_core::message::{StoredRow, role_of};
 use sessiondb_core::plan::{Batcher, content_windows};
 use sessiondb_core::{
     MAX_PATH_ROWS, Message, Parent, PathPlan, PlanRow, PreparedMessage, RowStat, SearchHit,
@@ -135,16 +134,7 @@ impl<S: Store> Session<S> {
 
     /// The form a refused overlay would have had; never stored.
     fn unstored(prepared: &PreparedMessage) -> StoredMessage {
-        let row = StoredRow {
-            id: prepared.id.clone(),
-            role: role_of(&prepared.role),
-            parent_id: None,
-            seq: 0,
-            created_at: now_ms(),
-            updated_at: None,
-            token_estimate: prepared.token_estimate,
-        };
-        StoredMessage::from_row(row, &prepared.body)
+        prepared.stored(0, None, now_ms(), None)
     }
 
     /// Appends a message. Idempotent by id: when the id exists, nothing is written and the stored
