@@ -154,7 +154,7 @@ pub struct PathRows {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PathSuffix {
     /// Root side first; never empty for a non-empty path (the leaf always comes).
-    pub rows: Vec<RowStat>,
+    pub rows: Vec<PlanRow>,
     /// True when older rows of the path were left out (by the budget or the path cap).
     pub truncated: bool,
     /// Stored bytes of the whole (capped) path.

@@ -526,7 +526,10 @@ pub(crate) fn path_suffix(
     let more = walk(conn, key, start, |r| {
         walked_bytes += r.bytes;
         if !over_budget && budget.admit(r.bytes) {
-            rows.push(r.stat()?);
+            rows.push(PlanRow {
+                seq: r.seq,
+                bytes: r.bytes,
+            });
             return Ok(true);
         }
         over_budget = true;

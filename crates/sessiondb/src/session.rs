@@ -452,7 +452,7 @@ impl<S: Store> Session<S> {
     ) -> Result<RecentHistory, Error> {
         let suffix = self.store.path_suffix(&self.key, leaf, max_bytes).await?;
         let batches: Vec<Vec<StoredMessage>> =
-            fetch_windows(self.store.clone(), self.key.clone(), plan_of(&suffix.rows))
+            fetch_windows(self.store.clone(), self.key.clone(), suffix.rows)
                 .try_collect()
                 .await?;
         Ok(RecentHistory {
@@ -479,15 +479,6 @@ fn append_result(outcome: WriteOutcome) -> AppendResult {
         },
         other => unreachable!("append answered with {other:?}"),
     }
-}
-
-fn plan_of(rows: &[RowStat]) -> Vec<PlanRow> {
-    rows.iter()
-        .map(|r| PlanRow {
-            seq: r.seq,
-            bytes: r.bytes,
-        })
-        .collect()
 }
 
 /// Reads a planned path forward, window by window.
