@@ -336,14 +336,12 @@ impl<S: Store> Session<S> {
             self.walk_up(options.leaf).boxed()
         } else {
             let (store, key) = (self.store.clone(), self.key.clone());
-            stream::once(async move { store.path_plan(&key, options.leaf.as_deref()).await })
-                .map_err(Error::from)
-                .map_ok({
-                    let (store, key) = (self.store.clone(), self.key.clone());
-                    move |plan| read_plan(store.clone(), key.clone(), plan)
-                })
-                .try_flatten()
-                .boxed()
+            stream::once(async move {
+                let plan = store.path_plan(&key, options.leaf.as_deref()).await?;
+                Ok::<_, Error>(read_plan(store, key, plan))
+            })
+            .try_flatten()
+            .boxed()
         };
         batches
             .map_ok(|batch| stream::iter(batch.into_iter().map(Ok)))
@@ -424,24 +422,7 @@ impl<S: Store> Session<S> {
 
     /// The whole path in memory.
     pub async fn full_history(&self, options: HistoryOptions) -> Result<Vec<StoredMessage>, Error> {
-        if options.newest_first {
-            return self.history(options).try_collect().await;
-        }
-        // Forward: the plan says how many rows come, so the result is allocated once.
-        let plan = self
-            .store
-            .path_plan(&self.key, options.leaf.as_deref())
-            .await?;
-        let rows = match &plan {
-            PathPlan::Range { first, last } => (last - first + 1).max(0) as usize,
-            PathPlan::Rows(rows) => rows.len(),
-        };
-        read_plan(self.store.clone(), self.key.clone(), plan)
-            .try_fold(Vec::with_capacity(rows), |mut all, batch| async move {
-                all.extend(batch);
-                Ok(all)
-            })
-            .await
+        self.history(options).try_collect().await
     }
 
     /// The most recent messages whose stored bytes fit `max_bytes` (always at least the leaf).
