@@ -220,23 +220,29 @@ pub(crate) fn newest(conn: &Connection, key: &SessionKey) -> Result<Option<(Stri
 
 /// The session's active leaf seq with the aggregates of its path.
 pub(crate) struct ActiveLeaf {
+    pub id: String,
     pub seq: i64,
     pub total_bytes: u64,
     pub capped: bool,
+    /// Set when the active path is exactly the rows from this seq on.
+    pub dense_from: Option<i64>,
 }
 
 pub(crate) fn active_leaf(conn: &Connection, key: &SessionKey) -> Result<Option<ActiveLeaf>> {
     let mut stmt = conn
         .prepare_cached(
-            "SELECT leaf_seq, path_bytes, path_capped FROM sessions
-              WHERE namespace = ?1 AND id = ?2 AND leaf_seq IS NOT NULL",
+            "SELECT leaf_id, leaf_seq, path_bytes, path_capped, path_head_seq, path_dense
+               FROM sessions WHERE namespace = ?1 AND id = ?2 AND leaf_seq IS NOT NULL",
         )
         .map_err(backend_error)?;
     stmt.query_row(params![key.namespace, key.session_id], |r| {
+        let (head, dense): (Option<i64>, bool) = (r.get(4)?, r.get(5)?);
         Ok(ActiveLeaf {
-            seq: r.get(0)?,
-            total_bytes: r.get::<_, i64>(1)? as u64,
-            capped: r.get(2)?,
+            id: r.get(0)?,
+            seq: r.get(1)?,
+            total_bytes: r.get::<_, i64>(2)? as u64,
+            capped: r.get(3)?,
+            dense_from: head.filter(|_| dense),
         })
     })
     .optional()
@@ -353,28 +359,15 @@ pub(crate) fn path_plan(
     key: &SessionKey,
     leaf: Option<&str>,
 ) -> Result<PathPlan> {
-    let mut stmt = conn
-        .prepare_cached(
-            "SELECT leaf_id, leaf_seq, path_head_seq, path_dense FROM sessions
-              WHERE namespace = ?1 AND id = ?2 AND leaf_seq IS NOT NULL",
-        )
-        .map_err(backend_error)?;
-    let active: Option<(String, i64, Option<i64>, bool)> = stmt
-        .query_row(params![key.namespace, key.session_id], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-        })
-        .optional()
-        .map_err(backend_error)?;
-    if let Some((leaf_id, leaf_seq, Some(head), true)) = &active
-        && leaf.is_none_or(|l| l == leaf_id)
+    let active = active_leaf(conn, key)?;
+    if let Some(a) = &active
+        && let Some(first) = a.dense_from
+        && leaf.is_none_or(|l| l == a.id)
     {
-        return Ok(PathPlan::Range {
-            first: *head,
-            last: *leaf_seq,
-        });
+        return Ok(PathPlan::Range { first, last: a.seq });
     }
     let start = match leaf {
-        None => active.map(|(_, seq, _, _)| seq),
+        None => active.map(|a| a.seq),
         Some(id) => locate(conn, key, id)?.map(|(seq, _, _)| seq),
     };
     Ok(PathPlan::Rows(match start {
