@@ -456,13 +456,22 @@ impl Writer {
                 .map(|_| Err(StoreError::Backend(message.clone())))
                 .collect();
         }
-        let events = results.iter().zip(writes.iter()).flat_map(|(r, (req, _))| {
-            r.iter()
-                .flat_map(|(_, changes)| changes.iter().map(|c| (req.key.clone(), c.clone())))
-        });
+        // The changes move into the feed; only the outcomes go back to the callers.
+        let mut events = Vec::new();
+        let replies: Vec<_> = writes
+            .drain(..)
+            .zip(results)
+            .map(|((request, reply), result)| {
+                let outcomes = result.map(|(outcomes, changes)| {
+                    events.extend(changes.into_iter().map(|c| (request.key.clone(), c)));
+                    outcomes
+                });
+                (reply, outcomes)
+            })
+            .collect();
         self.feed.publish(events);
-        for ((_, reply), result) in writes.drain(..).zip(results) {
-            let _ = reply.send(result.map(|(outcomes, _)| outcomes));
+        for (reply, outcomes) in replies {
+            let _ = reply.send(outcomes);
         }
     }
 
