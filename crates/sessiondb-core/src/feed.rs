@@ -7,6 +7,7 @@
 //! [`FeedItem::Lagged`] with the number it missed: in order, before any later event, or as soon
 //! as it has read everything buffered.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,7 +17,26 @@ use futures::Stream;
 use futures::channel::mpsc;
 
 use crate::message::StoredMessage;
+use crate::registry::Compaction;
 use crate::store::{Parent, SessionKey};
+
+/// What happened to a session's registry record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionAction {
+    Created,
+    Updated,
+    Deleted,
+}
+
+impl SessionAction {
+    pub fn name(self) -> &'static str {
+        match self {
+            SessionAction::Created => "created",
+            SessionAction::Updated => "updated",
+            SessionAction::Deleted => "deleted",
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
@@ -38,6 +58,12 @@ pub enum Change {
         message: StoredMessage,
         parent_id: Option<String>,
     },
+    Compaction {
+        compaction: Compaction,
+    },
+    Session {
+        action: SessionAction,
+    },
 }
 
 impl Change {
@@ -49,6 +75,8 @@ impl Change {
             Change::Delete { .. } => "delete",
             Change::Clear => "clear",
             Change::Import { .. } => "import",
+            Change::Compaction { .. } => "compaction",
+            Change::Session { .. } => "session",
         }
     }
 }
@@ -98,8 +126,11 @@ struct Subscriber {
 
 #[derive(Debug, Default)]
 struct FeedState {
-    next_position: u64,
+    /// Position of the last published event.
+    position: u64,
     subscribers: Vec<Subscriber>,
+    /// The newest published events, oldest first, for subscribers that resume.
+    retained: VecDeque<Arc<ChangeEvent>>,
 }
 
 /// The publish side, owned by a backend.
@@ -107,21 +138,64 @@ struct FeedState {
 pub struct ChangeFeed {
     state: Arc<Mutex<FeedState>>,
     buffer: usize,
+    retain: usize,
+    epoch: u64,
 }
 
 impl ChangeFeed {
-    /// `buffer` is how many undelivered events a subscriber may hold before it lags.
-    pub fn new(buffer: usize) -> Self {
+    /// `buffer` is how many undelivered events a subscriber may hold before it lags; the last
+    /// `retain` events stay available to [`ChangeFeed::subscribe_after`]. `epoch` tells this
+    /// feed's positions apart from another process's (positions restart at 1 with each feed).
+    pub fn new(buffer: usize, retain: usize, epoch: u64) -> Self {
         Self {
             state: Arc::default(),
             buffer: buffer.max(1),
+            retain,
+            epoch,
         }
     }
 
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     pub fn subscribe(&self, filter: FeedFilter) -> Subscription {
-        let (sender, receiver) = mpsc::channel(self.buffer);
+        let mut state = self.lock();
+        let position = state.position;
+        Self::attach(&mut state, filter, self.buffer, position)
+    }
+
+    /// Subscribes and first delivers the retained events after `position` that the filter
+    /// accepts. `None` when events after `position` were already evicted, or `position` was
+    /// never published: then the subscriber cannot know what it missed.
+    pub fn subscribe_after(&self, filter: FeedFilter, position: u64) -> Option<Subscription> {
+        let mut state = self.lock();
+        let oldest_kept = state
+            .retained
+            .front()
+            .map_or(state.position + 1, |e| e.position);
+        if position > state.position || position + 1 < oldest_kept {
+            return None;
+        }
+        let capacity = self.buffer.max(state.retained.len());
+        Some(Self::attach(&mut state, filter, capacity, position))
+    }
+
+    fn attach(
+        state: &mut FeedState,
+        filter: FeedFilter,
+        capacity: usize,
+        after: u64,
+    ) -> Subscription {
+        let (mut sender, receiver) = mpsc::channel(capacity);
+        for event in state.retained.iter().filter(|e| e.position > after) {
+            if filter.accepts(&event.key) {
+                // Capacity covers every retained event, so replay never drops one.
+                let _ = sender.try_send(FeedItem::Event(event.clone()));
+            }
+        }
         let missed = Arc::new(AtomicU64::new(0));
-        self.lock().subscribers.push(Subscriber {
+        state.subscribers.push(Subscriber {
             filter,
             sender,
             missed: missed.clone(),
@@ -133,12 +207,18 @@ impl ChangeFeed {
     pub fn publish(&self, events: impl IntoIterator<Item = (SessionKey, Change)>) {
         let mut state = self.lock();
         for (key, change) in events {
-            state.next_position += 1;
+            state.position += 1;
             let event = Arc::new(ChangeEvent {
-                position: state.next_position,
+                position: state.position,
                 key,
                 change,
             });
+            if self.retain > 0 {
+                if state.retained.len() == self.retain {
+                    state.retained.pop_front();
+                }
+                state.retained.push_back(event.clone());
+            }
             state.subscribers.retain_mut(|sub| {
                 if !sub.filter.accepts(&event.key) {
                     return !sub.sender.is_closed();
@@ -223,7 +303,7 @@ mod tests {
 
     #[test]
     fn full_buffer_reports_lag_and_never_blocks() {
-        let feed = ChangeFeed::new(1);
+        let feed = ChangeFeed::new(1, 0, 1);
         let mut sub = feed.subscribe(FeedFilter::All);
         for _ in 0..5 {
             feed.publish([(key("a"), Change::Clear)]);
@@ -246,7 +326,7 @@ mod tests {
 
     #[test]
     fn filters_and_dropped_subscribers() {
-        let feed = ChangeFeed::new(8);
+        let feed = ChangeFeed::new(8, 0, 1);
         let mut only_b = feed.subscribe(FeedFilter::Session(key("b")));
         let gone = feed.subscribe(FeedFilter::All);
         drop(gone);
@@ -254,5 +334,34 @@ mod tests {
         assert!(matches!(only_b.try_next(), Some(FeedItem::Event(e)) if e.key == key("b")));
         assert_eq!(only_b.try_next(), None);
         assert_eq!(feed.subscriber_count(), 1);
+    }
+
+    #[test]
+    fn resumes_within_the_retained_window_only() {
+        let feed = ChangeFeed::new(1, 3, 1);
+        for s in ["a", "b", "a", "a"] {
+            feed.publish([(key(s), Change::Clear)]);
+        }
+        // Positions 2..=4 are retained; resuming after 1 replays them (filtered), then goes live.
+        let mut sub = feed
+            .subscribe_after(FeedFilter::Session(key("a")), 1)
+            .unwrap();
+        feed.publish([(key("a"), Change::Clear)]);
+        let positions: Vec<u64> = std::iter::from_fn(|| sub.try_next())
+            .map(|item| match item {
+                FeedItem::Event(e) => e.position,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(positions, [3, 4, 5]);
+        assert!(
+            feed.subscribe_after(FeedFilter::All, 0).is_none(),
+            "1 and 2 are gone"
+        );
+        assert!(
+            feed.subscribe_after(FeedFilter::All, 9).is_none(),
+            "never published"
+        );
+        assert!(feed.subscribe_after(FeedFilter::All, 5).is_some());
     }
 }

@@ -9,6 +9,8 @@
 //! - [`search`]: which text of a message is indexed, and how a user query becomes plain words.
 //! - [`plan`]: read planning (content windows, recent-history suffixes, history batches) and the
 //!   splice computation for deletes.
+//! - [`registry`]: session records and patches, compactions, state keys.
+//! - [`overlay`]: which rows a read shows once compaction overlays apply.
 //! - [`feed`]: change events and the bounded, lag-reporting fan-out to subscribers.
 //! - [`store`]: the [`store::Store`] trait every backend implements, with its request and outcome
 //!   types. It lives here (not in the facade) so backends can implement it without depending on
@@ -18,15 +20,23 @@
 pub mod chunk;
 pub mod feed;
 pub mod message;
+pub mod overlay;
 pub mod plan;
+pub mod registry;
 pub mod search;
 pub mod store;
 pub mod tokens;
 
-pub use feed::{Change, ChangeEvent, ChangeFeed, FeedFilter, FeedItem, Subscription};
+pub use feed::{
+    Change, ChangeEvent, ChangeFeed, FeedFilter, FeedItem, SessionAction, Subscription,
+};
 pub use message::{
     ContentHash, Message, PreparedMessage, Source, StoredMessage, ValidationError,
     ValidationErrorKind,
+};
+pub use registry::{
+    Compaction, SessionCursor, SessionInfo, SessionPatch, SessionQuery, SessionRecord, SessionSort,
+    Usage,
 };
 pub use store::{
     Parent, PathPlan, PathRows, PathSuffix, PlanRow, RowStat, SearchHit, SessionKey, SessionStats,

@@ -9,6 +9,7 @@ use std::future::Future;
 
 use crate::feed::{FeedFilter, Subscription};
 use crate::message::{PreparedMessage, StoredMessage, ValidationError, validate_id};
+use crate::registry::{Compaction, SessionInfo, SessionPatch, SessionQuery, SessionRecord};
 
 /// Which session a call is about. Every row carries both parts, and no call ever reads or writes
 /// rows of another namespace.
@@ -61,7 +62,9 @@ pub enum WriteOp {
     },
     /// Rewrites an existing message's body unless its content hash is unchanged. Never changes
     /// parent, seq or createdAt.
-    Update { message: PreparedMessage },
+    Update {
+        message: PreparedMessage,
+    },
     /// Update when the id exists, append otherwise.
     Upsert {
         message: PreparedMessage,
@@ -77,9 +80,33 @@ pub enum WriteOp {
     },
     /// Deletes the existing ids among these; each surviving child of a deleted row moves to its
     /// nearest surviving ancestor.
-    Delete { ids: Vec<String> },
+    Delete {
+        ids: Vec<String>,
+    },
     /// Deletes every message of the session; the session itself stays.
     Clear,
+    /// Registers the session with this record unless it exists (then writes nothing).
+    CreateSession {
+        record: SessionRecord,
+    },
+    /// Applies the patch to an existing session's record; writes nothing when it does not exist.
+    PatchSession {
+        patch: SessionPatch,
+    },
+    /// Removes the session with its messages, compactions and state.
+    DeleteSession,
+    /// Stores a compaction overlay (its ends need not exist: then it never applies).
+    AddCompaction {
+        compaction: Compaction,
+    },
+    /// Sets a state key to a JSON text.
+    PutState {
+        name: String,
+        value: String,
+    },
+    DeleteState {
+        name: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -111,6 +138,14 @@ pub enum WriteOutcome {
         count: usize,
     },
     Cleared,
+    /// `created` is false when the session existed already.
+    SessionCreated {
+        created: bool,
+    },
+    /// For session patches and deletes, and state deletes: whether the target existed.
+    Existed(bool),
+    CompactionAdded,
+    StatePut,
 }
 
 /// Per-row numbers of a path, read without loading content.
@@ -294,5 +329,55 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send;
 
+    /// The session's registry record and aggregates; `None` when it was never created.
+    fn session(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Option<SessionInfo>, StoreError>> + Send;
+
+    /// One page of a namespace's sessions, ordered by `(sort value, id)`.
+    fn list_sessions(
+        &self,
+        namespace: &str,
+        query: &SessionQuery,
+    ) -> impl Future<Output = Result<Vec<SessionInfo>, StoreError>> + Send;
+
+    /// The session's compactions in creation order.
+    fn compactions(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Vec<Compaction>, StoreError>> + Send;
+
+    /// One state value as JSON text.
+    fn state(
+        &self,
+        key: &SessionKey,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
+
+    /// Every state key of the session with its JSON text, by key.
+    fn state_entries(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send;
+
+    /// Messages anywhere in the namespace (optionally only sessions of `user_id`) matching every
+    /// word, best first.
+    fn search_namespace(
+        &self,
+        namespace: &str,
+        user_id: Option<&str>,
+        words: &[String],
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send;
+
     fn subscribe(&self, filter: FeedFilter) -> Subscription;
+
+    /// Subscribes with the retained events after `position` delivered first; `None` when some
+    /// of them are no longer retained (the caller must resynchronise).
+    fn subscribe_after(&self, filter: FeedFilter, position: u64) -> Option<Subscription>;
+
+    /// Identifies this feed's position sequence: positions from another epoch (an earlier process)
+    /// cannot be resumed.
+    fn feed_epoch(&self) -> u64;
 }

@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 mod queries;
+mod registry;
 mod schema;
 mod write;
 
@@ -35,9 +36,9 @@ use futures::channel::oneshot;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
 use sessiondb_core::message::JsonMap;
 use sessiondb_core::{
-    Change, ChangeFeed, FeedFilter, PathPlan, PathRows, PathSuffix, SearchHit, SessionKey,
-    SessionStats, Store, StoreError, StoredMessage, Subscription, WriteOutcome, WriteRequest,
-    search,
+    Change, ChangeFeed, Compaction, FeedFilter, PathPlan, PathRows, PathSuffix, SearchHit,
+    SessionInfo, SessionKey, SessionQuery, SessionStats, Store, StoreError, StoredMessage,
+    Subscription, WriteOutcome, WriteRequest, search,
 };
 
 use crate::write::WriteContext;
@@ -74,6 +75,8 @@ pub struct SqliteConfig {
     pub max_batch: usize,
     /// Undelivered change events a subscriber may hold before it lags.
     pub feed_buffer: usize,
+    /// Newest change events kept for subscribers that resume from a position.
+    pub feed_retain: usize,
 }
 
 impl Default for SqliteConfig {
@@ -83,6 +86,7 @@ impl Default for SqliteConfig {
             readers: 4,
             max_batch: 256,
             feed_buffer: 1024,
+            feed_retain: 4096,
         }
     }
 }
@@ -151,7 +155,11 @@ impl SqliteStore {
             .map_err(backend_error)?
             > 0;
         let search_index = Arc::new(AtomicBool::new(search_ready));
-        let feed = ChangeFeed::new(config.feed_buffer);
+        // Positions restart with each open; the open time tells them apart.
+        let epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let feed = ChangeFeed::new(config.feed_buffer, config.feed_retain, epoch);
 
         let readers = Arc::new(ReaderPool {
             path: path.clone(),
@@ -664,7 +672,81 @@ impl Store for SqliteStore {
         }
     }
 
+    fn session(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Option<SessionInfo>, StoreError>> + Send {
+        let key = key.clone();
+        self.read(move |c| registry::session_info(c, &key))
+    }
+
+    fn list_sessions(
+        &self,
+        namespace: &str,
+        query: &SessionQuery,
+    ) -> impl Future<Output = Result<Vec<SessionInfo>, StoreError>> + Send {
+        let (namespace, query) = (namespace.to_owned(), query.clone());
+        self.read(move |c| registry::list_sessions(c, &namespace, &query))
+    }
+
+    fn compactions(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Vec<Compaction>, StoreError>> + Send {
+        let key = key.clone();
+        self.read(move |c| registry::compactions(c, &key))
+    }
+
+    fn state(
+        &self,
+        key: &SessionKey,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send {
+        let (key, name) = (key.clone(), name.to_owned());
+        self.read(move |c| registry::state(c, &key, &name))
+    }
+
+    fn state_entries(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send {
+        let key = key.clone();
+        self.read(move |c| registry::state_entries(c, &key))
+    }
+
+    fn search_namespace(
+        &self,
+        namespace: &str,
+        user_id: Option<&str>,
+        words: &[String],
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send {
+        let (namespace, user_id, words) = (
+            namespace.to_owned(),
+            user_id.map(str::to_owned),
+            words.to_vec(),
+        );
+        async move {
+            self.ensure_search_index().await?;
+            self.read(move |c| {
+                if words.is_empty() || limit == 0 {
+                    return Ok(Vec::new());
+                }
+                registry::search_namespace(c, &namespace, user_id.as_deref(), &words, limit)
+            })
+            .await
+        }
+    }
+
     fn subscribe(&self, filter: FeedFilter) -> Subscription {
         self.feed.subscribe(filter)
+    }
+
+    fn subscribe_after(&self, filter: FeedFilter, position: u64) -> Option<Subscription> {
+        self.feed.subscribe_after(filter, position)
+    }
+
+    fn feed_epoch(&self) -> u64 {
+        self.feed.epoch()
     }
 }

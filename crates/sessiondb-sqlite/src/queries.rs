@@ -662,7 +662,7 @@ pub(crate) fn stats(conn: &Connection, key: &SessionKey) -> Result<SessionStats>
 
 /// Every word must match (implicit AND). Each word is an FTS5 string literal, so nothing in it is
 /// syntax; words come from `sessiondb_core::search::query_words` and hold no quotes anyway.
-fn match_expression(words: &[String]) -> String {
+pub(crate) fn match_expression(words: &[String]) -> String {
     words
         .iter()
         .map(|w| format!("\"{}\"", w.replace('"', "\"\"")))

@@ -7,7 +7,10 @@ use sessiondb_core::StoreError;
 use crate::{Synchronous, backend_error};
 
 /// Migrations in order; index + 1 is the schema version each one produces.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_init.sql"),
+    include_str!("../migrations/0002_registry.sql"),
+];
 
 /// Tables of the full-text index, created by the first search. `message_search` holds the
 /// indexed text; `message_fts` indexes it as external content.

@@ -7,12 +7,13 @@ use rusqlite::{Connection, OptionalExtension, params};
 use sessiondb_core::chunk::split_slices;
 use sessiondb_core::plan::splice_rewires;
 use sessiondb_core::{
-    Change, MAX_PATH_DEPTH, MAX_PATH_ROWS, MAX_SLICE_BYTES, Parent, PreparedMessage, SessionKey,
-    StoreError, StoredMessage, UpdateOutcome, WriteOp, WriteOutcome, WriteRequest,
+    Change, MAX_PATH_DEPTH, MAX_PATH_ROWS, MAX_SLICE_BYTES, Parent, PreparedMessage, SessionAction,
+    SessionKey, SessionPatch, SessionRecord, StoreError, StoredMessage, UpdateOutcome, WriteOp,
+    WriteOutcome, WriteRequest,
 };
 
-use crate::backend_error;
 use crate::queries::{self, PathTotals};
+use crate::{backend_error, registry};
 
 type Result<T> = std::result::Result<T, StoreError>;
 
@@ -41,6 +42,8 @@ struct SessionRow {
     stored_messages: u64,
     /// The path aggregates no longer describe the active leaf; recomputed once before saving.
     totals_stale: bool,
+    /// The registry record, loaded only by requests that change it; saved when `Some`.
+    record: Option<SessionRecord>,
 }
 
 impl SessionRow {
@@ -75,11 +78,17 @@ impl SessionRow {
                     stored_messages: r.get::<_, i64>(11)? as u64,
                     epoch: r.get(12)?,
                     totals_stale: false,
+                    record: None,
                 })
             })
             .optional()
             .map_err(backend_error)?;
-        Ok(row.unwrap_or(SessionRow {
+        Ok(row.unwrap_or_else(|| Self::absent(now)))
+    }
+
+    /// A session that has no row (yet).
+    fn absent(now: i64) -> Self {
+        SessionRow {
             stored: false,
             dirty: false,
             created_at: now,
@@ -92,7 +101,13 @@ impl SessionRow {
             epoch: 0,
             stored_messages: 0,
             totals_stale: false,
-        }))
+            record: None,
+        }
+    }
+
+    /// True when the session has a row or this request creates one.
+    fn exists(&self) -> bool {
+        self.stored || self.dirty
     }
 
     /// Records a new row (with the current `next_seq`) that became the active leaf; `totals`
@@ -246,9 +261,31 @@ pub(crate) fn apply(
             } => tx.import(message, parent_id.as_deref(), *created_at)?,
             WriteOp::Delete { ids } => tx.delete(ids)?,
             WriteOp::Clear => tx.clear()?,
+            WriteOp::CreateSession { record } => tx.create_session(record),
+            WriteOp::PatchSession { patch } => tx.patch_session(patch)?,
+            WriteOp::DeleteSession => tx.delete_session()?,
+            WriteOp::AddCompaction { compaction } => {
+                registry::add_compaction(conn, tx.key, compaction)?;
+                tx.session.touch(tx.now);
+                tx.changes.push(Change::Compaction {
+                    compaction: compaction.clone(),
+                });
+                WriteOutcome::CompactionAdded
+            }
+            WriteOp::PutState { name, value } => {
+                registry::put_state(conn, tx.key, name, value)?;
+                tx.session.touch(tx.now);
+                WriteOutcome::StatePut
+            }
+            WriteOp::DeleteState { name } => {
+                WriteOutcome::Existed(registry::delete_state(conn, tx.key, name)?)
+            }
         });
     }
     tx.session.save(conn, tx.key)?;
+    if let Some(record) = &tx.session.record {
+        registry::save_record(conn, tx.key, record)?;
+    }
     Ok((outcomes, tx.changes))
 }
 
@@ -266,6 +303,47 @@ struct RequestTx<'a> {
 }
 
 impl RequestTx<'_> {
+    fn create_session(&mut self, record: &SessionRecord) -> WriteOutcome {
+        if self.session.exists() {
+            return WriteOutcome::SessionCreated { created: false };
+        }
+        self.session.record = Some(record.clone());
+        self.session.touch(self.now);
+        self.changes.push(Change::Session {
+            action: SessionAction::Created,
+        });
+        WriteOutcome::SessionCreated { created: true }
+    }
+
+    fn patch_session(&mut self, patch: &SessionPatch) -> Result<WriteOutcome> {
+        if !self.session.exists() {
+            return Ok(WriteOutcome::Existed(false));
+        }
+        if self.session.record.is_none() {
+            self.session.record = Some(registry::record(self.conn, self.key)?.unwrap_or_default());
+        }
+        if let Some(record) = &mut self.session.record {
+            patch.apply(record);
+        }
+        self.session.touch(self.now);
+        self.changes.push(Change::Session {
+            action: SessionAction::Updated,
+        });
+        Ok(WriteOutcome::Existed(true))
+    }
+
+    fn delete_session(&mut self) -> Result<WriteOutcome> {
+        let existed = self.session.exists();
+        registry::delete_session_rows(self.conn, self.key, self.ctx.search_index)?;
+        self.session = SessionRow::absent(self.now);
+        if existed {
+            self.changes.push(Change::Session {
+                action: SessionAction::Deleted,
+            });
+        }
+        Ok(WriteOutcome::Existed(existed))
+    }
+
     fn append(&mut self, message: &PreparedMessage, parent: &Parent) -> Result<WriteOutcome> {
         let (exists, orphans) = queries::id_status(self.conn, self.key, &message.id)?;
         if exists {

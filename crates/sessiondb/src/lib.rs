@@ -38,6 +38,8 @@
 //!   (feature `sqlite`, on by default) from `sessiondb-sqlite`.
 #![forbid(unsafe_code)]
 
+mod page;
+mod registry;
 mod session;
 
 use std::sync::Arc;
@@ -51,8 +53,13 @@ pub use sessiondb_core::{
 #[cfg(feature = "sqlite")]
 pub use sessiondb_sqlite::{SqliteConfig, SqliteStore, Synchronous, WriteStats};
 
+pub use page::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Page, PageRequest};
+pub use registry::SessionListing;
 pub use session::{
     AppendOptions, AppendResult, HistoryOptions, ImportOptions, RecentHistory, Session,
+};
+pub use sessiondb_core::{
+    Compaction, SessionAction, SessionInfo, SessionPatch, SessionRecord, SessionSort, Usage,
 };
 
 /// Every error the facade returns.
@@ -65,6 +72,9 @@ pub enum Error {
     /// The backend failed; nothing of the failed request was written.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A session with this id already exists; nothing was written.
+    #[error("session `{id}` already exists")]
+    SessionExists { id: String },
 }
 
 /// Behaviour shared by every session of a [`Db`].

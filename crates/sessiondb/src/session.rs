@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
+use sessiondb_core::overlay::{PathItem, is_hidden, overlay_path, summary_message_id};
 use sessiondb_core::plan::{Batcher, content_windows};
 use sessiondb_core::{
-    MAX_PATH_ROWS, Message, Parent, PathPlan, PlanRow, PreparedMessage, RowStat, SearchHit,
-    SessionKey, SessionStats, Source, Store, StoredMessage, UpdateOutcome, ValidationError,
-    ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome, WriteRequest,
-    search,
+    Compaction, MAX_PATH_ROWS, Message, Parent, PathPlan, PlanRow, PreparedMessage, RowStat,
+    SearchHit, SessionKey, SessionStats, Source, Store, StoredMessage, UpdateOutcome,
+    ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome,
+    WriteRequest, search,
 };
 
 use crate::{Error, Options};
@@ -63,7 +64,7 @@ pub struct RecentHistory {
 /// A handle on one session. Cheap to clone; holds no data of its own.
 #[derive(Debug)]
 pub struct Session<S> {
-    store: Arc<S>,
+    pub(crate) store: Arc<S>,
     options: Arc<Options>,
     key: SessionKey,
 }
@@ -78,14 +79,19 @@ impl<S> Clone for Session<S> {
     }
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// A time-ordered unique id with a prefix.
+pub(crate) fn unique_id(prefix: &str) -> String {
+    format!("{prefix}{}", uuid::Uuid::now_v7().simple())
+}
+
 fn generate_id() -> String {
-    format!("msg_{}", uuid::Uuid::now_v7().simple())
+    unique_id("msg_")
 }
 
 /// Newest-first walks read this many rows first and grow the window by `WALK_GROWTH` up to the
@@ -127,7 +133,7 @@ impl<S: Store> Session<S> {
         Ok(self.store.write(request).await?)
     }
 
-    async fn write_one(&self, op: WriteOp) -> Result<WriteOutcome, Error> {
+    pub(crate) async fn write_one(&self, op: WriteOp) -> Result<WriteOutcome, Error> {
         let mut outcomes = self.write(vec![op]).await?;
         Ok(outcomes.pop().expect("one outcome per op"))
     }
@@ -288,17 +294,52 @@ impl<S: Store> Session<S> {
         Ok(self.store.message(&self.key, id).await?)
     }
 
-    /// The active leaf: the newest message written.
+    /// The active leaf: the newest message written (walking up past stored echoes of this
+    /// session's compaction summaries, which reads hide).
     pub async fn latest_leaf(&self) -> Result<Option<StoredMessage>, Error> {
-        match self.store.stats(&self.key).await?.leaf_id {
-            Some(leaf) => self.message(&leaf).await,
-            None => Ok(None),
+        let Some(leaf) = self.store.stats(&self.key).await?.leaf_id else {
+            return Ok(None);
+        };
+        let compactions = self.store.compactions(&self.key).await?;
+        if !is_hidden(&leaf, &compactions) {
+            return self.message(&leaf).await;
         }
+        let walk = self
+            .store
+            .ancestors(&self.key, &leaf, MAX_PATH_ROWS)
+            .await?;
+        Ok(walk.into_iter().find(|m| !is_hidden(&m.id, &compactions)))
     }
 
-    /// Children of `id`, oldest first.
+    /// Children of `id`, oldest first. A hidden echo of a compaction summary is replaced by its
+    /// own children.
     pub async fn branches(&self, id: &str) -> Result<Vec<StoredMessage>, Error> {
-        Ok(self.store.children(&self.key, id).await?)
+        let children = self.store.children(&self.key, id).await?;
+        if !children
+            .iter()
+            .any(|m| m.id.starts_with(sessiondb_core::COMPACTION_PREFIX))
+        {
+            return Ok(children);
+        }
+        let compactions = self.store.compactions(&self.key).await?;
+        let mut shown = Vec::with_capacity(children.len());
+        let mut pending: VecDeque<StoredMessage> = children.into();
+        while let Some(child) = pending.pop_front() {
+            if is_hidden(&child.id, &compactions) {
+                for grandchild in self
+                    .store
+                    .children(&self.key, &child.id)
+                    .await?
+                    .into_iter()
+                    .rev()
+                {
+                    pending.push_front(grandchild);
+                }
+            } else {
+                shown.push(child);
+            }
+        }
+        Ok(shown)
     }
 
     /// Messages without a parent in this session, oldest first: the tops of its trees.
@@ -319,9 +360,60 @@ impl<S: Store> Session<S> {
         }
     }
 
-    /// Per-row numbers of the path, root first, without loading content.
+    /// Per-row numbers of the path, root first, without loading content (hidden echoes of
+    /// compaction summaries left out).
     pub async fn row_stats(&self, leaf: Option<&str>) -> Result<Vec<RowStat>, Error> {
-        Ok(self.store.path(&self.key, leaf).await?.rows)
+        let mut rows = self.store.path(&self.key, leaf).await?.rows;
+        if rows
+            .iter()
+            .any(|r| r.id.starts_with(sessiondb_core::COMPACTION_PREFIX))
+        {
+            let compactions = self.store.compactions(&self.key).await?;
+            rows.retain(|r| !is_hidden(&r.id, &compactions));
+        }
+        Ok(rows)
+    }
+
+    /// The active path as reads show it once compaction overlays apply; `None` when the
+    /// session has no compactions (reads then take their direct paths).
+    async fn overlaid(&self, leaf: Option<&str>) -> Result<Option<Overlaid>, Error> {
+        let compactions = self.store.compactions(&self.key).await?;
+        if compactions.is_empty() {
+            return Ok(None);
+        }
+        let path = self.store.path(&self.key, leaf).await?;
+        let ids: Vec<&str> = path.rows.iter().map(|r| r.id.as_str()).collect();
+        let items = overlay_path(&ids, &compactions);
+        let now = now_ms();
+        let summaries = compactions
+            .iter()
+            .map(|c| {
+                Message::text("assistant", c.summary.clone())
+                    .with_id(summary_message_id(c))
+                    .prepare(self.options.token_counter.as_ref())
+                    .stored(0, None, now, None)
+            })
+            .collect();
+        Ok(Some(Overlaid {
+            rows: path.rows,
+            capped: path.capped,
+            items,
+            summaries,
+        }))
+    }
+
+    /// The active path's token estimate with compaction summaries in place of the rows they
+    /// cover; `None` when no overlay exists (the O(1) aggregate is exact then).
+    pub(crate) async fn overlaid_token_estimate(&self) -> Result<Option<u64>, Error> {
+        Ok(self.overlaid(None).await?.map(|o| {
+            o.items
+                .iter()
+                .map(|item| match *item {
+                    PathItem::Row(i) => o.rows[i].token_estimate,
+                    PathItem::Summary { compaction, .. } => o.summaries[compaction].token_estimate,
+                })
+                .sum()
+        }))
     }
 
     /// The path root → leaf (or leaf → root) as a stream. Forward reads fetch content in windows
@@ -331,18 +423,29 @@ impl<S: Store> Session<S> {
         &self,
         options: HistoryOptions,
     ) -> impl Stream<Item = Result<StoredMessage, Error>> + Send + 'static {
-        let batches: BoxStream<'static, Result<Vec<StoredMessage>, Error>> = if options.newest_first
-        {
-            self.walk_up(options.leaf).boxed()
-        } else {
-            let (store, key) = (self.store.clone(), self.key.clone());
-            stream::once(async move {
-                let plan = store.path_plan(&key, options.leaf.as_deref()).await?;
-                Ok::<_, Error>(read_plan(store, key, plan))
-            })
-            .try_flatten()
-            .boxed()
-        };
+        let session = self.clone();
+        let batches = stream::once(async move {
+            let batches: BoxStream<'static, Result<Vec<StoredMessage>, Error>> =
+                match session.overlaid(options.leaf.as_deref()).await? {
+                    Some(overlaid) => {
+                        let mut items = overlaid.items.clone();
+                        if options.newest_first {
+                            items.reverse();
+                        }
+                        overlaid.read(session.store.clone(), session.key.clone(), items)
+                    }
+                    None if options.newest_first => session.walk_up(options.leaf).boxed(),
+                    None => {
+                        let plan = session
+                            .store
+                            .path_plan(&session.key, options.leaf.as_deref())
+                            .await?;
+                        read_plan(session.store.clone(), session.key.clone(), plan)
+                    }
+                };
+            Ok::<_, Error>(batches)
+        })
+        .try_flatten();
         batches
             .map_ok(|batch| stream::iter(batch.into_iter().map(Ok)))
             .try_flatten()
@@ -431,6 +534,11 @@ impl<S: Store> Session<S> {
         max_bytes: u64,
         leaf: Option<&str>,
     ) -> Result<RecentHistory, Error> {
+        if let Some(overlaid) = self.overlaid(leaf).await? {
+            return overlaid
+                .recent(self.store.clone(), self.key.clone(), max_bytes)
+                .await;
+        }
         let suffix = self.store.path_suffix(&self.key, leaf, max_bytes).await?;
         let batches: Vec<Vec<StoredMessage>> =
             fetch_windows(self.store.clone(), self.key.clone(), suffix.rows)
@@ -447,7 +555,94 @@ impl<S: Store> Session<S> {
     /// words: no character in it is search syntax.
     pub async fn search(&self, query: &str, limit: usize) -> Result<Vec<SearchHit>, Error> {
         let words = search::query_words(query);
-        Ok(self.store.search(&self.key, &words, limit).await?)
+        let mut hits = self.store.search(&self.key, &words, limit).await?;
+        if hits
+            .iter()
+            .any(|h| h.id.starts_with(sessiondb_core::COMPACTION_PREFIX))
+        {
+            let compactions: Vec<Compaction> = self.store.compactions(&self.key).await?;
+            hits.retain(|h| !is_hidden(&h.id, &compactions));
+        }
+        Ok(hits)
+    }
+}
+
+/// A path with compaction overlays planned on it.
+struct Overlaid {
+    rows: Vec<RowStat>,
+    capped: bool,
+    /// Root first.
+    items: Vec<PathItem>,
+    /// The synthetic message of each compaction, by the compaction's index.
+    summaries: Vec<StoredMessage>,
+}
+
+impl Overlaid {
+    fn bytes_of(&self, item: PathItem) -> u64 {
+        match item {
+            PathItem::Row(i) => self.rows[i].bytes,
+            PathItem::Summary { compaction, .. } => self.summaries[compaction].bytes,
+        }
+    }
+
+    /// Reads `items` in the order given: runs of rows window by window, summaries as they are.
+    fn read<S: Store>(
+        &self,
+        store: Arc<S>,
+        key: SessionKey,
+        items: Vec<PathItem>,
+    ) -> BoxStream<'static, Result<Vec<StoredMessage>, Error>> {
+        let mut segments: Vec<Result<Vec<PlanRow>, StoredMessage>> = Vec::new();
+        for item in items {
+            match item {
+                PathItem::Row(i) => {
+                    let row = PlanRow {
+                        seq: self.rows[i].seq,
+                        bytes: self.rows[i].bytes,
+                    };
+                    match segments.last_mut() {
+                        Some(Ok(run)) => run.push(row),
+                        _ => segments.push(Ok(vec![row])),
+                    }
+                }
+                PathItem::Summary { compaction, .. } => {
+                    segments.push(Err(self.summaries[compaction].clone()));
+                }
+            }
+        }
+        stream::iter(segments)
+            .map(move |segment| match segment {
+                Ok(rows) => fetch_windows(store.clone(), key.clone(), rows).boxed(),
+                Err(summary) => stream::once(async move { Ok(vec![summary]) }).boxed(),
+            })
+            .flatten()
+            .boxed()
+    }
+
+    /// The longest suffix of the overlaid path that fits `max_bytes` (at least its last item).
+    async fn recent<S: Store>(
+        self,
+        store: Arc<S>,
+        key: SessionKey,
+        max_bytes: u64,
+    ) -> Result<RecentHistory, Error> {
+        let total_bytes: u64 = self.items.iter().map(|&i| self.bytes_of(i)).sum();
+        let (mut used, mut first) = (0u64, self.items.len());
+        while first > 0 {
+            let bytes = self.bytes_of(self.items[first - 1]);
+            if first < self.items.len() && used + bytes > max_bytes {
+                break;
+            }
+            used += bytes;
+            first -= 1;
+        }
+        let items = self.items[first..].to_vec();
+        let messages: Vec<Vec<StoredMessage>> = self.read(store, key, items).try_collect().await?;
+        Ok(RecentHistory {
+            messages: messages.into_iter().flatten().collect(),
+            truncated: first > 0 || self.capped,
+            total_bytes,
+        })
     }
 }
 

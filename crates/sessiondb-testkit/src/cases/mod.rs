@@ -4,6 +4,7 @@
 pub mod chunking;
 pub mod feed;
 pub mod reads;
+pub mod registry;
 pub mod search;
 pub mod tree;
 pub mod writes;
@@ -14,6 +15,15 @@ pub mod writes;
 macro_rules! for_each_case {
     ($callback:path, $factory:expr) => {
         $callback!($factory;
+            registry::sessions_are_created_patched_and_deleted,
+            registry::appending_creates_a_session_with_an_empty_record,
+            registry::listings_page_both_ways_with_cursors,
+            registry::message_lists_page_over_the_active_path,
+            registry::compaction_overlays_apply_on_path_reads_only,
+            registry::stored_echoes_of_own_summaries_are_hidden,
+            registry::state_is_json_per_session,
+            registry::namespace_search_spans_sessions_but_not_namespaces,
+            registry::resumed_subscriptions_replay_retained_events,
             tree::appends_chain_in_order,
             tree::reappend_keeps_first_content,
             tree::explicit_parent_starts_a_branch,

@@ -1,0 +1,292 @@
+//! Reads and writes of the session registry, compactions and state.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use sessiondb_core::message::JsonMap;
+use sessiondb_core::{
+    Compaction, SearchHit, SessionInfo, SessionKey, SessionQuery, SessionRecord, SessionSort,
+    SessionStats, StoreError,
+};
+
+use crate::backend_error;
+use crate::queries::match_expression;
+
+type Result<T> = std::result::Result<T, StoreError>;
+
+const INFO_COLUMNS: &str =
+    "id, name, parent_session_id, model, source, user_id, metadata, settings,
+    end_reason, input_tokens, output_tokens, cost, created_at, updated_at, last_message_at,
+    leaf_id, path_len, path_tokens, path_bytes, stored_messages";
+
+fn json_object(text: String) -> rusqlite::Result<JsonMap> {
+    serde_json::from_str(&text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+fn info_from_row(r: &Row<'_>) -> rusqlite::Result<SessionInfo> {
+    Ok(SessionInfo {
+        id: r.get(0)?,
+        record: SessionRecord {
+            name: r.get(1)?,
+            parent_session_id: r.get(2)?,
+            model: r.get(3)?,
+            source: r.get(4)?,
+            user_id: r.get(5)?,
+            metadata: json_object(r.get(6)?)?,
+            settings: json_object(r.get(7)?)?,
+            end_reason: r.get(8)?,
+            input_tokens: r.get::<_, i64>(9)? as u64,
+            output_tokens: r.get::<_, i64>(10)? as u64,
+            cost: r.get(11)?,
+        },
+        created_at: r.get(12)?,
+        updated_at: r.get(13)?,
+        last_message_at: r.get(14)?,
+        stats: SessionStats {
+            leaf_id: r.get(15)?,
+            message_count: r.get::<_, i64>(16)? as u64,
+            token_estimate: r.get::<_, i64>(17)? as u64,
+            content_bytes: r.get::<_, i64>(18)? as u64,
+            stored_messages: r.get::<_, i64>(19)? as u64,
+        },
+    })
+}
+
+pub(crate) fn session_info(conn: &Connection, key: &SessionKey) -> Result<Option<SessionInfo>> {
+    conn.prepare_cached(&format!(
+        "SELECT {INFO_COLUMNS} FROM sessions WHERE namespace = ?1 AND id = ?2"
+    ))
+    .and_then(|mut stmt| {
+        stmt.query_row(params![key.namespace, key.session_id], info_from_row)
+            .optional()
+    })
+    .map_err(backend_error)
+}
+
+pub(crate) fn list_sessions(
+    conn: &Connection,
+    namespace: &str,
+    query: &SessionQuery,
+) -> Result<Vec<SessionInfo>> {
+    let sort = match query.sort {
+        SessionSort::UpdatedAt => "updated_at",
+        SessionSort::LastMessageAt => "coalesce(last_message_at, created_at)",
+        SessionSort::CreatedAt => "created_at",
+    };
+    let (cmp, dir) = if query.descending {
+        ("<", "DESC")
+    } else {
+        (">", "ASC")
+    };
+    // The cursor test compares (value, id) as a row value, which the (namespace, value, id)
+    // indexes serve as a range.
+    let sql = format!(
+        "SELECT {INFO_COLUMNS} FROM sessions
+          WHERE namespace = ?1
+            AND (?2 IS NULL OR ({sort}, id) {cmp} (?2, ?3))
+            AND (?4 IS NULL OR user_id = ?4)
+          ORDER BY {sort} {dir}, id {dir}
+          LIMIT ?5"
+    );
+    let (value, id) = match &query.after {
+        Some(c) => (Some(c.value), Some(c.id.as_str())),
+        None => (None, None),
+    };
+    let mut stmt = conn.prepare_cached(&sql).map_err(backend_error)?;
+    stmt.query_map(
+        params![namespace, value, id, query.user_id, query.limit as i64],
+        info_from_row,
+    )
+    .and_then(|rows| rows.collect())
+    .map_err(backend_error)
+}
+
+/// The record alone, for patching inside a write.
+pub(crate) fn record(conn: &Connection, key: &SessionKey) -> Result<Option<SessionRecord>> {
+    Ok(session_info(conn, key)?.map(|info| info.record))
+}
+
+pub(crate) fn save_record(
+    conn: &Connection,
+    key: &SessionKey,
+    record: &SessionRecord,
+) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE sessions SET name = ?3, parent_session_id = ?4, model = ?5, source = ?6,
+                user_id = ?7, metadata = ?8, settings = ?9, end_reason = ?10,
+                input_tokens = ?11, output_tokens = ?12, cost = ?13
+          WHERE namespace = ?1 AND id = ?2",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            key.namespace,
+            key.session_id,
+            record.name,
+            record.parent_session_id,
+            record.model,
+            record.source,
+            record.user_id,
+            serde_json::Value::Object(record.metadata.clone()).to_string(),
+            serde_json::Value::Object(record.settings.clone()).to_string(),
+            record.end_reason,
+            record.input_tokens as i64,
+            record.output_tokens as i64,
+            record.cost,
+        ])
+    })
+    .map_err(backend_error)?;
+    Ok(())
+}
+
+/// Removes every row of a session except its `sessions` row (which the caller handles).
+pub(crate) fn delete_session_rows(
+    conn: &Connection,
+    key: &SessionKey,
+    search_index: bool,
+) -> Result<()> {
+    let mut tables = vec![
+        "DELETE FROM messages WHERE namespace = ?1 AND session_id = ?2",
+        "DELETE FROM message_chunks WHERE namespace = ?1 AND session_id = ?2",
+        "DELETE FROM compactions WHERE namespace = ?1 AND session_id = ?2",
+        "DELETE FROM session_state WHERE namespace = ?1 AND session_id = ?2",
+        "DELETE FROM sessions WHERE namespace = ?1 AND id = ?2",
+    ];
+    if search_index {
+        tables.push("DELETE FROM message_search WHERE namespace = ?1 AND session_id = ?2");
+    }
+    for sql in tables {
+        conn.prepare_cached(sql)
+            .and_then(|mut stmt| stmt.execute(params![key.namespace, key.session_id]))
+            .map_err(backend_error)?;
+    }
+    Ok(())
+}
+
+pub(crate) fn add_compaction(conn: &Connection, key: &SessionKey, c: &Compaction) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO compactions (namespace, session_id, seq, id, summary, from_message_id,
+                                  to_message_id, created_at)
+         VALUES (?1, ?2, (SELECT coalesce(max(seq), 0) + 1 FROM compactions
+                           WHERE namespace = ?1 AND session_id = ?2),
+                 ?3, ?4, ?5, ?6, ?7)",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            key.namespace,
+            key.session_id,
+            c.id,
+            c.summary,
+            c.from_message_id,
+            c.to_message_id,
+            c.created_at
+        ])
+    })
+    .map_err(backend_error)?;
+    Ok(())
+}
+
+pub(crate) fn compactions(conn: &Connection, key: &SessionKey) -> Result<Vec<Compaction>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT id, summary, from_message_id, to_message_id, created_at FROM compactions
+              WHERE namespace = ?1 AND session_id = ?2 ORDER BY seq",
+        )
+        .map_err(backend_error)?;
+    stmt.query_map(params![key.namespace, key.session_id], |r| {
+        Ok(Compaction {
+            id: r.get(0)?,
+            summary: r.get(1)?,
+            from_message_id: r.get(2)?,
+            to_message_id: r.get(3)?,
+            created_at: r.get(4)?,
+        })
+    })
+    .and_then(|rows| rows.collect())
+    .map_err(backend_error)
+}
+
+pub(crate) fn put_state(
+    conn: &Connection,
+    key: &SessionKey,
+    name: &str,
+    value: &str,
+) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO session_state (namespace, session_id, key, value) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (namespace, session_id, key) DO UPDATE SET value = excluded.value",
+    )
+    .and_then(|mut stmt| stmt.execute(params![key.namespace, key.session_id, name, value]))
+    .map_err(backend_error)?;
+    Ok(())
+}
+
+pub(crate) fn delete_state(conn: &Connection, key: &SessionKey, name: &str) -> Result<bool> {
+    conn.prepare_cached(
+        "DELETE FROM session_state WHERE namespace = ?1 AND session_id = ?2 AND key = ?3",
+    )
+    .and_then(|mut stmt| stmt.execute(params![key.namespace, key.session_id, name]))
+    .map(|n| n > 0)
+    .map_err(backend_error)
+}
+
+pub(crate) fn state(conn: &Connection, key: &SessionKey, name: &str) -> Result<Option<String>> {
+    conn.prepare_cached(
+        "SELECT value FROM session_state WHERE namespace = ?1 AND session_id = ?2 AND key = ?3",
+    )
+    .and_then(|mut stmt| {
+        stmt.query_row(params![key.namespace, key.session_id, name], |r| r.get(0))
+            .optional()
+    })
+    .map_err(backend_error)
+}
+
+pub(crate) fn state_entries(conn: &Connection, key: &SessionKey) -> Result<Vec<(String, String)>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT key, value FROM session_state WHERE namespace = ?1 AND session_id = ?2
+              ORDER BY key",
+        )
+        .map_err(backend_error)?;
+    stmt.query_map(params![key.namespace, key.session_id], |r| {
+        Ok((r.get(0)?, r.get(1)?))
+    })
+    .and_then(|rows| rows.collect())
+    .map_err(backend_error)
+}
+
+pub(crate) fn search_namespace(
+    conn: &Connection,
+    namespace: &str,
+    user_id: Option<&str>,
+    words: &[String],
+    limit: usize,
+) -> Result<Vec<SearchHit>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT s.message_id, s.role, s.text, s.session_id, m.created_at
+               FROM message_fts
+               JOIN message_search s ON s.rowid = message_fts.rowid
+               JOIN messages m ON m.namespace = s.namespace AND m.session_id = s.session_id
+                              AND m.id = s.message_id
+              WHERE message_fts MATCH ?1 AND s.namespace = ?2
+                AND (?3 IS NULL OR s.session_id IN
+                     (SELECT id FROM sessions WHERE namespace = ?2 AND user_id = ?3))
+              ORDER BY bm25(message_fts), s.session_id, m.seq
+              LIMIT ?4",
+        )
+        .map_err(backend_error)?;
+    stmt.query_map(
+        params![match_expression(words), namespace, user_id, limit as i64],
+        |r| {
+            Ok(SearchHit {
+                id: r.get(0)?,
+                role: r.get(1)?,
+                content: r.get(2)?,
+                session_id: r.get(3)?,
+                created_at: r.get(4)?,
+            })
+        },
+    )
+    .and_then(|rows| rows.collect())
+    .map_err(backend_error)
+}

@@ -1,0 +1,459 @@
+//! The session registry, listings, compaction overlays, state and namespace search.
+
+use serde_json::json;
+use sessiondb::{
+    AppendOptions, Db, Error, FeedFilter, HistoryOptions, PageRequest, SessionListing,
+    SessionPatch, SessionRecord, SessionSort, Store, Usage,
+};
+
+use crate::*;
+
+fn object(value: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+    value.as_object().cloned().unwrap()
+}
+
+pub async fn sessions_are_created_patched_and_deleted<S: Store>(db: Db<S>) {
+    let mut sub = db.subscribe(FeedFilter::All);
+    let record = SessionRecord {
+        name: Some("first".into()),
+        user_id: Some("u1".into()),
+        metadata: object(json!({"a": 1, "b": 2})),
+        ..Default::default()
+    };
+    let info = db
+        .create_session("", Some("s".into()), record.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        (info.id.as_str(), info.record.name.as_deref()),
+        ("s", Some("first"))
+    );
+    assert_eq!(info.stats.message_count, 0);
+    assert!(matches!(
+        db.create_session("", Some("s".into()), record).await,
+        Err(Error::SessionExists { id }) if id == "s"
+    ));
+    let generated = db
+        .create_session("", None, SessionRecord::default())
+        .await
+        .unwrap();
+    assert!(generated.id.starts_with("ses_"));
+
+    let s = db_session(&db, "s");
+    chain(&s, &["m1", "m2"]).await;
+    s.set_state("k", &json!({"x": [1, 2]})).await.unwrap();
+    s.add_compaction("sum".into(), "m1".into(), "m2".into())
+        .await
+        .unwrap();
+    let patched = s
+        .patch(SessionPatch {
+            name: Some("renamed".into()),
+            metadata: Some(object(json!({"b": null, "c": 3}))),
+            usage: Some(Usage {
+                input_tokens: 10,
+                output_tokens: 5,
+                cost: 0.25,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(patched.record.name.as_deref(), Some("renamed"));
+    assert_eq!(
+        serde_json::Value::Object(patched.record.metadata.clone()),
+        json!({"a": 1, "c": 3})
+    );
+    assert_eq!(
+        (patched.record.input_tokens, patched.record.output_tokens),
+        (10, 5)
+    );
+    assert_eq!(patched.stats.message_count, 2);
+    assert_eq!(patched.stats.leaf_id.as_deref(), Some("m2"));
+    assert!(patched.last_message_at.is_some());
+    assert_eq!(
+        patched.record.user_id.as_deref(),
+        Some("u1"),
+        "unpatched fields stay"
+    );
+
+    assert!(s.delete_session().await.unwrap());
+    assert!(s.info().await.unwrap().is_none());
+    assert!(s.message("m1").await.unwrap().is_none());
+    assert!(s.state("k").await.unwrap().is_none());
+    assert!(s.compactions().await.unwrap().is_empty());
+    assert!(!s.delete_session().await.unwrap());
+    let missing = db_session(&db, "never");
+    assert!(
+        missing
+            .patch(SessionPatch::default())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(missing.info().await.unwrap().is_none());
+
+    let names = event_names(&drain(&mut sub));
+    assert_eq!(
+        names,
+        [
+            "session",
+            "session",
+            "append",
+            "append",
+            "compaction",
+            "session",
+            "session"
+        ]
+    );
+}
+
+pub async fn appending_creates_a_session_with_an_empty_record<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "implicit");
+    chain(&s, &["a"]).await;
+    let info = s.info().await.unwrap().unwrap();
+    assert_eq!(info.record, SessionRecord::default());
+    assert_eq!(info.stats.message_count, 1);
+    assert!(info.created_at > 0 && info.updated_at >= info.created_at);
+}
+
+pub async fn listings_page_both_ways_with_cursors<S: Store>(db: Db<S>) {
+    for (i, id) in ["a", "b", "c", "d", "e"].iter().enumerate() {
+        let record = SessionRecord {
+            user_id: Some(if i % 2 == 0 { "even" } else { "odd" }.into()),
+            ..Default::default()
+        };
+        db.create_session("", Some(id.to_string()), record)
+            .await
+            .unwrap();
+    }
+    db.create_session("other", Some("z".into()), SessionRecord::default())
+        .await
+        .unwrap();
+    let listing =
+        |after: Option<String>, before: Option<String>, descending: bool| SessionListing {
+            page: PageRequest {
+                limit: Some(2),
+                descending,
+                after,
+                before,
+            },
+            sort: SessionSort::CreatedAt,
+            user_id: None,
+        };
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    let mut pages = 0;
+    loop {
+        let page = db
+            .list_sessions("", &listing(cursor, None, false))
+            .await
+            .unwrap();
+        pages += 1;
+        assert_eq!(page.previous_cursor.is_some(), pages > 1);
+        seen.extend(page.items.iter().map(|i| i.id.clone()));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    // Creation times may tie within a millisecond; ids break ties, so the order is by id here.
+    assert_eq!(seen, ["a", "b", "c", "d", "e"]);
+    assert_eq!(pages, 3);
+
+    let newest = db
+        .list_sessions("", &listing(None, None, true))
+        .await
+        .unwrap();
+    assert_eq!(ids_of(&newest.items), ["e", "d"]);
+    let older = db
+        .list_sessions("", &listing(newest.next_cursor.clone(), None, true))
+        .await
+        .unwrap();
+    assert_eq!(ids_of(&older.items), ["c", "b"]);
+    let back = db
+        .list_sessions("", &listing(None, older.previous_cursor.clone(), true))
+        .await
+        .unwrap();
+    assert_eq!(ids_of(&back.items), ["e", "d"]);
+    assert!(back.previous_cursor.is_none());
+    assert_eq!(back.next_cursor, newest.next_cursor);
+
+    let mut odd = listing(None, None, false);
+    odd.user_id = Some("odd".into());
+    assert_eq!(
+        ids_of(&db.list_sessions("", &odd).await.unwrap().items),
+        ["b", "d"]
+    );
+
+    let mut bad = listing(Some("garbage".into()), None, false);
+    assert!(matches!(
+        db.list_sessions("", &bad).await,
+        Err(Error::Invalid(_))
+    ));
+    bad.page.after = None;
+    bad.page.limit = Some(0);
+    assert!(matches!(
+        db.list_sessions("", &bad).await,
+        Err(Error::Invalid(_))
+    ));
+    bad.page.limit = Some(101);
+    assert!(matches!(
+        db.list_sessions("", &bad).await,
+        Err(Error::Invalid(_))
+    ));
+}
+
+fn ids_of(items: &[sessiondb::SessionInfo]) -> Vec<&str> {
+    items.iter().map(|i| i.id.as_str()).collect()
+}
+
+pub async fn message_lists_page_over_the_active_path<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    chain(&s, &["a", "b", "c", "d", "e"]).await;
+    s.append(text("x", "user", "off path"), under("a"))
+        .await
+        .unwrap();
+    s.append(text("f", "user", "tip"), under("e"))
+        .await
+        .unwrap();
+    let page = |after: Option<&str>, before: Option<&str>, descending: bool| PageRequest {
+        limit: Some(2),
+        descending,
+        after: after.map(str::to_owned),
+        before: before.map(str::to_owned),
+    };
+    let first = s.list_messages(&page(None, None, false)).await.unwrap();
+    assert_eq!(ids(&first.items), ["a", "b"]);
+    assert_eq!(first.next_cursor.as_deref(), Some("b"));
+    let second = s
+        .list_messages(&page(Some("b"), None, false))
+        .await
+        .unwrap();
+    assert_eq!(ids(&second.items), ["c", "d"]);
+    assert_eq!(second.previous_cursor.as_deref(), Some("c"));
+    let last = s
+        .list_messages(&page(Some("d"), None, false))
+        .await
+        .unwrap();
+    assert_eq!(ids(&last.items), ["e", "f"]);
+    assert!(last.next_cursor.is_none());
+    let back = s
+        .list_messages(&page(None, Some("c"), false))
+        .await
+        .unwrap();
+    assert_eq!(ids(&back.items), ["a", "b"]);
+    assert!(back.previous_cursor.is_none());
+    let desc = s.list_messages(&page(None, None, true)).await.unwrap();
+    assert_eq!(ids(&desc.items), ["f", "e"]);
+    assert!(
+        s.list_messages(&page(Some("x"), None, false))
+            .await
+            .is_err(),
+        "off the path"
+    );
+    assert!(
+        s.list_messages(&page(Some("a"), Some("b"), false))
+            .await
+            .is_err()
+    );
+    let empty = db_session(&db, "none")
+        .list_messages(&page(None, None, false))
+        .await
+        .unwrap();
+    assert!(empty.items.is_empty() && empty.next_cursor.is_none());
+}
+
+pub async fn compaction_overlays_apply_on_path_reads_only<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    chain(&s, &["a", "b", "c", "d", "e"]).await;
+    let before = s.info().await.unwrap().unwrap().stats.token_estimate;
+    let c = s
+        .add_compaction("the summary".into(), "b".into(), "d".into())
+        .await
+        .unwrap();
+    // Ends on another branch never apply.
+    s.append(text("y", "user", "side"), under("a"))
+        .await
+        .unwrap();
+    s.add_compaction("ignored".into(), "b".into(), "y".into())
+        .await
+        .unwrap();
+    s.append(text("f", "user", "back on main"), under("e"))
+        .await
+        .unwrap();
+
+    let summary_id = format!("compaction_{}", c.id);
+    let history = s.full_history(HistoryOptions::default()).await.unwrap();
+    assert_eq!(ids(&history), ["a", summary_id.as_str(), "e", "f"]);
+    assert_eq!(history[1].role, "assistant");
+    assert_eq!(
+        history[1].to_value()["parts"],
+        json!([{"type": "text", "text": "the summary"}])
+    );
+    assert_eq!(
+        newest_first_ids(&s, None).await,
+        ["f", "e", summary_id.as_str(), "a"]
+    );
+    let recent = s.recent_history(1, None).await.unwrap();
+    assert_eq!(ids(&recent.messages), ["f"]);
+    assert!(recent.truncated);
+    let all = s.recent_history(u64::MAX, None).await.unwrap();
+    assert_eq!(ids(&all.messages), ids(&history));
+
+    // Raw reads are untouched.
+    assert!(s.message("c").await.unwrap().is_some());
+    assert_eq!(ids(&s.branches("b").await.unwrap()), ["c"]);
+    assert_eq!(s.row_stats(None).await.unwrap().len(), 6);
+    let overlaid = s.info().await.unwrap().unwrap().stats.token_estimate;
+    assert!(
+        overlaid < before + 20,
+        "summary replaces three rows: {overlaid} vs {before}"
+    );
+    let listed = s.compactions().await.unwrap();
+    assert_eq!(listed.len(), 2);
+    assert_eq!(listed[0], c);
+}
+
+pub async fn stored_echoes_of_own_summaries_are_hidden<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    chain(&s, &["a", "b"]).await;
+    let c = s
+        .add_compaction("sum".into(), "a".into(), "a".into())
+        .await
+        .unwrap();
+    let echo = format!("compaction_{}", c.id);
+    s.import(text(&echo, "assistant", "echo"), imported(Some("b"), 5))
+        .await
+        .unwrap();
+    s.import(text("after", "user", "child"), imported(Some(&echo), 6))
+        .await
+        .unwrap();
+    s.import(
+        text("compaction_foreign", "assistant", "kept"),
+        imported(Some("after"), 7),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        history_ids(&s, None).await,
+        [echo.as_str(), "b", "after", "compaction_foreign"]
+    );
+    assert_eq!(
+        s.row_stats(None)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.id.as_str())
+            .collect::<Vec<_>>(),
+        ["a", "b", "after", "compaction_foreign"]
+    );
+    assert_eq!(ids(&s.branches("b").await.unwrap()), ["after"]);
+    let only_echo = db_session(&db, "t");
+    chain(&only_echo, &["a"]).await;
+    let c2 = only_echo
+        .add_compaction("x".into(), "zz".into(), "zz".into())
+        .await
+        .unwrap();
+    only_echo
+        .import(
+            text(&format!("compaction_{}", c2.id), "assistant", "echo"),
+            imported(Some("a"), 9),
+        )
+        .await
+        .unwrap();
+    assert_eq!(only_echo.latest_leaf().await.unwrap().unwrap().id, "a");
+}
+
+pub async fn state_is_json_per_session<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    let other = db.session_in("ns2", "s").unwrap();
+    s.set_state("b", &json!(1.5)).await.unwrap();
+    s.set_state("a", &json!({"nested": [true, null, "x"]}))
+        .await
+        .unwrap();
+    s.set_state("a", &json!("replaced")).await.unwrap();
+    assert_eq!(s.state("a").await.unwrap(), Some(json!("replaced")));
+    assert_eq!(other.state("a").await.unwrap(), None);
+    assert_eq!(
+        s.state_entries().await.unwrap(),
+        [("a".into(), json!("replaced")), ("b".into(), json!(1.5))]
+    );
+    assert!(s.delete_state("a").await.unwrap());
+    assert!(!s.delete_state("a").await.unwrap());
+    assert!(s.set_state("", &json!(1)).await.is_err());
+    assert!(s.set_state(&"k".repeat(257), &json!(1)).await.is_err());
+    assert!(
+        s.info().await.unwrap().is_some(),
+        "state creates the session"
+    );
+}
+
+pub async fn namespace_search_spans_sessions_but_not_namespaces<S: Store>(db: Db<S>) {
+    let record = |user: &str| SessionRecord {
+        user_id: Some(user.into()),
+        ..Default::default()
+    };
+    db.create_session("", Some("s1".into()), record("u1"))
+        .await
+        .unwrap();
+    db.create_session("", Some("s2".into()), record("u2"))
+        .await
+        .unwrap();
+    for (session, id) in [("s1", "m1"), ("s2", "m2")] {
+        db_session(&db, session)
+            .append(text(id, "user", "walrus facts"), AppendOptions::default())
+            .await
+            .unwrap();
+    }
+    db.session_in("elsewhere", "s1")
+        .unwrap()
+        .append(text("m3", "user", "walrus facts"), AppendOptions::default())
+        .await
+        .unwrap();
+    let mut hits: Vec<(String, String)> = db
+        .search_all("", None, "walrus", 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|h| (h.session_id, h.id))
+        .collect();
+    hits.sort();
+    assert_eq!(
+        hits,
+        [("s1".into(), "m1".into()), ("s2".into(), "m2".into())]
+    );
+    let only_u2 = db.search_all("", Some("u2"), "walrus", 10).await.unwrap();
+    assert_eq!(only_u2.len(), 1);
+    assert_eq!(only_u2[0].id, "m2");
+    assert!(
+        db.search_all("", None, "\"* OR", 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+pub async fn resumed_subscriptions_replay_retained_events<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    let mut live = db.subscribe(FeedFilter::All);
+    chain(&s, &["a", "b", "c"]).await;
+    let positions: Vec<u64> = drain(&mut live)
+        .into_iter()
+        .filter_map(|i| match i {
+            sessiondb::FeedItem::Event(e) => Some(e.position),
+            _ => None,
+        })
+        .collect();
+    let mut resumed = db
+        .store()
+        .subscribe_after(FeedFilter::Session(s.key().clone()), positions[0])
+        .unwrap();
+    let replayed = drain(&mut resumed);
+    assert_eq!(event_names(&replayed), ["append", "append"]);
+    assert!(
+        db.store()
+            .subscribe_after(FeedFilter::All, positions[2] + 10)
+            .is_none()
+    );
+}

@@ -1,0 +1,249 @@
+//! The session registry (create, list, patch, delete), compactions, state and paginated message
+//! lists.
+
+use serde_json::Value;
+use sessiondb_core::message::validate_id;
+use sessiondb_core::registry::{state_text, validate_settings, validate_state_key};
+use sessiondb_core::{
+    Compaction, SearchHit, SessionCursor, SessionInfo, SessionPatch, SessionQuery, SessionRecord,
+    SessionSort, Store, StoreError, StoredMessage, ValidationError, ValidationErrorKind, WriteOp,
+    WriteOutcome, search,
+};
+
+use crate::page::{Direction, Page, PageRequest, assemble, decode_cursor, encode_cursor};
+use crate::session::{now_ms, unique_id};
+use crate::{Db, Error, Session};
+
+/// A listing of a namespace's sessions.
+#[derive(Debug, Clone, Default)]
+pub struct SessionListing {
+    pub page: PageRequest,
+    pub sort: SessionSort,
+    /// Only sessions created with this `user_id`.
+    pub user_id: Option<String>,
+}
+
+fn check_record(record: &SessionRecord) -> Result<(), ValidationError> {
+    if let Some(parent) = &record.parent_session_id {
+        validate_id("parentSessionId", parent)?;
+    }
+    if let Some(user) = &record.user_id {
+        validate_id("userId", user)?;
+    }
+    validate_settings(&record.settings)?;
+    if record.settings.values().any(Value::is_null) {
+        return Err(ValidationError::new(
+            "settings",
+            ValidationErrorKind::WrongType {
+                expected: "an object without null values",
+            },
+        ));
+    }
+    Ok(())
+}
+
+impl<S: Store> Db<S> {
+    /// Registers a session (with a generated `ses_…` id when `id` is `None`). Fails with
+    /// [`Error::SessionExists`] when the id is taken.
+    pub async fn create_session(
+        &self,
+        namespace: &str,
+        id: Option<String>,
+        record: SessionRecord,
+    ) -> Result<SessionInfo, Error> {
+        check_record(&record)?;
+        let id = id.unwrap_or_else(|| unique_id("ses_"));
+        let session = self.session_in(namespace, &id)?;
+        match session.write_one(WriteOp::CreateSession { record }).await? {
+            WriteOutcome::SessionCreated { created: true } => {
+                session.info().await?.ok_or_else(|| {
+                    StoreError::Corrupt(format!("created session `{id}` vanished")).into()
+                })
+            }
+            _ => Err(Error::SessionExists { id }),
+        }
+    }
+
+    /// One page of a namespace's sessions.
+    pub async fn list_sessions(
+        &self,
+        namespace: &str,
+        listing: &SessionListing,
+    ) -> Result<Page<SessionInfo>, Error> {
+        let (limit, direction) = listing.page.checked()?;
+        let (after, descending) = match &direction {
+            Direction::Forward(after) => (*after, listing.page.descending),
+            Direction::Backward(before) => (Some(*before), !listing.page.descending),
+        };
+        let field = match direction {
+            Direction::Forward(_) => "after",
+            Direction::Backward(_) => "before",
+        };
+        let after = after
+            .map(|c| decode_cursor(field, c).map(|(value, id)| SessionCursor { value, id }))
+            .transpose()?;
+        let query = SessionQuery {
+            sort: listing.sort,
+            descending,
+            after,
+            user_id: listing.user_id.clone(),
+            limit: limit + 1,
+        };
+        let read = self.store.list_sessions(namespace, &query).await?;
+        let sort = listing.sort;
+        Ok(assemble(read, limit, &direction, |info| {
+            encode_cursor(sort.value_of(info), &info.id)
+        }))
+    }
+
+    /// Full-text search across a namespace's sessions (optionally one user's), best first.
+    pub async fn search_all(
+        &self,
+        namespace: &str,
+        user_id: Option<&str>,
+        query: &str,
+        limit: usize,
+    ) -> Result<Vec<SearchHit>, Error> {
+        let words = search::query_words(query);
+        Ok(self
+            .store
+            .search_namespace(namespace, user_id, &words, limit)
+            .await?)
+    }
+}
+
+impl<S: Store> Session<S> {
+    /// The registry record and aggregates; `None` for a session never written. The token
+    /// estimate counts compaction summaries in place of the rows they stand for.
+    pub async fn info(&self) -> Result<Option<SessionInfo>, Error> {
+        let Some(mut info) = self.store.session(self.key()).await? else {
+            return Ok(None);
+        };
+        if let Some(tokens) = self.overlaid_token_estimate().await? {
+            info.stats.token_estimate = tokens;
+        }
+        Ok(Some(info))
+    }
+
+    /// Applies a patch (shallow metadata merge, usage added to counters). `None` when the
+    /// session does not exist.
+    pub async fn patch(&self, patch: SessionPatch) -> Result<Option<SessionInfo>, Error> {
+        patch.validate()?;
+        match self.write_one(WriteOp::PatchSession { patch }).await? {
+            WriteOutcome::Existed(true) => self.info().await,
+            _ => Ok(None),
+        }
+    }
+
+    /// Removes the session with its messages, compactions and state. Returns whether it existed.
+    pub async fn delete_session(&self) -> Result<bool, Error> {
+        Ok(matches!(
+            self.write_one(WriteOp::DeleteSession).await?,
+            WriteOutcome::Existed(true)
+        ))
+    }
+
+    /// Stores a compaction overlay: reads show `summary` in place of the rows from `from` to
+    /// `to` on any path that holds both (in that order). Rows are never deleted.
+    pub async fn add_compaction(
+        &self,
+        summary: String,
+        from: String,
+        to: String,
+    ) -> Result<Compaction, Error> {
+        validate_id("fromMessageId", &from)?;
+        validate_id("toMessageId", &to)?;
+        let compaction = Compaction {
+            id: unique_id(""),
+            summary,
+            from_message_id: from,
+            to_message_id: to,
+            created_at: now_ms(),
+        };
+        self.write_one(WriteOp::AddCompaction {
+            compaction: compaction.clone(),
+        })
+        .await?;
+        Ok(compaction)
+    }
+
+    /// Compactions in creation order.
+    pub async fn compactions(&self) -> Result<Vec<Compaction>, Error> {
+        Ok(self.store.compactions(self.key()).await?)
+    }
+
+    pub async fn state(&self, name: &str) -> Result<Option<Value>, Error> {
+        match self.store.state(self.key(), name).await? {
+            Some(text) => Ok(Some(parse_state(&text)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Sets a state key to any JSON value (creating the session when needed).
+    pub async fn set_state(&self, name: &str, value: &Value) -> Result<(), Error> {
+        validate_state_key(name)?;
+        self.write_one(WriteOp::PutState {
+            name: name.to_owned(),
+            value: state_text(value),
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Returns whether the key existed.
+    pub async fn delete_state(&self, name: &str) -> Result<bool, Error> {
+        Ok(matches!(
+            self.write_one(WriteOp::DeleteState {
+                name: name.to_owned()
+            })
+            .await?,
+            WriteOutcome::Existed(true)
+        ))
+    }
+
+    /// Every state key with its value, by key.
+    pub async fn state_entries(&self) -> Result<Vec<(String, Value)>, Error> {
+        self.store
+            .state_entries(self.key())
+            .await?
+            .into_iter()
+            .map(|(name, text)| Ok((name, parse_state(&text)?)))
+            .collect()
+    }
+
+    /// One page of the active path's messages (raw rows; overlays do not apply), with message
+    /// ids as cursors. A cursor that is not on the active path is refused.
+    pub async fn list_messages(&self, request: &PageRequest) -> Result<Page<StoredMessage>, Error> {
+        let (limit, direction) = request.checked()?;
+        let mut rows = self.store.path(self.key(), None).await?.rows;
+        if request.descending {
+            rows.reverse();
+        }
+        let position = |field: &str, id: &str| {
+            rows.iter()
+                .position(|r| r.id == id)
+                .ok_or_else(|| crate::page::invalid_cursor(field))
+        };
+        let window = match &direction {
+            Direction::Forward(None) => 0..rows.len().min(limit + 1),
+            Direction::Forward(Some(after)) => {
+                let start = position("after", after)? + 1;
+                start..rows.len().min(start + limit + 1)
+            }
+            Direction::Backward(before) => {
+                let end = position("before", before)?;
+                end.saturating_sub(limit + 1)..end
+            }
+        };
+        let mut seqs: Vec<i64> = rows[window].iter().map(|r| r.seq).collect();
+        if matches!(direction, Direction::Backward(_)) {
+            seqs.reverse();
+        }
+        let read = self.store.fetch(self.key(), &seqs).await?;
+        Ok(assemble(read, limit, &direction, |m| m.id.clone()))
+    }
+}
+
+fn parse_state(text: &str) -> Result<Value, Error> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("state value: {e}")).into())
+}
