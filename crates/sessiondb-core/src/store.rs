@@ -77,6 +77,8 @@ pub enum WriteOp {
         message: PreparedMessage,
         parent_id: Option<String>,
         created_at: i64,
+        /// Kept from the exported message, if it had been updated.
+        updated_at: Option<i64>,
     },
     /// Deletes the existing ids among these; each surviving child of a deleted row moves to its
     /// nearest surviving ancestor.
@@ -115,6 +117,9 @@ pub struct WriteRequest {
     /// Epoch milliseconds stamped as createdAt / updatedAt by this request.
     pub now_ms: i64,
     pub ops: Vec<WriteOp>,
+    /// Most messages the session may hold (on all branches); an insert beyond it fails the
+    /// whole request with [`StoreError::QuotaExceeded`].
+    pub max_messages: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -227,6 +232,8 @@ pub enum StoreError {
     ParentCycle { id: String, parent_id: String },
     #[error("the database schema version {found} is newer than this build supports ({supported})")]
     SchemaTooNew { found: i64, supported: i64 },
+    #[error("the session would exceed its limit of {limit} messages")]
+    QuotaExceeded { limit: u64 },
     #[error("the store is closed")]
     Closed,
     #[error("stored data is corrupt: {0}")]

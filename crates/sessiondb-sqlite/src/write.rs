@@ -239,6 +239,7 @@ pub(crate) fn apply(
         ctx,
         key: &request.key,
         now: request.now_ms,
+        max_messages: request.max_messages,
         session: SessionRow::load(conn, &request.key, request.now_ms)?,
         changes: Vec::with_capacity(request.ops.len()),
     };
@@ -258,7 +259,8 @@ pub(crate) fn apply(
                 message,
                 parent_id,
                 created_at,
-            } => tx.import(message, parent_id.as_deref(), *created_at)?,
+                updated_at,
+            } => tx.import(message, parent_id.as_deref(), *created_at, *updated_at)?,
             WriteOp::Delete { ids } => tx.delete(ids)?,
             WriteOp::Clear => tx.clear()?,
             WriteOp::CreateSession { record } => tx.create_session(record),
@@ -298,6 +300,7 @@ struct RequestTx<'a> {
     ctx: WriteContext,
     key: &'a SessionKey,
     now: i64,
+    max_messages: Option<u64>,
     session: SessionRow,
     changes: Vec<Change>,
 }
@@ -376,7 +379,7 @@ impl RequestTx<'_> {
             Some((p, _)) if orphans && self.reaches(&p, &message.id)? => None,
             other => other,
         };
-        let stored = self.insert(message, link, orphans, self.now)?;
+        let stored = self.insert(message, link, orphans, self.now, None)?;
         self.session.last_message_at = Some(self.now);
         self.changes.push(Change::Append {
             message: stored.clone(),
@@ -496,6 +499,7 @@ impl RequestTx<'_> {
         message: &PreparedMessage,
         parent_id: Option<&str>,
         created_at: i64,
+        updated_at: Option<i64>,
     ) -> Result<WriteOutcome> {
         let (exists, orphans) = queries::id_status(self.conn, self.key, &message.id)?;
         if exists {
@@ -514,7 +518,7 @@ impl RequestTx<'_> {
             )),
             None => None,
         };
-        let stored = self.insert(message, link, orphans, created_at)?;
+        let stored = self.insert(message, link, orphans, created_at, updated_at)?;
         self.session.last_message_at = self.session.last_message_at.max(Some(created_at));
         self.changes.push(Change::Import {
             message: stored.clone(),
@@ -667,7 +671,13 @@ impl RequestTx<'_> {
         parent: Option<ParentLink>,
         orphans: bool,
         created_at: i64,
+        updated_at: Option<i64>,
     ) -> Result<StoredMessage> {
+        if let Some(limit) = self.max_messages
+            && self.session.stored_messages >= limit
+        {
+            return Err(StoreError::QuotaExceeded { limit });
+        }
         let seq = self.session.next_seq;
         let (parent_id, parent_seq) = parent.map_or((None, None), |(id, seq)| (Some(id), seq));
         if orphans {
@@ -688,14 +698,15 @@ impl RequestTx<'_> {
             dense: parent_seq.is_none(),
         });
         // The stored text is exactly what reads return.
-        let stored = message.stored(seq, parent_id.clone(), created_at, None);
+        let stored = message.stored(seq, parent_id.clone(), created_at, updated_at);
         let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
         exec(
             self.conn,
             "INSERT INTO messages (namespace, session_id, seq, id, parent_id, parent_seq, role,
                  content, content_chunks, bytes, token_estimate, content_hash, created_at,
-                 path_len, path_tokens, path_bytes, path_epoch)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+                 path_len, path_tokens, path_bytes, path_epoch, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+                     ?18)",
             params![
                 self.key.namespace,
                 self.key.session_id,
@@ -714,6 +725,7 @@ impl RequestTx<'_> {
                 totals.map(|t| t.tokens as i64),
                 totals.map(|t| t.bytes as i64),
                 totals.map(|_| self.session.epoch),
+                updated_at,
             ],
         )?;
         self.write_chunks(&message.id, &slices)?;

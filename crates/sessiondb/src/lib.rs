@@ -41,6 +41,7 @@
 mod page;
 mod registry;
 mod session;
+mod transfer;
 
 use std::sync::Arc;
 
@@ -61,6 +62,7 @@ pub use session::{
 pub use sessiondb_core::{
     Compaction, SessionAction, SessionInfo, SessionPatch, SessionRecord, SessionSort, Usage,
 };
+pub use transfer::{ImportLine, ImportSummary, parse_import, parse_import_line};
 
 /// Every error the facade returns.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +86,9 @@ pub struct Options {
     pub reserved_metadata_keys: Vec<String>,
     /// Stamps each message's token estimate. The reference heuristic by default.
     pub token_counter: Arc<dyn TokenCounter>,
+    /// Most messages a session may hold; a write that would store more fails with
+    /// [`StoreError::QuotaExceeded`] and stores nothing. Unlimited when `None`.
+    pub max_messages_per_session: Option<u64>,
 }
 
 impl Default for Options {
@@ -91,6 +96,7 @@ impl Default for Options {
         Self {
             reserved_metadata_keys: Vec::new(),
             token_counter: Arc::new(HeuristicCounter),
+            max_messages_per_session: None,
         }
     }
 }

@@ -107,7 +107,9 @@ pub(crate) fn encode_cursor(value: i64, id: &str) -> String {
 }
 
 pub(crate) fn decode_cursor(field: &str, cursor: &str) -> Result<(i64, String), ValidationError> {
-    let bytes: Option<Vec<u8>> = cursor.len().is_multiple_of(2)
+    let bytes: Option<Vec<u8>> = cursor
+        .len()
+        .is_multiple_of(2)
         .then(|| {
             (0..cursor.len())
                 .step_by(2)

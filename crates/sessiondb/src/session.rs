@@ -65,7 +65,7 @@ pub struct RecentHistory {
 #[derive(Debug)]
 pub struct Session<S> {
     pub(crate) store: Arc<S>,
-    options: Arc<Options>,
+    pub(crate) options: Arc<Options>,
     key: SessionKey,
 }
 
@@ -124,11 +124,12 @@ impl<S: Store> Session<S> {
         message.prepare(self.options.token_counter.as_ref())
     }
 
-    async fn write(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteOutcome>, Error> {
+    pub(crate) async fn write(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteOutcome>, Error> {
         let request = WriteRequest {
             key: self.key.clone(),
             now_ms: now_ms(),
             ops,
+            max_messages: self.options.max_messages_per_session,
         };
         Ok(self.store.write(request).await?)
     }
@@ -265,6 +266,7 @@ impl<S: Store> Session<S> {
             message: message.prepare(self.options.token_counter.as_ref()),
             parent_id: options.parent_id,
             created_at: options.created_at,
+            updated_at: None,
         };
         match self.write_one(op).await? {
             WriteOutcome::Imported(stored) => Ok(stored),

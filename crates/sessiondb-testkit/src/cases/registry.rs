@@ -457,3 +457,59 @@ pub async fn resumed_subscriptions_replay_retained_events<S: Store>(db: Db<S>) {
             .is_none()
     );
 }
+
+pub async fn export_reimports_into_an_equal_session<S: Store>(db: Db<S>) {
+    use futures::TryStreamExt;
+    let s = db_session(&db, "s");
+    chain(&s, &["a", "b", "c"]).await;
+    s.append(text("x", "assistant", "branch"), under("a"))
+        .await
+        .unwrap();
+    s.update(text("b", "assistant", "edited"), sessiondb::Source::Server)
+        .await
+        .unwrap();
+    s.add_compaction("sum".into(), "a".into(), "b".into())
+        .await
+        .unwrap();
+    s.set_state("k", &json!({"v": 1})).await.unwrap();
+    let lines: Vec<String> = s.export().try_collect().await.unwrap();
+    assert_eq!(lines.len(), 4 + 1 + 1);
+    let document = lines.concat();
+
+    let copy = db_session(&db, "copy");
+    let parsed = sessiondb::parse_import(&document).unwrap();
+    let summary = copy.import_lines(parsed.clone()).await.unwrap();
+    assert_eq!((summary.imported, summary.skipped), (6, 0));
+    for id in ["a", "b", "c", "x"] {
+        let (orig, new) = (
+            s.message(id).await.unwrap().unwrap(),
+            copy.message(id).await.unwrap().unwrap(),
+        );
+        assert_eq!(
+            (orig.json(), &orig.parent_id),
+            (new.json(), &new.parent_id),
+            "{id}"
+        );
+    }
+    assert_eq!(
+        copy.compactions().await.unwrap(),
+        s.compactions().await.unwrap()
+    );
+    assert_eq!(copy.state("k").await.unwrap(), Some(json!({"v": 1})));
+    assert_eq!(history_ids(&copy, None).await, history_ids(&s, None).await);
+    let again = copy.import_lines(parsed).await.unwrap();
+    assert_eq!(
+        (again.imported, again.skipped),
+        (1, 5),
+        "state is set again, the rest exists"
+    );
+
+    let bad = format!(
+        "{}\n{{\"message\": {{\"id\": \"z\"}}}}\n",
+        lines[0].trim_end()
+    );
+    let err = sessiondb::parse_import(&bad).unwrap_err();
+    assert_eq!(err.field, "lines[1].message.role");
+    assert!(sessiondb::parse_import("{\"other\": 1}").is_err());
+    assert!(sessiondb::parse_import("[1]").is_err());
+}

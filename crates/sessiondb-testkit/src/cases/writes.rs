@@ -393,3 +393,40 @@ pub async fn appends_can_never_close_a_loop_through_orphans<S: Store>(db: Db<S>)
     assert_eq!(history_ids(&s, Some("orphan")).await, ["p", "orphan"]);
     assert_eq!(history_ids(&s, None).await, ["p"]);
 }
+
+pub async fn message_quota_refuses_the_whole_request<S: Store>(db: Db<S>) {
+    let db = db.reconfigured(sessiondb::Options {
+        max_messages_per_session: Some(3),
+        ..Default::default()
+    });
+    let s = db_session(&db, "s");
+    chain(&s, &["a", "b"]).await;
+    let batch = vec![text("c", "user", "c"), text("d", "user", "d")];
+    let err = s
+        .append_all(batch, AppendOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        sessiondb::Error::Store(StoreError::QuotaExceeded { limit: 3 })
+    ));
+    assert_eq!(
+        history_ids(&s, None).await,
+        ["a", "b"],
+        "nothing of the batch stored"
+    );
+    chain(&s, &["c"]).await;
+    assert!(
+        s.append(text("d", "user", "d"), AppendOptions::default())
+            .await
+            .is_err()
+    );
+    // Re-appending an existing id stores nothing, so it is not refused.
+    let again = s
+        .append(text("c", "user", "c"), AppendOptions::default())
+        .await
+        .unwrap();
+    assert!(!again.inserted);
+    // Other sessions have their own count.
+    chain(&db_session(&db, "t"), &["a"]).await;
+}

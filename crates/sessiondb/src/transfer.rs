@@ -1,0 +1,250 @@
+//! Export and import of a whole session as NDJSON: every message of the tree (in insertion order,
+//! so parents come before children), then compactions, then state. An export re-imports into an
+//! equal session.
+//!
+//! Lines:
+//! - `{"message": {...}, "parentId": "…"|null, "createdAt": ms}` (`createdAt` optional: the
+//!   message's own `createdAt`, else now)
+//! - `{"compaction": {"id", "summary", "fromMessageId", "toMessageId", "createdAt"}}`
+//! - `{"state": {"key": "…", "value": any JSON}}`
+
+use futures::stream::{self, Stream, StreamExt, TryStreamExt};
+use serde_json::Value;
+use sessiondb_core::message::{JsonMap, validate_id};
+use sessiondb_core::registry::{state_text, validate_state_key};
+use sessiondb_core::{
+    Compaction, Message, Store, StoredMessage, ValidationError, ValidationErrorKind,
+    WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome,
+};
+
+use crate::session::now_ms;
+use crate::{Error, Session};
+
+/// One parsed import line.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ImportLine {
+    Message {
+        message: Message,
+        parent_id: Option<String>,
+        created_at: Option<i64>,
+        updated_at: Option<i64>,
+    },
+    Compaction(Compaction),
+    State {
+        key: String,
+        value: Value,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ImportSummary {
+    /// Messages and compactions written, and state keys set.
+    pub imported: usize,
+    /// Messages and compactions whose id already existed (nothing written for them).
+    pub skipped: usize,
+}
+
+fn wrong(field: String, expected: &'static str) -> ValidationError {
+    ValidationError::new(field, ValidationErrorKind::WrongType { expected })
+}
+
+fn string_field(map: &JsonMap, prefix: &str, name: &str) -> Result<String, ValidationError> {
+    match map.get(name) {
+        Some(Value::String(s)) => Ok(s.clone()),
+        None => Err(ValidationError::new(
+            format!("{prefix}.{name}"),
+            ValidationErrorKind::Missing,
+        )),
+        Some(_) => Err(wrong(format!("{prefix}.{name}"), "a string")),
+    }
+}
+
+fn time_field(map: &JsonMap, prefix: &str, name: &str) -> Result<Option<i64>, ValidationError> {
+    match map.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_i64()
+            .map(Some)
+            .ok_or_else(|| wrong(format!("{prefix}.{name}"), "epoch milliseconds")),
+    }
+}
+
+/// Parses line `number` (0-based; errors name it as `lines[n]`).
+pub fn parse_import_line(number: usize, text: &str) -> Result<ImportLine, ValidationError> {
+    let prefix = format!("lines[{number}]");
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        ValidationError::new(
+            prefix.clone(),
+            ValidationErrorKind::NotJson {
+                reason: e.to_string(),
+            },
+        )
+    })?;
+    let Value::Object(mut line) = value else {
+        return Err(wrong(prefix, "an object"));
+    };
+    if let Some(message) = line.remove("message") {
+        let parent_id = match line.get("parentId") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(p)) => Some(p.clone()),
+            Some(_) => return Err(wrong(format!("{prefix}.parentId"), "a string or null")),
+        };
+        let own_time = message.get("createdAt").and_then(Value::as_i64);
+        let created_at = time_field(&line, &prefix, "createdAt")?.or(own_time);
+        let updated_at = message.get("updatedAt").and_then(Value::as_i64);
+        let message = Message::from_value(message).map_err(|e| ValidationError {
+            field: format!("{prefix}.message.{}", e.field),
+            kind: e.kind,
+        })?;
+        if message.id().is_none() {
+            return Err(ValidationError::new(
+                format!("{prefix}.message.id"),
+                ValidationErrorKind::Missing,
+            ));
+        }
+        return Ok(ImportLine::Message {
+            message,
+            parent_id,
+            created_at,
+            updated_at,
+        });
+    }
+    if let Some(compaction) = line.remove("compaction") {
+        let prefix = format!("{prefix}.compaction");
+        let Value::Object(c) = compaction else {
+            return Err(wrong(prefix, "an object"));
+        };
+        let compaction = Compaction {
+            id: string_field(&c, &prefix, "id")?,
+            summary: string_field(&c, &prefix, "summary")?,
+            from_message_id: string_field(&c, &prefix, "fromMessageId")?,
+            to_message_id: string_field(&c, &prefix, "toMessageId")?,
+            created_at: time_field(&c, &prefix, "createdAt")?.unwrap_or_else(now_ms),
+        };
+        validate_id(&format!("{prefix}.id"), &compaction.id)?;
+        return Ok(ImportLine::Compaction(compaction));
+    }
+    if let Some(state) = line.remove("state") {
+        let prefix = format!("{prefix}.state");
+        let Value::Object(mut s) = state else {
+            return Err(wrong(prefix, "an object"));
+        };
+        let key = string_field(&s, &prefix, "key")?;
+        validate_state_key(&key)?;
+        let value = s.remove("value").ok_or_else(|| {
+            ValidationError::new(format!("{prefix}.value"), ValidationErrorKind::Missing)
+        })?;
+        return Ok(ImportLine::State { key, value });
+    }
+    Err(wrong(
+        prefix,
+        "an object with `message`, `compaction` or `state`",
+    ))
+}
+
+/// Parses a whole NDJSON document (blank lines ignored); the first bad line fails it all.
+pub fn parse_import(text: &str) -> Result<Vec<ImportLine>, ValidationError> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(n, line)| parse_import_line(n, line))
+        .collect()
+}
+
+fn json_string(s: &str) -> String {
+    Value::String(s.to_owned()).to_string()
+}
+
+fn message_line(m: &StoredMessage) -> String {
+    let parent = m
+        .parent_id
+        .as_deref()
+        .map_or("null".to_owned(), json_string);
+    format!(
+        "{{\"message\":{},\"parentId\":{parent},\"createdAt\":{}}}\n",
+        m.json(),
+        m.created_at
+    )
+}
+
+impl<S: Store> Session<S> {
+    /// Writes every line in one atomic request: all lines land, or (on any error) none.
+    pub async fn import_lines(&self, lines: Vec<ImportLine>) -> Result<ImportSummary, Error> {
+        let existing: Vec<String> = self
+            .compactions()
+            .await?
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        let mut summary = ImportSummary::default();
+        let mut ops = Vec::with_capacity(lines.len());
+        let now = now_ms();
+        for line in lines {
+            match line {
+                ImportLine::Message {
+                    mut message,
+                    parent_id,
+                    created_at,
+                    updated_at,
+                } => {
+                    message.drop_store_owned_fields();
+                    ops.push(WriteOp::Import {
+                        message: message.prepare(self.options.token_counter.as_ref()),
+                        parent_id,
+                        created_at: created_at.unwrap_or(now),
+                        updated_at,
+                    });
+                }
+                ImportLine::Compaction(c) if existing.contains(&c.id) => summary.skipped += 1,
+                ImportLine::Compaction(compaction) => {
+                    ops.push(WriteOp::AddCompaction { compaction })
+                }
+                ImportLine::State { key, value } => ops.push(WriteOp::PutState {
+                    name: key,
+                    value: state_text(&value),
+                }),
+            }
+        }
+        for outcome in self.write(ops).await? {
+            match outcome {
+                WriteOutcome::Imported(None) => summary.skipped += 1,
+                _ => summary.imported += 1,
+            }
+        }
+        Ok(summary)
+    }
+
+    /// The session as NDJSON lines (each ending in `\n`), read window by window.
+    pub fn export(&self) -> impl Stream<Item = Result<String, Error>> + Send + 'static {
+        let session = self.clone();
+        let messages = stream::try_unfold((session.clone(), 1i64), |(s, from)| async move {
+            let batch = s
+                .store
+                .fetch_range(s.key(), from, i64::MAX, WINDOW_MAX_ROWS, WINDOW_MAX_BYTES)
+                .await?;
+            let Some(next) = batch.last().map(|m| m.seq + 1) else {
+                return Ok(None);
+            };
+            let lines: Vec<Result<String, Error>> =
+                batch.iter().map(|m| Ok(message_line(m))).collect();
+            Ok::<_, Error>(Some((stream::iter(lines), (s, next))))
+        })
+        .try_flatten();
+        let rest = stream::once(async move {
+            let mut lines = Vec::new();
+            for c in session.compactions().await? {
+                let value = serde_json::json!({"compaction": {
+                    "id": c.id, "summary": c.summary, "fromMessageId": c.from_message_id,
+                    "toMessageId": c.to_message_id, "createdAt": c.created_at}});
+                lines.push(Ok(format!("{value}\n")));
+            }
+            for (key, value) in session.state_entries().await? {
+                let value = serde_json::json!({"state": {"key": key, "value": value}});
+                lines.push(Ok(format!("{value}\n")));
+            }
+            Ok::<_, Error>(stream::iter(lines))
+        })
+        .try_flatten();
+        messages.chain(rest)
+    }
+}
