@@ -1,6 +1,9 @@
-//! The `sessiondb` command: a thin wrapper over the library on the embedded store.
+//! The `sessiondb` command: a thin wrapper over the library on the embedded store, and the
+//! server (`sessiondb serve`).
 #![forbid(unsafe_code)]
 
+mod serve;
+mod transfer;
 mod tree;
 
 use std::io::{Read, Write};
@@ -9,8 +12,10 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
-use futures::executor::block_on;
 use sessiondb::{AppendOptions, Db, HistoryOptions, Message, Parent, Session, SqliteStore};
+
+/// Where the embedded database lives unless `--data` says otherwise.
+pub const DEFAULT_DATA: &str = "./sessiondb-data";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -19,14 +24,9 @@ use sessiondb::{AppendOptions, Db, HistoryOptions, Message, Parent, Session, Sql
     about = "A durable session store for AI agents"
 )]
 struct Cli {
-    /// Directory of the embedded database.
-    #[arg(
-        long,
-        global = true,
-        env = "SESSIONDB_DATA",
-        default_value = "./sessiondb-data"
-    )]
-    data: PathBuf,
+    /// Directory of the embedded database [default: ./sessiondb-data].
+    #[arg(long, global = true, env = "SESSIONDB_DATA")]
+    data: Option<PathBuf>,
     /// Namespace (tenant) of the sessions; empty by default.
     #[arg(long, global = true, env = "SESSIONDB_NAMESPACE", default_value = "")]
     namespace: String,
@@ -75,17 +75,94 @@ enum Command {
     },
     /// Numbers of the active path, as JSON.
     Stats { session: String },
+    /// Run the HTTP server (SQLite in --data, 127.0.0.1:8787 by default).
+    Serve(serve::ServeArgs),
+    /// Import an NDJSON export (or `{message, parentId, createdAt}` lines) into a session, all or
+    /// nothing.
+    Import {
+        file: PathBuf,
+        /// The session to import into.
+        #[arg(long)]
+        session: String,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Write a session (every message of its tree, compactions, state) as NDJSON to stdout.
+    Export {
+        session: String,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct RemoteArgs {
+    /// Work against this server (e.g. http://127.0.0.1:8787) instead of the embedded database.
+    #[arg(long, env = "SESSIONDB_URL")]
+    url: Option<String>,
+    /// Bearer key for --url.
+    #[arg(long, env = "SESSIONDB_API_KEY", requires = "url")]
+    api_key: Option<String>,
+}
+
+impl RemoteArgs {
+    fn remote(&self) -> Option<transfer::Remote<'_>> {
+        self.url.as_deref().map(|url| transfer::Remote {
+            url,
+            api_key: self.api_key.as_deref(),
+        })
+    }
+}
+
+fn open(data: &Option<PathBuf>) -> anyhow::Result<Db<SqliteStore>> {
+    let dir = data.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DATA));
+    Db::open(&dir).with_context(|| format!("opening {}", dir.display()))
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let db = Db::open(&cli.data).with_context(|| format!("opening {}", cli.data.display()))?;
-    block_on(run(db, cli.namespace, cli.command))
+    if let Command::Serve(args) = cli.command {
+        return serve::run(serve::resolve(args, cli.data)?);
+    }
+    let remote = match &cli.command {
+        Command::Import { remote, .. } | Command::Export { remote, .. } => remote.url.is_some(),
+        _ => false,
+    };
+    let db = if remote { None } else { Some(open(&cli.data)?) };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(run(db, cli.namespace, cli.command))
 }
 
-async fn run(db: Db<SqliteStore>, namespace: String, command: Command) -> anyhow::Result<()> {
-    let session = |id: &str| db.session_in(&namespace, id);
+async fn run(
+    db: Option<Db<SqliteStore>>,
+    namespace: String,
+    command: Command,
+) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
+    if let Command::Import {
+        file,
+        session,
+        remote,
+    } = &command
+    {
+        return transfer::import(
+            db.as_ref(),
+            remote.remote(),
+            &namespace,
+            session,
+            file,
+            &mut out,
+        )
+        .await;
+    }
+    if let Command::Export { session, remote } = &command {
+        return transfer::export(db.as_ref(), remote.remote(), &namespace, session, &mut out).await;
+    }
+    let db = db.context("no database open")?;
+    let session = |id: &str| db.session_in(&namespace, id);
     match command {
         Command::Append {
             session: sid,
@@ -146,6 +223,9 @@ async fn run(db: Db<SqliteStore>, namespace: String, command: Command) -> anyhow
             }
         }
         Command::Stats { session: sid } => stats(&session(&sid)?, &mut out).await?,
+        Command::Serve(_) | Command::Import { .. } | Command::Export { .. } => {
+            unreachable!("handled above")
+        }
     }
     Ok(())
 }

@@ -64,6 +64,22 @@ pub struct WriteStats {
     pub commits: AtomicU64,
     /// Write requests applied; `requests / commits` is the mean group-commit batch size.
     pub requests: AtomicU64,
+    /// Commits by how many requests they held: bucket `i` counts batches of at most `2^i`
+    /// requests (and more than `2^(i-1)`); the last bucket takes everything larger.
+    pub batch_sizes: [AtomicU64; BATCH_BUCKETS],
+}
+
+/// Buckets of [`WriteStats::batch_sizes`]: 1, 2, 4, … 256, and larger.
+pub const BATCH_BUCKETS: usize = 10;
+
+impl WriteStats {
+    fn record_commit(&self, requests: usize) {
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.requests.fetch_add(requests as u64, Ordering::Relaxed);
+        let bucket =
+            (requests.max(1).next_power_of_two().trailing_zeros() as usize).min(BATCH_BUCKETS - 1);
+        self.batch_sizes[bucket].fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -193,8 +209,9 @@ impl SqliteStore {
     }
 
     /// Commits and requests since the store opened (group-commit effectiveness).
-    pub fn write_stats(&self) -> &WriteStats {
-        &self.write_stats
+    /// Group-commit counters; the handle stays valid (and counting) while the store is open.
+    pub fn write_stats(&self) -> Arc<WriteStats> {
+        self.write_stats.clone()
     }
 
     /// Path of the database file.
@@ -451,10 +468,7 @@ impl Writer {
             let _ = run("ROLLBACK");
         }
         if committed.is_ok() && results.iter().any(Result::is_ok) {
-            self.stats.commits.fetch_add(1, Ordering::Relaxed);
-            self.stats
-                .requests
-                .fetch_add(writes.len() as u64, Ordering::Relaxed);
+            self.stats.record_commit(writes.len());
         }
         if let Err(e) = committed {
             // Nothing of this group is durable: every caller learns it, none sees an event.

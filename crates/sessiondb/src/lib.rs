@@ -52,7 +52,7 @@ pub use sessiondb_core::{
     ValidationError, ValidationErrorKind,
 };
 #[cfg(feature = "sqlite")]
-pub use sessiondb_sqlite::{SqliteConfig, SqliteStore, Synchronous, WriteStats};
+pub use sessiondb_sqlite::{BATCH_BUCKETS, SqliteConfig, SqliteStore, Synchronous, WriteStats};
 
 pub use page::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Page, PageRequest};
 pub use registry::SessionListing;
@@ -167,6 +167,10 @@ impl<S: Store> Db<S> {
 
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.options
     }
 }
 

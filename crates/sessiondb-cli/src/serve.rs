@@ -1,0 +1,262 @@
+//! `sessiondb serve`: configuration from flags, `SESSIONDB_*` variables and an optional TOML
+//! file (in that order of precedence), then the HTTP server until SIGTERM or Ctrl-C.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use serde::Deserialize;
+use sessiondb::{BATCH_BUCKETS, Db, SqliteConfig, SqliteStore, Synchronous};
+use sessiondb_server::{App, Limits, Metrics, ServerConfig};
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TOML configuration file (keys as the flags below, in snake_case; API keys in a `[keys]`
+    /// table mapping key to namespace, limits in a `[limits]` table).
+    #[arg(long, env = "SESSIONDB_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8787].
+    #[arg(long, env = "SESSIONDB_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// API key and the namespace it acts in, as KEY=NAMESPACE; repeat for more keys (the
+    /// variable takes a comma-separated list). Without keys, requests are anonymous in the
+    /// empty namespace and the server only listens on loopback.
+    #[arg(long = "api-key", env = "SESSIONDB_API_KEYS", value_delimiter = ',')]
+    api_keys: Vec<String>,
+    /// Allow anonymous access on a non-loopback address.
+    #[arg(long, env = "SESSIONDB_INSECURE")]
+    insecure: bool,
+    /// Largest request body in bytes [default: 67108864].
+    #[arg(long, env = "SESSIONDB_MAX_BODY_BYTES")]
+    max_body_bytes: Option<usize>,
+    /// Largest message, serialised, in bytes [default: 50000000].
+    #[arg(long, env = "SESSIONDB_MAX_MESSAGE_BYTES")]
+    max_message_bytes: Option<usize>,
+    /// Most messages per session [default: 10000].
+    #[arg(long, env = "SESSIONDB_MAX_MESSAGES_PER_SESSION")]
+    max_messages_per_session: Option<u64>,
+    /// `full` (an acknowledged write survives power loss) or `normal` (survives a crash of the
+    /// process, may lose the last writes on power loss) [default: full].
+    #[arg(long, env = "SESSIONDB_SYNCHRONOUS")]
+    synchronous: Option<String>,
+    /// Log filter: a level (`info`) or `target=level` pairs [default: info].
+    #[arg(long, env = "SESSIONDB_LOG")]
+    log: Option<String>,
+}
+
+/// The TOML file's shape; every field optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<SocketAddr>,
+    data: Option<PathBuf>,
+    insecure: Option<bool>,
+    synchronous: Option<String>,
+    log: Option<String>,
+    #[serde(default)]
+    keys: HashMap<String, String>,
+    #[serde(default)]
+    limits: FileLimits,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileLimits {
+    max_body_bytes: Option<usize>,
+    max_message_bytes: Option<usize>,
+    max_messages_per_session: Option<u64>,
+}
+
+/// Everything `serve` needs, resolved.
+#[derive(Debug)]
+pub struct Resolved {
+    pub listen: SocketAddr,
+    pub data: PathBuf,
+    pub insecure: bool,
+    pub synchronous: Synchronous,
+    pub log: String,
+    pub server: ServerConfig,
+}
+
+pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolved> {
+    let file: FileConfig = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?
+        }
+        None => FileConfig::default(),
+    };
+    let mut api_keys = file.keys;
+    for pair in args.api_keys.iter().filter(|p| !p.is_empty()) {
+        let Some((key, namespace)) = pair.split_once('=') else {
+            bail!("--api-key takes KEY=NAMESPACE, got `{pair}`");
+        };
+        api_keys.insert(key.to_owned(), namespace.to_owned());
+    }
+    for (key, namespace) in &api_keys {
+        if key.is_empty() {
+            bail!("an API key must not be empty");
+        }
+        sessiondb::SessionKey::new(namespace.as_str(), "probe")
+            .with_context(|| format!("namespace `{namespace}` of an API key"))?;
+    }
+    let defaults = Limits::default();
+    let limits = Limits {
+        max_body_bytes: args
+            .max_body_bytes
+            .or(file.limits.max_body_bytes)
+            .unwrap_or(defaults.max_body_bytes),
+        max_message_bytes: args
+            .max_message_bytes
+            .or(file.limits.max_message_bytes)
+            .unwrap_or(defaults.max_message_bytes),
+        max_messages_per_session: args
+            .max_messages_per_session
+            .or(file.limits.max_messages_per_session)
+            .unwrap_or(defaults.max_messages_per_session),
+    };
+    let synchronous = match args
+        .synchronous
+        .or(file.synchronous)
+        .as_deref()
+        .unwrap_or("full")
+    {
+        "full" => Synchronous::Full,
+        "normal" => Synchronous::Normal,
+        other => bail!("synchronous must be `full` or `normal`, not `{other}`"),
+    };
+    Ok(Resolved {
+        listen: args
+            .listen
+            .or(file.listen)
+            .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default address")),
+        data: data
+            .or(file.data)
+            .unwrap_or_else(|| PathBuf::from(crate::DEFAULT_DATA)),
+        insecure: args.insecure || file.insecure.unwrap_or(false),
+        synchronous,
+        log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
+        server: ServerConfig { api_keys, limits },
+    })
+}
+
+fn init_logging(filter: &str) -> anyhow::Result<()> {
+    let targets: tracing_subscriber::filter::Targets = filter
+        .parse()
+        .with_context(|| format!("log filter `{filter}`"))?;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+        )
+        .with(targets)
+        .try_init()
+        .context("installing the logger")
+}
+
+/// Group-commit numbers of the embedded store, for `/metrics`.
+fn sqlite_metrics(store: &SqliteStore) -> sessiondb_server::BackendMetrics {
+    let stats = store.write_stats();
+    Box::new(move |out: &mut String| {
+        use std::fmt::Write;
+        use std::sync::atomic::Ordering::Relaxed;
+        let _ = writeln!(
+            out,
+            "# HELP sessiondb_commits_total Write transactions committed (one fsync each).\n\
+             # TYPE sessiondb_commits_total counter\n\
+             sessiondb_commits_total {}\n\
+             # HELP sessiondb_write_requests_total Write requests committed.\n\
+             # TYPE sessiondb_write_requests_total counter\n\
+             sessiondb_write_requests_total {}\n\
+             # HELP sessiondb_commit_batch_size Write requests per group commit.\n\
+             # TYPE sessiondb_commit_batch_size histogram",
+            stats.commits.load(Relaxed),
+            stats.requests.load(Relaxed)
+        );
+        let mut cumulative = 0;
+        for (i, bucket) in stats.batch_sizes.iter().enumerate() {
+            cumulative += bucket.load(Relaxed);
+            let le = if i + 1 == BATCH_BUCKETS {
+                "+Inf".to_owned()
+            } else {
+                (1u64 << i).to_string()
+            };
+            let _ = writeln!(
+                out,
+                "sessiondb_commit_batch_size_bucket{{le=\"{le}\"}} {cumulative}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "sessiondb_commit_batch_size_sum {}\nsessiondb_commit_batch_size_count {}",
+            stats.requests.load(Relaxed),
+            stats.commits.load(Relaxed)
+        );
+    })
+}
+
+/// Resolves when SIGTERM or Ctrl-C arrives.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+pub fn run(config: Resolved) -> anyhow::Result<()> {
+    init_logging(&config.log)?;
+    sessiondb_server::check_bind(config.listen, &config.server, config.insecure)?;
+    let store = open_store(&config.data, config.synchronous)?;
+    let metrics = Metrics::with_backend(sqlite_metrics(&store));
+    let app = App::new(Db::new(store), config.server, metrics);
+    // Store calls run on the worker threads (embedded reads are short and synchronous), so
+    // give the runtime more workers than cores: one blocked on a commit never stalls the rest.
+    let workers = std::thread::available_parallelism().map_or(4, |n| n.get() * 4);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("listening on {}", config.listen))?;
+        let addr = listener.local_addr()?;
+        tracing::info!(%addr, data = %config.data.display(), "sessiondb listening");
+        // Tests and scripts read this line to find the port.
+        eprintln!("sessiondb listening on http://{addr}");
+        sessiondb_server::serve(listener, app, shutdown_signal()).await?;
+        tracing::info!("stopped; every acknowledged write is on disk");
+        Ok(())
+    })
+}
+
+fn open_store(data: &Path, synchronous: Synchronous) -> anyhow::Result<SqliteStore> {
+    let config = SqliteConfig {
+        synchronous,
+        ..SqliteConfig::default()
+    };
+    SqliteStore::open_with(data, config).with_context(|| format!("opening {}", data.display()))
+}

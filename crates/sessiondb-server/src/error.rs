@@ -1,0 +1,112 @@
+//! The JSON error every route answers with: `{"error": {"code", "message"}}`.
+
+use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use sessiondb::StoreError;
+
+/// An error answer. Bad input maps to a 4xx; only real faults become `internal` (500), and those
+/// are logged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "conflict", message)
+    }
+
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+    }
+
+    pub fn quota(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "quota_exceeded", message)
+    }
+
+    pub fn unsupported_media_type(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            message,
+        )
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+
+    /// The response body as JSON text.
+    pub fn body(&self) -> String {
+        serde_json::json!({"error": {"code": self.code, "message": self.message}}).to_string()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::error!(code = self.code, message = %self.message, "request failed");
+        }
+        (
+            self.status,
+            [(CONTENT_TYPE, "application/json")],
+            self.body(),
+        )
+            .into_response()
+    }
+}
+
+impl From<sessiondb::Error> for ApiError {
+    fn from(e: sessiondb::Error) -> Self {
+        match e {
+            sessiondb::Error::Invalid(v) => ApiError::invalid(v.to_string()),
+            sessiondb::Error::SessionExists { .. } => ApiError::conflict(e.to_string()),
+            sessiondb::Error::Store(store) => store.into(),
+            other => ApiError::internal(other.to_string()),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::QuotaExceeded { .. } => ApiError::quota(e.to_string()),
+            StoreError::ParentCycle { .. } => ApiError::conflict(e.to_string()),
+            other => ApiError::internal(other.to_string()),
+        }
+    }
+}
+
+impl From<sessiondb::ValidationError> for ApiError {
+    fn from(e: sessiondb::ValidationError) -> Self {
+        ApiError::invalid(e.to_string())
+    }
+}

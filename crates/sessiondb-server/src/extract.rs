@@ -1,0 +1,159 @@
+//! Request extractors whose every rejection is an [`ApiError`]: the tenant from the bearer key,
+//! JSON and NDJSON bodies, path parameters and query strings.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use sessiondb::Store;
+
+use crate::App;
+use crate::error::ApiError;
+
+/// The namespace a request acts in: the one its bearer key maps to, or `""` when the server
+/// runs without keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant(pub String);
+
+impl<S: Store> FromRequestParts<Arc<App<S>>> for Tenant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        app: &Arc<App<S>>,
+    ) -> Result<Self, Self::Rejection> {
+        if app.config.api_keys.is_empty() {
+            return Ok(Tenant(String::new()));
+        }
+        let header = parts.headers.get(AUTHORIZATION).ok_or_else(|| {
+            ApiError::unauthorized("an `Authorization: Bearer <key>` header is required")
+        })?;
+        let key = header
+            .to_str()
+            .ok()
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::trim)
+            .ok_or_else(|| {
+                ApiError::unauthorized("the Authorization header must be `Bearer <key>`")
+            })?;
+        app.config
+            .api_keys
+            .get(key)
+            .map(|namespace| Tenant(namespace.clone()))
+            .ok_or_else(|| ApiError::unauthorized("unknown API key"))
+    }
+}
+
+/// Reads the body, mapping an exceeded size limit to 413 and anything else to 400.
+async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, state).await.map_err(|rejection| {
+        if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large("the request body exceeds the configured limit")
+        } else {
+            ApiError::invalid(format!("could not read the request body: {rejection}"))
+        }
+    })
+}
+
+/// Refuses a declared content type other than the accepted ones; a missing one is accepted.
+fn check_content_type(req: &Request, accepted: &[&str]) -> Result<(), ApiError> {
+    let Some(value) = req.headers().get(CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let essence = value
+        .to_str()
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if accepted.iter().any(|a| essence == *a) || essence.ends_with("+json") {
+        Ok(())
+    } else {
+        Err(ApiError::unsupported_media_type(format!(
+            "content type `{essence}` is not accepted here; send {}",
+            accepted.join(" or ")
+        )))
+    }
+}
+
+/// A JSON request body, with its size in bytes.
+#[derive(Debug)]
+pub struct JsonBody {
+    pub value: Value,
+    pub len: usize,
+}
+
+impl<S: Send + Sync> FromRequest<S> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        check_content_type(&req, &["application/json"])?;
+        let bytes = body_bytes(req, state).await?;
+        let value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}")))?;
+        Ok(JsonBody {
+            value,
+            len: bytes.len(),
+        })
+    }
+}
+
+/// An NDJSON request body as text.
+#[derive(Debug)]
+pub struct NdjsonBody(pub String);
+
+impl<S: Send + Sync> FromRequest<S> for NdjsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        check_content_type(
+            &req,
+            &[
+                "application/x-ndjson",
+                "application/jsonl",
+                "application/json",
+                "text/plain",
+            ],
+        )?;
+        let bytes = body_bytes(req, state).await?;
+        String::from_utf8(bytes.to_vec())
+            .map(NdjsonBody)
+            .map_err(|_| ApiError::invalid("the body is not valid UTF-8"))
+    }
+}
+
+/// Path parameters (percent-decoded).
+#[derive(Debug)]
+pub struct Params<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(t)| Params(t))
+            .map_err(|e| ApiError::invalid(format!("bad path parameter: {}", e.body_text())))
+    }
+}
+
+/// A query string.
+#[derive(Debug)]
+pub struct QueryParams<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for QueryParams<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(t)| QueryParams(t))
+            .map_err(|e| ApiError::invalid(format!("bad query string: {}", e.body_text())))
+    }
+}

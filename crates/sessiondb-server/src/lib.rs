@@ -1,0 +1,190 @@
+//! The HTTP API of sessiondb (the contract is the project's API document; `/openapi.json`
+//! describes it).
+//!
+//! [`serve`] runs the API on a listener until a shutdown future resolves, then stops accepting,
+//! ends change-feed streams and lets in-flight requests finish. Writes are durable before they
+//! are acknowledged, so nothing acknowledged is lost by stopping.
+//!
+//! # Layout
+//! - [`App`]: the store, configuration, metrics and shutdown signal every handler shares.
+//! - `routes/*`: one module per resource; `compat` holds the reference example's routes.
+//! - [`extract`]: extractors whose rejections are JSON errors; [`wire`]: JSON forms.
+//! - [`error::ApiError`]: every error answer.
+//!
+//! Store calls run on the runtime's worker threads (the embedded backend's reads are short and
+//! synchronous); binaries should give the runtime more workers than cores.
+#![forbid(unsafe_code)]
+
+pub mod error;
+pub mod extract;
+pub mod metrics;
+mod routes;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::HeaderValue;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use sessiondb::{Db, Options, Session, Store};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::Instrument;
+
+pub use error::ApiError;
+pub use metrics::{BackendMetrics, Metrics};
+
+/// Request limits; exceeding one is a 4xx answer and stores nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest request body (413 `payload_too_large`).
+    pub max_body_bytes: usize,
+    /// Largest single message, serialised (413 `payload_too_large`).
+    pub max_message_bytes: usize,
+    /// Most messages a session holds (409 `quota_exceeded`).
+    pub max_messages_per_session: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 64 * 1024 * 1024,
+            max_message_bytes: 50_000_000,
+            max_messages_per_session: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ServerConfig {
+    /// Bearer key → namespace. Empty: anonymous requests act in namespace `""`.
+    pub api_keys: HashMap<String, String>,
+    pub limits: Limits,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    #[error(
+        "refusing to listen on {addr} without API keys: anonymous access is only allowed on a \
+         loopback address (configure keys, or pass the insecure flag to allow it)"
+    )]
+    AnonymousOnPublicAddress { addr: SocketAddr },
+}
+
+/// Anonymous access (no keys) is only allowed on loopback unless `insecure` is set.
+pub fn check_bind(
+    addr: SocketAddr,
+    config: &ServerConfig,
+    insecure: bool,
+) -> Result<(), ServerError> {
+    if config.api_keys.is_empty() && !addr.ip().is_loopback() && !insecure {
+        return Err(ServerError::AnonymousOnPublicAddress { addr });
+    }
+    Ok(())
+}
+
+/// What every handler shares.
+#[derive(Debug)]
+pub struct App<S> {
+    pub db: Db<S>,
+    pub config: ServerConfig,
+    pub metrics: Metrics,
+    shutdown: watch::Sender<bool>,
+}
+
+impl<S: Store> App<S> {
+    /// The server's state; the session message limit is applied to `db`'s options.
+    pub fn new(db: Db<S>, config: ServerConfig, metrics: Metrics) -> Arc<Self> {
+        let options = Options {
+            max_messages_per_session: Some(config.limits.max_messages_per_session),
+            ..db.options().clone()
+        };
+        Arc::new(Self {
+            db: db.reconfigured(options),
+            config,
+            metrics,
+            shutdown: watch::channel(false).0,
+        })
+    }
+
+    pub(crate) fn session(&self, namespace: &str, id: &str) -> Result<Session<S>, ApiError> {
+        Ok(self.db.session_in(namespace, id)?)
+    }
+
+    pub(crate) fn shutting_down(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+
+    /// Ends change-feed streams and makes `/readyz` fail; [`serve`] calls it on shutdown.
+    pub fn begin_shutdown(&self) {
+        self.shutdown.send_replace(true);
+    }
+}
+
+/// Every route, with request ids, logging, metrics and the body limit.
+pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
+    routes::routes::<S>()
+        .layer(middleware::from_fn_with_state(app.clone(), observe::<S>))
+        .layer(DefaultBodyLimit::max(app.config.limits.max_body_bytes))
+        .with_state(app)
+}
+
+/// Serves until `shutdown` resolves, then drains: stops accepting, ends change-feed streams and
+/// waits for in-flight requests.
+pub async fn serve<S: Store>(
+    listener: TcpListener,
+    app: Arc<App<S>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let router = router(app.clone());
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            tracing::info!("shutting down: finishing in-flight requests");
+            app.begin_shutdown();
+        })
+        .await
+}
+
+const REQUEST_ID: &str = "x-request-id";
+
+/// Gives each request an id (the client's `x-request-id`, or a new one), logs it with its route,
+/// status and latency, and counts it in the metrics.
+async fn observe<S: Store>(State(app): State<Arc<App<S>>>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = req.method().as_str().to_owned();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |m| m.as_str())
+        .to_owned();
+    let request_id = req
+        .headers()
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+        .map_or_else(|| uuid::Uuid::now_v7().simple().to_string(), str::to_owned);
+    let span = tracing::info_span!("request", id = %request_id, method = %method, route = %route);
+    let mut response = next.run(req).instrument(span.clone()).await;
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert(REQUEST_ID, value);
+    }
+    let status = response.status().as_u16();
+    let elapsed = started.elapsed();
+    app.metrics.record_request(&method, &route, status, elapsed);
+    span.in_scope(|| {
+        tracing::info!(status, micros = elapsed.as_micros() as u64, "answered");
+    });
+    response
+}

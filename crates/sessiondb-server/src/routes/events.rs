@@ -1,0 +1,155 @@
+//! The change feed as server-sent events, per session and per namespace.
+//!
+//! Each event's `id` is `<feed epoch>-<position>`. A client that reconnects with `Last-Event-ID`
+//! gets every retained event after that position first; when the position is older than the
+//! retained window, or from another server process, the stream starts with a `reset` event
+//! (re-read what you need, then follow). A subscriber that falls behind gets a `lagged` event
+//! with the number of events it missed.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::{StreamExt, stream};
+use serde_json::json;
+use sessiondb::{Change, ChangeEvent, FeedFilter, FeedItem, Parent, SessionKey, Store};
+
+use crate::App;
+use crate::error::ApiError;
+use crate::extract::{Params, Tenant};
+use crate::wire::{self, json_string};
+
+pub(crate) async fn session<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let key = SessionKey::new(ns, sid)?;
+    Ok(subscribe(app, FeedFilter::Session(key), &headers))
+}
+
+pub(crate) async fn namespace<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    Ok(subscribe(app, FeedFilter::Namespace(ns), &headers))
+}
+
+/// `<epoch>-<position>` from a `Last-Event-ID` header.
+fn last_event_id(headers: &HeaderMap) -> Option<(u64, u64)> {
+    let text = headers.get("last-event-id")?.to_str().ok()?;
+    let (epoch, position) = text.trim().split_once('-')?;
+    Some((epoch.parse().ok()?, position.parse().ok()?))
+}
+
+/// Decrements the live-subscriber gauge when the stream is dropped.
+struct LiveSubscriber<S: Store>(Arc<App<S>>);
+
+impl<S: Store> Drop for LiveSubscriber<S> {
+    fn drop(&mut self) {
+        self.0
+            .metrics
+            .live_subscribers
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn subscribe<S: Store>(app: Arc<App<S>>, filter: FeedFilter, headers: &HeaderMap) -> Response {
+    let store = app.db.store();
+    let epoch = store.feed_epoch();
+    let (subscription, reset) = match last_event_id(headers) {
+        None => (store.subscribe(filter), false),
+        Some((e, position)) if e == epoch => {
+            match store.subscribe_after(filter.clone(), position) {
+                Some(sub) => (sub, false),
+                None => (store.subscribe(filter), true),
+            }
+        }
+        Some(_) => (store.subscribe(filter), true),
+    };
+    app.metrics.live_subscribers.fetch_add(1, Ordering::Relaxed);
+    let guard = LiveSubscriber(app.clone());
+    let first = reset.then(|| {
+        Event::default()
+            .event("reset")
+            .data(r#"{"reason":"the requested position is no longer retained"}"#)
+    });
+    let events = subscription.map(move |item| {
+        let _alive = &guard;
+        match item {
+            FeedItem::Event(event) => to_sse(epoch, &event),
+            FeedItem::Lagged { missed } => Event::default()
+                .event("lagged")
+                .data(json!({"missed": missed}).to_string()),
+        }
+    });
+    // Ending the stream on shutdown keeps open feeds from holding up graceful shutdown.
+    let mut stopping = app.shutting_down();
+    let stop = async move {
+        let _ = stopping.wait_for(|stopping| *stopping).await;
+    };
+    let stream = stream::iter(first)
+        .chain(events)
+        .map(Ok::<_, Infallible>)
+        .take_until(stop);
+    Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
+}
+
+fn parent_field(parent: &Parent) -> String {
+    match parent {
+        Parent::ActiveLeaf => String::new(),
+        Parent::Root => ",\"parentId\":null".to_owned(),
+        Parent::Id(id) => format!(",\"parentId\":{}", json_string(id)),
+    }
+}
+
+/// The event's JSON payload; messages are spliced in as stored.
+fn payload(event: &ChangeEvent) -> String {
+    let sid = json_string(&event.key.session_id);
+    match &event.change {
+        Change::Append {
+            message,
+            parent,
+            inserted,
+        } => format!(
+            "{{\"sessionId\":{sid},\"message\":{}{},\"inserted\":{inserted}}}",
+            message.json(),
+            parent_field(parent)
+        ),
+        Change::Update { message } => {
+            format!("{{\"sessionId\":{sid},\"message\":{}}}", message.json())
+        }
+        Change::Delete { message_ids } => {
+            json!({"sessionId": event.key.session_id, "messageIds": message_ids}).to_string()
+        }
+        Change::Clear => format!("{{\"sessionId\":{sid}}}"),
+        Change::Import { message, parent_id } => format!(
+            "{{\"sessionId\":{sid},\"message\":{},\"parentId\":{}}}",
+            message.json(),
+            parent_id.as_deref().map_or("null".to_owned(), json_string)
+        ),
+        Change::Compaction { compaction } => {
+            json!({"sessionId": event.key.session_id, "compaction": wire::compaction(compaction)})
+                .to_string()
+        }
+        Change::Session { action } => {
+            json!({"sessionId": event.key.session_id, "action": action.name()}).to_string()
+        }
+    }
+}
+
+fn to_sse(epoch: u64, event: &ChangeEvent) -> Event {
+    Event::default()
+        .event(event.change.name())
+        .id(format!("{epoch}-{}", event.position))
+        .data(payload(event))
+}

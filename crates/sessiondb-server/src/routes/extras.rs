@@ -1,0 +1,134 @@
+//! Import/export, stored compactions and per-session state.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use serde_json::{Map, Value, json};
+use sessiondb::Store;
+
+use crate::App;
+use crate::error::ApiError;
+use crate::extract::{JsonBody, NdjsonBody, Params, Tenant};
+use crate::routes::messages::check_message_size;
+use crate::routes::reads::NDJSON;
+use crate::wire::{self, Fields, value_response};
+
+pub(crate) async fn import<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+    NdjsonBody(text): NdjsonBody,
+) -> Result<Response, ApiError> {
+    for line in text.lines() {
+        check_message_size(&app.config.limits, line.len())?;
+    }
+    let lines = sessiondb::parse_import(&text)?;
+    let summary = app.session(&ns, &sid)?.import_lines(lines).await?;
+    Ok(value_response(
+        StatusCode::OK,
+        &json!({"imported": summary.imported, "skipped": summary.skipped}),
+    ))
+}
+
+pub(crate) async fn export<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+) -> Result<Response, ApiError> {
+    let session = app.session(&ns, &sid)?;
+    if session.info().await?.is_none() {
+        return Err(ApiError::not_found(format!("no session `{sid}`")));
+    }
+    let lines = session.export().map(|line| {
+        line.map(Bytes::from)
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    });
+    Ok(([(CONTENT_TYPE, NDJSON)], Body::from_stream(lines)).into_response())
+}
+
+pub(crate) async fn add_compaction<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    check_message_size(&app.config.limits, body.len)?;
+    let mut f = Fields::new(body.value, "compaction")?;
+    let summary = f.string("summary")?;
+    let from = f.string("fromMessageId")?;
+    let to = f.string("toMessageId")?;
+    f.finish()?;
+    let compaction = app
+        .session(&ns, &sid)?
+        .add_compaction(summary, from, to)
+        .await?;
+    Ok(value_response(
+        StatusCode::CREATED,
+        &wire::compaction(&compaction),
+    ))
+}
+
+pub(crate) async fn compactions<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+) -> Result<Response, ApiError> {
+    let list = app.session(&ns, &sid)?.compactions().await?;
+    let items: Vec<Value> = list.iter().map(wire::compaction).collect();
+    Ok(value_response(StatusCode::OK, &Value::Array(items)))
+}
+
+fn no_key(key: &str) -> ApiError {
+    ApiError::not_found(format!("no state key `{key}` in this session"))
+}
+
+pub(crate) async fn state_get<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params((sid, key)): Params<(String, String)>,
+) -> Result<Response, ApiError> {
+    let value = app
+        .session(&ns, &sid)?
+        .state(&key)
+        .await?
+        .ok_or_else(|| no_key(&key))?;
+    Ok(value_response(StatusCode::OK, &value))
+}
+
+pub(crate) async fn state_put<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params((sid, key)): Params<(String, String)>,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    check_message_size(&app.config.limits, body.len)?;
+    app.session(&ns, &sid)?.set_state(&key, &body.value).await?;
+    Ok(value_response(StatusCode::OK, &body.value))
+}
+
+pub(crate) async fn state_delete<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params((sid, key)): Params<(String, String)>,
+) -> Result<Response, ApiError> {
+    if app.session(&ns, &sid)?.delete_state(&key).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(no_key(&key))
+    }
+}
+
+pub(crate) async fn state_all<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+) -> Result<Response, ApiError> {
+    let entries = app.session(&ns, &sid)?.state_entries().await?;
+    let map: Map<String, Value> = entries.into_iter().collect();
+    Ok(value_response(StatusCode::OK, &Value::Object(map)))
+}

@@ -1,0 +1,298 @@
+//! `/v1/sessions/{sid}/messages…`: writes and reads of single messages and pages.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sessiondb::{AppendOptions, Message, PageRequest, Parent, Source, Store};
+
+use crate::error::ApiError;
+use crate::extract::{JsonBody, Params, QueryParams, Tenant};
+use crate::routes::sessions::descending;
+use crate::wire::{self, Fields, json_response, value_response};
+use crate::{App, Limits};
+
+/// Refuses a message larger than the configured limit (`len` is its serialised size).
+pub(crate) fn check_message_size(limits: &Limits, len: usize) -> Result<(), ApiError> {
+    if len > limits.max_message_bytes {
+        return Err(ApiError::too_large(format!(
+            "a message is {len} bytes serialised; the limit is {}",
+            limits.max_message_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// `?parent=` semantics: absent ⇒ the active leaf; empty ⇒ a new root; else that message.
+pub(crate) fn parent_of(parent: Option<String>) -> Parent {
+    match parent {
+        None => Parent::ActiveLeaf,
+        Some(p) if p.is_empty() => Parent::Root,
+        Some(p) => Parent::Id(p),
+    }
+}
+
+fn client(parent: Parent) -> AppendOptions {
+    AppendOptions {
+        parent,
+        source: Source::Client,
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AppendQuery {
+    parent: Option<String>,
+}
+
+pub(crate) async fn append<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+    QueryParams(q): QueryParams<AppendQuery>,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    check_message_size(&app.config.limits, body.len)?;
+    let message = Message::from_value(body.value)?;
+    let session = app.session(&ns, &sid)?;
+    let result = session.append(message, client(parent_of(q.parent))).await?;
+    let status = if result.inserted {
+        app.metrics.record_append(result.message.bytes);
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(json_response(
+        status,
+        wire::append_result(result.inserted, &result.message),
+    ))
+}
+
+pub(crate) async fn batch<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    let mut f = Fields::new(body.value, "batch")?;
+    let parent = match f.take("parentId") {
+        None => Parent::ActiveLeaf,
+        Some(Value::Null) => Parent::Root,
+        Some(Value::String(p)) => parent_of(Some(p)),
+        Some(_) => return Err(ApiError::invalid("`parentId` must be a string or null")),
+    };
+    let Some(Value::Array(values)) = f.take("messages") else {
+        return Err(ApiError::invalid("`messages` must be an array of messages"));
+    };
+    f.finish()?;
+    let mut messages = Vec::with_capacity(values.len());
+    for (i, value) in values.into_iter().enumerate() {
+        check_message_size(&app.config.limits, value.to_string().len())?;
+        messages.push(
+            Message::from_value(value)
+                .map_err(|e| ApiError::invalid(format!("messages[{i}]: {e}")))?,
+        );
+    }
+    let session = app.session(&ns, &sid)?;
+    let results = session.append_all(messages, client(parent)).await?;
+    let stored: Vec<_> = results
+        .into_iter()
+        .map(|r| {
+            if r.inserted {
+                app.metrics.record_append(r.message.bytes);
+            }
+            r.message
+        })
+        .collect();
+    Ok(json_response(
+        StatusCode::CREATED,
+        format!("{{\"messages\":{}}}", wire::message_array(&stored)),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListQuery {
+    limit: Option<usize>,
+    order: Option<String>,
+    after: Option<String>,
+    before: Option<String>,
+}
+
+pub(crate) async fn list<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+    QueryParams(q): QueryParams<ListQuery>,
+) -> Result<Response, ApiError> {
+    let request = PageRequest {
+        limit: q.limit,
+        descending: descending(q.order.as_deref(), false)?,
+        after: q.after,
+        before: q.before,
+    };
+    let page = app.session(&ns, &sid)?.list_messages(&request).await?;
+    let mut body = format!("{{\"items\":{}", wire::message_array(&page.items));
+    if let Some(next) = page.next_cursor {
+        body.push_str(&format!(",\"nextCursor\":{}", wire::json_string(&next)));
+    }
+    if let Some(previous) = page.previous_cursor {
+        body.push_str(&format!(
+            ",\"previousCursor\":{}",
+            wire::json_string(&previous)
+        ));
+    }
+    body.push('}');
+    Ok(json_response(StatusCode::OK, body))
+}
+
+fn missing(mid: &str) -> ApiError {
+    ApiError::not_found(format!("no message `{mid}` in this session"))
+}
+
+pub(crate) async fn get<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params((sid, mid)): Params<(String, String)>,
+) -> Result<Response, ApiError> {
+    let message = app
+        .session(&ns, &sid)?
+        .message(&mid)
+        .await?
+        .ok_or_else(|| missing(&mid))?;
+    Ok(json_response(StatusCode::OK, message.into_json()))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PutQuery {
+    upsert: Option<bool>,
+}
+
+/// The body's `id` must be absent or equal the path's; the path's id is used.
+fn with_path_id(mut value: Value, mid: &str) -> Result<Value, ApiError> {
+    if let Value::Object(map) = &mut value {
+        match map.get("id") {
+            None => {
+                map.insert("id".into(), Value::String(mid.to_owned()));
+            }
+            Some(Value::String(id)) if id == mid => {}
+            Some(_) => {
+                return Err(ApiError::invalid(format!(
+                    "the body's `id` must be absent or equal the path's `{mid}`"
+                )));
+            }
+        }
+    }
+    Ok(value)
+}
+
+pub(crate) async fn put<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params((sid, mid)): Params<(String, String)>,
+    QueryParams(q): QueryParams<PutQuery>,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    check_message_size(&app.config.limits, body.len)?;
+    let message = Message::from_value(with_path_id(body.value, &mid)?)?;
+    let session = app.session(&ns, &sid)?;
+    let stored = if q.upsert.unwrap_or(false) {
+        let result = session.upsert(message, client(Parent::ActiveLeaf)).await?;
+        if result.inserted {
+            app.metrics.record_append(result.message.bytes);
+        }
+        result.message
+    } else {
+        session
+            .update(message, Source::Client)
+            .await?
+            .ok_or_else(|| missing(&mid))?
+    };
+    Ok(json_response(StatusCode::OK, stored.into_json()))
+}
+
+pub(crate) async fn patch<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params((sid, mid)): Params<(String, String)>,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    check_message_size(&app.config.limits, body.len)?;
+    let mut f = Fields::new(body.value, "message patch")?;
+    let changes: Vec<(&str, Option<Value>)> = ["role", "parts", "content", "metadata"]
+        .into_iter()
+        .map(|field| (field, f.take(field)))
+        .collect();
+    f.finish()?;
+    let session = app.session(&ns, &sid)?;
+    let current = session.message(&mid).await?.ok_or_else(|| missing(&mid))?;
+    let Value::Object(mut fields) = current.to_message().into_value() else {
+        return Err(ApiError::internal("a stored message is not an object"));
+    };
+    for (field, change) in changes {
+        match change {
+            None => {}
+            // `null` removes an optional field; validation refuses a removed role.
+            Some(Value::Null) => {
+                fields.shift_remove(field);
+            }
+            Some(value) => {
+                fields.insert(field.to_owned(), value);
+            }
+        }
+    }
+    let value = Value::Object(fields);
+    check_message_size(&app.config.limits, value.to_string().len())?;
+    let message = Message::from_value(value)?;
+    let stored = session
+        .update(message, Source::Client)
+        .await?
+        .ok_or_else(|| missing(&mid))?;
+    Ok(json_response(StatusCode::OK, stored.into_json()))
+}
+
+pub(crate) async fn delete<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params((sid, mid)): Params<(String, String)>,
+) -> Result<Response, ApiError> {
+    match app.session(&ns, &sid)?.delete(&[mid.clone()]).await? {
+        0 => Err(missing(&mid)),
+        _ => Ok(StatusCode::NO_CONTENT.into_response()),
+    }
+}
+
+pub(crate) async fn delete_many<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    let mut f = Fields::new(body.value, "delete request")?;
+    let ids = match f.take("ids") {
+        Some(Value::Array(ids)) => ids
+            .into_iter()
+            .map(|id| match id {
+                Value::String(s) => Ok(s),
+                _ => Err(ApiError::invalid("`ids` must hold strings")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        _ => return Err(ApiError::invalid("`ids` must be an array of message ids")),
+    };
+    f.finish()?;
+    let deleted = app.session(&ns, &sid)?.delete(&ids).await?;
+    Ok(value_response(StatusCode::OK, &json!({"deleted": deleted})))
+}
+
+pub(crate) async fn clear<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+) -> Result<Response, ApiError> {
+    app.session(&ns, &sid)?.clear().await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

@@ -1,0 +1,179 @@
+//! History (NDJSON), branches, row stats and search.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures::{Stream, StreamExt};
+use serde::Deserialize;
+use sessiondb::{HistoryOptions, Store, StoredMessage};
+
+use crate::App;
+use crate::error::ApiError;
+use crate::extract::{Params, QueryParams, Tenant};
+use crate::wire::{self, json_response, value_response};
+
+pub(crate) const NDJSON: &str = "application/x-ndjson";
+
+/// Messages ready at once are sent as one chunk; this bounds a chunk.
+const LINES_PER_CHUNK: usize = 64;
+
+/// An NDJSON body pulled from `messages` as the client reads: nothing is read ahead of the
+/// socket, and dropping the body (the client went away) drops the read.
+pub(crate) fn ndjson_body<E: std::fmt::Display>(
+    messages: impl Stream<Item = Result<StoredMessage, E>> + Send + 'static,
+) -> Response {
+    let chunks = messages.ready_chunks(LINES_PER_CHUNK).map(|chunk| {
+        let mut text = String::new();
+        for item in chunk {
+            let message = item.map_err(|e| std::io::Error::other(e.to_string()))?;
+            text.push_str(message.json());
+            text.push('\n');
+        }
+        Ok::<_, std::io::Error>(Bytes::from(text))
+    });
+    ([(CONTENT_TYPE, NDJSON)], Body::from_stream(chunks)).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct HistoryQuery {
+    leaf: Option<String>,
+    order: Option<String>,
+    max_bytes: Option<u64>,
+    format: Option<String>,
+}
+
+pub(crate) async fn history<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+    QueryParams(q): QueryParams<HistoryQuery>,
+) -> Result<Response, ApiError> {
+    let newest_first = match q.order.as_deref() {
+        None | Some("oldest") => false,
+        Some("newest") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "`order` must be `oldest` or `newest`, not `{other}`"
+            )));
+        }
+    };
+    match q.format.as_deref() {
+        None | Some("ndjson") => {}
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "`format` `{other}` is not supported; use `ndjson`"
+            )));
+        }
+    }
+    let session = app.session(&ns, &sid)?;
+    let Some(max_bytes) = q.max_bytes else {
+        let options = HistoryOptions {
+            leaf: q.leaf,
+            newest_first,
+        };
+        return Ok(ndjson_body(session.history(options)));
+    };
+    let recent = session.recent_history(max_bytes, q.leaf.as_deref()).await?;
+    let mut messages = recent.messages;
+    if newest_first {
+        messages.reverse();
+    }
+    let mut response = ndjson_body(futures::stream::iter(
+        messages.into_iter().map(Ok::<_, ApiError>),
+    ));
+    let headers = response.headers_mut();
+    headers.insert(
+        "x-sessiondb-truncated",
+        HeaderValue::from_static(if recent.truncated { "true" } else { "false" }),
+    );
+    headers.insert(
+        "x-sessiondb-total-bytes",
+        HeaderValue::from(recent.total_bytes),
+    );
+    Ok(response)
+}
+
+pub(crate) async fn branches<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params((sid, mid)): Params<(String, String)>,
+) -> Result<Response, ApiError> {
+    let children = app.session(&ns, &sid)?.branches(&mid).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        wire::message_array(&children),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RowsQuery {
+    leaf: Option<String>,
+}
+
+pub(crate) async fn rows<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+    QueryParams(q): QueryParams<RowsQuery>,
+) -> Result<Response, ApiError> {
+    let rows = app.session(&ns, &sid)?.row_stats(q.leaf.as_deref()).await?;
+    Ok(value_response(StatusCode::OK, &wire::row_stats(&rows)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct SearchQuery {
+    q: Option<String>,
+    limit: Option<usize>,
+    user_id: Option<String>,
+}
+
+fn search_limit(limit: Option<usize>) -> Result<usize, ApiError> {
+    match limit.unwrap_or(sessiondb::DEFAULT_PAGE_SIZE) {
+        l @ 1..=sessiondb::MAX_PAGE_SIZE => Ok(l),
+        _ => Err(ApiError::invalid(
+            "`limit` must be an integer from 1 to 100",
+        )),
+    }
+}
+
+pub(crate) async fn search<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+    QueryParams(q): QueryParams<SearchQuery>,
+) -> Result<Response, ApiError> {
+    if q.user_id.is_some() {
+        return Err(ApiError::invalid("`userId` applies to /v1/search only"));
+    }
+    let limit = search_limit(q.limit)?;
+    let hits = app
+        .session(&ns, &sid)?
+        .search(q.q.as_deref().unwrap_or(""), limit)
+        .await?;
+    Ok(value_response(StatusCode::OK, &wire::search_hits(&hits)))
+}
+
+pub(crate) async fn search_all<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    QueryParams(q): QueryParams<SearchQuery>,
+) -> Result<Response, ApiError> {
+    let limit = search_limit(q.limit)?;
+    let hits = app
+        .db
+        .search_all(
+            &ns,
+            q.user_id.as_deref(),
+            q.q.as_deref().unwrap_or(""),
+            limit,
+        )
+        .await?;
+    Ok(value_response(StatusCode::OK, &wire::search_hits(&hits)))
+}
