@@ -128,6 +128,18 @@ impl<S: Send + Sync> FromRequest<S> for NdjsonBody {
     }
 }
 
+/// A body of any type, as bytes.
+#[derive(Debug)]
+pub struct RawBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        body_bytes(req, state).await.map(RawBody)
+    }
+}
+
 /// Path parameters (percent-decoded).
 #[derive(Debug)]
 pub struct Params<T>(pub T);

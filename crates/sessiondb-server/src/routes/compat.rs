@@ -5,8 +5,7 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -15,7 +14,7 @@ use sessiondb::{AppendOptions, HistoryOptions, Message, Source, Store};
 
 use crate::App;
 use crate::error::ApiError;
-use crate::extract::{Params, Tenant};
+use crate::extract::{Params, QueryParams, RawBody, Tenant};
 use crate::routes::messages::{check_message_size, parent_of};
 use crate::routes::reads::ndjson_body;
 use crate::wire::{self, json_response, value_response};
@@ -56,9 +55,9 @@ pub(crate) async fn handle<S: Store>(
     State(app): State<Arc<App<S>>>,
     Tenant(ns): Tenant,
     Params(path): Params<Vec<(String, String)>>,
-    Query(query): Query<Vec<(String, String)>>,
+    QueryParams(query): QueryParams<Vec<(String, String)>>,
     method: Method,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
     let param = |name: &str| path.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
     let query_param = |name: &str| {

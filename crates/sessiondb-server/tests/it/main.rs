@@ -1,0 +1,12 @@
+//! End-to-end tests of the HTTP API on a real socket.
+
+mod auth;
+mod common;
+mod events;
+mod limits;
+mod messages;
+mod ops;
+mod reads;
+mod robustness;
+mod sessions;
+mod walkthrough;

@@ -1,0 +1,248 @@
+//! `/v1/sessions/{sid}/messages…`.
+
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::common::start;
+
+fn text(id: &str, body: &str) -> serde_json::Value {
+    json!({"id": id, "role": "user", "parts": [{"type": "text", "text": body}]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_get_put_patch_and_delete() {
+    let server = start().await;
+    let first = server
+        .post("/v1/sessions/s/messages", text("a", "one"))
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.json["inserted"], true);
+    assert!(first.json["message"]["createdAt"].as_i64().is_some());
+    let again = server
+        .post("/v1/sessions/s/messages", text("a", "other"))
+        .await;
+    assert_eq!(
+        (again.status, &again.json["inserted"]),
+        (StatusCode::OK, &json!(false))
+    );
+    assert_eq!(again.json["message"]["parts"][0]["text"], "one");
+    // Content-shape messages and generated ids.
+    let generated = server
+        .post(
+            "/v1/sessions/s/messages",
+            json!({"role": "assistant", "content": "two"}),
+        )
+        .await;
+    let gid = generated.json["message"]["id"].as_str().unwrap().to_owned();
+    assert!(gid.starts_with("msg_"));
+    // ?parent=a branches; ?parent= starts a root; an unknown parent makes a root too.
+    server
+        .post("/v1/sessions/s/messages?parent=a", text("b", "branch"))
+        .await;
+    assert_eq!(
+        server.get("/v1/sessions/s/branches/a").await.ids(),
+        [gid.as_str(), "b"]
+    );
+    server
+        .post("/v1/sessions/s/messages?parent=", text("r", "root"))
+        .await;
+    assert_eq!(server.get("/v1/sessions/s/history").await.ids(), ["r"]);
+
+    let got = server.get("/v1/sessions/s/messages/a").await;
+    assert_eq!(
+        (got.status, got.json["id"].as_str()),
+        (StatusCode::OK, Some("a"))
+    );
+    let missing = server.get("/v1/sessions/s/messages/zzz").await;
+    assert_eq!(
+        (missing.status, missing.code()),
+        (StatusCode::NOT_FOUND, "not_found")
+    );
+
+    let put = server
+        .put("/v1/sessions/s/messages/a", text("a", "replaced"))
+        .await;
+    assert_eq!(put.status, StatusCode::OK);
+    assert_eq!(put.json["parts"][0]["text"], "replaced");
+    assert!(put.json["updatedAt"].as_i64().is_some());
+    let no_id = server
+        .put(
+            "/v1/sessions/s/messages/a",
+            json!({"role": "user", "content": "no id"}),
+        )
+        .await;
+    assert_eq!(no_id.json["content"], "no id");
+    let mismatch = server
+        .put("/v1/sessions/s/messages/a", text("other", "x"))
+        .await;
+    assert_eq!(mismatch.status, StatusCode::BAD_REQUEST);
+    let put_missing = server
+        .put("/v1/sessions/s/messages/new", text("new", "x"))
+        .await;
+    assert_eq!(put_missing.status, StatusCode::NOT_FOUND);
+    let upsert = server
+        .put("/v1/sessions/s/messages/new?upsert=true", text("new", "x"))
+        .await;
+    assert_eq!(upsert.status, StatusCode::OK);
+    assert_eq!(
+        server.get("/v1/sessions/s/messages/new").await.status,
+        StatusCode::OK
+    );
+
+    let patched = server
+        .patch(
+            "/v1/sessions/s/messages/new",
+            json!({"metadata": {"k": 1}, "role": "assistant"}),
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    assert_eq!(patched.json["role"], "assistant");
+    assert_eq!(patched.json["metadata"], json!({"k": 1}));
+    assert_eq!(
+        patched.json["parts"][0]["text"], "x",
+        "fields not given stay"
+    );
+    let bad_patch = server
+        .patch("/v1/sessions/s/messages/new", json!({"role": null}))
+        .await;
+    assert_eq!(bad_patch.status, StatusCode::BAD_REQUEST);
+    let unknown_patch = server
+        .patch("/v1/sessions/s/messages/new", json!({"parentId": "a"}))
+        .await;
+    assert_eq!(unknown_patch.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        server
+            .patch("/v1/sessions/s/messages/zzz", json!({"content": "x"}))
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+
+    // Deleting `a` re-attaches its children to its (missing) parent: they become roots.
+    assert_eq!(
+        server.delete("/v1/sessions/s/messages/a").await.status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        server.delete("/v1/sessions/s/messages/a").await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        server
+            .get(&format!("/v1/sessions/s/messages/{gid}"))
+            .await
+            .json["id"],
+        gid
+    );
+    let bulk = server
+        .post(
+            "/v1/sessions/s/messages/delete",
+            json!({"ids": ["b", "r", "nope"]}),
+        )
+        .await;
+    assert_eq!(
+        (bulk.status, &bulk.json),
+        (StatusCode::OK, &json!({"deleted": 2}))
+    );
+    assert_eq!(
+        server
+            .post("/v1/sessions/s/messages/delete", json!({"ids": "b"}))
+            .await
+            .status,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        server.delete("/v1/sessions/s/messages").await.status,
+        StatusCode::NO_CONTENT
+    );
+    assert!(server.get("/v1/sessions/s/history").await.text.is_empty());
+    assert_eq!(
+        server.get("/v1/sessions/s").await.status,
+        StatusCode::OK,
+        "clear keeps the session"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_chain_atomically() {
+    let server = start().await;
+    server.say("s", "root", "root").await;
+    let batch = server
+        .post(
+            "/v1/sessions/s/messages/batch",
+            json!({"messages": [text("b1", "1"), text("b2", "2")], "parentId": "root"}),
+        )
+        .await;
+    assert_eq!(batch.status, StatusCode::CREATED);
+    assert_eq!(batch.json["messages"][1]["id"], "b2");
+    assert_eq!(
+        server.get("/v1/sessions/s/history").await.ids(),
+        ["root", "b1", "b2"]
+    );
+    let invalid = server
+        .post(
+            "/v1/sessions/s/messages/batch",
+            json!({"messages": [text("c1", "ok"), {"id": "c2"}]}),
+        )
+        .await;
+    assert_eq!(invalid.status, StatusCode::BAD_REQUEST);
+    assert!(
+        invalid.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("messages[1]")
+    );
+    assert_eq!(
+        server.get("/v1/sessions/s/messages/c1").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let roots = server
+        .post(
+            "/v1/sessions/s/messages/batch",
+            json!({"messages": [text("n1", "x")], "parentId": null}),
+        )
+        .await;
+    assert_eq!(roots.status, StatusCode::CREATED);
+    assert_eq!(server.get("/v1/sessions/s/history").await.ids(), ["n1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_pages_walk_the_active_path() {
+    let server = start().await;
+    for i in 0..5 {
+        server.say("s", &format!("m{i}"), "x").await;
+    }
+    let page = server.get("/v1/sessions/s/messages?limit=2").await;
+    assert_eq!(page.ids(), ["m0", "m1"]);
+    assert_eq!(page.json["nextCursor"], "m1");
+    assert!(page.json.get("previousCursor").is_none());
+    let next = server.get("/v1/sessions/s/messages?limit=2&after=m1").await;
+    assert_eq!(next.ids(), ["m2", "m3"]);
+    assert_eq!(next.json["previousCursor"], "m2");
+    let back = server
+        .get("/v1/sessions/s/messages?limit=2&before=m2")
+        .await;
+    assert_eq!(back.ids(), ["m0", "m1"]);
+    let desc = server
+        .get("/v1/sessions/s/messages?order=desc&limit=3")
+        .await;
+    assert_eq!(desc.ids(), ["m4", "m3", "m2"]);
+    let default = server.get("/v1/sessions/s/messages").await;
+    assert_eq!(default.ids().len(), 5);
+    assert!(default.json.get("nextCursor").is_none());
+    let unknown = server.get("/v1/sessions/none/messages").await;
+    assert_eq!(
+        (unknown.status, &unknown.json),
+        (StatusCode::OK, &json!({"items": []}))
+    );
+    for bad in [
+        "after=m1&before=m3",
+        "limit=0",
+        "limit=101",
+        "after=ghost",
+        "order=up",
+    ] {
+        let answer = server.get(&format!("/v1/sessions/s/messages?{bad}")).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+}

@@ -1,0 +1,160 @@
+//! Random bytes and random JSON sent to every write route get only 2xx/4xx answers, and the
+//! server keeps serving.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Map, Value, json};
+
+use crate::common::start;
+
+/// A small deterministic generator (xorshift64*), so a failure reproduces from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn string(&mut self) -> String {
+        const PIECES: [&str; 12] = [
+            "",
+            "a",
+            "m1",
+            "user",
+            "assistant",
+            "text",
+            "compaction_x",
+            "é",
+            "\u{0}",
+            "😀",
+            "\"quoted\"",
+            "*",
+        ];
+        match self.below(4) {
+            0 => PIECES[self.below(PIECES.len() as u64) as usize].to_owned(),
+            1 => "x".repeat(self.below(300) as usize),
+            _ => (0..self.below(12))
+                .map(|_| char::from_u32(self.below(0x2_0000) as u32).unwrap_or('?'))
+                .collect(),
+        }
+    }
+
+    fn value(&mut self, depth: u32) -> Value {
+        const KEYS: [&str; 18] = [
+            "id",
+            "role",
+            "parts",
+            "content",
+            "metadata",
+            "type",
+            "text",
+            "messages",
+            "parentId",
+            "ids",
+            "summary",
+            "fromMessageId",
+            "toMessageId",
+            "name",
+            "settings",
+            "userId",
+            "compactAfter",
+            "model",
+        ];
+        let kind = if depth >= 4 {
+            self.below(5)
+        } else {
+            self.below(8)
+        };
+        match kind {
+            0 => Value::Null,
+            1 => Value::Bool(self.below(2) == 0),
+            2 => match self.below(4) {
+                0 => json!(self.next() as i64),
+                1 => json!(-(self.below(1000) as i64)),
+                2 => json!(self.below(1000) as f64 / 7.0),
+                _ => serde_json::from_str("123456789012345678901234567890").unwrap(),
+            },
+            3 | 4 => Value::String(self.string()),
+            5 => Value::Array((0..self.below(4)).map(|_| self.value(depth + 1)).collect()),
+            _ => {
+                let mut map = Map::new();
+                for _ in 0..self.below(6) {
+                    let key = if self.below(4) == 0 {
+                        self.string()
+                    } else {
+                        KEYS[self.below(KEYS.len() as u64) as usize].to_owned()
+                    };
+                    map.insert(key, self.value(depth + 1));
+                }
+                Value::Object(map)
+            }
+        }
+    }
+
+    fn bytes(&mut self) -> Vec<u8> {
+        (0..self.below(200)).map(|_| self.next() as u8).collect()
+    }
+}
+
+const WRITE_ROUTES: [(Method, &str); 16] = [
+    (Method::POST, "/v1/sessions"),
+    (Method::PATCH, "/v1/sessions/s"),
+    (Method::POST, "/v1/sessions/s/messages"),
+    (Method::POST, "/v1/sessions/s/messages?parent="),
+    (Method::POST, "/v1/sessions/s/messages?parent=m1"),
+    (Method::POST, "/v1/sessions/s/messages/batch"),
+    (Method::PUT, "/v1/sessions/s/messages/m1"),
+    (Method::PUT, "/v1/sessions/s/messages/m1?upsert=true"),
+    (Method::PATCH, "/v1/sessions/s/messages/m1"),
+    (Method::POST, "/v1/sessions/s/messages/delete"),
+    (Method::POST, "/v1/sessions/s/import"),
+    (Method::POST, "/v1/sessions/s/compactions"),
+    (Method::PUT, "/v1/sessions/s/state/k"),
+    (Method::POST, "/agents/session-object/s/messages"),
+    (Method::POST, "/agents/session-object/s/compactions"),
+    (Method::PUT, "/agents/session-object/s/whatever"),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_input_never_gets_a_5xx() {
+    let server = start().await;
+    server.say("s", "m1", "seed").await;
+    let mut rng = Rng(0x5E55_10DB);
+    let rounds: usize = std::env::var("ROBUSTNESS_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    for round in 0..rounds {
+        for (method, path) in &WRITE_ROUTES {
+            let body = if round % 3 == 0 {
+                rng.bytes()
+            } else {
+                rng.value(0).to_string().into_bytes()
+            };
+            let mut request = server.request(method.clone(), path).body(body.clone());
+            if round % 2 == 0 {
+                request = request.header("content-type", "application/json");
+            }
+            let answer = server.send(request).await;
+            *statuses.entry(answer.status.as_u16()).or_default() += 1;
+            assert!(
+                !answer.status.is_server_error(),
+                "{method} {path} answered {} to {:?}: {}",
+                answer.status,
+                String::from_utf8_lossy(&body),
+                answer.text
+            );
+        }
+    }
+    // Some random input was valid: the generator reaches the success paths too.
+    assert!(statuses.keys().any(|s| *s < 300), "{statuses:?}");
+    assert_eq!(server.get("/healthz").await.status, StatusCode::OK);
+    server.say("s", "after", "still serving").await;
+}
