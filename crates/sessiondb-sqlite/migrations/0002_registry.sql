@@ -20,6 +20,9 @@ CREATE INDEX sessions_by_last_message
     ON sessions (namespace, coalesce(last_message_at, created_at), id);
 CREATE INDEX sessions_by_user ON sessions (namespace, user_id);
 
+-- Roots (and orphans) of a session without scanning it.
+CREATE INDEX messages_roots ON messages (namespace, session_id, seq) WHERE parent_seq IS NULL;
+
 -- seq orders a session's compactions by creation.
 CREATE TABLE compactions (
     namespace       TEXT    NOT NULL,

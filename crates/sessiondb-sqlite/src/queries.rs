@@ -21,10 +21,17 @@ type Result<T> = std::result::Result<T, StoreError>;
 /// are `&'static str` (no formatting on the read path).
 macro_rules! select_messages {
     ($condition:literal) => {
+        select_messages!("messages", $condition)
+    };
+    // `$from` may name an index: without statistics SQLite prefers scanning the whole session
+    // in seq order over a parent_id look-up followed by a sort.
+    ($from:literal, $condition:literal) => {
         concat!(
             "SELECT id, role, parent_id, seq, created_at, updated_at, token_estimate, content,
                     content_chunks, bytes
-               FROM messages WHERE namespace = ?1 AND session_id = ?2 AND ",
+               FROM ",
+            $from,
+            " WHERE namespace = ?1 AND session_id = ?2 AND ",
             $condition
         )
     };
@@ -126,7 +133,10 @@ pub(crate) fn children(
     messages_where(
         conn,
         key,
-        select_messages!("parent_id = ?3 ORDER BY seq"),
+        select_messages!(
+            "messages INDEXED BY messages_by_parent",
+            "parent_id = ?3 ORDER BY seq"
+        ),
         &[&id],
     )
 }
@@ -136,7 +146,10 @@ pub(crate) fn roots(conn: &Connection, key: &SessionKey) -> Result<Vec<StoredMes
     messages_where(
         conn,
         key,
-        select_messages!("parent_seq IS NULL ORDER BY seq"),
+        select_messages!(
+            "messages INDEXED BY messages_roots",
+            "parent_seq IS NULL ORDER BY seq"
+        ),
         &[],
     )
 }
@@ -166,7 +179,8 @@ pub(crate) fn child_links(
 ) -> Result<Vec<(String, i64)>> {
     let mut stmt = conn
         .prepare_cached(
-            "SELECT id, seq FROM messages WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3",
+            "SELECT id, seq FROM messages INDEXED BY messages_by_parent
+              WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3",
         )
         .map_err(backend_error)?;
     stmt.query_map(params![key.namespace, key.session_id, id], |r| {

@@ -260,7 +260,11 @@ pub(crate) async fn delete<S: Store>(
     Tenant(ns): Tenant,
     Params((sid, mid)): Params<(String, String)>,
 ) -> Result<Response, ApiError> {
-    match app.session(&ns, &sid)?.delete(std::slice::from_ref(&mid)).await? {
+    match app
+        .session(&ns, &sid)?
+        .delete(std::slice::from_ref(&mid))
+        .await?
+    {
         0 => Err(missing(&mid)),
         _ => Ok(StatusCode::NO_CONTENT.into_response()),
     }

@@ -1,0 +1,345 @@
+//! `sessiondb serve`, `import` and `export` as real processes on real sockets.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use sessiondb::{AppendOptions, Db, Message};
+
+/// A running `sessiondb serve`; killed when dropped.
+struct Served {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Served {
+    fn start(data: &Path, args: &[&str], env: &[(&str, &str)]) -> Served {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sessiondb"))
+            .arg("--data")
+            .arg(data)
+            .arg("serve")
+            .args(args)
+            .envs(env.iter().copied())
+            .env("SESSIONDB_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        let base = loop {
+            line.clear();
+            assert!(
+                stderr.read_line(&mut line).unwrap() > 0,
+                "the server exited before listening"
+            );
+            if let Some(url) = line.trim().strip_prefix("sessiondb listening on ") {
+                break url.to_owned();
+            }
+        };
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in stderr.lines() {});
+        Served { child, base }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Peak resident memory of the server process so far, in bytes.
+    fn peak_rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    }
+
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        for _ in 0..200 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the server did not stop within 10 s of SIGTERM");
+    }
+}
+
+fn free_dir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_and_keeps_every_acknowledged_write() {
+    let dir = free_dir();
+    let served = Served::start(dir.path(), &["--listen", "127.0.0.1:0"], &[]);
+    let client = reqwest::Client::new();
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let (client, base) = (client.clone(), served.base.clone());
+        writers.push(tokio::spawn(async move {
+            let mut acknowledged = Vec::new();
+            for i in 0.. {
+                let id = format!("w{w}-{i}");
+                let body = json!({"id": id, "role": "user", "content": "x"});
+                match client
+                    .post(format!("{base}/v1/sessions/s/messages"))
+                    .json(&body)
+                    .send()
+                    .await
+                {
+                    Ok(r) if r.status() == 201 => acknowledged.push(id),
+                    _ => break,
+                }
+            }
+            acknowledged
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = tokio::task::spawn_blocking(move || served.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status}");
+    let mut acknowledged = Vec::new();
+    for writer in writers {
+        acknowledged.extend(writer.await.unwrap());
+    }
+    assert!(acknowledged.len() > 8, "writes happened before the signal");
+    let db = Db::open(dir.path()).unwrap();
+    let session = db.session("s").unwrap();
+    for id in &acknowledged {
+        assert!(
+            session.message(id).await.unwrap().is_some(),
+            "{id} was acknowledged but lost"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configuration_from_file_environment_and_flags() {
+    let dir = free_dir();
+    let config = dir.path().join("sessiondb.toml");
+    std::fs::write(
+        &config,
+        "listen = \"127.0.0.1:1\"\n[keys]\n\"file-key\" = \"from-file\"\n[limits]\nmax_messages_per_session = 1\n",
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    // The flag's listen address wins over the file's; keys merge from file and environment.
+    let served = Served::start(
+        &data,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[("SESSIONDB_API_KEYS", "env-key=from-env")],
+    );
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/sessions/s/messages", served.base);
+    let body = json!({"role": "user", "content": "x"});
+    let anonymous = client.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    for key in ["file-key", "env-key"] {
+        let first = client
+            .post(&url)
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(first.status(), 201, "{key}");
+        // The file's limit of one message per session applies.
+        let second = client
+            .post(&url)
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(second.status(), 409);
+    }
+    drop(served);
+
+    let bad = Command::new(env!("CARGO_BIN_EXE_sessiondb"))
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .arg("--data")
+        .arg(dir.path().join("other"))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("loopback"));
+    let help = Command::new(env!("CARGO_BIN_EXE_sessiondb"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    for documented in [
+        "SESSIONDB_LISTEN",
+        "SESSIONDB_API_KEYS",
+        "SESSIONDB_CONFIG",
+        "SESSIONDB_MAX_BODY_BYTES",
+        "--insecure",
+    ] {
+        assert!(
+            help.contains(documented),
+            "{documented} missing from --help"
+        );
+    }
+}
+
+/// Fills session `big` with `count` messages of about `size` bytes, in the embedded store.
+async fn fill(data: &Path, count: usize, size: usize) {
+    let db = Db::open(data).unwrap();
+    let session = db.session("big").unwrap();
+    let pad = "x".repeat(size);
+    for start in (0..count).step_by(1000) {
+        let batch = (start..(start + 1000).min(count))
+            .map(|i| Message::text("user", format!("{i} {pad}")).with_id(format!("m{i}")))
+            .collect();
+        session
+            .append_all(batch, AppendOptions::default())
+            .await
+            .unwrap();
+    }
+}
+
+/// Reads an NDJSON response line by line, keeping nothing; returns the line count.
+async fn count_lines(response: reqwest::Response) -> usize {
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    let mut lines = 0;
+    while let Some(chunk) = body.next().await {
+        lines += chunk.unwrap().iter().filter(|b| **b == b'\n').count();
+    }
+    lines
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_a_100k_message_session_keeps_server_memory_bounded() {
+    const MESSAGES: usize = 100_000;
+    const SIZE: usize = 1200;
+    let dir = free_dir();
+    fill(dir.path(), MESSAGES, SIZE).await;
+    let served = Served::start(dir.path(), &["--listen", "127.0.0.1:0"], &[]);
+    let client = reqwest::Client::new();
+    let baseline = served.peak_rss();
+
+    let export = client
+        .get(format!("{}/v1/sessions/big/export", served.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(count_lines(export).await, MESSAGES);
+    let history = client
+        .get(format!("{}/v1/sessions/big/history", served.base))
+        .send()
+        .await
+        .unwrap();
+    // History reads the path from the leaf up to its 10,001-row cap.
+    assert_eq!(count_lines(history).await, sessiondb::MAX_PATH_ROWS);
+
+    let streamed = (MESSAGES * SIZE) as u64;
+    let peak = served.peak_rss();
+    // The export alone is over 120 MB; the server's peak stays a fraction of it (SQLite's
+    // page caches and one read window, not the session).
+    const CEILING: u64 = 64 * 1024 * 1024;
+    eprintln!("baseline RSS {baseline} B, peak RSS {peak} B, streamed {streamed} B");
+    assert!(
+        peak < CEILING,
+        "peak RSS {peak} B over the {CEILING} B ceiling"
+    );
+    assert!(streamed > CEILING);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_and_export_embedded_and_remote() {
+    let dir = free_dir();
+    let data = dir.path().join("data");
+    let file = dir.path().join("in.ndjson");
+    std::fs::write(
+        &file,
+        "{\"message\": {\"id\": \"a\", \"role\": \"user\", \"content\": \"hi\"}, \"parentId\": null, \"createdAt\": 1}\n\
+         {\"message\": {\"id\": \"b\", \"role\": \"assistant\", \"content\": \"yo\"}, \"parentId\": \"a\", \"createdAt\": 2}\n\
+         {\"state\": {\"key\": \"k\", \"value\": [1]}}\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_sessiondb"))
+            .arg("--data")
+            .arg(&data)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let imported = run(&["import", file.to_str().unwrap(), "--session", "s"]);
+    assert!(
+        imported.status.success(),
+        "{}",
+        String::from_utf8_lossy(&imported.stderr)
+    );
+    let summary: Value = serde_json::from_slice(&imported.stdout).unwrap();
+    assert_eq!(summary, json!({"imported": 3, "skipped": 0}));
+    assert!(
+        imported.stderr.is_empty(),
+        "no progress bar without a terminal"
+    );
+    let exported = run(&["export", "s"]);
+    let text = String::from_utf8(exported.stdout).unwrap();
+    assert_eq!(text.lines().count(), 3);
+    assert!(text.contains("\"createdAt\":2"));
+    let missing = run(&["export", "nope"]);
+    assert!(!missing.status.success());
+
+    // The same through a server.
+    let served = Served::start(
+        &dir.path().join("remote"),
+        &["--listen", "127.0.0.1:0"],
+        &[],
+    );
+    let remote_file = dir.path().join("export.ndjson");
+    std::fs::write(&remote_file, &text).unwrap();
+    let remote = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_sessiondb"))
+            .args(args)
+            .args(["--url", &served.base])
+            .output()
+            .unwrap()
+    };
+    let pushed = remote(&["import", remote_file.to_str().unwrap(), "--session", "copy"]);
+    assert!(
+        pushed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pushed.stderr)
+    );
+    assert_eq!(
+        serde_json::from_slice::<Value>(&pushed.stdout).unwrap(),
+        json!({"imported": 3, "skipped": 0})
+    );
+    let pulled = remote(&["export", "copy"]);
+    assert!(pulled.status.success());
+    assert_eq!(String::from_utf8(pulled.stdout).unwrap(), text);
+    let refused = remote(&["export", "nope"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("404"));
+}
