@@ -343,3 +343,34 @@ async fn import_and_export_embedded_and_remote() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("404"));
 }
+
+#[test]
+fn readme_server_examples_answer_as_documented() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let block = readme
+        .split("<!-- server-walkthrough -->")
+        .nth(1)
+        .and_then(|rest| rest.split("```sh\n").nth(1))
+        .and_then(|rest| rest.split("\n```").next())
+        .expect("the README's server walkthrough block");
+    let dir = free_dir();
+    let served = Served::start(dir.path(), &["--listen", "127.0.0.1:0"], &[]);
+    let host = served.base.trim_start_matches("http://").to_owned();
+    let mut ran = 0;
+    for line in block.lines().filter(|l| l.starts_with("curl ")) {
+        let (command, expected) = line
+            .rsplit_once("# ")
+            .expect("each command names its status");
+        let command = command.trim().replace("127.0.0.1:8787", &host);
+        let output = Command::new("sh")
+            .arg("-c")
+            .arg(format!("{command} -s -o /dev/null -w '%{{http_code}}'"))
+            .output()
+            .unwrap();
+        let status = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(status.trim(), expected.trim(), "{command}");
+        ran += 1;
+    }
+    assert!(ran >= 20, "only {ran} commands found");
+}

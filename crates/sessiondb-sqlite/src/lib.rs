@@ -67,6 +67,8 @@ pub struct WriteStats {
     /// Commits by how many requests they held: bucket `i` counts batches of at most `2^i`
     /// requests (and more than `2^(i-1)`); the last bucket takes everything larger.
     pub batch_sizes: [AtomicU64; BATCH_BUCKETS],
+    /// Nanoseconds the writer spent committing (its utilisation over a time window).
+    pub busy_nanos: AtomicU64,
 }
 
 /// Buckets of [`WriteStats::batch_sizes`]: 1, 2, 4, … 256, and larger.
@@ -411,6 +413,14 @@ type Applied = Result<(Vec<WriteOutcome>, Vec<Change>), StoreError>;
 impl Writer {
     /// Commits runs of write requests as groups; an index build commits on its own.
     fn process(&mut self, batch: Vec<WriteJob>) {
+        let started = std::time::Instant::now();
+        self.process_jobs(batch);
+        self.stats
+            .busy_nanos
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn process_jobs(&mut self, batch: Vec<WriteJob>) {
         let mut writes = Vec::with_capacity(batch.len());
         for job in batch {
             match job {

@@ -1,0 +1,153 @@
+//! sessiondb HTTP benchmark: appends per second and latency with 1, 16 and 64 concurrent
+//! keep-alive clients on loopback (durable mode: `synchronous=FULL`), and the time to stream a
+//! 10,000-message history as NDJSON.
+//!
+//! `cargo run --release -p sessiondb-bench --bin sessiondb-http-bench [-- SECONDS]`
+//!
+//! The server runs in this process on its own runtime, configured as `sessiondb serve`
+//! configures it; clients use a separate runtime and one connection each.
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sessiondb::{Db, SqliteConfig, SqliteStore, Synchronous};
+use sessiondb_server::{App, Limits, Metrics, ServerConfig};
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index].as_secs_f64() * 1000.0
+}
+
+fn main() {
+    let seconds: u64 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(5);
+    // `SYNC=normal` measures without the per-commit fsync, to see what durability costs.
+    let synchronous = match std::env::var("SYNC").as_deref() {
+        Ok("normal") => Synchronous::Normal,
+        _ => Synchronous::Full,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open_with(
+        dir.path(),
+        SqliteConfig {
+            synchronous,
+            ..SqliteConfig::default()
+        },
+    )
+    .unwrap();
+    let stats = store.write_stats();
+    let config = ServerConfig {
+        limits: Limits {
+            max_messages_per_session: u64::MAX,
+            ..Limits::default()
+        },
+        ..ServerConfig::default()
+    };
+    let app = App::new(Db::new(store), config, Metrics::default());
+    let workers = std::env::var("WORKERS")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get() * 4));
+    let server = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = server
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    server.spawn(sessiondb_server::serve(
+        listener,
+        app,
+        std::future::pending::<()>(),
+    ));
+
+    let clients = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    println!("--- sessiondb HTTP (loopback, synchronous={synchronous:?}, {seconds} s per level)");
+    clients.block_on(async {
+        for concurrency in [1usize, 16, 64] {
+            let commits_before = stats.commits.load(std::sync::atomic::Ordering::Relaxed);
+            let busy_before = stats.busy_nanos.load(std::sync::atomic::Ordering::Relaxed);
+            let deadline = Instant::now() + Duration::from_secs(seconds);
+            let mut tasks = Vec::new();
+            for c in 0..concurrency {
+                let base = base.clone();
+                tasks.push(tokio::spawn(async move {
+                    let client = reqwest::Client::builder()
+                        .pool_max_idle_per_host(1)
+                        .build()
+                        .unwrap();
+                    let url = format!("{base}/v1/sessions/c{concurrency}-{c}/messages");
+                    let mut latencies = Vec::new();
+                    let mut i = 0;
+                    while Instant::now() < deadline {
+                        let body = json!({"id": format!("m{i}"), "role": "user",
+                            "parts": [{"type": "text", "text": format!("message {i} from client {c}")}]});
+                        let started = Instant::now();
+                        let response = client.post(&url).json(&body).send().await.unwrap();
+                        assert_eq!(response.status(), 201);
+                        response.bytes().await.unwrap();
+                        latencies.push(started.elapsed());
+                        i += 1;
+                    }
+                    latencies
+                }));
+            }
+            let started = Instant::now();
+            let mut latencies = Vec::new();
+            for task in tasks {
+                latencies.extend(task.await.unwrap());
+            }
+            let elapsed = started.elapsed().as_secs_f64();
+            latencies.sort();
+            let commits = stats.commits.load(std::sync::atomic::Ordering::Relaxed) - commits_before;
+            let busy = (stats.busy_nanos.load(std::sync::atomic::Ordering::Relaxed) - busy_before) as f64 / 1e9;
+            println!(
+                "appends, {concurrency:>2} clients: {:>8.0} appends/s  p50 {:.3} ms  p99 {:.3} ms  ({} appends, {:.1} per commit, writer busy {:.0}%)",
+                latencies.len() as f64 / elapsed,
+                percentile(&latencies, 0.5),
+                percentile(&latencies, 0.99),
+                latencies.len(),
+                latencies.len() as f64 / commits.max(1) as f64,
+                busy / elapsed * 100.0,
+            );
+        }
+
+        let client = reqwest::Client::new();
+        let history = format!("{base}/v1/sessions/long/history");
+        for start in (0..10_000).step_by(500) {
+            let messages: Vec<_> = (start..start + 500)
+                .map(|i| json!({"id": format!("m{i}"), "role": if i % 2 == 0 { "user" } else { "assistant" },
+                    "parts": [{"type": "text", "text": format!("message {i} of a long conversation about benchmarks")}]}))
+                .collect();
+            let r = client
+                .post(format!("{base}/v1/sessions/long/messages/batch"))
+                .json(&json!({"messages": messages}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 201);
+        }
+        let mut times = Vec::new();
+        for _ in 0..20 {
+            let started = Instant::now();
+            let body = client.get(&history).send().await.unwrap().bytes().await.unwrap();
+            times.push(started.elapsed());
+            assert_eq!(body.iter().filter(|b| **b == b'\n').count(), 10_000);
+        }
+        times.sort();
+        println!(
+            "stream 10,000-message history (NDJSON): median {:.2} ms, best {:.2} ms",
+            percentile(&times, 0.5),
+            times[0].as_secs_f64() * 1000.0
+        );
+    });
+}
