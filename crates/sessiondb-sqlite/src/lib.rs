@@ -3,11 +3,13 @@
 //! # Threads
 //! - **One writer connection, led by whoever finds it free.** A write request joins a queue; a
 //!   caller that finds the writer free becomes the leader: it takes every queued request (up to
-//!   `max_batch`), applies each in its own savepoint of one transaction, commits once (one fsync
-//!   for the whole group), publishes the change events in commit order, answers each caller, and
-//!   goes on while requests keep arriving. Callers that find a leader at work just wait for their
-//!   answer. An uncontended write thus never changes threads, and contended writes share commits.
-//!   A request that fails rolls back to its savepoint and fails alone.
+//!   `max_batch`), applies each in its own savepoint of one transaction and commits once; it then
+//!   lets the writer go, syncs the WAL (one sync for every group committed meanwhile, while the
+//!   next leader applies the next group), publishes the change events in commit order, answers
+//!   each caller, and goes on while requests keep arriving. Callers that find a leader at work
+//!   just wait for their answer. An uncontended write thus never changes threads, and contended
+//!   writes share commits and syncs. A request that fails rolls back to its savepoint and fails
+//!   alone.
 //! - **Reads run on the caller's thread** with a `query_only` connection checked out of a small
 //!   pool, concurrently with the writer (WAL readers see the last committed state). A read future
 //!   completes on its first poll: a thread hop per read costs more than most reads do here.
@@ -16,9 +18,13 @@
 //! No async runtime is needed: a waiting writer's future resolves through a oneshot channel.
 //!
 //! # Durability
-//! `synchronous=FULL` by default: a write is acknowledged only after its commit reached the disk,
-//! so it survives power loss. `NORMAL` skips the fsync on commit in WAL mode; an acknowledged
-//! write then survives a process crash but may be lost on power loss or an OS crash.
+//! `Synchronous::Full` by default: a write is acknowledged (and its events published) only after
+//! the WAL holding its commit was synced to disk, so it survives power loss. The sync is ours,
+//! not SQLite's (the writer connection runs `synchronous=NORMAL`, which still syncs around
+//! checkpoints), so it can overlap the next group's work; readers may see a committed group a
+//! moment before it is acknowledged. `Synchronous::Normal` acknowledges at commit: an
+//! acknowledged write then survives a process crash but may be lost on power loss or an OS
+//! crash.
 #![forbid(unsafe_code)]
 
 mod queries;
@@ -164,6 +170,12 @@ impl SqliteStore {
         let mut writer = Connection::open(&path).map_err(backend_error)?;
         schema::configure(&writer, config.synchronous, false)?;
         schema::migrate(&mut writer)?;
+        // Commits no longer fsync inside SQLite: the write queue syncs the WAL itself, outside
+        // the writer, so the next group applies while this one reaches the disk (see
+        // `Durability`). Acknowledgements still wait for that sync in `Full` mode.
+        writer
+            .pragma_update(None, "synchronous", "NORMAL")
+            .map_err(backend_error)?;
         let search_ready = writer
             .query_row(
                 "SELECT count(*) FROM store_meta WHERE key = 'search_index'",
@@ -189,14 +201,21 @@ impl SqliteStore {
         // Open one reader now so a database that cannot be read fails at open, not later.
         readers.checkin(readers.checkout()?);
         let write_stats = Arc::new(WriteStats::default());
+        let durability = Durability {
+            pending: Mutex::new(VecDeque::new()),
+            wal: Mutex::new(None),
+            wal_path: dir.join(format!("{DATABASE_FILE}-wal")),
+            fsync: config.synchronous == Synchronous::Full,
+            feed: feed.clone(),
+        };
         let writers = Arc::new(WriteQueue {
             jobs: Mutex::new(VecDeque::new()),
             writer: Mutex::new(Writer {
                 conn: writer,
-                feed: feed.clone(),
                 search_index: search_index.clone(),
                 stats: write_stats.clone(),
             }),
+            durability,
             max_batch: config.max_batch.max(1),
         });
         Ok(Self {
@@ -352,7 +371,78 @@ impl ReaderPool {
 struct WriteQueue {
     jobs: Mutex<VecDeque<WriteJob>>,
     writer: Mutex<Writer>,
+    durability: Durability,
     max_batch: usize,
+}
+
+/// A committed group whose callers wait for it to become durable.
+struct Committed {
+    events: Vec<(SessionKey, Change)>,
+    replies: Vec<(
+        Reply<Vec<WriteOutcome>>,
+        Result<Vec<WriteOutcome>, StoreError>,
+    )>,
+}
+
+/// Makes committed groups durable, then publishes their events and answers their callers, in
+/// commit order.
+///
+/// Groups enter `pending` while the writer is held, so in commit order. Whoever committed a
+/// group calls [`Durability::flush`] after letting the writer go: one WAL sync covers every
+/// group pending at that moment (syncs coalesce), and the next group applies meanwhile. A
+/// committed group is visible to readers before its sync; it is acknowledged (and published)
+/// only after it.
+struct Durability {
+    pending: Mutex<VecDeque<Committed>>,
+    /// The WAL file, opened on first use; the lock also serialises flushes.
+    wal: Mutex<Option<File>>,
+    wal_path: PathBuf,
+    /// `Full` mode: sync before acknowledging. `Normal`: acknowledge once committed.
+    fsync: bool,
+    feed: ChangeFeed,
+}
+
+impl Durability {
+    fn flush(&self) {
+        let mut wal = lock(&self.wal);
+        let groups: Vec<Committed> = lock(&self.pending).drain(..).collect();
+        if groups.is_empty() {
+            return;
+        }
+        let synced = if self.fsync {
+            self.sync(&mut wal)
+        } else {
+            Ok(())
+        };
+        for group in groups {
+            match &synced {
+                Ok(()) => {
+                    self.feed.publish(group.events);
+                    for (reply, outcome) in group.replies {
+                        let _ = reply.send(outcome);
+                    }
+                }
+                Err(message) => {
+                    for (reply, _) in group.replies {
+                        let _ = reply.send(Err(StoreError::Backend(message.clone())));
+                    }
+                }
+            }
+        }
+    }
+
+    fn sync(&self, wal: &mut Option<File>) -> Result<(), String> {
+        let file = match wal {
+            Some(file) => file,
+            None => wal.insert(
+                File::open(&self.wal_path)
+                    .map_err(|e| format!("opening {}: {e}", self.wal_path.display()))?,
+            ),
+        };
+        file.sync_data().map_err(|e| {
+            format!("syncing the write-ahead log failed ({e}); the write may not be durable")
+        })
+    }
 }
 
 impl std::fmt::Debug for WriteQueue {
@@ -368,7 +458,7 @@ impl WriteQueue {
     /// leading) or handed to the caller that leads.
     ///
     /// No job is ever stranded: a caller that fails to take the writer queued its job before
-    /// trying, and a leader looks at the queue again after letting the writer go.
+    /// trying, and a leader looks at the queue again after letting the writer go and flushing.
     fn submit(&self, job: WriteJob) {
         lock(&self.jobs).push_back(job);
         loop {
@@ -378,18 +468,17 @@ impl WriteQueue {
                 // A panic mid-commit dropped its transaction, which rolled back: still usable.
                 Err(TryLockError::Poisoned(p)) => p.into_inner(),
             };
-            loop {
-                let batch: Vec<WriteJob> = {
-                    let mut jobs = lock(&self.jobs);
-                    let n = jobs.len().min(self.max_batch);
-                    jobs.drain(..n).collect()
-                };
-                if batch.is_empty() {
-                    break;
-                }
-                writer.process(batch);
+            let batch: Vec<WriteJob> = {
+                let mut jobs = lock(&self.jobs);
+                let n = jobs.len().min(self.max_batch);
+                jobs.drain(..n).collect()
+            };
+            if !batch.is_empty() {
+                writer.process(batch, &self.durability);
             }
             drop(writer);
+            // Syncing outside the writer lets the next group apply meanwhile.
+            self.durability.flush();
             if lock(&self.jobs).is_empty() {
                 return;
             }
@@ -403,7 +492,6 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 struct Writer {
     conn: Connection,
-    feed: ChangeFeed,
     search_index: Arc<AtomicBool>,
     stats: Arc<WriteStats>,
 }
@@ -412,30 +500,37 @@ type Applied = Result<(Vec<WriteOutcome>, Vec<Change>), StoreError>;
 
 impl Writer {
     /// Commits runs of write requests as groups; an index build commits on its own.
-    fn process(&mut self, batch: Vec<WriteJob>) {
+    /// Commits the batch; its groups wait in `durability` for [`Durability::flush`].
+    fn process(&mut self, batch: Vec<WriteJob>, durability: &Durability) {
         let started = std::time::Instant::now();
-        self.process_jobs(batch);
+        self.process_jobs(batch, durability);
         self.stats
             .busy_nanos
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 
-    fn process_jobs(&mut self, batch: Vec<WriteJob>) {
+    fn process_jobs(&mut self, batch: Vec<WriteJob>, durability: &Durability) {
         let mut writes = Vec::with_capacity(batch.len());
         for job in batch {
             match job {
                 WriteJob::Write(request, reply) => writes.push((request, reply)),
                 WriteJob::EnsureSearchIndex(reply) => {
-                    self.commit_group(&mut writes);
+                    self.commit_group(&mut writes, durability);
+                    // Derived data: an index lost to a power failure is rebuilt by the next
+                    // search, so it needs no sync of its own.
                     let _ = reply.send(self.ensure_search_index());
                 }
             }
         }
-        self.commit_group(&mut writes);
+        self.commit_group(&mut writes, durability);
     }
 
     /// Applies the queued requests in one transaction, each in its own savepoint.
-    fn commit_group(&mut self, writes: &mut Vec<(WriteRequest, Reply<Vec<WriteOutcome>>)>) {
+    fn commit_group(
+        &mut self,
+        writes: &mut Vec<(WriteRequest, Reply<Vec<WriteOutcome>>)>,
+        durability: &Durability,
+    ) {
         if writes.is_empty() {
             return;
         }
@@ -481,7 +576,7 @@ impl Writer {
             self.stats.record_commit(writes.len());
         }
         if let Err(e) = committed {
-            // Nothing of this group is durable: every caller learns it, none sees an event.
+            // Nothing of this group is committed: every caller learns it, none sees an event.
             let message = e.to_string();
             results = writes
                 .iter()
@@ -501,10 +596,7 @@ impl Writer {
                 (reply, outcomes)
             })
             .collect();
-        self.feed.publish(events);
-        for (reply, outcomes) in replies {
-            let _ = reply.send(outcomes);
-        }
+        lock(&durability.pending).push_back(Committed { events, replies });
     }
 
     fn ensure_search_index(&mut self) -> Result<(), StoreError> {
