@@ -378,11 +378,14 @@ struct WriteQueue {
 /// A committed group whose callers wait for it to become durable.
 struct Committed {
     events: Vec<(SessionKey, Change)>,
-    replies: Vec<(
-        Reply<Vec<WriteOutcome>>,
-        Result<Vec<WriteOutcome>, StoreError>,
-    )>,
+    replies: Vec<Answer>,
 }
+
+/// A caller's reply channel and what it will be told.
+type Answer = (
+    Reply<Vec<WriteOutcome>>,
+    Result<Vec<WriteOutcome>, StoreError>,
+);
 
 /// Makes committed groups durable, then publishes their events and answers their callers, in
 /// commit order.
