@@ -429,8 +429,8 @@ impl<S: Store> Session<S> {
         let batches = stream::once(async move {
             let batches: BoxStream<'static, Result<Vec<StoredMessage>, Error>> =
                 match session.overlaid(options.leaf.as_deref()).await? {
-                    Some(overlaid) => {
-                        let mut items = overlaid.items.clone();
+                    Some(mut overlaid) => {
+                        let mut items = std::mem::take(&mut overlaid.items);
                         if options.newest_first {
                             items.reverse();
                         }
@@ -447,7 +447,9 @@ impl<S: Store> Session<S> {
                 };
             Ok::<_, Error>(batches)
         })
-        .try_flatten();
+        .try_flatten()
+        // Boxed so the stream is `Unpin`: callers can use `next()` without pinning it.
+        .boxed();
         batches
             .map_ok(|batch| stream::iter(batch.into_iter().map(Ok)))
             .try_flatten()
