@@ -14,6 +14,8 @@
 //!   pool, concurrently with the writer (WAL readers see the last committed state). A read future
 //!   completes on its first poll: a thread hop per read costs more than most reads do here.
 //!   Async servers that read large paths should call from a blocking-friendly thread.
+//! - **A checkpoint thread** copies the WAL into the database file (PASSIVE checkpoints after
+//!   every 64 commits or 250 ms), so no commit stalls on a checkpoint and its syncs.
 //!
 //! No async runtime is needed: a waiting writer's future resolves through a oneshot channel.
 //!
@@ -27,6 +29,7 @@
 //! crash.
 #![forbid(unsafe_code)]
 
+mod checkpoint;
 mod queries;
 mod registry;
 mod schema;
@@ -47,6 +50,7 @@ use sessiondb_core::{
     Subscription, WriteOutcome, WriteRequest, search,
 };
 
+use crate::checkpoint::Checkpointer;
 use crate::write::WriteContext;
 
 /// File name of the database inside the data directory.
@@ -176,6 +180,10 @@ impl SqliteStore {
         writer
             .pragma_update(None, "synchronous", "NORMAL")
             .map_err(backend_error)?;
+        writer
+            .pragma_update(None, "wal_autocheckpoint", 0)
+            .map_err(backend_error)?;
+        let checkpointer = Checkpointer::start(&path, config.synchronous)?;
         let search_ready = writer
             .query_row(
                 "SELECT count(*) FROM store_meta WHERE key = 'search_index'",
@@ -216,6 +224,7 @@ impl SqliteStore {
                 stats: write_stats.clone(),
             }),
             durability,
+            checkpointer,
             max_batch: config.max_batch.max(1),
         });
         Ok(Self {
@@ -372,6 +381,7 @@ struct WriteQueue {
     jobs: Mutex<VecDeque<WriteJob>>,
     writer: Mutex<Writer>,
     durability: Durability,
+    checkpointer: Checkpointer,
     max_batch: usize,
 }
 
@@ -478,6 +488,7 @@ impl WriteQueue {
             };
             if !batch.is_empty() {
                 writer.process(batch, &self.durability);
+                self.checkpointer.committed();
             }
             drop(writer);
             // Syncing outside the writer lets the next group apply meanwhile.
