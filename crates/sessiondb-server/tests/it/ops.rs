@@ -57,6 +57,13 @@ async fn health_readiness_metrics_and_request_ids() {
     assert_eq!(answer.headers["x-request-id"], "abc-123");
     let generated = server.get("/healthz").await;
     assert_eq!(generated.headers["x-request-id"].len(), 32);
+
+    // Once shutdown begins, readiness fails so a load balancer stops sending work.
+    server.app.begin_shutdown();
+    let draining = server.get("/readyz").await;
+    assert_eq!(draining.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(draining.code(), "unavailable");
+    assert_eq!(server.get("/healthz").await.status, StatusCode::OK);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
