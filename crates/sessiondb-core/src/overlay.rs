@@ -67,6 +67,12 @@ pub fn overlay_path(path_ids: &[&str], compactions: &[Compaction]) -> Vec<PathIt
     items
 }
 
+/// True when `id` has the synthetic prefix, so it could be hidden (a cheap check before reading a
+/// session's compactions).
+pub fn may_be_hidden(id: &str) -> bool {
+    id.starts_with(COMPACTION_PREFIX)
+}
+
 /// True for a stored row whose id is the synthetic id of one of these compactions.
 pub fn is_hidden(id: &str, compactions: &[Compaction]) -> bool {
     id.strip_prefix(COMPACTION_PREFIX)

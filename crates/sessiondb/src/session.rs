@@ -6,13 +6,15 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
-use sessiondb_core::overlay::{PathItem, is_hidden, overlay_path, summary_message_id};
+use sessiondb_core::overlay::{
+    PathItem, is_hidden, may_be_hidden, overlay_path, summary_message_id,
+};
 use sessiondb_core::plan::{Batcher, content_windows};
 use sessiondb_core::{
-    Compaction, MAX_PATH_ROWS, Message, Parent, PathPlan, PlanRow, PreparedMessage, RowStat,
-    SearchHit, SessionKey, SessionStats, Source, Store, StoredMessage, UpdateOutcome,
-    ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome,
-    WriteRequest, search,
+    MAX_PATH_ROWS, Message, Parent, PathPlan, PlanRow, PreparedMessage, RowStat, SearchHit,
+    SessionKey, SessionStats, Source, Store, StoredMessage, UpdateOutcome, ValidationError,
+    ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome, WriteRequest,
+    search,
 };
 
 use crate::{Error, Options};
@@ -302,6 +304,9 @@ impl<S: Store> Session<S> {
         let Some(leaf) = self.store.stats(&self.key).await?.leaf_id else {
             return Ok(None);
         };
+        if !may_be_hidden(&leaf) {
+            return self.message(&leaf).await;
+        }
         let compactions = self.store.compactions(&self.key).await?;
         if !is_hidden(&leaf, &compactions) {
             return self.message(&leaf).await;
@@ -317,10 +322,7 @@ impl<S: Store> Session<S> {
     /// own children.
     pub async fn branches(&self, id: &str) -> Result<Vec<StoredMessage>, Error> {
         let children = self.store.children(&self.key, id).await?;
-        if !children
-            .iter()
-            .any(|m| m.id.starts_with(sessiondb_core::COMPACTION_PREFIX))
-        {
+        if !children.iter().any(|m| may_be_hidden(&m.id)) {
             return Ok(children);
         }
         let compactions = self.store.compactions(&self.key).await?;
@@ -366,13 +368,7 @@ impl<S: Store> Session<S> {
     /// compaction summaries left out).
     pub async fn row_stats(&self, leaf: Option<&str>) -> Result<Vec<RowStat>, Error> {
         let mut rows = self.store.path(&self.key, leaf).await?.rows;
-        if rows
-            .iter()
-            .any(|r| r.id.starts_with(sessiondb_core::COMPACTION_PREFIX))
-        {
-            let compactions = self.store.compactions(&self.key).await?;
-            rows.retain(|r| !is_hidden(&r.id, &compactions));
-        }
+        self.drop_hidden(&mut rows, |r| &r.id).await?;
         Ok(rows)
     }
 
@@ -560,14 +556,22 @@ impl<S: Store> Session<S> {
     pub async fn search(&self, query: &str, limit: usize) -> Result<Vec<SearchHit>, Error> {
         let words = search::query_words(query);
         let mut hits = self.store.search(&self.key, &words, limit).await?;
-        if hits
-            .iter()
-            .any(|h| h.id.starts_with(sessiondb_core::COMPACTION_PREFIX))
-        {
-            let compactions: Vec<Compaction> = self.store.compactions(&self.key).await?;
-            hits.retain(|h| !is_hidden(&h.id, &compactions));
-        }
+        self.drop_hidden(&mut hits, |h| &h.id).await?;
         Ok(hits)
+    }
+
+    /// Removes stored echoes of this session's compaction summaries. Reads the compactions only
+    /// when an item could be one, so sessions without such ids pay nothing.
+    async fn drop_hidden<T>(
+        &self,
+        items: &mut Vec<T>,
+        id: impl Fn(&T) -> &str,
+    ) -> Result<(), Error> {
+        if items.iter().any(|item| may_be_hidden(id(item))) {
+            let compactions = self.store.compactions(&self.key).await?;
+            items.retain(|item| !is_hidden(id(item), &compactions));
+        }
+        Ok(())
     }
 }
 
