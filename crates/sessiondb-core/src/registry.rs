@@ -190,7 +190,7 @@ pub struct SessionQuery {
     pub limit: usize,
 }
 
-/// Checks a state key (1..=256 characters) and that a value is storable JSON.
+/// Checks a state key: 1..=256 characters, no control characters.
 pub fn validate_state_key(key: &str) -> Result<(), ValidationError> {
     validate_id("key", key)
 }
