@@ -19,6 +19,56 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[index].as_secs_f64() * 1000.0
 }
 
+/// What each client sends.
+#[derive(Clone, Copy, PartialEq)]
+enum Load {
+    /// Appends to the client's own session.
+    Appends,
+    /// `GET /healthz`: the HTTP stack alone, the ceiling for any route on this machine.
+    Health,
+}
+
+/// Starts `concurrency` clients, each on its own keep-alive connection, sending until the
+/// deadline; each task returns its request latencies.
+fn clients(
+    base: &str,
+    concurrency: usize,
+    deadline: Instant,
+    load: Load,
+) -> Vec<tokio::task::JoinHandle<Vec<Duration>>> {
+    (0..concurrency)
+        .map(|c| {
+            let base = base.to_owned();
+            tokio::spawn(async move {
+                let client = reqwest::Client::builder()
+                    .pool_max_idle_per_host(1)
+                    .build()
+                    .unwrap();
+                let url = format!("{base}/v1/sessions/c{concurrency}-{c}/messages");
+                let health = format!("{base}/healthz");
+                let mut latencies = Vec::new();
+                let mut i = 0;
+                while Instant::now() < deadline {
+                    let started = Instant::now();
+                    let response = match load {
+                        Load::Appends => {
+                            let body = json!({"id": format!("m{i}"), "role": "user",
+                                "parts": [{"type": "text", "text": format!("message {i} from client {c}")}]});
+                            client.post(&url).json(&body).send().await.unwrap()
+                        }
+                        Load::Health => client.get(&health).send().await.unwrap(),
+                    };
+                    assert!(response.status().is_success());
+                    response.bytes().await.unwrap();
+                    latencies.push(started.elapsed());
+                    i += 1;
+                }
+                latencies
+            })
+        })
+        .collect()
+}
+
 fn main() {
     let seconds: u64 = std::env::args()
         .nth(1)
@@ -66,41 +116,18 @@ fn main() {
         std::future::pending::<()>(),
     ));
 
-    let clients = tokio::runtime::Builder::new_multi_thread()
+    let client_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     println!("--- sessiondb HTTP (loopback, synchronous={synchronous:?}, {seconds} s per level)");
-    clients.block_on(async {
+    client_runtime.block_on(async {
         for concurrency in [1usize, 16, 64] {
             let commits_before = stats.commits.load(std::sync::atomic::Ordering::Relaxed);
             let busy_before = stats.busy_nanos.load(std::sync::atomic::Ordering::Relaxed);
             let deadline = Instant::now() + Duration::from_secs(seconds);
-            let mut tasks = Vec::new();
-            for c in 0..concurrency {
-                let base = base.clone();
-                tasks.push(tokio::spawn(async move {
-                    let client = reqwest::Client::builder()
-                        .pool_max_idle_per_host(1)
-                        .build()
-                        .unwrap();
-                    let url = format!("{base}/v1/sessions/c{concurrency}-{c}/messages");
-                    let mut latencies = Vec::new();
-                    let mut i = 0;
-                    while Instant::now() < deadline {
-                        let body = json!({"id": format!("m{i}"), "role": "user",
-                            "parts": [{"type": "text", "text": format!("message {i} from client {c}")}]});
-                        let started = Instant::now();
-                        let response = client.post(&url).json(&body).send().await.unwrap();
-                        assert_eq!(response.status(), 201);
-                        response.bytes().await.unwrap();
-                        latencies.push(started.elapsed());
-                        i += 1;
-                    }
-                    latencies
-                }));
-            }
+            let tasks = clients(&base, concurrency, deadline, Load::Appends);
             let started = Instant::now();
             let mut latencies = Vec::new();
             for task in tasks {
@@ -120,6 +147,17 @@ fn main() {
                 busy / elapsed * 100.0,
             );
         }
+
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        let started = Instant::now();
+        let mut probes = 0;
+        for task in clients(&base, 64, deadline, Load::Health) {
+            probes += task.await.unwrap().len();
+        }
+        println!(
+            "HTTP ceiling, 64 clients on GET /healthz: {:>8.0} requests/s",
+            probes as f64 / started.elapsed().as_secs_f64()
+        );
 
         let client = reqwest::Client::new();
         let history = format!("{base}/v1/sessions/long/history");
