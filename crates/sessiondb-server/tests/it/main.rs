@@ -1,6 +1,7 @@
 //! End-to-end tests of the HTTP API on a real socket.
 
 mod auth;
+mod cancel;
 mod common;
 mod events;
 mod limits;

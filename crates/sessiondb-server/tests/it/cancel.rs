@@ -1,0 +1,226 @@
+//! NDJSON history is pulled as the client reads: a client that goes away stops the reads.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use sessiondb::{AppendOptions, Db, Message, SqliteStore, Store};
+use sessiondb_core::{
+    Compaction, FeedFilter, PathPlan, PathRows, PathSuffix, SearchHit, SessionInfo, SessionKey,
+    SessionQuery, SessionStats, StoreError, StoredMessage, Subscription, WriteOutcome,
+    WriteRequest,
+};
+use sessiondb_server::{App, Metrics, ServerConfig};
+
+/// The SQLite store, counting the content windows read.
+struct CountingStore {
+    inner: SqliteStore,
+    windows: Arc<AtomicUsize>,
+}
+
+impl Store for CountingStore {
+    fn write(
+        &self,
+        request: WriteRequest,
+    ) -> impl Future<Output = Result<Vec<WriteOutcome>, StoreError>> + Send {
+        self.inner.write(request)
+    }
+    fn message(
+        &self,
+        key: &SessionKey,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<StoredMessage>, StoreError>> + Send {
+        self.inner.message(key, id)
+    }
+    fn children(
+        &self,
+        key: &SessionKey,
+        id: &str,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        self.inner.children(key, id)
+    }
+    fn roots(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        self.inner.roots(key)
+    }
+    fn stats(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<SessionStats, StoreError>> + Send {
+        self.inner.stats(key)
+    }
+    fn path(
+        &self,
+        key: &SessionKey,
+        leaf: Option<&str>,
+    ) -> impl Future<Output = Result<PathRows, StoreError>> + Send {
+        self.inner.path(key, leaf)
+    }
+    fn path_plan(
+        &self,
+        key: &SessionKey,
+        leaf: Option<&str>,
+    ) -> impl Future<Output = Result<PathPlan, StoreError>> + Send {
+        self.inner.path_plan(key, leaf)
+    }
+    fn fetch_range(
+        &self,
+        key: &SessionKey,
+        from: i64,
+        last: i64,
+        max_rows: usize,
+        max_bytes: u64,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        self.windows.fetch_add(1, Ordering::SeqCst);
+        self.inner.fetch_range(key, from, last, max_rows, max_bytes)
+    }
+    fn path_suffix(
+        &self,
+        key: &SessionKey,
+        leaf: Option<&str>,
+        max_bytes: u64,
+    ) -> impl Future<Output = Result<PathSuffix, StoreError>> + Send {
+        self.inner.path_suffix(key, leaf, max_bytes)
+    }
+    fn fetch(
+        &self,
+        key: &SessionKey,
+        seqs: &[i64],
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        self.windows.fetch_add(1, Ordering::SeqCst);
+        self.inner.fetch(key, seqs)
+    }
+    fn ancestors(
+        &self,
+        key: &SessionKey,
+        from: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        self.inner.ancestors(key, from, limit)
+    }
+    fn search(
+        &self,
+        key: &SessionKey,
+        words: &[String],
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send {
+        self.inner.search(key, words, limit)
+    }
+    fn session(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Option<SessionInfo>, StoreError>> + Send {
+        self.inner.session(key)
+    }
+    fn list_sessions(
+        &self,
+        namespace: &str,
+        query: &SessionQuery,
+    ) -> impl Future<Output = Result<Vec<SessionInfo>, StoreError>> + Send {
+        self.inner.list_sessions(namespace, query)
+    }
+    fn compactions(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Vec<Compaction>, StoreError>> + Send {
+        self.inner.compactions(key)
+    }
+    fn state(
+        &self,
+        key: &SessionKey,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send {
+        self.inner.state(key, name)
+    }
+    fn state_entries(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send {
+        self.inner.state_entries(key)
+    }
+    fn search_namespace(
+        &self,
+        namespace: &str,
+        user_id: Option<&str>,
+        words: &[String],
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send {
+        self.inner
+            .search_namespace(namespace, user_id, words, limit)
+    }
+    fn subscribe(&self, filter: FeedFilter) -> Subscription {
+        self.inner.subscribe(filter)
+    }
+    fn subscribe_after(&self, filter: FeedFilter, position: u64) -> Option<Subscription> {
+        self.inner.subscribe_after(filter, position)
+    }
+    fn feed_epoch(&self) -> u64 {
+        self.inner.feed_epoch()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_stops_the_history_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let windows = Arc::new(AtomicUsize::new(0));
+    let store = CountingStore {
+        inner: SqliteStore::open(dir.path()).unwrap(),
+        windows: windows.clone(),
+    };
+    let db = Db::new(store);
+    // 10,000 messages of 4 KB: 200 windows of 50, ~40 MB of NDJSON, far more than socket buffers.
+    let session = db.session("big").unwrap();
+    let pad = "x".repeat(4000);
+    for start in (0..10_000).step_by(1000) {
+        let batch = (start..start + 1000)
+            .map(|i| Message::text("user", format!("{i} {pad}")).with_id(format!("m{i}")))
+            .collect();
+        session
+            .append_all(batch, AppendOptions::default())
+            .await
+            .unwrap();
+    }
+    let app = App::new(db, ServerConfig::default(), Metrics::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(sessiondb_server::serve(
+        listener,
+        app,
+        std::future::pending(),
+    ));
+
+    let response = reqwest::get(format!("{base}/v1/sessions/big/history"))
+        .await
+        .unwrap();
+    let mut body = response.bytes_stream();
+    let first = body.next().await.unwrap().unwrap();
+    assert!(first.starts_with(b"{\"id\":\"m0\""));
+    drop(body);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after_cancel = windows.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        windows.load(Ordering::SeqCst),
+        after_cancel,
+        "reads stopped"
+    );
+    assert!(
+        after_cancel < 100,
+        "read {after_cancel} of 200 windows for a client that left early"
+    );
+
+    // A client that reads everything gets every window.
+    windows.store(0, Ordering::SeqCst);
+    let all = reqwest::get(format!("{base}/v1/sessions/big/history"))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(all.iter().filter(|b| **b == b'\n').count(), 10_000);
+    assert_eq!(windows.load(Ordering::SeqCst), 200);
+}
