@@ -3,10 +3,11 @@
 //! # Threads
 //! - **One writer connection, led by whoever finds it free.** A write request joins a queue; a
 //!   caller that finds the writer free becomes the leader: it takes every queued request (up to
-//!   `max_batch`), applies each in its own savepoint of one transaction and commits once; it then
-//!   lets the writer go, syncs the WAL (one sync for every group committed meanwhile, while the
-//!   next leader applies the next group), publishes the change events in commit order, answers
-//!   each caller, and goes on while requests keep arriving. Callers that find a leader at work
+//!   `max_batch`), applies each in its own savepoint of one transaction and commits once. With
+//!   more requests waiting it hands the group to the flush thread and leads on; otherwise it lets
+//!   the writer go and flushes itself. A flush syncs the WAL once for every group committed
+//!   meanwhile, then publishes the change events in commit order and answers each caller (see
+//!   `durability.rs`). Callers that find a leader at work
 //!   just wait for their answer. An uncontended write thus never changes threads, and contended
 //!   writes share commits and syncs. A request that fails rolls back to its savepoint and fails
 //!   alone.
@@ -14,6 +15,8 @@
 //!   pool, concurrently with the writer (WAL readers see the last committed state). A read future
 //!   completes on its first poll: a thread hop per read costs more than most reads do here.
 //!   Async servers that read large paths should call from a blocking-friendly thread.
+//! - **A flush thread** syncs groups handed off by a busy leader, so the writer never waits for
+//!   the disk while work is queued.
 //! - **A checkpoint thread** copies the WAL into the database file (PASSIVE checkpoints after
 //!   every 64 commits or 250 ms), so no commit stalls on a checkpoint and its syncs.
 //!
@@ -30,6 +33,7 @@
 #![forbid(unsafe_code)]
 
 mod checkpoint;
+mod durability;
 mod queries;
 mod registry;
 mod schema;
@@ -51,6 +55,7 @@ use sessiondb_core::{
 };
 
 use crate::checkpoint::Checkpointer;
+use crate::durability::{Committed, Durability};
 use crate::write::WriteContext;
 
 /// File name of the database inside the data directory.
@@ -123,7 +128,7 @@ pub(crate) fn backend_error(e: rusqlite::Error) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
-type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+pub(crate) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
 enum WriteJob {
     Write(WriteRequest, Reply<Vec<WriteOutcome>>),
@@ -209,13 +214,11 @@ impl SqliteStore {
         // Open one reader now so a database that cannot be read fails at open, not later.
         readers.checkin(readers.checkout()?);
         let write_stats = Arc::new(WriteStats::default());
-        let durability = Durability {
-            pending: Mutex::new(VecDeque::new()),
-            wal: Mutex::new(None),
-            wal_path: dir.join(format!("{DATABASE_FILE}-wal")),
-            fsync: config.synchronous == Synchronous::Full,
-            feed: feed.clone(),
-        };
+        let durability = Durability::start(
+            dir.join(format!("{DATABASE_FILE}-wal")),
+            config.synchronous == Synchronous::Full,
+            feed.clone(),
+        )?;
         let writers = Arc::new(WriteQueue {
             jobs: Mutex::new(VecDeque::new()),
             writer: Mutex::new(Writer {
@@ -385,79 +388,6 @@ struct WriteQueue {
     max_batch: usize,
 }
 
-/// A committed group whose callers wait for it to become durable.
-struct Committed {
-    events: Vec<(SessionKey, Change)>,
-    replies: Vec<Answer>,
-}
-
-/// A caller's reply channel and what it will be told.
-type Answer = (
-    Reply<Vec<WriteOutcome>>,
-    Result<Vec<WriteOutcome>, StoreError>,
-);
-
-/// Makes committed groups durable, then publishes their events and answers their callers, in
-/// commit order.
-///
-/// Groups enter `pending` while the writer is held, so in commit order. Whoever committed a
-/// group calls [`Durability::flush`] after letting the writer go: one WAL sync covers every
-/// group pending at that moment (syncs coalesce), and the next group applies meanwhile. A
-/// committed group is visible to readers before its sync; it is acknowledged (and published)
-/// only after it.
-struct Durability {
-    pending: Mutex<VecDeque<Committed>>,
-    /// The WAL file, opened on first use; the lock also serialises flushes.
-    wal: Mutex<Option<File>>,
-    wal_path: PathBuf,
-    /// `Full` mode: sync before acknowledging. `Normal`: acknowledge once committed.
-    fsync: bool,
-    feed: ChangeFeed,
-}
-
-impl Durability {
-    fn flush(&self) {
-        let mut wal = lock(&self.wal);
-        let groups: Vec<Committed> = lock(&self.pending).drain(..).collect();
-        if groups.is_empty() {
-            return;
-        }
-        let synced = if self.fsync {
-            self.sync(&mut wal)
-        } else {
-            Ok(())
-        };
-        for group in groups {
-            match &synced {
-                Ok(()) => {
-                    self.feed.publish(group.events);
-                    for (reply, outcome) in group.replies {
-                        let _ = reply.send(outcome);
-                    }
-                }
-                Err(message) => {
-                    for (reply, _) in group.replies {
-                        let _ = reply.send(Err(StoreError::Backend(message.clone())));
-                    }
-                }
-            }
-        }
-    }
-
-    fn sync(&self, wal: &mut Option<File>) -> Result<(), String> {
-        let file = match wal {
-            Some(file) => file,
-            None => wal.insert(
-                File::open(&self.wal_path)
-                    .map_err(|e| format!("opening {}: {e}", self.wal_path.display()))?,
-            ),
-        };
-        file.sync_data().map_err(|e| {
-            format!("syncing the write-ahead log failed ({e}); the write may not be durable")
-        })
-    }
-}
-
 impl std::fmt::Debug for WriteQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WriteQueue")
@@ -489,6 +419,11 @@ impl WriteQueue {
             if !batch.is_empty() {
                 writer.process(batch, &self.durability);
                 self.checkpointer.committed();
+                if !lock(&self.jobs).is_empty() {
+                    // More work is waiting: the flush thread syncs this group while we lead on.
+                    self.durability.hand_off();
+                    continue;
+                }
             }
             drop(writer);
             // Syncing outside the writer lets the next group apply meanwhile.
@@ -500,7 +435,7 @@ impl WriteQueue {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -610,7 +545,7 @@ impl Writer {
                 (reply, outcomes)
             })
             .collect();
-        lock(&durability.pending).push_back(Committed { events, replies });
+        durability.push(Committed { events, replies });
     }
 
     fn ensure_search_index(&mut self) -> Result<(), StoreError> {
