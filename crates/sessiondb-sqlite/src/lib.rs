@@ -17,8 +17,6 @@
 //!   Async servers that read large paths should call from a blocking-friendly thread.
 //! - **A flush thread** syncs groups handed off by a busy leader, so the writer never waits for
 //!   the disk while work is queued.
-//! - **A checkpoint thread** copies the WAL into the database file (PASSIVE checkpoints after
-//!   every 64 commits or 250 ms), so no commit stalls on a checkpoint and its syncs.
 //!
 //! No async runtime is needed: a waiting writer's future resolves through a oneshot channel.
 //!
@@ -32,7 +30,6 @@
 //! crash.
 #![forbid(unsafe_code)]
 
-mod checkpoint;
 mod durability;
 mod queries;
 mod registry;
@@ -54,7 +51,6 @@ use sessiondb_core::{
     Subscription, WriteOutcome, WriteRequest, search,
 };
 
-use crate::checkpoint::Checkpointer;
 use crate::durability::{Committed, Durability};
 use crate::write::WriteContext;
 
@@ -185,10 +181,6 @@ impl SqliteStore {
         writer
             .pragma_update(None, "synchronous", "NORMAL")
             .map_err(backend_error)?;
-        writer
-            .pragma_update(None, "wal_autocheckpoint", 0)
-            .map_err(backend_error)?;
-        let checkpointer = Checkpointer::start(&path, config.synchronous)?;
         let search_ready = writer
             .query_row(
                 "SELECT count(*) FROM store_meta WHERE key = 'search_index'",
@@ -227,7 +219,6 @@ impl SqliteStore {
                 stats: write_stats.clone(),
             }),
             durability,
-            checkpointer,
             max_batch: config.max_batch.max(1),
         });
         Ok(Self {
@@ -384,7 +375,6 @@ struct WriteQueue {
     jobs: Mutex<VecDeque<WriteJob>>,
     writer: Mutex<Writer>,
     durability: Durability,
-    checkpointer: Checkpointer,
     max_batch: usize,
 }
 
@@ -418,7 +408,6 @@ impl WriteQueue {
             };
             if !batch.is_empty() {
                 writer.process(batch, &self.durability);
-                self.checkpointer.committed();
                 if !lock(&self.jobs).is_empty() {
                     // More work is waiting: the flush thread syncs this group while we lead on.
                     self.durability.hand_off();

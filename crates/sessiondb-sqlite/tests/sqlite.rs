@@ -478,33 +478,3 @@ fn chunked_messages_are_never_read_torn_during_updates() {
     }
     writer.join().unwrap();
 }
-
-#[test]
-fn the_wal_is_checkpointed_into_the_database_file_in_the_background() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = open(dir.path());
-    let file = dir.path().join(DATABASE_FILE);
-    let before = std::fs::metadata(&file).unwrap().len();
-    let s = db.session("s").unwrap();
-    let body = "x".repeat(2000);
-    block_on(async {
-        for i in 0..500 {
-            s.append(
-                Message::text("user", body.clone()).with_id(format!("m{i}")),
-                AppendOptions::default(),
-            )
-            .await
-            .unwrap();
-        }
-    });
-    // Commits never checkpoint themselves; the background checkpoint copies them into the file.
-    let mut grown = false;
-    for _ in 0..100 {
-        if std::fs::metadata(&file).unwrap().len() > before + 500 * 2000 {
-            grown = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    assert!(grown, "the database file did not receive the WAL's pages");
-}
