@@ -260,3 +260,55 @@ fn open_store(data: &Path, synchronous: Synchronous) -> anyhow::Result<SqliteSto
     };
     SqliteStore::open_with(data, config).with_context(|| format!("opening {}", data.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn resolved(args: &[&str], data: Option<PathBuf>) -> anyhow::Result<Resolved> {
+        let mut argv = vec!["serve"];
+        argv.extend_from_slice(args);
+        resolve(Serve::try_parse_from(argv)?.args, data)
+    }
+
+    #[test]
+    fn no_flags_means_loopback_8787_over_the_local_data_directory() {
+        let r = resolved(&[], None).unwrap();
+        assert_eq!(r.listen, DEFAULT_LISTEN.parse().unwrap());
+        assert_eq!(r.data, PathBuf::from(crate::DEFAULT_DATA));
+        assert_eq!(r.server.limits, Limits::default());
+        assert!(r.server.api_keys.is_empty() && !r.insecure);
+        assert_eq!(r.synchronous, Synchronous::Full);
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_bad_values_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "data = \"/from/file\"\nsynchronous = \"normal\"\n[limits]\nmax_body_bytes = 10\nmax_message_bytes = 5\n",
+        )
+        .unwrap();
+        let path = file.to_str().unwrap();
+        let r = resolved(&["--config", path, "--max-body-bytes", "20"], None).unwrap();
+        assert_eq!(r.server.limits.max_body_bytes, 20);
+        assert_eq!(r.server.limits.max_message_bytes, 5);
+        assert_eq!(r.data, PathBuf::from("/from/file"));
+        assert_eq!(r.synchronous, Synchronous::Normal);
+        let r = resolved(&["--config", path], Some(PathBuf::from("/flag"))).unwrap();
+        assert_eq!(r.data, PathBuf::from("/flag"));
+        assert!(resolved(&["--api-key", "no-namespace"], None).is_err());
+        assert!(resolved(&["--synchronous", "sometimes"], None).is_err());
+        std::fs::write(&file, "unknown = 1\n").unwrap();
+        assert!(resolved(&["--config", path], None).is_err());
+    }
+}
