@@ -32,11 +32,13 @@ impl<S: Store> FromRequestParts<Arc<App<S>>> for Tenant {
         let header = parts.headers.get(AUTHORIZATION).ok_or_else(|| {
             ApiError::unauthorized("an `Authorization: Bearer <key>` header is required")
         })?;
+        // The scheme is case-insensitive (RFC 9110 §11.1).
         let key = header
             .to_str()
             .ok()
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .map(str::trim)
+            .and_then(|h| h.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, key)| key.trim())
             .ok_or_else(|| {
                 ApiError::unauthorized("the Authorization header must be `Bearer <key>`")
             })?;

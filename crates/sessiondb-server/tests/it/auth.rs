@@ -54,6 +54,19 @@ async fn requests_need_a_known_key() {
         server.get("/agents/session-object/x/history").await.status,
         StatusCode::UNAUTHORIZED
     );
+    let lower = server
+        .send(
+            server
+                .client
+                .get(server.url("/v1/sessions"))
+                .header("authorization", "bearer key-a"),
+        )
+        .await;
+    assert_eq!(
+        lower.status,
+        StatusCode::OK,
+        "the scheme is case-insensitive"
+    );
     server.key = Some("key-a".into());
     assert_eq!(server.get("/v1/sessions").await.status, StatusCode::OK);
     assert_eq!(
