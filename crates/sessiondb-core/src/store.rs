@@ -180,6 +180,9 @@ pub enum PathPlan {
     Range { first: i64, last: i64 },
     /// The path's rows, root first; read them with [`Store::fetch`].
     Rows(Vec<PlanRow>),
+    /// The session has compactions: the reader plans their overlays from the path's row stats
+    /// ([`Store::path`], [`Store::compactions`]), so the backend computes no rows here.
+    Overlaid,
 }
 
 /// A path root → leaf. `capped` is true when the walk stopped at [`crate::MAX_PATH_ROWS`] rows
@@ -211,6 +214,8 @@ pub struct SessionStats {
     pub content_bytes: u64,
     /// Rows stored in the session, on every branch.
     pub stored_messages: u64,
+    /// The session has compactions, so path reads must apply overlays.
+    pub has_compactions: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -284,7 +289,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<PathRows, StoreError>> + Send;
 
     /// How to read the path ending at `leaf` (the active leaf when `None`) forward, capped like
-    /// [`Store::path`].
+    /// [`Store::path`]; [`PathPlan::Overlaid`] whenever the session has compactions.
     fn path_plan(
         &self,
         key: &SessionKey,

@@ -242,6 +242,14 @@ pub(crate) struct ActiveLeaf {
     pub dense_from: Option<i64>,
 }
 
+pub(crate) fn has_compactions(conn: &Connection, key: &SessionKey) -> Result<bool> {
+    conn.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM compactions WHERE namespace = ?1 AND session_id = ?2)",
+    )
+    .and_then(|mut stmt| stmt.query_row(params![key.namespace, key.session_id], |r| r.get(0)))
+    .map_err(backend_error)
+}
+
 pub(crate) fn active_leaf(conn: &Connection, key: &SessionKey) -> Result<Option<ActiveLeaf>> {
     let mut stmt = conn
         .prepare_cached(
@@ -373,6 +381,9 @@ pub(crate) fn path_plan(
     key: &SessionKey,
     leaf: Option<&str>,
 ) -> Result<PathPlan> {
+    if has_compactions(conn, key)? {
+        return Ok(PathPlan::Overlaid);
+    }
     let active = active_leaf(conn, key)?;
     if let Some(a) = &active
         && let Some(first) = a.dense_from
@@ -655,7 +666,9 @@ pub(crate) fn ancestors(
 pub(crate) fn stats(conn: &Connection, key: &SessionKey) -> Result<SessionStats> {
     let mut stmt = conn
         .prepare_cached(
-            "SELECT leaf_id, path_len, path_tokens, path_bytes, stored_messages
+            "SELECT leaf_id, path_len, path_tokens, path_bytes, stored_messages,
+                    EXISTS (SELECT 1 FROM compactions
+                             WHERE namespace = ?1 AND session_id = ?2)
                FROM sessions WHERE namespace = ?1 AND id = ?2",
         )
         .map_err(backend_error)?;
@@ -667,6 +680,7 @@ pub(crate) fn stats(conn: &Connection, key: &SessionKey) -> Result<SessionStats>
                 token_estimate: r.get::<_, i64>(2)? as u64,
                 content_bytes: r.get::<_, i64>(3)? as u64,
                 stored_messages: r.get::<_, i64>(4)? as u64,
+                has_compactions: r.get(5)?,
             })
         })
         .optional()

@@ -15,7 +15,9 @@ type Result<T> = std::result::Result<T, StoreError>;
 const INFO_COLUMNS: &str =
     "id, name, parent_session_id, model, source, user_id, metadata, settings,
     end_reason, input_tokens, output_tokens, cost, created_at, updated_at, last_message_at,
-    leaf_id, path_len, path_tokens, path_bytes, stored_messages";
+    leaf_id, path_len, path_tokens, path_bytes, stored_messages,
+    EXISTS (SELECT 1 FROM compactions c
+             WHERE c.namespace = sessions.namespace AND c.session_id = sessions.id)";
 
 fn json_object(text: String) -> rusqlite::Result<JsonMap> {
     serde_json::from_str(&text).map_err(|e| {
@@ -48,6 +50,7 @@ fn info_from_row(r: &Row<'_>) -> rusqlite::Result<SessionInfo> {
             token_estimate: r.get::<_, i64>(17)? as u64,
             content_bytes: r.get::<_, i64>(18)? as u64,
             stored_messages: r.get::<_, i64>(19)? as u64,
+            has_compactions: r.get(20)?,
         },
     })
 }

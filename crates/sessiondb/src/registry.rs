@@ -119,7 +119,9 @@ impl<S: Store> Session<S> {
         let Some(mut info) = self.store.session(self.key()).await? else {
             return Ok(None);
         };
-        if let Some(tokens) = self.overlaid_token_estimate().await? {
+        if info.stats.has_compactions
+            && let Some(tokens) = self.overlaid_token_estimate().await?
+        {
             info.stats.token_estimate = tokens;
         }
         Ok(Some(info))

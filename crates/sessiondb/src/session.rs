@@ -423,25 +423,29 @@ impl<S: Store> Session<S> {
     ) -> impl Stream<Item = Result<StoredMessage, Error>> + Send + 'static {
         let session = self.clone();
         let batches = stream::once(async move {
-            let batches: BoxStream<'static, Result<Vec<StoredMessage>, Error>> =
-                match session.overlaid(options.leaf.as_deref()).await? {
-                    Some(mut overlaid) => {
-                        let mut items = std::mem::take(&mut overlaid.items);
-                        if options.newest_first {
-                            items.reverse();
-                        }
-                        overlaid.read(session.store.clone(), session.key.clone(), items)
-                    }
-                    None if options.newest_first => session.walk_up(options.leaf).boxed(),
-                    None => {
-                        let plan = session
-                            .store
-                            .path_plan(&session.key, options.leaf.as_deref())
-                            .await?;
-                        read_plan(session.store.clone(), session.key.clone(), plan)
-                    }
-                };
-            Ok::<_, Error>(batches)
+            let (store, key) = (session.store.clone(), session.key.clone());
+            // One read decides how to go: the stats (newest first) or the plan (forward) say
+            // whether compaction overlays apply.
+            if options.newest_first {
+                let stats = store.stats(&key).await?;
+                if !stats.has_compactions {
+                    return Ok(session.walk_up(options.leaf.or(stats.leaf_id)).boxed());
+                }
+            } else {
+                let plan = store.path_plan(&key, options.leaf.as_deref()).await?;
+                if plan != PathPlan::Overlaid {
+                    return Ok(read_plan(store, key, plan));
+                }
+            }
+            // Compactions go only with their session, so none left means no messages either.
+            let Some(mut overlaid) = session.overlaid(options.leaf.as_deref()).await? else {
+                return Ok(stream::empty().boxed());
+            };
+            let mut items = std::mem::take(&mut overlaid.items);
+            if options.newest_first {
+                items.reverse();
+            }
+            Ok::<_, Error>(overlaid.read(store, key, items))
         })
         .try_flatten()
         // Boxed so the stream is `Unpin`: callers can use `next()` without pinning it.
@@ -451,6 +455,7 @@ impl<S: Store> Session<S> {
             .try_flatten()
     }
 
+    /// Walks from `leaf` towards the root in growing windows.
     fn walk_up(
         &self,
         leaf: Option<String>,
@@ -459,7 +464,6 @@ impl<S: Store> Session<S> {
             store: Arc<S>,
             key: SessionKey,
             next: Option<String>,
-            started: bool,
             remaining: usize,
             window: usize,
         }
@@ -467,17 +471,10 @@ impl<S: Store> Session<S> {
             store: self.store.clone(),
             key: self.key.clone(),
             next: leaf,
-            started: false,
             remaining: MAX_PATH_ROWS,
             window: WALK_FIRST_WINDOW,
         };
         stream::try_unfold(walk, |mut walk| async move {
-            if !walk.started {
-                walk.started = true;
-                if walk.next.is_none() {
-                    walk.next = walk.store.stats(&walk.key).await?.leaf_id;
-                }
-            }
             let Some(from) = walk.next.take() else {
                 return Ok(None);
             };
@@ -672,6 +669,7 @@ fn read_plan<S: Store>(
     plan: PathPlan,
 ) -> BoxStream<'static, Result<Vec<StoredMessage>, Error>> {
     match plan {
+        PathPlan::Overlaid => unreachable!("overlaid paths are read through `Overlaid`"),
         PathPlan::Rows(rows) => fetch_windows(store, key, rows).boxed(),
         PathPlan::Range { first, last } => {
             stream::try_unfold((store, key, first), move |(store, key, from)| async move {
