@@ -202,6 +202,9 @@ pub struct PathSuffix {
     pub truncated: bool,
     /// Stored bytes of the whole (capped) path.
     pub total_bytes: u64,
+    /// The session has compactions: `rows` is left empty and the reader plans the overlaid
+    /// suffix itself (as with [`PathPlan::Overlaid`]).
+    pub overlaid: bool,
 }
 
 /// O(1) aggregates of a session's active path (as capped path reads see it).
@@ -310,7 +313,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// The longest suffix of the path ending at `leaf` (the active leaf when `None`) whose
     /// bytes fit `max_bytes`, at least the leaf. Reads only the rows it returns when the leaf is
-    /// the active one (the total comes from the session's aggregates).
+    /// the active one (the total comes from the session's aggregates). Only reports
+    /// [`PathSuffix::overlaid`] when the session has compactions.
     fn path_suffix(
         &self,
         key: &SessionKey,

@@ -525,6 +525,12 @@ pub(crate) fn path_suffix(
     leaf: Option<&str>,
     max_bytes: u64,
 ) -> Result<PathSuffix> {
+    if has_compactions(conn, key)? {
+        return Ok(PathSuffix {
+            overlaid: true,
+            ..PathSuffix::default()
+        });
+    }
     let active = active_leaf(conn, key)?;
     let (start, known) = match (leaf, &active) {
         (None, Some(a)) => (a.seq, Some((a.total_bytes, a.capped))),
@@ -560,6 +566,7 @@ pub(crate) fn path_suffix(
         rows,
         truncated: over_budget || capped || more,
         total_bytes,
+        overlaid: false,
     })
 }
 

@@ -52,7 +52,7 @@ pub struct HistoryOptions {
     pub newest_first: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecentHistory {
     /// The longest suffix of the path (root side dropped) whose bytes fit the budget; always at
     /// least the leaf.
@@ -531,12 +531,18 @@ impl<S: Store> Session<S> {
         max_bytes: u64,
         leaf: Option<&str>,
     ) -> Result<RecentHistory, Error> {
-        if let Some(overlaid) = self.overlaid(leaf).await? {
-            return overlaid
-                .recent(self.store.clone(), self.key.clone(), max_bytes)
-                .await;
-        }
         let suffix = self.store.path_suffix(&self.key, leaf, max_bytes).await?;
+        if suffix.overlaid {
+            return match self.overlaid(leaf).await? {
+                Some(overlaid) => {
+                    overlaid
+                        .recent(self.store.clone(), self.key.clone(), max_bytes)
+                        .await
+                }
+                // Compactions go only with their session (and its messages).
+                None => Ok(RecentHistory::default()),
+            };
+        }
         let batches: Vec<Vec<StoredMessage>> =
             fetch_windows(self.store.clone(), self.key.clone(), suffix.rows)
                 .try_collect()
