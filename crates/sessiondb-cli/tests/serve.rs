@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{Value, json};
-use sessiondb::{AppendOptions, Db, Message};
+use sessiondb::Db;
 
 /// A running `sessiondb serve`; killed when dropped.
 struct Served {
@@ -211,17 +211,7 @@ async fn configuration_from_file_environment_and_flags() {
 /// Fills session `big` with `count` messages of about `size` bytes, in the embedded store.
 async fn fill(data: &Path, count: usize, size: usize) {
     let db = Db::open(data).unwrap();
-    let session = db.session("big").unwrap();
-    let pad = "x".repeat(size);
-    for start in (0..count).step_by(1000) {
-        let batch = (start..(start + 1000).min(count))
-            .map(|i| Message::text("user", format!("{i} {pad}")).with_id(format!("m{i}")))
-            .collect();
-        session
-            .append_all(batch, AppendOptions::default())
-            .await
-            .unwrap();
-    }
+    sessiondb_testkit::fill(&db.session("big").unwrap(), count, size).await;
 }
 
 /// Reads an NDJSON response line by line, keeping nothing; returns the line count.

@@ -136,3 +136,17 @@ pub async fn first<S: Store>(
 pub fn db_session<S: Store>(db: &Db<S>, id: &str) -> Session<S> {
     db.session(id).unwrap()
 }
+
+/// Appends `count` linear messages `m0, m1, …` of about `bytes` bytes each, in batches of 1,000.
+pub async fn fill<S: Store>(session: &Session<S>, count: usize, bytes: usize) {
+    let pad = "x".repeat(bytes);
+    for start in (0..count).step_by(1000) {
+        let batch = (start..(start + 1000).min(count))
+            .map(|i| Message::text("user", format!("{i} {pad}")).with_id(format!("m{i}")))
+            .collect();
+        session
+            .append_all(batch, AppendOptions::default())
+            .await
+            .unwrap();
+    }
+}

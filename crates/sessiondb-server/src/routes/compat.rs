@@ -15,7 +15,7 @@ use sessiondb::{AppendOptions, HistoryOptions, Message, Source, Store};
 use crate::App;
 use crate::error::ApiError;
 use crate::extract::{Params, QueryParams, RawBody, Tenant};
-use crate::routes::messages::{check_message_size, parent_of};
+use crate::routes::messages::{appended, check_message_size, parent_of};
 use crate::routes::reads::ndjson_body;
 use crate::wire::{self, json_response, value_response};
 
@@ -81,16 +81,7 @@ pub(crate) async fn handle<S: Store>(
             source: Source::Client,
         };
         let result = session.append(message, options).await?;
-        let status = if result.inserted {
-            app.metrics.record_append(result.message.bytes);
-            StatusCode::CREATED
-        } else {
-            StatusCode::OK
-        };
-        return Ok(json_response(
-            status,
-            wire::append_result(result.inserted, &result.message),
-        ));
+        return Ok(appended(&app, &result));
     }
     if method == Method::GET && rest == "history" {
         let options = HistoryOptions {

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sessiondb::{AppendOptions, Message, PageRequest, Parent, Source, Store};
+use sessiondb::{AppendOptions, AppendResult, Message, PageRequest, Parent, Source, Store};
 
 use crate::error::ApiError;
 use crate::extract::{JsonBody, Params, QueryParams, Tenant};
@@ -59,16 +59,21 @@ pub(crate) async fn append<S: Store>(
     let message = Message::from_value(body.value)?;
     let session = app.session(&ns, &sid)?;
     let result = session.append(message, client(parent_of(q.parent))).await?;
+    Ok(appended(&app, &result))
+}
+
+/// `{inserted, message}`: 201 when stored (and counted), 200 when the id existed.
+pub(crate) fn appended<S: Store>(app: &App<S>, result: &AppendResult) -> Response {
     let status = if result.inserted {
         app.metrics.record_append(result.message.bytes);
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok(json_response(
+    json_response(
         status,
         wire::append_result(result.inserted, &result.message),
-    ))
+    )
 }
 
 pub(crate) async fn batch<S: Store>(

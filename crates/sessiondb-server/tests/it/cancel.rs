@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use sessiondb::{AppendOptions, Db, Message, SqliteStore, Store};
+use sessiondb::{Db, SqliteStore, Store};
 use sessiondb_core::{
     Compaction, FeedFilter, PathPlan, PathRows, PathSuffix, SearchHit, SessionInfo, SessionKey,
     SessionQuery, SessionStats, StoreError, StoredMessage, Subscription, WriteOutcome,
@@ -173,17 +173,7 @@ async fn a_client_that_goes_away_stops_the_history_reads() {
     };
     let db = Db::new(store);
     // 10,000 messages of 4 KB: 200 windows of 50, ~40 MB of NDJSON, far more than socket buffers.
-    let session = db.session("big").unwrap();
-    let pad = "x".repeat(4000);
-    for start in (0..10_000).step_by(1000) {
-        let batch = (start..start + 1000)
-            .map(|i| Message::text("user", format!("{i} {pad}")).with_id(format!("m{i}")))
-            .collect();
-        session
-            .append_all(batch, AppendOptions::default())
-            .await
-            .unwrap();
-    }
+    sessiondb_testkit::fill(&db.session("big").unwrap(), 10_000, 4000).await;
     let app = App::new(db, ServerConfig::default(), Metrics::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
