@@ -11,6 +11,8 @@
 //!   splice computation for deletes.
 //! - [`registry`]: session records and patches, compactions, state keys.
 //! - [`overlay`]: which rows a read shows once compaction overlays apply.
+//! - [`convert`]: stored messages to OpenAI Chat Completions, OpenAI Responses and Anthropic
+//!   Messages formats.
 //! - [`feed`]: change events and the bounded, lag-reporting fan-out to subscribers.
 //! - [`store`]: the [`store::Store`] trait every backend implements, with its request and outcome
 //!   types. It lives here (not in the facade) so backends can implement it without depending on
@@ -18,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 pub mod chunk;
+pub mod convert;
 pub mod feed;
 pub mod message;
 pub mod overlay;

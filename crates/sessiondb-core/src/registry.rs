@@ -85,12 +85,17 @@ pub struct SessionPatch {
     pub settings: Option<JsonMap>,
     pub end_reason: Option<String>,
     pub usage: Option<Usage>,
+    /// Records the session in this user's index.
+    pub user_id: Option<String>,
 }
 
 impl SessionPatch {
     pub fn validate(&self) -> Result<(), ValidationError> {
         if let Some(settings) = &self.settings {
             validate_settings(settings)?;
+        }
+        if let Some(user) = &self.user_id {
+            validate_id("userId", user)?;
         }
         if let Some(usage) = &self.usage
             && !(usage.cost.is_finite() && usage.cost >= 0.0)
@@ -117,6 +122,9 @@ impl SessionPatch {
         }
         if let Some(settings) = &self.settings {
             merge(&mut record.settings, settings);
+        }
+        if let Some(user) = &self.user_id {
+            record.user_id = Some(user.clone());
         }
         if let Some(reason) = &self.end_reason {
             record.end_reason = Some(reason.clone());

@@ -311,6 +311,16 @@ pub trait Store: Send + Sync + 'static {
         max_bytes: u64,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send;
 
+    /// Rows of a [`PathPlan::Range`] with seqs `first..=last`, newest (highest seq) first, at
+    /// most `max_rows` of them.
+    fn fetch_range_newest(
+        &self,
+        key: &SessionKey,
+        first: i64,
+        last: i64,
+        max_rows: usize,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send;
+
     /// The longest suffix of the path ending at `leaf` (the active leaf when `None`) whose
     /// bytes fit `max_bytes`, at least the leaf. Reads only the rows it returns when the leaf is
     /// the active one (the total comes from the session's aggregates). Only reports

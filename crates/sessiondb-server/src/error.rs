@@ -87,8 +87,9 @@ impl IntoResponse for ApiError {
 impl From<sessiondb::Error> for ApiError {
     fn from(e: sessiondb::Error) -> Self {
         match e {
-            sessiondb::Error::Invalid(v) => ApiError::invalid(v.to_string()),
+            sessiondb::Error::Invalid(v) => v.into(),
             sessiondb::Error::SessionExists { .. } => ApiError::conflict(e.to_string()),
+            sessiondb::Error::QuotaExceeded { .. } => ApiError::quota(e.to_string()),
             sessiondb::Error::Store(store) => store.into(),
             other => ApiError::internal(other.to_string()),
         }
@@ -107,6 +108,9 @@ impl From<StoreError> for ApiError {
 
 impl From<sessiondb::ValidationError> for ApiError {
     fn from(e: sessiondb::ValidationError) -> Self {
-        ApiError::invalid(e.to_string())
+        match e.kind {
+            sessiondb::ValidationErrorKind::TooLarge { .. } => ApiError::too_large(e.to_string()),
+            _ => ApiError::invalid(e.to_string()),
+        }
     }
 }

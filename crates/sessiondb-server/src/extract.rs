@@ -50,6 +50,29 @@ impl<S: Store> FromRequestParts<Arc<App<S>>> for Tenant {
     }
 }
 
+/// The conversation a `sessiondb-conversation-id` header names, validated like a path id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConversationHeader(pub Option<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for ConversationHeader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let Some(value) = parts.headers.get(crate::CONVERSATION_ID) else {
+            return Ok(ConversationHeader(None));
+        };
+        let id = value.to_str().map_err(|_| {
+            ApiError::invalid(format!(
+                "`{}` must be visible ASCII",
+                crate::CONVERSATION_ID
+            ))
+        })?;
+        // Checked as the session id it stands for (1..=256 characters).
+        sessiondb::SessionKey::new("", id)?;
+        Ok(ConversationHeader(Some(id.to_owned())))
+    }
+}
+
 /// Reads the body, mapping an exceeded size limit to 413 and anything else to 400.
 async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
     Bytes::from_request(req, state).await.map_err(|rejection| {

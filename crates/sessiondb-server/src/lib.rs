@@ -45,7 +45,8 @@ pub use metrics::{BackendMetrics, Metrics};
 pub struct Limits {
     /// Largest request body (413 `payload_too_large`).
     pub max_body_bytes: usize,
-    /// Largest single message, serialised (413 `payload_too_large`).
+    /// Largest single message (compact JSON), state value or compaction summary (413
+    /// `payload_too_large`).
     pub max_message_bytes: usize,
     /// Most messages a session holds (409 `quota_exceeded`).
     pub max_messages_per_session: u64,
@@ -100,10 +101,11 @@ pub struct App<S> {
 }
 
 impl<S: Store> App<S> {
-    /// The server's state; the session message limit is applied to `db`'s options.
+    /// The server's state; the message limits are applied to `db`'s options.
     pub fn new(db: Db<S>, config: ServerConfig, metrics: Metrics) -> Arc<Self> {
         let options = Options {
             max_messages_per_session: Some(config.limits.max_messages_per_session),
+            max_message_bytes: Some(config.limits.max_message_bytes as u64),
             ..db.options().clone()
         };
         Arc::new(Self {
@@ -158,9 +160,12 @@ pub async fn serve<S: Store>(
 }
 
 const REQUEST_ID: &str = "x-request-id";
+/// Names the conversation a request is about (an alternative to the path); echoed back.
+pub const CONVERSATION_ID: &str = "sessiondb-conversation-id";
 
 /// Gives each request an id (the client's `x-request-id`, or a new one), logs it with its route,
-/// status and latency, and counts it in the metrics.
+/// status and latency, and counts it in the metrics. A `sessiondb-conversation-id` header is
+/// echoed in the response.
 async fn observe<S: Store>(State(app): State<Arc<App<S>>>, req: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = req.method().as_str().to_owned();
@@ -175,8 +180,12 @@ async fn observe<S: Store>(State(app): State<Arc<App<S>>>, req: Request, next: N
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 128)
         .map_or_else(|| uuid::Uuid::now_v7().simple().to_string(), str::to_owned);
+    let conversation = req.headers().get(CONVERSATION_ID).cloned();
     let span = tracing::info_span!("request", id = %request_id, method = %method, route = %route);
     let mut response = next.run(req).instrument(span.clone()).await;
+    if let Some(value) = conversation {
+        response.headers_mut().insert(CONVERSATION_ID, value);
+    }
     if let Ok(value) = HeaderValue::from_str(&request_id) {
         response.headers_mut().insert(REQUEST_ID, value);
     }

@@ -678,6 +678,17 @@ impl Store for SqliteStore {
         self.read(move |c| queries::fetch_range(c, &key, from, last, max_rows, max_bytes))
     }
 
+    fn fetch_range_newest(
+        &self,
+        key: &SessionKey,
+        first: i64,
+        last: i64,
+        max_rows: usize,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        let key = key.clone();
+        self.read(move |c| queries::fetch_range_newest(c, &key, first, last, max_rows))
+    }
+
     fn path_suffix(
         &self,
         key: &SessionKey,

@@ -648,6 +648,22 @@ pub(crate) fn fetch_range(
     Ok(out)
 }
 
+/// Rows `first..=last` newest first, at most `max_rows`.
+pub(crate) fn fetch_range_newest(
+    conn: &Connection,
+    key: &SessionKey,
+    first: i64,
+    last: i64,
+    max_rows: usize,
+) -> Result<Vec<StoredMessage>> {
+    messages_where(
+        conn,
+        key,
+        select_messages!("seq BETWEEN ?3 AND ?4 ORDER BY seq DESC LIMIT ?5"),
+        &[&first, &last, &(max_rows as i64)],
+    )
+}
+
 /// `from` and its ancestors, at most `limit` messages.
 pub(crate) fn ancestors(
     conn: &Connection,

@@ -71,6 +71,30 @@ pub(crate) fn list_sessions(
     namespace: &str,
     query: &SessionQuery,
 ) -> Result<Vec<SessionInfo>> {
+    let mut stmt = conn
+        .prepare_cached(&list_sql(query))
+        .map_err(backend_error)?;
+    let (value, id) = match &query.after {
+        Some(c) => (Some(c.value), Some(c.id.as_str())),
+        None => (None, None),
+    };
+    let user = query.user_id.as_deref();
+    let params = params![namespace, query.limit as i64, value, id, user];
+    // Each variant names only the parameters it uses; unused trailing ones are still bound.
+    let used = match (&query.after, user) {
+        (None, None) => 2,
+        (Some(_), None) => 4,
+        (_, Some(_)) => 5,
+    };
+    stmt.query_map(&params[..used], info_from_row)
+        .and_then(|rows| rows.collect())
+        .map_err(backend_error)
+}
+
+/// One statement per listing shape, so each is a range on its index: `(namespace, value, id)`,
+/// or `(namespace, user_id, value, id)` for one user's sessions, entered at the cursor. A
+/// generic statement with `?x IS NULL OR …` terms would scan from the index's start instead.
+fn list_sql(query: &SessionQuery) -> String {
     let sort = match query.sort {
         SessionSort::UpdatedAt => "updated_at",
         SessionSort::LastMessageAt => "coalesce(last_message_at, created_at)",
@@ -81,27 +105,17 @@ pub(crate) fn list_sessions(
     } else {
         (">", "ASC")
     };
-    // The cursor test compares (value, id) as a row value, which the (namespace, value, id)
-    // indexes serve as a range.
-    let sql = format!(
-        "SELECT {INFO_COLUMNS} FROM sessions
-          WHERE namespace = ?1
-            AND (?2 IS NULL OR ({sort}, id) {cmp} (?2, ?3))
-            AND (?4 IS NULL OR user_id = ?4)
-          ORDER BY {sort} {dir}, id {dir}
-          LIMIT ?5"
-    );
-    let (value, id) = match &query.after {
-        Some(c) => (Some(c.value), Some(c.id.as_str())),
-        None => (None, None),
-    };
-    let mut stmt = conn.prepare_cached(&sql).map_err(backend_error)?;
-    stmt.query_map(
-        params![namespace, value, id, query.user_id, query.limit as i64],
-        info_from_row,
+    let mut filter = String::from("namespace = ?1");
+    if query.user_id.is_some() {
+        filter.push_str(" AND user_id = ?5");
+    }
+    if query.after.is_some() {
+        filter.push_str(&format!(" AND ({sort}, id) {cmp} (?3, ?4)"));
+    }
+    format!(
+        "SELECT {INFO_COLUMNS} FROM sessions WHERE {filter}
+          ORDER BY {sort} {dir}, id {dir} LIMIT ?2"
     )
-    .and_then(|rows| rows.collect())
-    .map_err(backend_error)
 }
 
 /// The record alone, for patching inside a write.
@@ -292,4 +306,70 @@ pub(crate) fn search_namespace(
     )
     .and_then(|rows| rows.collect())
     .map_err(backend_error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sessiondb_core::SessionCursor;
+
+    /// The plan SQLite chooses for a listing, one line per step.
+    fn plan(conn: &Connection, query: &SessionQuery) -> String {
+        let mut stmt = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", list_sql(query)))
+            .unwrap();
+        let unbound = vec![rusqlite::types::Null; stmt.parameter_count()];
+        let lines: Vec<String> = stmt
+            .query_map(rusqlite::params_from_iter(unbound), |r| {
+                r.get::<_, String>(3)
+            })
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        lines.join("\n")
+    }
+
+    /// Every listing shape is a range on an index in its order: no table scan, no sort.
+    #[test]
+    fn listings_read_an_index_range_in_order() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        let sorts = [
+            (SessionSort::LastMessageAt, "last_message"),
+            (SessionSort::UpdatedAt, "updated"),
+            (SessionSort::CreatedAt, "created"),
+        ];
+        for (sort, index) in sorts {
+            for descending in [false, true] {
+                for after in [
+                    None,
+                    Some(SessionCursor {
+                        value: 5,
+                        id: "s".into(),
+                    }),
+                ] {
+                    for user_id in [None, Some("u-42".to_owned())] {
+                        let query = SessionQuery {
+                            sort,
+                            descending,
+                            after: after.clone(),
+                            user_id: user_id.clone(),
+                            limit: 21,
+                        };
+                        let plan = plan(&conn, &query);
+                        let expected = match user_id {
+                            Some(_) => format!("USING INDEX sessions_by_user_{index}"),
+                            None => format!("USING INDEX sessions_by_{index}"),
+                        };
+                        assert!(plan.contains(&expected), "{query:?}:\n{plan}");
+                        assert!(!plan.contains("TEMP B-TREE"), "{query:?} sorts:\n{plan}");
+                        if after.is_some() || user_id.is_some() {
+                            // Entered at the user or the cursor, not read from the start.
+                            assert!(plan.contains("SEARCH sessions"), "{query:?}:\n{plan}");
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

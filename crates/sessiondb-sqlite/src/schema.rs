@@ -10,6 +10,7 @@ use crate::{Synchronous, backend_error};
 const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_registry.sql"),
+    include_str!("../migrations/0003_user_listings.sql"),
 ];
 
 /// Tables of the full-text index, created by the first search. `message_search` holds the

@@ -127,7 +127,7 @@ fn migrations_stamp_the_schema_version_and_refuse_newer_files() {
     let dir = tempfile::tempdir().unwrap();
     drop(open(dir.path()));
     let conn = raw(dir.path());
-    assert_eq!(count(&conn, "PRAGMA user_version"), 2);
+    assert_eq!(count(&conn, "PRAGMA user_version"), 3);
     let mode: String = conn
         .query_row("PRAGMA journal_mode", [], |r| r.get(0))
         .unwrap();
@@ -140,7 +140,7 @@ fn migrations_stamp_the_schema_version_and_refuse_newer_files() {
             err,
             StoreError::SchemaTooNew {
                 found: 99,
-                supported: 2
+                supported: 3
             }
         ),
         "{err}"

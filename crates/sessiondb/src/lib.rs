@@ -38,6 +38,7 @@
 //!   (feature `sqlite`, on by default) from `sessiondb-sqlite`.
 #![forbid(unsafe_code)]
 
+mod conversations;
 mod page;
 mod registry;
 mod session;
@@ -45,6 +46,7 @@ mod transfer;
 
 use std::sync::Arc;
 
+pub use sessiondb_core::convert;
 pub use sessiondb_core::tokens::{HeuristicCounter, TokenCounter};
 pub use sessiondb_core::{
     Change, ChangeEvent, FeedFilter, FeedItem, MAX_PATH_ROWS, Message, Parent, PathRows, RowStat,
@@ -54,10 +56,15 @@ pub use sessiondb_core::{
 #[cfg(feature = "sqlite")]
 pub use sessiondb_sqlite::{BATCH_BUCKETS, SqliteConfig, SqliteStore, Synchronous, WriteStats};
 
+pub use conversations::{
+    CONVERSATION_ROLES, Conversation, ConversationLimits, Conversations, NewMessage, PromptContext,
+    SUMMARY_PREFIX, State,
+};
 pub use page::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Page, PageRequest};
 pub use registry::SessionListing;
 pub use session::{
-    AppendOptions, AppendResult, HistoryOptions, ImportOptions, RecentHistory, Session,
+    AppendOptions, AppendResult, HistoryOptions, ImportOptions, MessagePatch, RecentHistory,
+    Session,
 };
 pub use sessiondb_core::{
     Compaction, SessionAction, SessionInfo, SessionPatch, SessionRecord, SessionSort, Usage,
@@ -73,10 +80,22 @@ pub enum Error {
     Invalid(#[from] ValidationError),
     /// The backend failed; nothing of the failed request was written.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(StoreError),
     /// A session with this id already exists; nothing was written.
     #[error("session `{id}` already exists")]
     SessionExists { id: String },
+    /// The write would take a session past its message limit; nothing was written.
+    #[error("the session would exceed its limit of {limit} messages")]
+    QuotaExceeded { limit: u64 },
+}
+
+impl From<StoreError> for Error {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::QuotaExceeded { limit } => Error::QuotaExceeded { limit },
+            other => Error::Store(other),
+        }
+    }
 }
 
 /// Behaviour shared by every session of a [`Db`].
@@ -87,8 +106,11 @@ pub struct Options {
     /// Stamps each message's token estimate. The reference heuristic by default.
     pub token_counter: Arc<dyn TokenCounter>,
     /// Most messages a session may hold; a write that would store more fails with
-    /// [`StoreError::QuotaExceeded`] and stores nothing. Unlimited when `None`.
+    /// [`Error::QuotaExceeded`] and stores nothing. Unlimited when `None`.
     pub max_messages_per_session: Option<u64>,
+    /// Largest message body (compact JSON), state value or compaction summary a write takes;
+    /// a larger one fails validation ([`ValidationErrorKind::TooLarge`]). Unlimited when `None`.
+    pub max_message_bytes: Option<u64>,
 }
 
 impl Default for Options {
@@ -97,6 +119,7 @@ impl Default for Options {
             reserved_metadata_keys: Vec::new(),
             token_counter: Arc::new(HeuristicCounter),
             max_messages_per_session: None,
+            max_message_bytes: None,
         }
     }
 }

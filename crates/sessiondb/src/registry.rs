@@ -5,12 +5,14 @@ use serde_json::Value;
 use sessiondb_core::message::validate_id;
 use sessiondb_core::registry::{state_text, validate_settings, validate_state_key};
 use sessiondb_core::{
-    Compaction, SearchHit, SessionCursor, SessionInfo, SessionPatch, SessionQuery, SessionRecord,
-    SessionSort, Store, StoreError, StoredMessage, ValidationError, ValidationErrorKind, WriteOp,
-    WriteOutcome, search,
+    Compaction, PathPlan, SearchHit, SessionCursor, SessionInfo, SessionPatch, SessionQuery,
+    SessionRecord, SessionSort, Store, StoreError, StoredMessage, ValidationError,
+    ValidationErrorKind, WriteOp, WriteOutcome, search,
 };
 
-use crate::page::{Direction, Page, PageRequest, assemble, decode_cursor, encode_cursor};
+use crate::page::{
+    Direction, Page, PageRequest, assemble, decode_cursor, encode_cursor, invalid_cursor,
+};
 use crate::session::{now_ms, unique_id};
 use crate::{Db, Error, Session};
 
@@ -155,6 +157,7 @@ impl<S: Store> Session<S> {
     ) -> Result<Compaction, Error> {
         validate_id("fromMessageId", &from)?;
         validate_id("toMessageId", &to)?;
+        self.check_size("summary", summary.len() as u64)?;
         let compaction = Compaction {
             id: unique_id(""),
             summary,
@@ -181,15 +184,36 @@ impl<S: Store> Session<S> {
         }
     }
 
-    /// Sets a state key to any JSON value (creating the session when needed).
+    /// Sets a state key to any JSON value (creating the session when needed). A `Value` holds
+    /// no NaN or infinity by construction; [`Session::set_state_json`] takes JSON text.
     pub async fn set_state(&self, name: &str, value: &Value) -> Result<(), Error> {
-        validate_state_key(name)?;
-        self.write_one(WriteOp::PutState {
-            name: name.to_owned(),
-            value: state_text(value),
-        })
-        .await?;
+        self.write_one(self.put_state_op(name, value)?).await?;
         Ok(())
+    }
+
+    /// Sets a state key from JSON text. Anything that is not one JSON value (`NaN`,
+    /// `Infinity`, `undefined`, a function, trailing text) is a validation error.
+    pub async fn set_state_json(&self, name: &str, json: &str) -> Result<Value, Error> {
+        let value: Value = serde_json::from_str(json).map_err(|e| {
+            ValidationError::new(
+                "value",
+                ValidationErrorKind::NotJson {
+                    reason: e.to_string(),
+                },
+            )
+        })?;
+        self.set_state(name, &value).await?;
+        Ok(value)
+    }
+
+    pub(crate) fn put_state_op(&self, name: &str, value: &Value) -> Result<WriteOp, Error> {
+        validate_state_key(name)?;
+        let value = state_text(value);
+        self.check_size("value", value.len() as u64)?;
+        Ok(WriteOp::PutState {
+            name: name.to_owned(),
+            value,
+        })
     }
 
     /// Returns whether the key existed.
@@ -217,32 +241,107 @@ impl<S: Store> Session<S> {
     /// ids as cursors. A cursor that is not on the active path is refused.
     pub async fn list_messages(&self, request: &PageRequest) -> Result<Page<StoredMessage>, Error> {
         let (limit, direction) = request.checked()?;
-        let mut rows = self.store.path(self.key(), None).await?.rows;
-        if request.descending {
-            rows.reverse();
+        let read = match self.store.path_plan(self.key(), None).await? {
+            PathPlan::Range { first, last } => {
+                self.page_of_range(first, last, limit + 1, request.descending, &direction)
+                    .await?
+            }
+            PathPlan::Rows(rows) => {
+                let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+                self.page_of_path(seqs, limit + 1, request.descending, &direction)
+                    .await?
+            }
+            PathPlan::Overlaid => {
+                let rows = self.store.path(self.key(), None).await?.rows;
+                let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+                self.page_of_path(seqs, limit + 1, request.descending, &direction)
+                    .await?
+            }
+        };
+        Ok(assemble(read, limit, &direction, |m| m.id.clone()))
+    }
+
+    /// The seq of a cursor message when it lies within `first..=last`.
+    async fn cursor_seq(
+        &self,
+        field: &str,
+        id: &str,
+        on_path: impl Fn(i64) -> bool,
+    ) -> Result<i64, Error> {
+        match self.store.message(self.key(), id).await? {
+            Some(m) if on_path(m.seq) => Ok(m.seq),
+            _ => Err(invalid_cursor(field).into()),
         }
-        let position = |field: &str, id: &str| {
-            rows.iter()
-                .position(|r| r.id == id)
-                .ok_or_else(|| crate::page::invalid_cursor(field))
+    }
+
+    /// A page of a dense path (its rows are exactly the seqs `first..=last`): one range read.
+    async fn page_of_range(
+        &self,
+        first: i64,
+        last: i64,
+        rows: usize,
+        descending: bool,
+        direction: &Direction<'_>,
+    ) -> Result<Vec<StoredMessage>, Error> {
+        let in_range = |seq: i64| (first..=last).contains(&seq);
+        // Which way the read runs from where, in seq terms.
+        let (upward, from) = match direction {
+            Direction::Forward(None) => (!descending, None),
+            Direction::Forward(Some(id)) => (
+                !descending,
+                Some(self.cursor_seq("after", id, in_range).await?),
+            ),
+            Direction::Backward(id) => (
+                descending,
+                Some(self.cursor_seq("before", id, in_range).await?),
+            ),
         };
-        let window = match &direction {
-            Direction::Forward(None) => 0..rows.len().min(limit + 1),
-            Direction::Forward(Some(after)) => {
-                let start = position("after", after)? + 1;
-                start..rows.len().min(start + limit + 1)
-            }
-            Direction::Backward(before) => {
-                let end = position("before", before)?;
-                end.saturating_sub(limit + 1)..end
-            }
-        };
-        let mut seqs: Vec<i64> = rows[window].iter().map(|r| r.seq).collect();
-        if matches!(direction, Direction::Backward(_)) {
+        let key = self.key();
+        Ok(if upward {
+            let start = from.map_or(first, |s| s + 1);
+            self.store
+                .fetch_range(key, start, last, rows, u64::MAX)
+                .await?
+        } else {
+            let end = from.map_or(last, |s| s - 1);
+            self.store.fetch_range_newest(key, first, end, rows).await?
+        })
+    }
+
+    /// A page of a path given by its seqs, root first.
+    async fn page_of_path(
+        &self,
+        mut seqs: Vec<i64>,
+        rows: usize,
+        descending: bool,
+        direction: &Direction<'_>,
+    ) -> Result<Vec<StoredMessage>, Error> {
+        if descending {
             seqs.reverse();
         }
-        let read = self.store.fetch(self.key(), &seqs).await?;
-        Ok(assemble(read, limit, &direction, |m| m.id.clone()))
+        let position = |field: &str, seq: i64| {
+            seqs.iter()
+                .position(|&s| s == seq)
+                .ok_or_else(|| Error::from(invalid_cursor(field)))
+        };
+        let window = match direction {
+            Direction::Forward(None) => 0..seqs.len().min(rows),
+            Direction::Forward(Some(after)) => {
+                let seq = self.cursor_seq("after", after, |_| true).await?;
+                let start = position("after", seq)? + 1;
+                start..seqs.len().min(start + rows)
+            }
+            Direction::Backward(before) => {
+                let seq = self.cursor_seq("before", before, |_| true).await?;
+                let end = position("before", seq)?;
+                end.saturating_sub(rows)..end
+            }
+        };
+        let mut wanted = seqs[window].to_vec();
+        if matches!(direction, Direction::Backward(_)) {
+            wanted.reverse();
+        }
+        Ok(self.store.fetch(self.key(), &wanted).await?)
     }
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
+use serde_json::Value;
 use sessiondb_core::overlay::{
     PathItem, is_hidden, may_be_hidden, overlay_path, summary_message_id,
 };
@@ -34,6 +35,15 @@ pub struct AppendResult {
     pub refused: bool,
     /// The stored message (the earlier one when the id already existed).
     pub message: StoredMessage,
+}
+
+/// Fields of a message to replace; see [`Session::patch_message`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MessagePatch {
+    pub role: Option<Value>,
+    pub parts: Option<Value>,
+    pub content: Option<Value>,
+    pub metadata: Option<Value>,
 }
 
 #[derive(Debug, Clone)]
@@ -120,10 +130,35 @@ impl<S: Store> Session<S> {
     }
 
     /// Sanitises and prepares a message for a write; generates an id when it has none.
-    fn prepare(&self, mut message: Message, source: Source) -> PreparedMessage {
+    pub(crate) fn prepare(
+        &self,
+        mut message: Message,
+        source: Source,
+    ) -> Result<PreparedMessage, Error> {
         message.ensure_id(generate_id);
         message.sanitize(source, &self.options.reserved_metadata_keys);
-        message.prepare(self.options.token_counter.as_ref())
+        self.prepare_verbatim(message)
+    }
+
+    /// Prepares a historical message as it is (store-owned fields dropped, an id generated when
+    /// it has none).
+    pub(crate) fn prepare_verbatim(&self, mut message: Message) -> Result<PreparedMessage, Error> {
+        message.ensure_id(generate_id);
+        message.drop_store_owned_fields();
+        let prepared = message.prepare(self.options.token_counter.as_ref());
+        self.check_size("message", prepared.bytes())?;
+        Ok(prepared)
+    }
+
+    /// Refuses a value larger than [`Options::max_message_bytes`].
+    pub(crate) fn check_size(&self, field: &str, bytes: u64) -> Result<(), ValidationError> {
+        match self.options.max_message_bytes {
+            Some(max) if bytes > max => Err(ValidationError::new(
+                field,
+                ValidationErrorKind::TooLarge { bytes, max },
+            )),
+            _ => Ok(()),
+        }
     }
 
     pub(crate) async fn write(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteOutcome>, Error> {
@@ -154,7 +189,7 @@ impl<S: Store> Session<S> {
         options: AppendOptions,
     ) -> Result<AppendResult, Error> {
         let refused = message.is_compaction_overlay();
-        let prepared = self.prepare(message, options.source);
+        let prepared = self.prepare(message, options.source)?;
         if refused {
             return Ok(AppendResult {
                 inserted: false,
@@ -181,7 +216,7 @@ impl<S: Store> Session<S> {
         let mut slots = Vec::with_capacity(messages.len());
         for message in messages {
             let refused = message.is_compaction_overlay();
-            let prepared = self.prepare(message, options.source);
+            let prepared = self.prepare(message, options.source)?;
             if refused {
                 slots.push(Err(Self::unstored(&prepared)));
                 continue;
@@ -216,7 +251,7 @@ impl<S: Store> Session<S> {
             return self.append(message, options).await;
         }
         let op = WriteOp::Upsert {
-            message: self.prepare(message, options.source),
+            message: self.prepare(message, options.source)?,
             parent: options.parent,
         };
         Ok(match self.write_one(op).await? {
@@ -245,7 +280,7 @@ impl<S: Store> Session<S> {
             return Ok(None);
         }
         let op = WriteOp::Update {
-            message: self.prepare(message, source),
+            message: self.prepare(message, source)?,
         };
         match self.write_one(op).await? {
             WriteOutcome::Updated(UpdateOutcome::Changed(m) | UpdateOutcome::Unchanged(m)) => {
@@ -255,17 +290,50 @@ impl<S: Store> Session<S> {
         }
     }
 
+    /// Replaces the given fields of a stored message (each whole: `metadata` is replaced, not
+    /// merged); a `null` removes an optional field. Returns `None` when no message has this id;
+    /// the result is validated like any write.
+    pub async fn patch_message(
+        &self,
+        id: &str,
+        patch: MessagePatch,
+        source: Source,
+    ) -> Result<Option<StoredMessage>, Error> {
+        let Some(current) = self.message(id).await? else {
+            return Ok(None);
+        };
+        let mut fields = current.to_message().into_value();
+        let changes = [
+            ("role", patch.role),
+            ("parts", patch.parts),
+            ("content", patch.content),
+            ("metadata", patch.metadata),
+        ];
+        if let Value::Object(map) = &mut fields {
+            for (field, change) in changes {
+                match change {
+                    None => {}
+                    Some(Value::Null) => {
+                        map.shift_remove(field);
+                    }
+                    Some(value) => {
+                        map.insert(field.to_owned(), value);
+                    }
+                }
+            }
+        }
+        self.update(Message::from_value(fields)?, source).await
+    }
+
     /// Writes a historical message verbatim (no sanitising) with an explicit parent and time.
     /// Returns `None` when the id already exists (nothing is written).
     pub async fn import(
         &self,
-        mut message: Message,
+        message: Message,
         options: ImportOptions,
     ) -> Result<Option<StoredMessage>, Error> {
-        message.ensure_id(generate_id);
-        message.drop_store_owned_fields();
         let op = WriteOp::Import {
-            message: message.prepare(self.options.token_counter.as_ref()),
+            message: self.prepare_verbatim(message)?,
             parent_id: options.parent_id,
             created_at: options.created_at,
             updated_at: None,

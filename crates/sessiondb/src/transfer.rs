@@ -11,7 +11,7 @@
 use futures::stream::{self, Stream, StreamExt, TryStreamExt};
 use serde_json::Value;
 use sessiondb_core::message::{JsonMap, validate_id};
-use sessiondb_core::registry::{state_text, validate_state_key};
+use sessiondb_core::registry::validate_state_key;
 use sessiondb_core::{
     Compaction, Message, Store, StoredMessage, ValidationError, ValidationErrorKind,
     WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome,
@@ -182,14 +182,13 @@ impl<S: Store> Session<S> {
         for line in lines {
             match line {
                 ImportLine::Message {
-                    mut message,
+                    message,
                     parent_id,
                     created_at,
                     updated_at,
                 } => {
-                    message.drop_store_owned_fields();
                     ops.push(WriteOp::Import {
-                        message: message.prepare(self.options.token_counter.as_ref()),
+                        message: self.prepare_verbatim(message)?,
                         parent_id,
                         created_at: created_at.unwrap_or(now),
                         updated_at,
@@ -197,12 +196,10 @@ impl<S: Store> Session<S> {
                 }
                 ImportLine::Compaction(c) if existing.contains(&c.id) => summary.skipped += 1,
                 ImportLine::Compaction(compaction) => {
+                    self.check_size("summary", compaction.summary.len() as u64)?;
                     ops.push(WriteOp::AddCompaction { compaction })
                 }
-                ImportLine::State { key, value } => ops.push(WriteOp::PutState {
-                    name: key,
-                    value: state_text(&value),
-                }),
+                ImportLine::State { key, value } => ops.push(self.put_state_op(&key, &value)?),
             }
         }
         for outcome in self.write(ops).await? {

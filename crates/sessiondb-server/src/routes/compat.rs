@@ -15,7 +15,7 @@ use sessiondb::{AppendOptions, HistoryOptions, Message, Source, Store};
 use crate::App;
 use crate::error::ApiError;
 use crate::extract::{Params, QueryParams, RawBody, Tenant};
-use crate::routes::messages::{appended, check_message_size, parent_of};
+use crate::routes::messages::{appended, parent_of};
 use crate::routes::reads::ndjson_body;
 use crate::wire::{self, json_response, value_response};
 
@@ -72,7 +72,6 @@ pub(crate) async fn handle<S: Store>(
     let suffix = |prefix: &str| rest.strip_prefix(prefix).filter(|id| !id.is_empty());
 
     if method == Method::POST && rest == "messages" {
-        check_message_size(&app.config.limits, body.len())?;
         let Some(message) = parse_session_message(&body) else {
             return Ok(text(StatusCode::BAD_REQUEST, "Invalid SessionMessage"));
         };

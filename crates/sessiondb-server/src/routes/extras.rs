@@ -14,7 +14,6 @@ use sessiondb::Store;
 use crate::App;
 use crate::error::ApiError;
 use crate::extract::{JsonBody, NdjsonBody, Params, Tenant};
-use crate::routes::messages::check_message_size;
 use crate::routes::reads::NDJSON;
 use crate::wire::{self, Fields, value_response};
 
@@ -24,9 +23,6 @@ pub(crate) async fn import<S: Store>(
     Params(sid): Params<String>,
     NdjsonBody(text): NdjsonBody,
 ) -> Result<Response, ApiError> {
-    for line in text.lines() {
-        check_message_size(&app.config.limits, line.len())?;
-    }
     let lines = sessiondb::parse_import(&text)?;
     let summary = app.session(&ns, &sid)?.import_lines(lines).await?;
     Ok(value_response(
@@ -57,7 +53,6 @@ pub(crate) async fn add_compaction<S: Store>(
     Params(sid): Params<String>,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    check_message_size(&app.config.limits, body.len)?;
     let mut f = Fields::new(body.value, "compaction")?;
     let summary = f.string("summary")?;
     let from = f.string("fromMessageId")?;
@@ -106,7 +101,6 @@ pub(crate) async fn state_put<S: Store>(
     Params((sid, key)): Params<(String, String)>,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    check_message_size(&app.config.limits, body.len)?;
     app.session(&ns, &sid)?.set_state(&key, &body.value).await?;
     Ok(value_response(StatusCode::OK, &body.value))
 }

@@ -7,24 +7,15 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sessiondb::{AppendOptions, AppendResult, Message, PageRequest, Parent, Source, Store};
+use sessiondb::{
+    AppendOptions, AppendResult, Message, MessagePatch, PageRequest, Parent, Source, Store,
+};
 
 use crate::error::ApiError;
-use crate::extract::{JsonBody, Params, QueryParams, Tenant};
+use crate::extract::{ConversationHeader, JsonBody, Params, QueryParams, Tenant};
 use crate::routes::sessions::descending;
 use crate::wire::{self, Fields, json_response, value_response};
-use crate::{App, Limits};
-
-/// Refuses a message larger than the configured limit (`len` is its serialised size).
-pub(crate) fn check_message_size(limits: &Limits, len: usize) -> Result<(), ApiError> {
-    if len > limits.max_message_bytes {
-        return Err(ApiError::too_large(format!(
-            "a message is {len} bytes serialised; the limit is {}",
-            limits.max_message_bytes
-        )));
-    }
-    Ok(())
-}
+use crate::{App, CONVERSATION_ID};
 
 /// `?parent=` semantics: absent ⇒ the active leaf; empty ⇒ a new root; else that message.
 pub(crate) fn parent_of(parent: Option<String>) -> Parent {
@@ -52,14 +43,46 @@ pub(crate) async fn append<S: Store>(
     State(app): State<Arc<App<S>>>,
     Tenant(ns): Tenant,
     Params(sid): Params<String>,
+    ConversationHeader(header): ConversationHeader,
     QueryParams(q): QueryParams<AppendQuery>,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    check_message_size(&app.config.limits, body.len)?;
+    if let Some(named) = header.filter(|named| *named != sid) {
+        return Err(ApiError::invalid(format!(
+            "the `{CONVERSATION_ID}` header names `{named}` but the path names `{sid}`"
+        )));
+    }
+    append_to(&app, &ns, &sid, q, body).await
+}
+
+/// `POST /v1/messages`: an append to the conversation the `sessiondb-conversation-id` header
+/// names.
+pub(crate) async fn append_by_header<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    ConversationHeader(header): ConversationHeader,
+    QueryParams(q): QueryParams<AppendQuery>,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    let Some(sid) = header else {
+        return Err(ApiError::invalid(format!(
+            "the `{CONVERSATION_ID}` header is required"
+        )));
+    };
+    append_to(&app, &ns, &sid, q, body).await
+}
+
+async fn append_to<S: Store>(
+    app: &App<S>,
+    ns: &str,
+    sid: &str,
+    q: AppendQuery,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
     let message = Message::from_value(body.value)?;
-    let session = app.session(&ns, &sid)?;
+    let session = app.session(ns, sid)?;
     let result = session.append(message, client(parent_of(q.parent))).await?;
-    Ok(appended(&app, &result))
+    Ok(appended(app, &result))
 }
 
 /// `{inserted, message}`: 201 when stored (and counted), 200 when the id existed.
@@ -95,7 +118,6 @@ pub(crate) async fn batch<S: Store>(
     f.finish()?;
     let mut messages = Vec::with_capacity(values.len());
     for (i, value) in values.into_iter().enumerate() {
-        check_message_size(&app.config.limits, value.to_string().len())?;
         messages.push(
             Message::from_value(value)
                 .map_err(|e| ApiError::invalid(format!("messages[{i}]: {e}")))?,
@@ -202,7 +224,6 @@ pub(crate) async fn put<S: Store>(
     QueryParams(q): QueryParams<PutQuery>,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    check_message_size(&app.config.limits, body.len)?;
     let message = Message::from_value(with_path_id(body.value, &mid)?)?;
     let session = app.session(&ns, &sid)?;
     let stored = if q.upsert.unwrap_or(false) {
@@ -226,35 +247,17 @@ pub(crate) async fn patch<S: Store>(
     Params((sid, mid)): Params<(String, String)>,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    check_message_size(&app.config.limits, body.len)?;
     let mut f = Fields::new(body.value, "message patch")?;
-    let changes: Vec<(&str, Option<Value>)> = ["role", "parts", "content", "metadata"]
-        .into_iter()
-        .map(|field| (field, f.take(field)))
-        .collect();
-    f.finish()?;
-    let session = app.session(&ns, &sid)?;
-    let current = session.message(&mid).await?.ok_or_else(|| missing(&mid))?;
-    let Value::Object(mut fields) = current.to_message().into_value() else {
-        return Err(ApiError::internal("a stored message is not an object"));
+    let patch = MessagePatch {
+        role: f.take("role"),
+        parts: f.take("parts"),
+        content: f.take("content"),
+        metadata: f.take("metadata"),
     };
-    for (field, change) in changes {
-        match change {
-            None => {}
-            // `null` removes an optional field; validation refuses a removed role.
-            Some(Value::Null) => {
-                fields.shift_remove(field);
-            }
-            Some(value) => {
-                fields.insert(field.to_owned(), value);
-            }
-        }
-    }
-    let value = Value::Object(fields);
-    check_message_size(&app.config.limits, value.to_string().len())?;
-    let message = Message::from_value(value)?;
-    let stored = session
-        .update(message, Source::Client)
+    f.finish()?;
+    let stored = app
+        .session(&ns, &sid)?
+        .patch_message(&mid, patch, Source::Client)
         .await?
         .ok_or_else(|| missing(&mid))?;
     Ok(json_response(StatusCode::OK, stored.into_json()))

@@ -28,6 +28,7 @@ pub(crate) fn routes<S: Store>() -> Router<Arc<App<S>>> {
                 .patch(sessions::patch::<S>)
                 .delete(sessions::delete::<S>),
         )
+        .route("/v1/messages", post(messages::append_by_header::<S>))
         .route(
             "/v1/sessions/{sid}/messages",
             post(messages::append::<S>)

@@ -9,7 +9,8 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
-use sessiondb::{HistoryOptions, Store, StoredMessage};
+use serde_json::Value;
+use sessiondb::{HistoryOptions, Store, StoredMessage, convert};
 
 use crate::App;
 use crate::error::ApiError;
@@ -62,15 +63,26 @@ pub(crate) async fn history<S: Store>(
             )));
         }
     };
-    match q.format.as_deref() {
-        None | Some("ndjson") => {}
-        Some(other) => {
-            return Err(ApiError::invalid(format!(
-                "`format` `{other}` is not supported; use `ndjson`"
-            )));
-        }
-    }
     let session = app.session(&ns, &sid)?;
+    if let Some(convert) = converter(q.format.as_deref())? {
+        if newest_first || q.max_bytes.is_some() {
+            return Err(ApiError::invalid(
+                "a `format` other than ndjson converts the whole path oldest first; it takes \
+                 no `order=newest` or `maxBytes` (a window could cut a tool call from its result)",
+            ));
+        }
+        let options = HistoryOptions {
+            leaf: q.leaf,
+            newest_first: false,
+        };
+        let messages: Vec<Value> = session
+            .full_history(options)
+            .await?
+            .iter()
+            .map(StoredMessage::to_value)
+            .collect();
+        return Ok(value_response(StatusCode::OK, &convert(&messages)));
+    }
     let Some(max_bytes) = q.max_bytes else {
         let options = HistoryOptions {
             leaf: q.leaf,
@@ -96,6 +108,24 @@ pub(crate) async fn history<S: Store>(
         HeaderValue::from(recent.total_bytes),
     );
     Ok(response)
+}
+
+/// Turns a path into one JSON document in a model API's format.
+type Converter = fn(&[Value]) -> Value;
+
+/// The converter a history `format` asks for; `None` for NDJSON.
+fn converter(format: Option<&str>) -> Result<Option<Converter>, ApiError> {
+    Ok(Some(match format {
+        None | Some("ndjson") => return Ok(None),
+        Some("openai") => |m| Value::Array(convert::to_openai_chat(m)),
+        Some("openai-responses") => |m| Value::Array(convert::to_openai_responses(m)),
+        Some("anthropic") => |m| convert::to_anthropic(m).to_value(),
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "`format` must be one of ndjson, openai, openai-responses, anthropic; not `{other}`"
+            )));
+        }
+    }))
 }
 
 pub(crate) async fn branches<S: Store>(

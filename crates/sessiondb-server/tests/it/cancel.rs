@@ -78,6 +78,16 @@ impl Store for CountingStore {
         self.windows.fetch_add(1, Ordering::SeqCst);
         self.inner.fetch_range(key, from, last, max_rows, max_bytes)
     }
+    fn fetch_range_newest(
+        &self,
+        key: &SessionKey,
+        first: i64,
+        last: i64,
+        max_rows: usize,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        self.windows.fetch_add(1, Ordering::SeqCst);
+        self.inner.fetch_range_newest(key, first, last, max_rows)
+    }
     fn path_suffix(
         &self,
         key: &SessionKey,

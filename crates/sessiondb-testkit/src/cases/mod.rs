@@ -2,6 +2,7 @@
 //! a case missing from that list is not run, so the list and the modules must stay in step.
 
 pub mod chunking;
+pub mod conversations;
 pub mod feed;
 pub mod reads;
 pub mod registry;
@@ -15,6 +16,16 @@ pub mod writes;
 macro_rules! for_each_case {
     ($callback:path, $factory:expr) => {
         $callback!($factory;
+            conversations::conversation_messages_round_trip,
+            conversations::conversation_roles_and_content_are_validated,
+            conversations::conversation_pages_have_no_gaps_while_appending,
+            conversations::conversations_list_by_user_from_thousands,
+            conversations::a_conversation_belongs_to_one_user,
+            conversations::conversation_metadata_merges_shallowly,
+            conversations::state_takes_json_values_only,
+            conversations::limits_are_typed_and_write_nothing,
+            conversations::conversations_hold_ten_thousand_messages_by_default,
+            conversations::prompt_context_follows_the_summary_convention,
             registry::sessions_are_created_patched_and_deleted,
             registry::appending_creates_a_session_with_an_empty_record,
             registry::listings_page_both_ways_with_cursors,

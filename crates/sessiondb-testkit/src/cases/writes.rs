@@ -406,10 +406,7 @@ pub async fn message_quota_refuses_the_whole_request<S: Store>(db: Db<S>) {
         .append_all(batch, AppendOptions::default())
         .await
         .unwrap_err();
-    assert!(matches!(
-        err,
-        sessiondb::Error::Store(StoreError::QuotaExceeded { limit: 3 })
-    ));
+    assert!(matches!(err, sessiondb::Error::QuotaExceeded { limit: 3 }));
     assert_eq!(
         history_ids(&s, None).await,
         ["a", "b"],
