@@ -95,10 +95,16 @@ pub(crate) fn list_sessions(
 /// or `(namespace, user_id, value, id)` for one user's sessions, entered at the cursor. A
 /// generic statement with `?x IS NULL OR …` terms would scan from the index's start instead.
 fn list_sql(query: &SessionQuery) -> String {
-    let sort = match query.sort {
-        SessionSort::UpdatedAt => "updated_at",
-        SessionSort::LastMessageAt => "coalesce(last_message_at, created_at)",
-        SessionSort::CreatedAt => "created_at",
+    let (sort, index) = match query.sort {
+        SessionSort::UpdatedAt => ("updated_at", "updated"),
+        SessionSort::LastMessageAt => ("coalesce(last_message_at, created_at)", "last_message"),
+        SessionSort::CreatedAt => ("created_at", "created"),
+    };
+    // Named, because without statistics the planner may prefer the namespace-wide index for
+    // one user's listing, which would read every session of the namespace.
+    let index = match query.user_id {
+        Some(_) => format!("sessions_by_user_{index}"),
+        None => format!("sessions_by_{index}"),
     };
     let (cmp, dir) = if query.descending {
         ("<", "DESC")
@@ -110,10 +116,14 @@ fn list_sql(query: &SessionQuery) -> String {
         filter.push_str(" AND user_id = ?5");
     }
     if query.after.is_some() {
-        filter.push_str(&format!(" AND ({sort}, id) {cmp} (?3, ?4)"));
+        // The plain comparison is the index range; SQLite does not seek on a row value over
+        // an expression index (`coalesce(…)`), so the row value only settles ties.
+        filter.push_str(&format!(
+            " AND {sort} {cmp}= ?3 AND ({sort}, id) {cmp} (?3, ?4)"
+        ));
     }
     format!(
-        "SELECT {INFO_COLUMNS} FROM sessions WHERE {filter}
+        "SELECT {INFO_COLUMNS} FROM sessions INDEXED BY {index} WHERE {filter}
           ORDER BY {sort} {dir}, id {dir} LIMIT ?2"
     )
 }
@@ -363,9 +373,15 @@ mod tests {
                         };
                         assert!(plan.contains(&expected), "{query:?}:\n{plan}");
                         assert!(!plan.contains("TEMP B-TREE"), "{query:?} sorts:\n{plan}");
-                        if after.is_some() || user_id.is_some() {
-                            // Entered at the user or the cursor, not read from the start.
-                            assert!(plan.contains("SEARCH sessions"), "{query:?}:\n{plan}");
+                        if user_id.is_some() {
+                            assert!(plan.contains("user_id=?"), "{query:?}:\n{plan}");
+                        }
+                        if after.is_some() {
+                            // Entered at the cursor, not read from the start of the index.
+                            let range = if descending { ['<', '?'] } else { ['>', '?'] };
+                            let seeks = plan.contains(&String::from_iter(range))
+                                || plan.contains(&format!("{}(?", range[0]));
+                            assert!(seeks, "{query:?}:\n{plan}");
                         }
                     }
                 }
