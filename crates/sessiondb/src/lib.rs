@@ -34,6 +34,9 @@
 //! # Layout
 //! - [`Db`] opens a store and hands out [`Session`] handles; [`Session`] holds every per-session
 //!   operation (writes prepare messages with the core, then call the backend once).
+//! - [`Conversations`] is the flat conversation API over sessions (pages, metadata, per-user
+//!   listings, [`State`], limits, the summary convention); [`convert`] turns stored messages into
+//!   OpenAI and Anthropic request formats.
 //! - The [`Store`] trait and all message types come from `sessiondb-core`; the SQLite backend
 //!   (feature `sqlite`, on by default) from `sessiondb-sqlite`.
 #![forbid(unsafe_code)]

@@ -75,6 +75,7 @@ async fn openapi_document_lists_every_route() {
     for path in [
         "/v1/sessions",
         "/v1/sessions/{sid}",
+        "/v1/messages",
         "/v1/sessions/{sid}/messages",
         "/v1/sessions/{sid}/messages/batch",
         "/v1/sessions/{sid}/messages/delete",
