@@ -43,6 +43,8 @@ pub enum ValidationErrorKind {
     NotJson { reason: String },
     #[error("needs `parts` or `content`")]
     NoBody,
+    #[error("must be from {min} to {max}")]
+    OutOfRange { min: u64, max: u64 },
     /// Serialised, the value is larger than a configured limit.
     #[error("is {bytes} bytes serialised; the limit is {max}")]
     TooLarge { bytes: u64, max: u64 },

@@ -11,11 +11,11 @@
 use serde_json::Value;
 use sessiondb_core::message::{JsonMap, validate_id};
 use sessiondb_core::{
-    Message, Parent, SessionInfo, SessionPatch, SessionRecord, SessionSort, Store, StoredMessage,
-    ValidationError, ValidationErrorKind, WriteOp, WriteOutcome,
+    MAX_ID_CHARS, Message, Parent, SessionInfo, SessionPatch, SessionRecord, SessionSort, Store,
+    StoredMessage, ValidationError, ValidationErrorKind, WriteOp, WriteOutcome,
 };
 
-use crate::page::{Page, PageRequest};
+use crate::page::{MAX_PAGE_SIZE, Page, PageRequest};
 use crate::registry::SessionListing;
 use crate::session::{HistoryOptions, MessagePatch, Session};
 use crate::{Db, Error, Options, Source};
@@ -26,20 +26,27 @@ pub const CONVERSATION_ROLES: [&str; 4] = ["user", "assistant", "system", "tool"
 /// Text put before a conversation summary when it opens a model prompt.
 pub const SUMMARY_PREFIX: &str = "Summary of the earlier conversation:\n";
 
-/// Hard limits of the conversation API (the defaults are the reference's).
+/// Hard limits of the conversation API (the defaults are the reference's). Ids and pages can
+/// only be limited below the bounds every API keeps (256 characters, 100 items).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConversationLimits {
+    /// Longest conversation id, in characters (at most 256).
+    pub max_id_chars: usize,
     /// Largest message body, serialised as compact JSON (also state values).
     pub max_content_bytes: u64,
     /// Most messages a conversation holds.
     pub max_messages: u64,
+    /// Largest page of messages or conversations (at most 100).
+    pub max_page_size: usize,
 }
 
 impl Default for ConversationLimits {
     fn default() -> Self {
         Self {
+            max_id_chars: MAX_ID_CHARS,
             max_content_bytes: 50_000_000,
             max_messages: 10_000,
+            max_page_size: MAX_PAGE_SIZE,
         }
     }
 }
@@ -167,6 +174,7 @@ impl<S: Store> State<S> {
 pub struct Conversations<S> {
     db: Db<S>,
     namespace: String,
+    limits: ConversationLimits,
 }
 
 impl<S> Clone for Conversations<S> {
@@ -174,6 +182,7 @@ impl<S> Clone for Conversations<S> {
         Self {
             db: self.db.clone(),
             namespace: self.namespace.clone(),
+            limits: self.limits,
         }
     }
 }
@@ -188,6 +197,21 @@ impl<S: Store> Db<S> {
         if !namespace.is_empty() {
             validate_id("namespace", namespace)?;
         }
+        let bounded = |field: &str, value: usize, max: usize| {
+            if (1..=max).contains(&value) {
+                Ok(())
+            } else {
+                Err(ValidationError::new(
+                    field,
+                    ValidationErrorKind::OutOfRange {
+                        min: 1,
+                        max: max as u64,
+                    },
+                ))
+            }
+        };
+        bounded("maxIdChars", limits.max_id_chars, MAX_ID_CHARS)?;
+        bounded("maxPageSize", limits.max_page_size, MAX_PAGE_SIZE)?;
         let options = Options {
             max_message_bytes: Some(limits.max_content_bytes),
             max_messages_per_session: Some(limits.max_messages),
@@ -196,6 +220,7 @@ impl<S: Store> Db<S> {
         Ok(Conversations {
             db: self.reconfigured(options),
             namespace: namespace.to_owned(),
+            limits,
         })
     }
 }
@@ -203,7 +228,29 @@ impl<S: Store> Db<S> {
 impl<S: Store> Conversations<S> {
     /// The session behind a conversation, with this API's limits.
     pub fn session(&self, conversation_id: &str) -> Result<Session<S>, Error> {
+        let max = self.limits.max_id_chars;
+        if conversation_id.chars().count() > max {
+            return Err(ValidationError::new(
+                "conversationId",
+                ValidationErrorKind::TooLong { max },
+            )
+            .into());
+        }
         self.db.session_in(&self.namespace, conversation_id)
+    }
+
+    /// Refuses a page larger than the configured maximum (the store checks 1..=100).
+    fn check_page(&self, page: &PageRequest) -> Result<(), ValidationError> {
+        match page.limit {
+            Some(limit) if limit > self.limits.max_page_size => Err(ValidationError::new(
+                "limit",
+                ValidationErrorKind::OutOfRange {
+                    min: 1,
+                    max: self.limits.max_page_size as u64,
+                },
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Appends a message at the end of the conversation, creating the conversation on first
@@ -289,6 +336,7 @@ impl<S: Store> Conversations<S> {
         conversation_id: &str,
         page: &PageRequest,
     ) -> Result<Page<StoredMessage>, Error> {
+        self.check_page(page)?;
         self.session(conversation_id)?.list_messages(page).await
     }
 
@@ -349,6 +397,7 @@ impl<S: Store> Conversations<S> {
         page: &PageRequest,
         user_id: Option<&str>,
     ) -> Result<Page<Conversation>, Error> {
+        self.check_page(page)?;
         let listing = SessionListing {
             page: page.clone(),
             sort: SessionSort::LastMessageAt,

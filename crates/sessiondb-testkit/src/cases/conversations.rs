@@ -483,11 +483,39 @@ pub async fn state_takes_json_values_only<S: Store>(db: Db<S>) {
 
 pub async fn limits_are_typed_and_write_nothing<S: Store>(db: Db<S>) {
     let limits = ConversationLimits {
+        max_id_chars: 8,
         max_content_bytes: 1_000,
         max_messages: 5,
+        max_page_size: 10,
     };
     let c = db.conversations("", limits).unwrap();
     let invalid = |r: Result<StoredMessage, Error>| matches!(r, Err(Error::Invalid(_)));
+    for wrong in [
+        ConversationLimits {
+            max_id_chars: 257,
+            ..limits
+        },
+        ConversationLimits {
+            max_page_size: 101,
+            ..limits
+        },
+        ConversationLimits {
+            max_page_size: 0,
+            ..limits
+        },
+    ] {
+        assert!(matches!(
+            db.conversations("", wrong),
+            Err(Error::Invalid(_))
+        ));
+    }
+    assert!(invalid(
+        c.append_message("nine-char", said("user", "hi")).await
+    ));
+    assert!(matches!(
+        c.get_messages("chat", &page(11, false, None, None)).await,
+        Err(Error::Invalid(_))
+    ));
 
     assert!(c.session(&"x".repeat(257)).is_err());
     assert!(invalid(
