@@ -11,6 +11,8 @@
 //!   splice computation for deletes.
 //! - [`registry`]: session records and patches, compactions, state keys.
 //! - [`overlay`]: which rows a read shows once compaction overlays apply.
+//! - [`compaction`]: compaction planning (span, tool-call alignment), the summary prompt and the
+//!   extractive summary.
 //! - [`convert`]: stored messages to OpenAI Chat Completions, OpenAI Responses and Anthropic
 //!   Messages formats.
 //! - [`feed`]: change events and the bounded, lag-reporting fan-out to subscribers.
@@ -20,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 pub mod chunk;
+pub mod compaction;
 pub mod convert;
 pub mod feed;
 pub mod message;
