@@ -58,11 +58,20 @@ pub enum Change {
         message: StoredMessage,
         parent_id: Option<String>,
     },
+    /// Stored by `add_compaction`.
     Compaction {
+        compaction: Compaction,
+    },
+    /// Stored by `compact` (its own overlay, from a summarizer).
+    Compact {
         compaction: Compaction,
     },
     Session {
         action: SessionAction,
+    },
+    /// Something failed outside a write (a failed auto-compaction); nothing was written.
+    Error {
+        message: String,
     },
 }
 
@@ -76,7 +85,9 @@ impl Change {
             Change::Clear => "clear",
             Change::Import { .. } => "import",
             Change::Compaction { .. } => "compaction",
+            Change::Compact { .. } => "compact",
             Change::Session { .. } => "session",
+            Change::Error { .. } => "error",
         }
     }
 }

@@ -100,6 +100,8 @@ pub enum WriteOp {
     /// Stores a compaction overlay (its ends need not exist: then it never applies).
     AddCompaction {
         compaction: Compaction,
+        /// Published as `compact` (a summarizer's overlay) instead of `compaction`.
+        by_compact: bool,
     },
     /// Sets a state key to a JSON text.
     PutState {
@@ -398,6 +400,10 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send;
 
     fn subscribe(&self, filter: FeedFilter) -> Subscription;
+
+    /// Publishes an event that records no write (such as [`crate::Change::Error`]) to the
+    /// session's subscribers.
+    fn announce(&self, key: &SessionKey, change: crate::Change);
 
     /// Subscribes with the retained events after `position` delivered first; `None` when some
     /// of them are no longer retained (the caller must resynchronise).

@@ -56,6 +56,10 @@ impl ApiError {
         )
     }
 
+    pub fn bad_gateway(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_GATEWAY, "bad_gateway", message)
+    }
+
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
     }
@@ -90,6 +94,9 @@ impl From<sessiondb::Error> for ApiError {
             sessiondb::Error::Invalid(v) => v.into(),
             sessiondb::Error::SessionExists { .. } => ApiError::conflict(e.to_string()),
             sessiondb::Error::QuotaExceeded { .. } => ApiError::quota(e.to_string()),
+            sessiondb::Error::NoSummarizer => ApiError::conflict(e.to_string()),
+            // The model behind the summarizer failed: a fault upstream, not bad input.
+            sessiondb::Error::Summarize(_) => ApiError::bad_gateway(e.to_string()),
             sessiondb::Error::Store(store) => store.into(),
             other => ApiError::internal(other.to_string()),
         }

@@ -811,6 +811,10 @@ impl Store for SqliteStore {
         self.feed.subscribe_after(filter, position)
     }
 
+    fn announce(&self, key: &SessionKey, change: Change) {
+        self.feed.publish([(key.clone(), change)]);
+    }
+
     fn feed_epoch(&self) -> u64 {
         self.feed.epoch()
     }

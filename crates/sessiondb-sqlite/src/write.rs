@@ -266,11 +266,17 @@ pub(crate) fn apply(
             WriteOp::CreateSession { record } => tx.create_session(record),
             WriteOp::PatchSession { patch } => tx.patch_session(patch)?,
             WriteOp::DeleteSession => tx.delete_session()?,
-            WriteOp::AddCompaction { compaction } => {
+            WriteOp::AddCompaction {
+                compaction,
+                by_compact,
+            } => {
                 registry::add_compaction(conn, tx.key, compaction)?;
                 tx.session.touch(tx.now);
-                tx.changes.push(Change::Compaction {
-                    compaction: compaction.clone(),
+                let compaction = compaction.clone();
+                tx.changes.push(if *by_compact {
+                    Change::Compact { compaction }
+                } else {
+                    Change::Compaction { compaction }
                 });
                 WriteOutcome::CompactionAdded
             }

@@ -289,7 +289,12 @@ impl<S: Store> Conversations<S> {
             parent: Parent::ActiveLeaf,
         });
         match session.write(ops).await?.pop() {
-            Some(WriteOutcome::Appended { message, .. }) => Ok(message),
+            Some(WriteOutcome::Appended { message, inserted }) => {
+                if inserted {
+                    session.after_insert(&message).await;
+                }
+                Ok(message)
+            }
             other => unreachable!("append answered with {other:?}"),
         }
     }

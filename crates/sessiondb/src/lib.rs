@@ -41,7 +41,9 @@
 //!   (feature `sqlite`, on by default) from `sessiondb-sqlite`.
 #![forbid(unsafe_code)]
 
+mod compact;
 mod conversations;
+mod manager;
 mod page;
 mod registry;
 mod session;
@@ -49,6 +51,7 @@ mod transfer;
 
 use std::sync::Arc;
 
+pub use sessiondb_core::compaction::CompactOptions;
 pub use sessiondb_core::convert;
 pub use sessiondb_core::tokens::{HeuristicCounter, TokenCounter};
 pub use sessiondb_core::{
@@ -59,10 +62,12 @@ pub use sessiondb_core::{
 #[cfg(feature = "sqlite")]
 pub use sessiondb_sqlite::{BATCH_BUCKETS, SqliteConfig, SqliteStore, Synchronous, WriteStats};
 
+pub use compact::{ExtractiveSummarizer, SummarizeError, Summarizer, SummaryRequest};
 pub use conversations::{
     CONVERSATION_ROLES, Conversation, ConversationLimits, Conversations, NewMessage, PromptContext,
     SUMMARY_PREFIX, State,
 };
+pub use manager::SPLIT_PREFIX;
 pub use page::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Page, PageRequest};
 pub use registry::SessionListing;
 pub use session::{
@@ -90,6 +95,12 @@ pub enum Error {
     /// The write would take a session past its message limit; nothing was written.
     #[error("the session would exceed its limit of {limit} messages")]
     QuotaExceeded { limit: u64 },
+    /// Compaction was asked for, but no summarizer is configured ([`Options::summarizer`]).
+    #[error("no summarizer is configured, so nothing can be compacted")]
+    NoSummarizer,
+    /// The summarizer failed; nothing was written.
+    #[error("compaction failed: {0}")]
+    Summarize(SummarizeError),
 }
 
 impl From<StoreError> for Error {
@@ -114,6 +125,12 @@ pub struct Options {
     /// Largest message body (compact JSON), state value or compaction summary a write takes;
     /// a larger one fails validation ([`ValidationErrorKind::TooLarge`]). Unlimited when `None`.
     pub max_message_bytes: Option<u64>,
+    /// Writes compaction summaries; [`ExtractiveSummarizer`] (no model) by default, `None`
+    /// disables compaction ([`Error::NoSummarizer`]).
+    pub summarizer: Option<Arc<dyn Summarizer>>,
+    /// The compaction plan's head, recent-token budget and minimum tail (a session's
+    /// `keepRecentTokens` setting overrides the budget).
+    pub compaction: CompactOptions,
 }
 
 impl Default for Options {
@@ -123,6 +140,8 @@ impl Default for Options {
             token_counter: Arc::new(HeuristicCounter),
             max_messages_per_session: None,
             max_message_bytes: None,
+            summarizer: Some(Arc::new(ExtractiveSummarizer)),
+            compaction: CompactOptions::default(),
         }
     }
 }
@@ -132,6 +151,7 @@ impl Default for Options {
 pub struct Db<S> {
     store: Arc<S>,
     options: Arc<Options>,
+    compaction: Arc<compact::CompactionState>,
 }
 
 impl<S> Clone for Db<S> {
@@ -139,6 +159,7 @@ impl<S> Clone for Db<S> {
         Self {
             store: self.store.clone(),
             options: self.options.clone(),
+            compaction: self.compaction.clone(),
         }
     }
 }
@@ -160,6 +181,7 @@ impl<S: Store> Db<S> {
         Self {
             store: Arc::new(store),
             options: Arc::new(options),
+            compaction: Arc::default(),
         }
     }
 
@@ -168,7 +190,13 @@ impl<S: Store> Db<S> {
         Self {
             store: self.store.clone(),
             options: Arc::new(options),
+            compaction: self.compaction.clone(),
         }
+    }
+
+    /// Auto-compactions that failed since this store was opened (the appends stood).
+    pub fn compaction_failures(&self) -> u64 {
+        self.compaction.failures()
     }
 
     /// A handle on session `id` in the default (empty) namespace. Sessions need no creation: the
@@ -182,6 +210,7 @@ impl<S: Store> Db<S> {
         Ok(Session::new(
             self.store.clone(),
             self.options.clone(),
+            self.compaction.clone(),
             SessionKey::new(namespace, id)?,
         ))
     }

@@ -167,6 +167,7 @@ impl<S: Store> Session<S> {
         };
         self.write_one(WriteOp::AddCompaction {
             compaction: compaction.clone(),
+            by_compact: false,
         })
         .await?;
         Ok(compaction)

@@ -18,6 +18,7 @@ use sessiondb_core::{
     search,
 };
 
+use crate::compact::CompactionState;
 use crate::{Error, Options};
 
 #[derive(Debug, Clone, Default)]
@@ -78,6 +79,7 @@ pub struct RecentHistory {
 pub struct Session<S> {
     pub(crate) store: Arc<S>,
     pub(crate) options: Arc<Options>,
+    pub(crate) compaction: Arc<CompactionState>,
     key: SessionKey,
 }
 
@@ -86,6 +88,7 @@ impl<S> Clone for Session<S> {
         Self {
             store: self.store.clone(),
             options: self.options.clone(),
+            compaction: self.compaction.clone(),
             key: self.key.clone(),
         }
     }
@@ -113,12 +116,28 @@ const WALK_GROWTH: usize = 16;
 const WALK_MAX_WINDOW: usize = 256;
 
 impl<S: Store> Session<S> {
-    pub(crate) fn new(store: Arc<S>, options: Arc<Options>, key: SessionKey) -> Self {
+    pub(crate) fn new(
+        store: Arc<S>,
+        options: Arc<Options>,
+        compaction: Arc<CompactionState>,
+        key: SessionKey,
+    ) -> Self {
         Self {
             store,
             options,
+            compaction,
             key,
         }
+    }
+
+    /// A handle on another session of the same namespace, with the same options.
+    pub(crate) fn sibling(&self, id: &str) -> Result<Session<S>, Error> {
+        Ok(Session::new(
+            self.store.clone(),
+            self.options.clone(),
+            self.compaction.clone(),
+            SessionKey::new(self.key.namespace.clone(), id)?,
+        ))
     }
 
     pub fn key(&self) -> &SessionKey {
@@ -201,7 +220,11 @@ impl<S: Store> Session<S> {
             message: prepared,
             parent: options.parent,
         };
-        Ok(append_result(self.write_one(op).await?))
+        let result = append_result(self.write_one(op).await?);
+        if result.inserted {
+            self.after_insert(&result.message).await;
+        }
+        Ok(result)
     }
 
     /// Appends `messages` atomically, each under the previous one; the first goes under
@@ -228,7 +251,7 @@ impl<S: Store> Session<S> {
             });
         }
         let mut outcomes = self.write(ops).await?.into_iter();
-        Ok(slots
+        let results: Vec<AppendResult> = slots
             .into_iter()
             .map(|slot| match slot {
                 Ok(()) => append_result(outcomes.next().expect("one outcome per op")),
@@ -238,7 +261,11 @@ impl<S: Store> Session<S> {
                     message,
                 },
             })
-            .collect())
+            .collect();
+        if let Some(last) = results.iter().rev().find(|r| r.inserted) {
+            self.after_insert(&last.message).await;
+        }
+        Ok(results)
     }
 
     /// Updates the message when its id exists, appends it otherwise.
@@ -633,7 +660,7 @@ impl<S: Store> Session<S> {
 
     /// Removes stored echoes of this session's compaction summaries. Reads the compactions only
     /// when an item could be one, so sessions without such ids pay nothing.
-    async fn drop_hidden<T>(
+    pub(crate) async fn drop_hidden<T>(
         &self,
         items: &mut Vec<T>,
         id: impl Fn(&T) -> &str,

@@ -197,7 +197,10 @@ impl<S: Store> Session<S> {
                 ImportLine::Compaction(c) if existing.contains(&c.id) => summary.skipped += 1,
                 ImportLine::Compaction(compaction) => {
                     self.check_size("summary", compaction.summary.len() as u64)?;
-                    ops.push(WriteOp::AddCompaction { compaction })
+                    ops.push(WriteOp::AddCompaction {
+                        compaction,
+                        by_compact: false,
+                    })
                 }
                 ImportLine::State { key, value } => ops.push(self.put_state_op(&key, &value)?),
             }

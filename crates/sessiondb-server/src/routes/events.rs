@@ -137,9 +137,12 @@ fn payload(event: &ChangeEvent) -> String {
             message.json(),
             parent_id.as_deref().map_or("null".to_owned(), json_string)
         ),
-        Change::Compaction { compaction } => {
+        Change::Compaction { compaction } | Change::Compact { compaction } => {
             json!({"sessionId": event.key.session_id, "compaction": wire::compaction(compaction)})
                 .to_string()
+        }
+        Change::Error { message } => {
+            json!({"sessionId": event.key.session_id, "error": message}).to_string()
         }
         Change::Session { action } => {
             json!({"sessionId": event.key.session_id, "action": action.name()}).to_string()

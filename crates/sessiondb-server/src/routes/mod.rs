@@ -28,6 +28,10 @@ pub(crate) fn routes<S: Store>() -> Router<Arc<App<S>>> {
                 .patch(sessions::patch::<S>)
                 .delete(sessions::delete::<S>),
         )
+        .route("/v1/sessions/{sid}/fork", post(sessions::fork::<S>))
+        .route("/v1/sessions/{sid}/split", post(sessions::split::<S>))
+        .route("/v1/sessions/{sid}/usage", post(sessions::usage::<S>))
+        .route("/v1/sessions/{sid}/compact", post(sessions::compact::<S>))
         .route("/v1/messages", post(messages::append_by_header::<S>))
         .route(
             "/v1/sessions/{sid}/messages",

@@ -32,11 +32,14 @@ pub(crate) async fn readyz<S: Store>(State(app): State<Arc<App<S>>>) -> Result<R
 }
 
 pub(crate) async fn metrics<S: Store>(State(app): State<Arc<App<S>>>) -> Response {
-    (
-        [(CONTENT_TYPE, "text/plain; version=0.0.4")],
-        app.metrics.render(),
-    )
-        .into_response()
+    let mut text = app.metrics.render();
+    text.push_str(&format!(
+        "# HELP sessiondb_compaction_failures_total Auto-compactions that failed (the appends stood).\n\
+         # TYPE sessiondb_compaction_failures_total counter\n\
+         sessiondb_compaction_failures_total {}\n",
+        app.db.compaction_failures()
+    ));
+    ([(CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 pub(crate) const OPENAPI: &str = include_str!("../../openapi.json");

@@ -7,7 +7,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sessiondb::{PageRequest, SessionListing, SessionPatch, SessionRecord, SessionSort, Store};
+use sessiondb::{
+    PageRequest, SessionListing, SessionPatch, SessionRecord, SessionSort, Store, Usage,
+};
 
 use crate::App;
 use crate::error::ApiError;
@@ -141,5 +143,92 @@ pub(crate) async fn delete<S: Store>(
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(ApiError::not_found(format!("no session `{sid}`")))
+    }
+}
+
+fn no_session(sid: &str) -> ApiError {
+    ApiError::not_found(format!("no session `{sid}`"))
+}
+
+pub(crate) async fn fork<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    let mut f = Fields::new(body.value, "fork")?;
+    let at = f.string("atMessageId")?;
+    let name = f.opt_string("name")?;
+    let id = f.opt_string("id")?;
+    f.finish()?;
+    let info = app
+        .session(&ns, &sid)?
+        .fork(&at, id, name)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no session `{sid}` with message `{at}`")))?;
+    Ok(value_response(StatusCode::CREATED, &wire::session(&info)))
+}
+
+pub(crate) async fn split<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    let mut f = Fields::new(body.value, "split")?;
+    let summary = f.string("summary")?;
+    let name = f.opt_string("name")?;
+    f.finish()?;
+    let info = app
+        .session(&ns, &sid)?
+        .split(&summary, name)
+        .await?
+        .ok_or_else(|| no_session(&sid))?;
+    Ok(value_response(StatusCode::CREATED, &wire::session(&info)))
+}
+
+pub(crate) async fn usage<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    let mut f = Fields::new(body.value, "usage")?;
+    let usage = Usage {
+        input_tokens: f.opt_u64("inputTokens")?.unwrap_or(0),
+        output_tokens: f.opt_u64("outputTokens")?.unwrap_or(0),
+        cost: f.opt_f64("cost")?.unwrap_or(0.0),
+    };
+    f.finish()?;
+    let patch = SessionPatch {
+        usage: Some(usage),
+        ..Default::default()
+    };
+    let info = app
+        .session(&ns, &sid)?
+        .patch(patch)
+        .await?
+        .ok_or_else(|| no_session(&sid))?;
+    Ok(value_response(StatusCode::OK, &wire::session(&info)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CompactQuery {
+    leaf: Option<String>,
+}
+
+pub(crate) async fn compact<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(sid): Params<String>,
+    QueryParams(q): QueryParams<CompactQuery>,
+) -> Result<Response, ApiError> {
+    match app.session(&ns, &sid)?.compact(q.leaf.as_deref()).await? {
+        Some(compaction) => Ok(value_response(
+            StatusCode::OK,
+            &wire::compaction(&compaction),
+        )),
+        None => Ok(StatusCode::NO_CONTENT.into_response()),
     }
 }

@@ -1,0 +1,260 @@
+//! Compaction runs: a [`Summarizer`] writes the summary of a planned span, `compact` stores it as
+//! an overlay, and auto-compaction runs `compact` after an append takes a session over its
+//! `compactAfter` threshold.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+use sessiondb_core::compaction::{
+    CompactOptions, extended_from, extractive_summary, plan, summary_prompt,
+};
+use sessiondb_core::{
+    Change, Compaction, SessionInfo, SessionKey, Store, StoredMessage, WriteOp,
+};
+
+use crate::session::{HistoryOptions, Session, now_ms, unique_id};
+use crate::Error;
+
+/// What a summarizer is asked to summarise.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SummaryRequest {
+    /// The complete instruction for a language model (transcript included).
+    pub prompt: String,
+    /// The messages the summary replaces, oldest first.
+    pub messages: Vec<Value>,
+    /// The summary this one updates, if any.
+    pub previous_summary: Option<String>,
+    /// About how long the summary should be.
+    pub budget_tokens: u64,
+}
+
+/// Why a summarizer produced no summary. The session is never changed by a failed summary.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SummarizeError {
+    #[error("the model did not answer within {seconds} s")]
+    Timeout { seconds: u64 },
+    #[error("the model answered HTTP {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("the model's answer could not be read: {0}")]
+    Malformed(String),
+    #[error("the model could not be reached: {0}")]
+    Transport(String),
+}
+
+/// Writes a summary. Implementations: [`ExtractiveSummarizer`] (no model) and the model clients
+/// of the `sessiondb-summarizers` crate.
+pub trait Summarizer: Send + Sync + std::fmt::Debug {
+    fn summarize<'a>(
+        &'a self,
+        request: &'a SummaryRequest,
+    ) -> BoxFuture<'a, Result<String, SummarizeError>>;
+}
+
+/// A deterministic summary assembled from the messages themselves: needs no model, so
+/// compaction works out of the box (see `sessiondb_core::compaction::extractive_summary`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ExtractiveSummarizer;
+
+impl Summarizer for ExtractiveSummarizer {
+    fn summarize<'a>(
+        &'a self,
+        request: &'a SummaryRequest,
+    ) -> BoxFuture<'a, Result<String, SummarizeError>> {
+        let middle: Vec<&Value> = request.messages.iter().collect();
+        let summary = extractive_summary(
+            &middle,
+            request.previous_summary.as_deref(),
+            request.budget_tokens,
+        );
+        Box::pin(async move { Ok(summary) })
+    }
+}
+
+/// Memos for the auto-compaction check, shared by every handle of a [`crate::Db`].
+#[derive(Debug, Default)]
+pub(crate) struct CompactionState {
+    /// Per session: how many tokens overlays take off the raw path total for the path ending
+    /// at `leaf`. Valid for appends under that leaf; anything else recomputes it.
+    memos: Mutex<HashMap<SessionKey, Memo>>,
+    failures: AtomicU64,
+}
+
+#[derive(Debug, Clone)]
+struct Memo {
+    leaf: String,
+    adjustment: u64,
+}
+
+/// Bounds the memo map; when full it starts over (each entry is one path walk to rebuild).
+const MAX_MEMOS: usize = 10_000;
+
+impl CompactionState {
+    pub(crate) fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    fn memo(&self, key: &SessionKey) -> Option<Memo> {
+        self.memos.lock().unwrap().get(key).cloned()
+    }
+
+    fn remember(&self, key: &SessionKey, memo: Option<Memo>) {
+        let mut memos = self.memos.lock().unwrap();
+        match memo {
+            Some(memo) => {
+                if memos.len() >= MAX_MEMOS && !memos.contains_key(key) {
+                    memos.clear();
+                }
+                memos.insert(key.clone(), memo);
+            }
+            None => {
+                memos.remove(key);
+            }
+        }
+    }
+}
+
+fn setting(info: &SessionInfo, key: &str) -> Option<u64> {
+    info.record.settings.get(key).and_then(Value::as_u64)
+}
+
+impl<S: Store> Session<S> {
+    /// Summarises the branch ending at `leaf` (the active one when `None`) with the configured
+    /// summarizer and stores the result as an overlay, extending the branch's existing overlay
+    /// from its start. `None` when there is nothing to compact or the summary came back blank.
+    /// Publishes `compact`. Fails with [`Error::NoSummarizer`] when none is configured and with
+    /// [`Error::Summarize`] when the summarizer fails; nothing is written then.
+    pub async fn compact(&self, leaf: Option<&str>) -> Result<Option<Compaction>, Error> {
+        self.compact_keeping(leaf, None).await
+    }
+
+    /// [`Session::compact`] with the recent-token budget capped at `max_recent_tokens`.
+    async fn compact_keeping(
+        &self,
+        leaf: Option<&str>,
+        max_recent_tokens: Option<u64>,
+    ) -> Result<Option<Compaction>, Error> {
+        let summarizer = self
+            .options
+            .summarizer
+            .clone()
+            .ok_or(Error::NoSummarizer)?;
+        let info = self.store.session(self.key()).await?;
+        let keep_recent_tokens = info
+            .as_ref()
+            .and_then(|i| setting(i, "keepRecentTokens"))
+            .unwrap_or(self.options.compaction.keep_recent_tokens);
+        let options = CompactOptions {
+            keep_recent_tokens: keep_recent_tokens.min(max_recent_tokens.unwrap_or(u64::MAX)),
+            ..self.options.compaction
+        };
+        let history = self
+            .full_history(HistoryOptions {
+                leaf: leaf.map(str::to_owned),
+                newest_first: false,
+            })
+            .await?;
+        let values: Vec<Value> = history.iter().map(StoredMessage::to_value).collect();
+        let Some(plan) = plan(&values, &options, self.options.token_counter.as_ref()) else {
+            return Ok(None);
+        };
+        let request = SummaryRequest {
+            prompt: summary_prompt(
+                &plan.middle,
+                plan.previous_summary.as_deref(),
+                plan.budget_tokens,
+            ),
+            messages: plan.middle.iter().map(|m| (*m).clone()).collect(),
+            previous_summary: plan.previous_summary.clone(),
+            budget_tokens: plan.budget_tokens,
+        };
+        let summary = summarizer
+            .summarize(&request)
+            .await
+            .map_err(Error::Summarize)?;
+        if summary.trim().is_empty() {
+            return Ok(None);
+        }
+        self.check_size("summary", summary.len() as u64)?;
+        let ids: Vec<&str> = history.iter().map(|m| m.id.as_str()).collect();
+        let compactions = self.store.compactions(self.key()).await?;
+        let compaction = Compaction {
+            id: unique_id(""),
+            summary,
+            from_message_id: extended_from(&compactions, &ids, &plan.from_message_id),
+            to_message_id: plan.to_message_id,
+            created_at: now_ms(),
+        };
+        self.write_one(WriteOp::AddCompaction {
+            compaction: compaction.clone(),
+            by_compact: true,
+        })
+        .await?;
+        self.compaction.remember(self.key(), None);
+        Ok(Some(compaction))
+    }
+
+    /// Runs after an append stored `appended`: compacts when the session's `compactAfter`
+    /// setting is exceeded. One O(1) session read per append; the overlaid total costs a path
+    /// walk only when the path is not the one last measured (a branch, another process's
+    /// write, a new compaction). A failure never fails the append: it is logged, counted and
+    /// published as an `error` event.
+    pub(crate) async fn after_insert(&self, appended: &StoredMessage) {
+        if let Err(error) = self.auto_compact(appended).await {
+            self.compaction.failures.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                session = %self.id(),
+                error = %error,
+                "auto-compaction failed; the append stands"
+            );
+            self.store.announce(
+                self.key(),
+                Change::Error {
+                    message: format!("auto-compaction failed: {error}"),
+                },
+            );
+        }
+    }
+
+    async fn auto_compact(&self, appended: &StoredMessage) -> Result<(), Error> {
+        let Some(info) = self.store.session(self.key()).await? else {
+            return Ok(());
+        };
+        let Some(threshold) = setting(&info, "compactAfter") else {
+            return Ok(());
+        };
+        let raw = info.stats.token_estimate;
+        let estimate = if !info.stats.has_compactions {
+            raw
+        } else {
+            let memo = self
+                .compaction
+                .memo(self.key())
+                .filter(|m| appended.parent_id.as_deref() == Some(m.leaf.as_str()));
+            let adjustment = match memo {
+                Some(memo) => memo.adjustment,
+                None => {
+                    let overlaid = self.overlaid_token_estimate().await?.unwrap_or(raw);
+                    raw.saturating_sub(overlaid)
+                }
+            };
+            self.compaction.remember(
+                self.key(),
+                Some(Memo {
+                    leaf: appended.id.clone(),
+                    adjustment,
+                }),
+            );
+            raw.saturating_sub(adjustment)
+        };
+        if estimate > threshold {
+            // At most half the threshold stays as recent messages, so a run brings the
+            // session back under it even when `keepRecentTokens` is larger.
+            self.compact_keeping(None, Some(threshold / 2)).await?;
+        }
+        Ok(())
+    }
+}
