@@ -232,10 +232,11 @@ pub fn text_of(message: &Value) -> String {
         .collect();
     match message.get("content") {
         Some(Value::String(text)) if role_of(message) != "tool" => texts.push(text),
-        Some(Value::Array(items)) => texts.extend(items.iter().filter_map(|i| {
-            i.as_str()
-                .or_else(|| i.get("text").and_then(Value::as_str))
-        })),
+        Some(Value::Array(items)) => texts.extend(
+            items
+                .iter()
+                .filter_map(|i| i.as_str().or_else(|| i.get("text").and_then(Value::as_str))),
+        ),
         _ => {}
     }
     texts.join("\n")
@@ -404,17 +405,29 @@ pub fn extractive_summary(middle: &[&Value], previous: Option<&str>, budget_toke
         middle
             .iter()
             .find(|m| role_of(m) == "user" && !text_of(m).trim().is_empty())
-            .map_or_else(|| "(no user text)".to_owned(), |m| first_sentence(&text_of(m), 160))
+            .map_or_else(
+                || "(no user text)".to_owned(),
+                |m| first_sentence(&text_of(m), 160),
+            )
     });
     let mut points: Vec<String> = previous
-        .map(|p| section(p, "## Key Points").into_iter().map(str::to_owned).collect())
+        .map(|p| {
+            section(p, "## Key Points")
+                .into_iter()
+                .map(str::to_owned)
+                .collect()
+        })
         .unwrap_or_default();
     for m in middle {
         let text = first_sentence(&text_of(m), 160);
         let tools: Vec<String> = tool_blocks(m)
             .iter()
             .filter_map(|b| b.lines().next())
-            .map(|l| l.trim_start_matches("[Tool: ").trim_end_matches(']').to_owned())
+            .map(|l| {
+                l.trim_start_matches("[Tool: ")
+                    .trim_end_matches(']')
+                    .to_owned()
+            })
             .collect();
         let mut line = format!("- [{}]", role_of(m));
         if !text.is_empty() {
@@ -476,7 +489,11 @@ mod tests {
         (0..n)
             .map(|i| {
                 let role = if i % 2 == 0 { "user" } else { "assistant" };
-                text(&format!("m{i}"), role, &format!("turn {i} about the weather"))
+                text(
+                    &format!("m{i}"),
+                    role,
+                    &format!("turn {i} about the weather"),
+                )
             })
             .collect()
     }
@@ -492,7 +509,12 @@ mod tests {
             ..Default::default()
         };
         assert!(plan(&turns(5), &tight, &HeuristicCounter).is_none());
-        assert_eq!(plan(&turns(6), &tight, &HeuristicCounter).unwrap().from_message_id, "m3");
+        assert_eq!(
+            plan(&turns(6), &tight, &HeuristicCounter)
+                .unwrap()
+                .from_message_id,
+            "m3"
+        );
         // Within the default recent budget, short turns stay as they are.
         assert!(plan(&turns(6), &CompactOptions::default(), &HeuristicCounter).is_none());
     }
@@ -528,7 +550,10 @@ mod tests {
         let plan = plan(&messages, &options, &HeuristicCounter).unwrap();
         assert_eq!(plan.from_message_id, "m4");
         assert!(!ids(&plan).iter().any(|id| id.starts_with("compaction_")));
-        assert_eq!(plan.previous_summary.as_deref(), Some("Earlier: weather talk."));
+        assert_eq!(
+            plan.previous_summary.as_deref(),
+            Some("Earlier: weather talk.")
+        );
         let prompt = summary_prompt(&plan.middle, plan.previous_summary.as_deref(), 100);
         assert!(prompt.contains("PREVIOUS SUMMARY:\nEarlier: weather talk."));
     }
@@ -541,9 +566,7 @@ mod tests {
             json!({"id": id, "role": "assistant", "content": null,
                    "tool_calls": [{"id": call_id, "type": "function", "function": {"name": "f", "arguments": "{}"}}]})
         };
-        let result = |id: &str, call_id: &str| {
-            json!({"id": id, "role": "tool", "tool_call_id": call_id, "content": "ok"})
-        };
+        let result = |id: &str, call_id: &str| json!({"id": id, "role": "tool", "tool_call_id": call_id, "content": "ok"});
         let messages = vec![
             text("u0", "user", "start"),
             text("a1", "assistant", "sure"),
@@ -589,7 +612,10 @@ mod tests {
         };
         let stored = [c("x", "b1", "b2"), c("y", "m3", "m5")];
         // Summary of y on the path: extend from m3.
-        assert_eq!(extended_from(&stored, &["m0", "compaction_y", "m6"], "m6"), "m3");
+        assert_eq!(
+            extended_from(&stored, &["m0", "compaction_y", "m6"], "m6"),
+            "m3"
+        );
         // Nothing visible (x lives on another branch): the planned start.
         assert_eq!(extended_from(&stored, &["m0", "m1", "m6"], "m1"), "m1");
     }
@@ -601,7 +627,12 @@ mod tests {
         let middle: Vec<&Value> = messages.iter().collect();
         let summary = extractive_summary(&middle, None, 100);
         assert_eq!(summary, extractive_summary(&middle, None, 100));
-        for heading in ["## Topic", "## Key Points", "## Current State", "## Open Items"] {
+        for heading in [
+            "## Topic",
+            "## Key Points",
+            "## Current State",
+            "## Open Items",
+        ] {
             assert!(summary.contains(heading), "{summary}");
         }
         assert!(summary.len() <= 100 * 4 + 40, "{}", summary.len());

@@ -11,12 +11,10 @@ use serde_json::Value;
 use sessiondb_core::compaction::{
     CompactOptions, extended_from, extractive_summary, plan, summary_prompt,
 };
-use sessiondb_core::{
-    Change, Compaction, SessionInfo, SessionKey, Store, StoredMessage, WriteOp,
-};
+use sessiondb_core::{Change, Compaction, SessionInfo, SessionKey, Store, StoredMessage, WriteOp};
 
-use crate::session::{HistoryOptions, Session, now_ms, unique_id};
 use crate::Error;
+use crate::session::{HistoryOptions, Session, now_ms, unique_id};
 
 /// What a summarizer is asked to summarise.
 #[derive(Debug, Clone, PartialEq)]
@@ -137,11 +135,7 @@ impl<S: Store> Session<S> {
         leaf: Option<&str>,
         max_recent_tokens: Option<u64>,
     ) -> Result<Option<Compaction>, Error> {
-        let summarizer = self
-            .options
-            .summarizer
-            .clone()
-            .ok_or(Error::NoSummarizer)?;
+        let summarizer = self.options.summarizer.clone().ok_or(Error::NoSummarizer)?;
         let info = self.store.session(self.key()).await?;
         let keep_recent_tokens = info
             .as_ref()

@@ -1,8 +1,8 @@
 //! SessionManager operations that make one session from another: fork and split.
 
 use sessiondb_core::{
-    Message, Parent, SessionInfo, SessionPatch, SessionRecord, Store, StoreError, WriteOp,
-    WINDOW_MAX_ROWS,
+    Message, Parent, SessionInfo, SessionPatch, SessionRecord, Store, StoreError, WINDOW_MAX_ROWS,
+    WriteOp,
 };
 
 use crate::session::{Session, unique_id};

@@ -162,6 +162,9 @@ impl Store for CountingStore {
         self.inner
             .search_namespace(namespace, user_id, words, limit)
     }
+    fn announce(&self, key: &SessionKey, change: sessiondb::Change) {
+        self.inner.announce(key, change)
+    }
     fn subscribe(&self, filter: FeedFilter) -> Subscription {
         self.inner.subscribe(filter)
     }
