@@ -8,8 +8,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::Args;
 use serde::Deserialize;
-use sessiondb::{BATCH_BUCKETS, Db, SqliteConfig, SqliteStore, Synchronous};
+use std::sync::Arc;
+
+use sessiondb::{
+    BATCH_BUCKETS, Db, ExtractiveSummarizer, Options, SqliteConfig, SqliteStore, Summarizer,
+    Synchronous,
+};
 use sessiondb_server::{App, Limits, Metrics, ServerConfig};
+use sessiondb_summarizers::{AnthropicSummarizer, ModelConfig, OpenAiSummarizer};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 
@@ -46,6 +52,24 @@ pub struct ServeArgs {
     /// Log filter: a level (`info`) or `target=level` pairs [default: info].
     #[arg(long, env = "SESSIONDB_LOG")]
     log: Option<String>,
+    /// Who writes compaction summaries: `extractive` (no model), `openai` (any
+    /// OpenAI-compatible chat-completions server), `anthropic`, or `none` (compaction off)
+    /// [default: extractive].
+    #[arg(long, env = "SESSIONDB_SUMMARIZER")]
+    summarizer: Option<String>,
+    /// Base URL of the summarizer's model API [default: https://api.openai.com/v1 for openai,
+    /// https://api.anthropic.com for anthropic].
+    #[arg(long, env = "SESSIONDB_SUMMARIZER_URL")]
+    summarizer_url: Option<String>,
+    /// Model name for the summarizer (required for openai and anthropic).
+    #[arg(long, env = "SESSIONDB_SUMMARIZER_MODEL")]
+    summarizer_model: Option<String>,
+    /// API key of the summarizer's model API.
+    #[arg(long, env = "SESSIONDB_SUMMARIZER_API_KEY", hide_env_values = true)]
+    summarizer_api_key: Option<String>,
+    /// Seconds one summarizer request may take (retried twice on timeouts and 5xx) [default: 60].
+    #[arg(long, env = "SESSIONDB_SUMMARIZER_TIMEOUT")]
+    summarizer_timeout: Option<u64>,
 }
 
 /// The TOML file's shape; every field optional.
@@ -61,6 +85,73 @@ struct FileConfig {
     keys: HashMap<String, String>,
     #[serde(default)]
     limits: FileLimits,
+    #[serde(default)]
+    summarizer: FileSummarizer,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSummarizer {
+    kind: Option<String>,
+    url: Option<String>,
+    model: Option<String>,
+    api_key: Option<String>,
+    timeout: Option<u64>,
+}
+
+/// Which summarizer compaction uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SummarizerChoice {
+    None,
+    Extractive,
+    OpenAi(ModelConfig),
+    Anthropic(ModelConfig),
+}
+
+impl SummarizerChoice {
+    fn build(&self) -> Option<Arc<dyn Summarizer>> {
+        match self {
+            SummarizerChoice::None => None,
+            SummarizerChoice::Extractive => Some(Arc::new(ExtractiveSummarizer)),
+            SummarizerChoice::OpenAi(config) => {
+                Some(Arc::new(OpenAiSummarizer::new(config.clone())))
+            }
+            SummarizerChoice::Anthropic(config) => {
+                Some(Arc::new(AnthropicSummarizer::new(config.clone())))
+            }
+        }
+    }
+}
+
+fn summarizer_choice(args: &ServeArgs, file: FileSummarizer) -> anyhow::Result<SummarizerChoice> {
+    let kind = args.summarizer.clone().or(file.kind);
+    let model_config = |default_url: &str| -> anyhow::Result<ModelConfig> {
+        let model = args
+            .summarizer_model
+            .clone()
+            .or(file.model.clone())
+            .context("the summarizer needs a model (--summarizer-model)")?;
+        let url = args
+            .summarizer_url
+            .clone()
+            .or(file.url.clone())
+            .unwrap_or_else(|| default_url.to_owned());
+        let mut config = ModelConfig::new(url, model);
+        config.api_key = args.summarizer_api_key.clone().or(file.api_key.clone());
+        if let Some(seconds) = args.summarizer_timeout.or(file.timeout) {
+            config.timeout = std::time::Duration::from_secs(seconds);
+        }
+        Ok(config)
+    };
+    Ok(match kind.as_deref().unwrap_or("extractive") {
+        "none" => SummarizerChoice::None,
+        "extractive" => SummarizerChoice::Extractive,
+        "openai" => SummarizerChoice::OpenAi(model_config("https://api.openai.com/v1")?),
+        "anthropic" => SummarizerChoice::Anthropic(model_config("https://api.anthropic.com")?),
+        other => {
+            bail!("summarizer must be extractive, openai, anthropic or none, not `{other}`")
+        }
+    })
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -80,10 +171,11 @@ pub struct Resolved {
     pub synchronous: Synchronous,
     pub log: String,
     pub server: ServerConfig,
+    pub summarizer: SummarizerChoice,
 }
 
 pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolved> {
-    let file: FileConfig = match &args.config {
+    let mut file: FileConfig = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -105,6 +197,7 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
         sessiondb::SessionKey::new(namespace.as_str(), "probe")
             .with_context(|| format!("namespace `{namespace}` of an API key"))?;
     }
+    let summarizer = summarizer_choice(&args, std::mem::take(&mut file.summarizer))?;
     let defaults = Limits::default();
     let limits = Limits {
         max_body_bytes: args
@@ -142,6 +235,7 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
         synchronous,
         log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
         server: ServerConfig { api_keys, limits },
+        summarizer,
     })
 }
 
@@ -230,7 +324,11 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
     sessiondb_server::check_bind(config.listen, &config.server, config.insecure)?;
     let store = open_store(&config.data, config.synchronous)?;
     let metrics = Metrics::with_backend(sqlite_metrics(&store));
-    let app = App::new(Db::new(store), config.server, metrics);
+    let options = Options {
+        summarizer: config.summarizer.build(),
+        ..Options::default()
+    };
+    let app = App::new(Db::with_options(store, options), config.server, metrics);
     // Store calls run on the worker threads (embedded reads are short and synchronous), so
     // give the runtime more workers than cores: one blocked on a commit never stalls the rest.
     let workers = std::thread::available_parallelism().map_or(4, |n| n.get() * 4);
@@ -310,5 +408,58 @@ mod tests {
         assert!(resolved(&["--synchronous", "sometimes"], None).is_err());
         std::fs::write(&file, "unknown = 1\n").unwrap();
         assert!(resolved(&["--config", path], None).is_err());
+    }
+
+    #[test]
+    fn the_summarizer_is_configured_by_flag_or_file() {
+        assert_eq!(
+            resolved(&[], None).unwrap().summarizer,
+            SummarizerChoice::Extractive
+        );
+        assert_eq!(
+            resolved(&["--summarizer", "none"], None)
+                .unwrap()
+                .summarizer,
+            SummarizerChoice::None
+        );
+        let r = resolved(
+            &[
+                "--summarizer",
+                "openai",
+                "--summarizer-model",
+                "gpt-x",
+                "--summarizer-timeout",
+                "5",
+            ],
+            None,
+        )
+        .unwrap();
+        let SummarizerChoice::OpenAi(config) = r.summarizer else {
+            panic!("{:?}", r.summarizer)
+        };
+        assert_eq!(config.base_url, "https://api.openai.com/v1");
+        assert_eq!(
+            (config.model.as_str(), config.timeout.as_secs()),
+            ("gpt-x", 5)
+        );
+        assert!(
+            resolved(&["--summarizer", "openai"], None).is_err(),
+            "a model is required"
+        );
+        assert!(resolved(&["--summarizer", "oracle"], None).is_err());
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "[summarizer]\nkind = \"anthropic\"\nmodel = \"claude-x\"\napi_key = \"k\"\nurl = \"http://127.0.0.1:9\"\n",
+        )
+        .unwrap();
+        let r = resolved(&["--config", file.to_str().unwrap()], None).unwrap();
+        let SummarizerChoice::Anthropic(config) = r.summarizer else {
+            panic!("{:?}", r.summarizer)
+        };
+        assert_eq!(config.base_url, "http://127.0.0.1:9");
+        assert_eq!(config.api_key.as_deref(), Some("k"));
     }
 }

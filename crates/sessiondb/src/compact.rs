@@ -220,6 +220,9 @@ impl<S: Store> Session<S> {
         let Some(threshold) = setting(&info, "compactAfter") else {
             return Ok(());
         };
+        if self.options.summarizer.is_none() {
+            return Ok(());
+        }
         let raw = info.stats.token_estimate;
         let estimate = if !info.stats.has_compactions {
             raw
