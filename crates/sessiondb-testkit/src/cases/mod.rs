@@ -2,6 +2,7 @@
 //! a case missing from that list is not run, so the list and the modules must stay in step.
 
 pub mod chunking;
+pub mod compaction;
 pub mod conversations;
 pub mod feed;
 pub mod reads;
@@ -16,6 +17,15 @@ pub mod writes;
 macro_rules! for_each_case {
     ($callback:path, $factory:expr) => {
         $callback!($factory;
+            compaction::compact_replaces_the_middle_and_extends_iteratively,
+            compaction::compaction_is_branch_local,
+            compaction::compact_reports_nothing_to_do_blank_summaries_and_no_summarizer,
+            compaction::compaction_never_separates_a_tool_call_from_its_result,
+            compaction::auto_compaction_fires_only_above_the_threshold,
+            compaction::auto_compaction_estimate_tracks_updates_and_branches,
+            compaction::fork_copies_the_path_with_fresh_ids,
+            compaction::split_ends_the_session_and_continues_from_the_summary,
+            compaction::failed_auto_compaction_is_reported_not_raised,
             conversations::conversation_messages_round_trip,
             conversations::conversation_roles_and_content_are_validated,
             conversations::conversation_pages_have_no_gaps_while_appending,

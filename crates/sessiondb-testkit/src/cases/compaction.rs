@@ -1,0 +1,450 @@
+//! Compaction runs (plan, summarizer, iterative extension, auto-compaction) and the
+//! SessionManager operations fork and split.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+use sessiondb::{
+    AppendOptions, Change, Db, Error, FeedFilter, FeedItem, Message, Options, SPLIT_PREFIX,
+    SessionPatch, Store, SummarizeError, Summarizer, SummaryRequest,
+};
+
+use crate::*;
+
+/// Answers every request with a fixed text and remembers the requests.
+#[derive(Debug, Default)]
+pub struct FixedSummarizer {
+    pub text: String,
+    pub requests: std::sync::Mutex<Vec<SummaryRequest>>,
+}
+
+impl Summarizer for FixedSummarizer {
+    fn summarize<'a>(
+        &'a self,
+        request: &'a SummaryRequest,
+    ) -> BoxFuture<'a, Result<String, SummarizeError>> {
+        self.requests.lock().unwrap().push(request.clone());
+        let text = self.text.clone();
+        Box::pin(async move { Ok(text) })
+    }
+}
+
+/// The same store with `summarizer` and a 1-token recent budget, so every plan keeps the
+/// minimum tail of two messages.
+fn compacting<S: Store>(db: &Db<S>, summarizer: Option<Arc<dyn Summarizer>>) -> Db<S> {
+    let mut options = Options {
+        summarizer,
+        ..db.options().clone()
+    };
+    options.compaction.keep_recent_tokens = 1;
+    db.reconfigured(options)
+}
+
+fn fixed(text: &str) -> Arc<FixedSummarizer> {
+    Arc::new(FixedSummarizer {
+        text: text.to_owned(),
+        ..Default::default()
+    })
+}
+
+fn turn_ids(range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("m{i}")).collect()
+}
+
+async fn turns<S: Store>(session: &Session<S>, range: std::ops::Range<usize>) {
+    let ids = turn_ids(range);
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    chain(session, &ids).await;
+}
+
+fn settings(value: Value) -> SessionPatch {
+    SessionPatch {
+        settings: Some(value.as_object().unwrap().clone()),
+        ..Default::default()
+    }
+}
+
+pub async fn compact_replaces_the_middle_and_extends_iteratively<S: Store>(db: Db<S>) {
+    let summarizer = fixed("first summary");
+    let db = compacting(&db, Some(summarizer.clone()));
+    let s = db_session(&db, "s");
+    turns(&s, 0..12).await;
+    let mut feed = db.subscribe(FeedFilter::All);
+    let first = s.compact(None).await.unwrap().unwrap();
+    assert_eq!(
+        (first.from_message_id.as_str(), first.to_message_id.as_str()),
+        ("m3", "m9")
+    );
+    assert_eq!(event_names(&drain(&mut feed)), ["compact"]);
+    let history = history_ids(&s, None).await;
+    let summary_id = format!("compaction_{}", first.id);
+    assert_eq!(history, ["m0", "m1", "m2", &summary_id, "m10", "m11"]);
+    assert!(
+        summarizer.requests.lock().unwrap()[0]
+            .previous_summary
+            .is_none()
+    );
+
+    turns(&s, 12..20).await;
+    let second = s.compact(None).await.unwrap().unwrap();
+    // The overlay grows from its start; the previous summary is passed for an update.
+    assert_eq!(
+        (
+            second.from_message_id.as_str(),
+            second.to_message_id.as_str()
+        ),
+        ("m3", "m17")
+    );
+    let requests = summarizer.requests.lock().unwrap();
+    assert_eq!(
+        requests[1].previous_summary.as_deref(),
+        Some("first summary")
+    );
+    let middle: Vec<&str> = requests[1]
+        .messages
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(middle, turn_ids(10..18));
+    drop(requests);
+    let history = history_ids(&s, None).await;
+    assert_eq!(
+        history,
+        [
+            "m0",
+            "m1",
+            "m2",
+            &format!("compaction_{}", second.id),
+            "m18",
+            "m19"
+        ]
+    );
+    // Nothing was deleted: every original message is still readable by id.
+    for id in turn_ids(0..20) {
+        assert!(s.message(&id).await.unwrap().is_some(), "{id}");
+    }
+    assert_eq!(s.compactions().await.unwrap().len(), 2);
+    assert_eq!(s.stats().await.unwrap().message_count, 20);
+}
+
+pub async fn compaction_is_branch_local<S: Store>(db: Db<S>) {
+    let db = compacting(&db, Some(fixed("summary")));
+    let s = db_session(&db, "s");
+    turns(&s, 0..10).await;
+    // A sibling branch off m1: b2..b9.
+    s.append(text("b2", "user", "branch"), under("m1"))
+        .await
+        .unwrap();
+    chain(&s, &["b3", "b4", "b5", "b6", "b7", "b8", "b9"]).await;
+    let on_branch = s.compact(None).await.unwrap().unwrap();
+    assert_eq!(on_branch.from_message_id, "b3");
+    // The main line compacts on its own: the branch's overlay is not visible there.
+    let main = s.compact(Some("m9")).await.unwrap().unwrap();
+    assert_eq!(main.from_message_id, "m3");
+    let main_history = history_ids(&s, Some("m9")).await;
+    assert_eq!(main_history[3], format!("compaction_{}", main.id));
+    let branch_history = history_ids(&s, Some("b9")).await;
+    assert_eq!(branch_history[..3], ["m0", "m1", "b2"]);
+    assert_eq!(branch_history[3], format!("compaction_{}", on_branch.id));
+}
+
+pub async fn compact_reports_nothing_to_do_blank_summaries_and_no_summarizer<S: Store>(db: Db<S>) {
+    let s = db_session(&compacting(&db, Some(fixed("x"))), "short");
+    turns(&s, 0..5).await;
+    assert!(s.compact(None).await.unwrap().is_none(), "too short");
+
+    let blank = db_session(&compacting(&db, Some(fixed(" \n\t "))), "blank");
+    turns(&blank, 0..12).await;
+    assert!(blank.compact(None).await.unwrap().is_none());
+    assert!(blank.compactions().await.unwrap().is_empty());
+
+    let none = db_session(&compacting(&db, None), "none");
+    turns(&none, 0..12).await;
+    assert!(matches!(none.compact(None).await, Err(Error::NoSummarizer)));
+    assert!(none.compactions().await.unwrap().is_empty());
+
+    // The default summarizer needs no model.
+    let default = db_session(&compacting(&db, db.options().summarizer.clone()), "default");
+    turns(&default, 0..12).await;
+    let compaction = default.compact(None).await.unwrap().unwrap();
+    assert!(
+        compaction.summary.starts_with("## Topic\n"),
+        "{}",
+        compaction.summary
+    );
+}
+
+/// Calls and results in both stored shapes stay together on each side of the span.
+pub async fn compaction_never_separates_a_tool_call_from_its_result<S: Store>(db: Db<S>) {
+    let db = compacting(&db, Some(fixed("summary")));
+    let s = db_session(&db, "s");
+    let messages = vec![
+        json!({"id": "u0", "role": "user", "content": "weather?"}),
+        json!({"id": "a1", "role": "assistant", "content": "checking"}),
+        json!({"id": "c2", "role": "assistant", "content": "", "tool_calls": [
+            {"id": "t2", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]}),
+        json!({"id": "r3", "role": "tool", "tool_call_id": "t2", "content": "sunny"}),
+        json!({"id": "u4", "role": "user", "content": "and tomorrow?"}),
+        json!({"id": "a5", "role": "assistant", "parts": [
+            {"type": "tool-forecast", "toolCallId": "t5", "state": "output-available", "input": {}, "output": "rain"}]}),
+        json!({"id": "c6", "role": "assistant", "content": "", "tool_calls": [
+            {"id": "t6", "type": "function", "function": {"name": "alerts", "arguments": "{}"}}]}),
+        json!({"id": "r7", "role": "tool", "tool_call_id": "t6", "content": "none"}),
+    ];
+    for m in messages {
+        s.append(Message::from_value(m).unwrap(), AppendOptions::default())
+            .await
+            .unwrap();
+    }
+    let compaction = s.compact(None).await.unwrap().unwrap();
+    // The head ends after c2, so its result r3 comes along; the tail keeps r7 with c6.
+    assert_eq!(
+        (
+            compaction.from_message_id.as_str(),
+            compaction.to_message_id.as_str()
+        ),
+        ("u4", "a5")
+    );
+}
+
+pub async fn auto_compaction_fires_only_above_the_threshold<S: Store>(db: Db<S>) {
+    let db = compacting(&db, Some(fixed("auto summary")));
+    let s = db_session(&db, "s");
+    let mut feed = db.subscribe(FeedFilter::All);
+    turns(&s, 0..12).await;
+    assert!(
+        s.compactions().await.unwrap().is_empty(),
+        "no threshold, no compaction"
+    );
+
+    let threshold = s.stats().await.unwrap().token_estimate + 100;
+    s.patch(settings(json!({"compactAfter": threshold})))
+        .await
+        .unwrap();
+    s.append(text("small", "user", "short"), AppendOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        s.compactions().await.unwrap().is_empty(),
+        "below the threshold"
+    );
+    drain(&mut feed);
+
+    // About 120 tokens: over the threshold in total, not alone.
+    let big = "word ".repeat(92);
+    s.append(text("big", "user", &big), AppendOptions::default())
+        .await
+        .unwrap();
+    let compactions = s.compactions().await.unwrap();
+    assert_eq!(compactions.len(), 1, "above the threshold: once");
+    assert_eq!(event_names(&drain(&mut feed)), ["append", "compact"]);
+    let history = history_ids(&s, None).await;
+    assert_eq!(history[3], format!("compaction_{}", compactions[0].id));
+    assert_eq!(history[4..], ["small", "big"]);
+    let info = s.info().await.unwrap().unwrap();
+    assert!(info.stats.token_estimate <= threshold, "{info:?}");
+
+    // Under the threshold again: the next append compacts nothing.
+    s.append(text("after", "user", "fine"), AppendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(s.compactions().await.unwrap().len(), 1);
+
+    // Without a summarizer the threshold is inert (and nothing fails).
+    let plain = compacting(&db, None);
+    let p = db_session(&plain, "plain");
+    turns(&p, 0..8).await;
+    p.patch(settings(json!({"compactAfter": 1}))).await.unwrap();
+    p.append(text("x", "user", &big), AppendOptions::default())
+        .await
+        .unwrap();
+    assert!(p.compactions().await.unwrap().is_empty());
+    assert_eq!(plain.compaction_failures(), 0);
+}
+
+/// The estimate follows updates of counted rows and is re-derived for a new branch.
+pub async fn auto_compaction_estimate_tracks_updates_and_branches<S: Store>(db: Db<S>) {
+    let db = compacting(&db, Some(fixed("summary")));
+    let s = db_session(&db, "s");
+    turns(&s, 0..12).await;
+    s.compact(None).await.unwrap().unwrap();
+    let overlaid = s.info().await.unwrap().unwrap().stats.token_estimate;
+    s.patch(settings(json!({"compactAfter": overlaid + 60})))
+        .await
+        .unwrap();
+    s.append(text("m12", "user", "next"), AppendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(s.compactions().await.unwrap().len(), 1);
+
+    // A branch off m1 is short: no compaction there, though the main line is long.
+    s.append(text("b2", "user", "branch"), under("m1"))
+        .await
+        .unwrap();
+    assert_eq!(s.compactions().await.unwrap().len(), 1);
+
+    // Back on the main line, a grown row (kept in the tail) pushes the next append over.
+    s.append(text("m13", "user", "more"), under("m12"))
+        .await
+        .unwrap();
+    s.update(
+        text("m12", "user", &"grown ".repeat(80)),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    s.append(text("m14", "user", "over"), AppendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(s.compactions().await.unwrap().len(), 2);
+}
+
+pub async fn fork_copies_the_path_with_fresh_ids<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    turns(&s, 0..5).await;
+    s.patch(SessionPatch {
+        model: Some("m-1".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    s.append(text("x3", "user", "side"), under("m2"))
+        .await
+        .unwrap();
+    s.add_compaction("sum".into(), "m0".into(), "m1".into())
+        .await
+        .unwrap();
+    let mut feed = db.subscribe(FeedFilter::All);
+    let fork = s
+        .fork("m3", Some("copy".into()), Some("forked".into()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(fork.id, "copy");
+    assert_eq!(fork.record.parent_session_id.as_deref(), Some("s"));
+    assert_eq!(fork.record.name.as_deref(), Some("forked"));
+    assert_eq!(fork.record.model.as_deref(), Some("m-1"));
+    assert_eq!(fork.stats.message_count, 4);
+    let copy = db_session(&db, "copy");
+    let copied = copy.full_history(Default::default()).await.unwrap();
+    let texts: Vec<String> = copied
+        .iter()
+        .map(|m| {
+            m.to_value()["parts"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        ["message m0", "message m1", "message m2", "message m3"]
+    );
+    assert!(copied.iter().all(|m| m.id.starts_with("msg_")), "fresh ids");
+    assert!(
+        copy.compactions().await.unwrap().is_empty(),
+        "overlays are not copied"
+    );
+    assert!(copied[0].parent_id.is_none());
+    // One atomic write: the events all come after the fork is readable.
+    assert!(
+        event_names(&drain(&mut feed))
+            .iter()
+            .all(|e| *e == "append" || *e == "session")
+    );
+
+    assert!(s.fork("nope", None, None).await.unwrap().is_none());
+    assert!(matches!(
+        s.fork("m3", Some("copy".into()), None).await,
+        Err(Error::SessionExists { .. })
+    ));
+    // Listed first by updatedAt.
+    let newest_first = sessiondb::SessionListing {
+        page: sessiondb::PageRequest {
+            descending: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let listed = db.list_sessions("", &newest_first).await.unwrap().items;
+    assert_eq!(listed[0].id, "copy");
+}
+
+pub async fn split_ends_the_session_and_continues_from_the_summary<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    turns(&s, 0..4).await;
+    s.patch(SessionPatch {
+        name: Some("support".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let next = s.split("We fixed the login.", None).await.unwrap().unwrap();
+    assert_ne!(next.id, "s");
+    assert_eq!(next.record.parent_session_id.as_deref(), Some("s"));
+    assert_eq!(next.record.name.as_deref(), Some("support"));
+    assert_eq!(next.stats.message_count, 1);
+    let opening = db_session(&db, &next.id)
+        .full_history(Default::default())
+        .await
+        .unwrap();
+    assert_eq!(opening[0].role, "assistant");
+    assert_eq!(
+        opening[0].to_value()["parts"][0]["text"],
+        format!("{SPLIT_PREFIX}We fixed the login.")
+    );
+    let old = s.info().await.unwrap().unwrap();
+    assert_eq!(old.record.end_reason.as_deref(), Some("compaction"));
+    assert_eq!(
+        old.stats.message_count, 4,
+        "the old session keeps its messages"
+    );
+    assert!(
+        db_session(&db, "missing")
+            .split("x", None)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+/// A failed auto-compaction publishes an `error` event and is counted; the append stands.
+pub async fn failed_auto_compaction_is_reported_not_raised<S: Store>(db: Db<S>) {
+    #[derive(Debug)]
+    struct Failing;
+    impl Summarizer for Failing {
+        fn summarize<'a>(
+            &'a self,
+            _: &'a SummaryRequest,
+        ) -> BoxFuture<'a, Result<String, SummarizeError>> {
+            Box::pin(async { Err(SummarizeError::Transport("unreachable".into())) })
+        }
+    }
+    let db = compacting(&db, Some(Arc::new(Failing)));
+    let s = db_session(&db, "s");
+    turns(&s, 0..10).await;
+    s.patch(settings(json!({"compactAfter": 10})))
+        .await
+        .unwrap();
+    let mut feed = db.subscribe(FeedFilter::All);
+    let result = s
+        .append(text("m10", "user", "one more"), AppendOptions::default())
+        .await
+        .unwrap();
+    assert!(result.inserted);
+    assert_eq!(db.compaction_failures(), 1);
+    let errors: Vec<String> = drain(&mut feed)
+        .into_iter()
+        .filter_map(|item| match item {
+            FeedItem::Event(e) => match &e.change {
+                Change::Error { message } => Some(message.clone()),
+                _ => None,
+            },
+            FeedItem::Lagged { .. } => None,
+        })
+        .collect();
+    assert_eq!(errors.len(), 1);
+    assert!(errors[0].contains("unreachable"));
+    assert_eq!(s.stats().await.unwrap().message_count, 11);
+}
