@@ -397,7 +397,8 @@ fn section<'a>(summary: &'a str, heading: &str) -> Vec<&'a str> {
 /// A deterministic summary built from the messages themselves (no model): the topic, one line
 /// per turn (tool calls named), the last turn as the current state and the last user question
 /// as the open item, in the prompt's four sections, within about `budget_tokens` × 4
-/// characters. A previous summary's topic and key points are kept ahead of the new ones.
+/// characters. A previous summary's topic is kept and its key points come before the new
+/// ones; when they do not all fit, the oldest points give way.
 pub fn extractive_summary(middle: &[&Value], previous: Option<&str>, budget_tokens: u64) -> String {
     let budget_chars = (budget_tokens as usize).saturating_mul(4);
     let previous_topic = previous.and_then(|p| section(p, "## Topic").first().copied());
@@ -414,6 +415,7 @@ pub fn extractive_summary(middle: &[&Value], previous: Option<&str>, budget_toke
         .map(|p| {
             section(p, "## Key Points")
                 .into_iter()
+                .filter(|line| !line.starts_with("- … "))
                 .map(str::to_owned)
                 .collect()
         })
@@ -459,20 +461,24 @@ pub fn extractive_summary(middle: &[&Value], previous: Option<&str>, budget_toke
 
     let head = format!("## Topic\n{topic}\n## Key Points\n");
     let tail = format!("## Current State\n{state}\n## Open Items\n- {open}");
-    let mut room = budget_chars.saturating_sub(head.len() + tail.len());
+    // The newest points that fit; older ones are counted, not kept.
+    let mut room = budget_chars.saturating_sub(head.len() + tail.len() + 40);
     let mut kept = Vec::new();
-    let total = points.len();
-    for point in points {
+    for point in points.iter().rev() {
         if point.len() + 1 > room {
             break;
         }
         room -= point.len() + 1;
-        kept.push(point);
+        kept.push(point.as_str());
     }
-    if kept.len() < total {
-        kept.push(format!("- … and {} more turns", total - kept.len()));
+    let omitted = points.len() - kept.len();
+    let mut lines = Vec::with_capacity(kept.len() + 1);
+    let note = format!("- … {omitted} earlier turns not listed");
+    if omitted > 0 {
+        lines.push(note.as_str());
     }
-    format!("{head}{}\n{tail}", kept.join("\n"))
+    lines.extend(kept.into_iter().rev());
+    format!("{head}{}\n{tail}", lines.join("\n"))
 }
 
 #[cfg(test)]
@@ -636,7 +642,11 @@ mod tests {
             assert!(summary.contains(heading), "{summary}");
         }
         assert!(summary.len() <= 100 * 4 + 40, "{}", summary.len());
-        assert!(summary.contains("more turns"));
+        assert!(summary.contains("earlier turns not listed"));
+        assert!(
+            summary.contains("turn 39 about"),
+            "the newest points are kept"
+        );
         assert!(summary.contains("- Will it rain tomorrow?"));
         // An update keeps the earlier topic and points first.
         let next = extractive_summary(&middle[..2], Some(&summary), 10_000);

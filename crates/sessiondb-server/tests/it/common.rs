@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
-use sessiondb::{Db, SqliteStore};
+use sessiondb::{Db, Options, SqliteStore};
 use sessiondb_server::{App, Metrics, ServerConfig};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -27,6 +27,11 @@ pub async fn start() -> Server {
 }
 
 pub async fn start_with(config: ServerConfig) -> Server {
+    start_with_options(config, Options::default()).await
+}
+
+/// A server whose store runs with `options` (e.g. another summarizer).
+pub async fn start_with_options(config: ServerConfig, options: Options) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path()).unwrap();
     let stats = store.write_stats();
@@ -36,7 +41,7 @@ pub async fn start_with(config: ServerConfig) -> Server {
             stats.commits.load(std::sync::atomic::Ordering::Relaxed)
         ));
     }));
-    let app = App::new(Db::new(store), config, metrics);
+    let app = App::new(Db::with_options(store, options), config, metrics);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = oneshot::channel::<()>();

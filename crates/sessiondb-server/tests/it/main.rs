@@ -3,6 +3,7 @@
 mod auth;
 mod cancel;
 mod common;
+mod compaction;
 mod conversations;
 mod events;
 mod limits;
