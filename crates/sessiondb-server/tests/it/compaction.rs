@@ -71,7 +71,10 @@ async fn three_hundred_tool_turns_stay_under_the_threshold_and_lose_nothing() {
     let mut peak = 0u64;
     for i in 0..300 {
         let answer = server
-            .post("/v1/sessions/agent/messages/batch", json!({"messages": turn(i)}))
+            .post(
+                "/v1/sessions/agent/messages/batch",
+                json!({"messages": turn(i)}),
+            )
             .await;
         assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
         if i == 0 {
