@@ -280,7 +280,8 @@ impl Message {
         let body = serde_json::to_string(&self.fields).expect("a JSON map always serialises");
         PreparedMessage {
             content_hash: ContentHash::of(body.as_bytes()),
-            token_estimate: counter.count_message(&self.fields),
+            token_estimate: crate::tokens::reported_tokens(&self.fields)
+                .unwrap_or_else(|| counter.count_message(&self.fields)),
             search_text: search::search_text(&self.fields),
             role: self.role().to_owned(),
             id,

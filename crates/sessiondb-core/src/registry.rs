@@ -39,30 +39,34 @@ pub struct SessionInfo {
     pub stats: SessionStats,
 }
 
-/// Setting keys a session accepts, each a non-negative integer.
-pub const SETTING_KEYS: [&str; 2] = ["compactAfter", "keepRecentTokens"];
+/// Setting keys a session accepts.
+pub const SETTING_KEYS: [&str; 3] = ["compactAfter", "keepRecentTokens", "tokenizer"];
 
-/// Settings are `{compactAfter?, keepRecentTokens?}` with non-negative integers; `null` values
-/// are allowed in patches (they delete the key).
+/// Token counters a session can choose with its `tokenizer` setting.
+pub const TOKENIZERS: [&str; 3] = ["heuristic", "o200k", "cl100k"];
+
+/// Settings are `{compactAfter?, keepRecentTokens?, tokenizer?}`: two non-negative integers
+/// and one of [`TOKENIZERS`]; `null` values are allowed in patches (they delete the key).
 pub fn validate_settings(settings: &JsonMap) -> Result<(), ValidationError> {
     for (key, value) in settings {
         let field = format!("settings.{key}");
-        if !SETTING_KEYS.contains(&key.as_str()) {
-            return Err(ValidationError::new(
-                field,
-                ValidationErrorKind::WrongType {
-                    expected: "one of compactAfter, keepRecentTokens",
-                },
-            ));
-        }
-        if !(value.is_null() || value.is_u64()) {
-            return Err(ValidationError::new(
-                field,
-                ValidationErrorKind::WrongType {
-                    expected: "a non-negative integer",
-                },
-            ));
-        }
+        let expected = match key.as_str() {
+            "compactAfter" | "keepRecentTokens" if !(value.is_null() || value.is_u64()) => {
+                "a non-negative integer"
+            }
+            "tokenizer"
+                if !(value.is_null()
+                    || value.as_str().is_some_and(|t| TOKENIZERS.contains(&t))) =>
+            {
+                "one of heuristic, o200k, cl100k"
+            }
+            k if !SETTING_KEYS.contains(&k) => "one of compactAfter, keepRecentTokens, tokenizer",
+            _ => continue,
+        };
+        return Err(ValidationError::new(
+            field,
+            ValidationErrorKind::WrongType { expected },
+        ));
     }
     Ok(())
 }

@@ -43,16 +43,24 @@ pub fn estimate_string_tokens(text: &str) -> u64 {
     estimate.ceil() as u64
 }
 
+/// Tokens of one string, by some measure.
+pub type Measure<'a> = &'a dyn Fn(&str) -> u64;
+
 /// Strings count as themselves; any other non-null value by its compact JSON text.
 pub fn estimate_value_tokens(value: &Value) -> u64 {
+    value_tokens(value, &estimate_string_tokens)
+}
+
+fn value_tokens(value: &Value, measure: Measure<'_>) -> u64 {
     match value {
         Value::Null => 0,
-        Value::String(s) => estimate_string_tokens(s),
-        other => estimate_string_tokens(&other.to_string()),
+        Value::String(s) => measure(s),
+        other => measure(&other.to_string()),
     }
 }
 
-fn part_tokens(part: &Value) -> u64 {
+fn part_tokens(part: &Value, measure: Measure<'_>) -> u64 {
+    let estimate_value_tokens = |v: &Value| value_tokens(v, measure);
     let Some(part) = part.as_object() else {
         return 0;
     };
@@ -111,7 +119,8 @@ fn attachment_tokens(part: &Value) -> u64 {
 
 /// Chat-completions `content`: a string, an array of strings or `{type: "text", text}` items, or
 /// any other JSON (counted by its text).
-fn content_tokens(content: &Value) -> u64 {
+fn content_tokens(content: &Value, measure: Measure<'_>) -> u64 {
+    let estimate_value_tokens = |v: &Value| value_tokens(v, measure);
     match content {
         Value::Array(items) => items
             .iter()
@@ -128,17 +137,36 @@ fn content_tokens(content: &Value) -> u64 {
 
 /// The stamped row estimate of one message: 4 + its parts + its `content` + inline attachments.
 pub fn estimate_message_tokens(message: &JsonMap) -> u64 {
+    count_message_with(message, &estimate_string_tokens)
+}
+
+/// The reference's message structure (4 per message, text and reasoning, tool inputs and
+/// outputs, `content`, inline attachments at fixed costs) with strings measured by `measure`.
+pub fn count_message_with(message: &JsonMap, measure: Measure<'_>) -> u64 {
     let mut total = TOKENS_PER_MESSAGE;
     if let Some(Value::Array(parts)) = message.get("parts") {
         total += parts
             .iter()
-            .map(|p| part_tokens(p) + attachment_tokens(p))
+            .map(|p| part_tokens(p, measure) + attachment_tokens(p))
             .sum::<u64>();
     }
     if let Some(content) = message.get("content") {
-        total += content_tokens(content);
+        total += content_tokens(content, measure);
     }
     total
+}
+
+/// The output tokens a model reported for an assistant message, in its metadata's `usage`
+/// (`outputTokens`, `output_tokens` or `completion_tokens`). They replace any estimate: the
+/// model counted them.
+pub fn reported_tokens(message: &JsonMap) -> Option<u64> {
+    if message.get("role").and_then(Value::as_str) != Some("assistant") {
+        return None;
+    }
+    let usage = message.get("metadata")?.get("usage")?;
+    ["outputTokens", "output_tokens", "completion_tokens"]
+        .iter()
+        .find_map(|key| usage.get(key).and_then(Value::as_u64))
 }
 
 #[cfg(test)]
@@ -163,6 +191,23 @@ mod tests {
     }
 
     #[test]
+    fn reported_output_tokens_are_read_from_assistant_usage() {
+        let reported = map(json!({"role": "assistant", "content": "hi",
+            "metadata": {"usage": {"inputTokens": 900, "outputTokens": 321}}}));
+        assert_eq!(reported_tokens(&reported), Some(321));
+        let openai = map(json!({"role": "assistant", "content": "hi",
+            "metadata": {"usage": {"completion_tokens": 12}}}));
+        assert_eq!(reported_tokens(&openai), Some(12));
+        let user = map(json!({"role": "user", "content": "hi",
+            "metadata": {"usage": {"outputTokens": 5}}}));
+        assert_eq!(reported_tokens(&user), None);
+        assert_eq!(
+            reported_tokens(&map(json!({"role": "assistant", "content": "x"}))),
+            None
+        );
+    }
+
+    #[test]
     fn message_estimate_counts_parts_tools_and_content() {
         let text = map(json!({"role": "user", "parts": [{"type": "text", "text": "abcdefgh"}]}));
         assert_eq!(estimate_message_tokens(&text), 4 + 2);
@@ -171,6 +216,8 @@ mod tests {
         assert_eq!(estimate_message_tokens(&tool), 4 + 2 + 2);
         let content = map(json!({"role": "user", "content": "abcdefgh"}));
         assert_eq!(estimate_message_tokens(&content), 4 + 2);
+        let bytes = |s: &str| s.len() as u64;
+        assert_eq!(count_message_with(&content, &bytes), 4 + 8);
         let image = map(json!({"role": "user", "parts": [
             {"type": "file", "mediaType": "image/png", "url": "data:image/png;base64,AAAA"}]}));
         assert_eq!(estimate_message_tokens(&image), 4 + 1600);

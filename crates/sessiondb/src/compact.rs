@@ -3,18 +3,19 @@
 //! `compactAfter` threshold.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use serde_json::Value;
 use sessiondb_core::compaction::{
     CompactOptions, extended_from, extractive_summary, plan, summary_prompt,
 };
+use sessiondb_core::tokens::TokenCounter;
 use sessiondb_core::{Change, Compaction, SessionInfo, SessionKey, Store, StoredMessage, WriteOp};
 
-use crate::Error;
 use crate::session::{HistoryOptions, Session, now_ms, unique_id};
+use crate::{Error, tokenizers};
 
 /// What a summarizer is asked to summarise.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,12 +73,16 @@ impl Summarizer for ExtractiveSummarizer {
     }
 }
 
-/// Memos for the auto-compaction check, shared by every handle of a [`crate::Db`].
+/// Per-session memos shared by every handle of a [`crate::Db`]: the auto-compaction estimate
+/// and the token counter a session's settings choose. Process-local: a setting changed by
+/// another process is seen after this one restarts or changes it itself.
 #[derive(Debug, Default)]
-pub(crate) struct CompactionState {
+pub(crate) struct SessionCaches {
     /// Per session: how many tokens overlays take off the raw path total for the path ending
     /// at `leaf`. Valid for appends under that leaf; anything else recomputes it.
     memos: Mutex<HashMap<SessionKey, Memo>>,
+    /// Per session: the counter its `tokenizer` setting names (`None`: the default).
+    counters: Mutex<HashMap<SessionKey, Option<Arc<dyn TokenCounter>>>>,
     failures: AtomicU64,
 }
 
@@ -90,9 +95,15 @@ struct Memo {
 /// Bounds the memo map; when full it starts over (each entry is one path walk to rebuild).
 const MAX_MEMOS: usize = 10_000;
 
-impl CompactionState {
+impl SessionCaches {
     pub(crate) fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Forgets what was derived from a session's settings or path.
+    pub(crate) fn forget(&self, key: &SessionKey) {
+        self.memos.lock().unwrap().remove(key);
+        self.counters.lock().unwrap().remove(key);
     }
 
     fn memo(&self, key: &SessionKey) -> Option<Memo> {
@@ -120,6 +131,40 @@ fn setting(info: &SessionInfo, key: &str) -> Option<u64> {
 }
 
 impl<S: Store> Session<S> {
+    /// The token counter for this session's writes: its `tokenizer` setting's, else the
+    /// store's default. A setting this build cannot honour falls back to the default.
+    pub(crate) async fn counter(&self) -> Result<Arc<dyn TokenCounter>, Error> {
+        let cached = self
+            .caches
+            .counters
+            .lock()
+            .unwrap()
+            .get(self.key())
+            .cloned();
+        let chosen = match cached {
+            Some(chosen) => chosen,
+            None => {
+                let settings = self
+                    .store
+                    .session(self.key())
+                    .await?
+                    .map(|info| info.record.settings)
+                    .unwrap_or_default();
+                let chosen = tokenizers::chosen(&settings).unwrap_or_else(|e| {
+                    tracing::warn!(session = %self.id(), error = %e, "using the default token counter");
+                    None
+                });
+                let mut counters = self.caches.counters.lock().unwrap();
+                if counters.len() >= MAX_MEMOS {
+                    counters.clear();
+                }
+                counters.insert(self.key().clone(), chosen.clone());
+                chosen
+            }
+        };
+        Ok(chosen.unwrap_or_else(|| self.options.token_counter.clone()))
+    }
+
     /// Summarises the branch ending at `leaf` (the active one when `None`) with the configured
     /// summarizer and stores the result as an overlay, extending the branch's existing overlay
     /// from its start. `None` when there is nothing to compact or the summary came back blank.
@@ -152,7 +197,8 @@ impl<S: Store> Session<S> {
             })
             .await?;
         let values: Vec<Value> = history.iter().map(StoredMessage::to_value).collect();
-        let Some(plan) = plan(&values, &options, self.options.token_counter.as_ref()) else {
+        let counter = self.counter().await?;
+        let Some(plan) = plan(&values, &options, counter.as_ref()) else {
             return Ok(None);
         };
         let request = SummaryRequest {
@@ -187,7 +233,7 @@ impl<S: Store> Session<S> {
             by_compact: true,
         })
         .await?;
-        self.compaction.remember(self.key(), None);
+        self.caches.remember(self.key(), None);
         Ok(Some(compaction))
     }
 
@@ -198,7 +244,7 @@ impl<S: Store> Session<S> {
     /// published as an `error` event.
     pub(crate) async fn after_insert(&self, appended: &StoredMessage) {
         if let Err(error) = self.auto_compact(appended).await {
-            self.compaction.failures.fetch_add(1, Ordering::Relaxed);
+            self.caches.failures.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 session = %self.id(),
                 error = %error,
@@ -228,7 +274,7 @@ impl<S: Store> Session<S> {
             raw
         } else {
             let memo = self
-                .compaction
+                .caches
                 .memo(self.key())
                 .filter(|m| appended.parent_id.as_deref() == Some(m.leaf.as_str()));
             let adjustment = match memo {
@@ -238,7 +284,7 @@ impl<S: Store> Session<S> {
                     raw.saturating_sub(overlaid)
                 }
             };
-            self.compaction.remember(
+            self.caches.remember(
                 self.key(),
                 Some(Memo {
                     leaf: appended.id.clone(),

@@ -285,7 +285,7 @@ impl<S: Store> Conversations<S> {
             ops.extend(self.claim_op(&session, user).await?);
         }
         ops.push(WriteOp::Append {
-            message: session.prepare(built, Source::Server)?,
+            message: session.prepare(built, Source::Server).await?,
             parent: Parent::ActiveLeaf,
         });
         match session.write(ops).await?.pop() {

@@ -47,6 +47,7 @@ mod manager;
 mod page;
 mod registry;
 mod session;
+mod tokenizers;
 mod transfer;
 
 use std::sync::Arc;
@@ -77,6 +78,9 @@ pub use session::{
 pub use sessiondb_core::{
     Compaction, SessionAction, SessionInfo, SessionPatch, SessionRecord, SessionSort, Usage,
 };
+pub use tokenizers::Encoding;
+#[cfg(feature = "tiktoken")]
+pub use tokenizers::TiktokenCounter;
 pub use transfer::{ImportLine, ImportSummary, parse_import, parse_import_line};
 
 /// Every error the facade returns.
@@ -151,7 +155,7 @@ impl Default for Options {
 pub struct Db<S> {
     store: Arc<S>,
     options: Arc<Options>,
-    compaction: Arc<compact::CompactionState>,
+    caches: Arc<compact::SessionCaches>,
 }
 
 impl<S> Clone for Db<S> {
@@ -159,7 +163,7 @@ impl<S> Clone for Db<S> {
         Self {
             store: self.store.clone(),
             options: self.options.clone(),
-            compaction: self.compaction.clone(),
+            caches: self.caches.clone(),
         }
     }
 }
@@ -181,7 +185,7 @@ impl<S: Store> Db<S> {
         Self {
             store: Arc::new(store),
             options: Arc::new(options),
-            compaction: Arc::default(),
+            caches: Arc::default(),
         }
     }
 
@@ -190,13 +194,13 @@ impl<S: Store> Db<S> {
         Self {
             store: self.store.clone(),
             options: Arc::new(options),
-            compaction: self.compaction.clone(),
+            caches: self.caches.clone(),
         }
     }
 
     /// Auto-compactions that failed since this store was opened (the appends stood).
     pub fn compaction_failures(&self) -> u64 {
-        self.compaction.failures()
+        self.caches.failures()
     }
 
     /// A handle on session `id` in the default (empty) namespace. Sessions need no creation: the
@@ -210,7 +214,7 @@ impl<S: Store> Db<S> {
         Ok(Session::new(
             self.store.clone(),
             self.options.clone(),
-            self.compaction.clone(),
+            self.caches.clone(),
             SessionKey::new(namespace, id)?,
         ))
     }

@@ -67,7 +67,9 @@ impl<S: Store> Session<S> {
                     fields.shift_remove("id");
                 }
                 ops.push(WriteOp::Append {
-                    message: target.prepare(Message::from_value(message)?, Source::Server)?,
+                    message: target
+                        .prepare(Message::from_value(message)?, Source::Server)
+                        .await?,
                     parent: std::mem::replace(&mut parent, Parent::ActiveLeaf),
                 });
             }
@@ -98,7 +100,7 @@ impl<S: Store> Session<S> {
                     record: self.derived_record(&info, Some(name)),
                 },
                 WriteOp::Append {
-                    message: target.prepare(opening, Source::Server)?,
+                    message: target.prepare(opening, Source::Server).await?,
                     parent: Parent::Root,
                 },
             ])

@@ -14,7 +14,7 @@ use crate::page::{
     Direction, Page, PageRequest, assemble, decode_cursor, encode_cursor, invalid_cursor,
 };
 use crate::session::{now_ms, unique_id};
-use crate::{Db, Error, Session};
+use crate::{Db, Error, Session, tokenizers};
 
 /// A listing of a namespace's sessions.
 #[derive(Debug, Clone, Default)]
@@ -33,6 +33,7 @@ fn check_record(record: &SessionRecord) -> Result<(), ValidationError> {
         validate_id("userId", user)?;
     }
     validate_settings(&record.settings)?;
+    tokenizers::chosen(&record.settings)?;
     if record.settings.values().any(Value::is_null) {
         return Err(ValidationError::new(
             "settings",
@@ -56,7 +57,9 @@ impl<S: Store> Db<S> {
         check_record(&record)?;
         let id = id.unwrap_or_else(|| unique_id("ses_"));
         let session = self.session_in(namespace, &id)?;
-        match session.write_one(WriteOp::CreateSession { record }).await? {
+        let outcome = session.write_one(WriteOp::CreateSession { record }).await;
+        session.caches.forget(session.key());
+        match outcome? {
             WriteOutcome::SessionCreated { created: true } => {
                 session.info().await?.ok_or_else(|| {
                     StoreError::Corrupt(format!("created session `{id}` vanished")).into()
@@ -133,7 +136,12 @@ impl<S: Store> Session<S> {
     /// session does not exist.
     pub async fn patch(&self, patch: SessionPatch) -> Result<Option<SessionInfo>, Error> {
         patch.validate()?;
-        match self.write_one(WriteOp::PatchSession { patch }).await? {
+        if let Some(settings) = &patch.settings {
+            tokenizers::chosen(settings)?;
+        }
+        let outcome = self.write_one(WriteOp::PatchSession { patch }).await;
+        self.caches.forget(self.key());
+        match outcome? {
             WriteOutcome::Existed(true) => self.info().await,
             _ => Ok(None),
         }
@@ -141,10 +149,9 @@ impl<S: Store> Session<S> {
 
     /// Removes the session with its messages, compactions and state. Returns whether it existed.
     pub async fn delete_session(&self) -> Result<bool, Error> {
-        Ok(matches!(
-            self.write_one(WriteOp::DeleteSession).await?,
-            WriteOutcome::Existed(true)
-        ))
+        let outcome = self.write_one(WriteOp::DeleteSession).await;
+        self.caches.forget(self.key());
+        Ok(matches!(outcome?, WriteOutcome::Existed(true)))
     }
 
     /// Stores a compaction overlay: reads show `summary` in place of the rows from `from` to

@@ -18,7 +18,7 @@ use sessiondb_core::{
     search,
 };
 
-use crate::compact::CompactionState;
+use crate::compact::SessionCaches;
 use crate::{Error, Options};
 
 #[derive(Debug, Clone, Default)]
@@ -79,7 +79,7 @@ pub struct RecentHistory {
 pub struct Session<S> {
     pub(crate) store: Arc<S>,
     pub(crate) options: Arc<Options>,
-    pub(crate) compaction: Arc<CompactionState>,
+    pub(crate) caches: Arc<SessionCaches>,
     key: SessionKey,
 }
 
@@ -88,7 +88,7 @@ impl<S> Clone for Session<S> {
         Self {
             store: self.store.clone(),
             options: self.options.clone(),
-            compaction: self.compaction.clone(),
+            caches: self.caches.clone(),
             key: self.key.clone(),
         }
     }
@@ -119,13 +119,13 @@ impl<S: Store> Session<S> {
     pub(crate) fn new(
         store: Arc<S>,
         options: Arc<Options>,
-        compaction: Arc<CompactionState>,
+        caches: Arc<SessionCaches>,
         key: SessionKey,
     ) -> Self {
         Self {
             store,
             options,
-            compaction,
+            caches,
             key,
         }
     }
@@ -135,7 +135,7 @@ impl<S: Store> Session<S> {
         Ok(Session::new(
             self.store.clone(),
             self.options.clone(),
-            self.compaction.clone(),
+            self.caches.clone(),
             SessionKey::new(self.key.namespace.clone(), id)?,
         ))
     }
@@ -149,22 +149,26 @@ impl<S: Store> Session<S> {
     }
 
     /// Sanitises and prepares a message for a write; generates an id when it has none.
-    pub(crate) fn prepare(
+    pub(crate) async fn prepare(
         &self,
         mut message: Message,
         source: Source,
     ) -> Result<PreparedMessage, Error> {
         message.ensure_id(generate_id);
         message.sanitize(source, &self.options.reserved_metadata_keys);
-        self.prepare_verbatim(message)
+        self.prepare_verbatim(message).await
     }
 
     /// Prepares a historical message as it is (store-owned fields dropped, an id generated when
     /// it has none).
-    pub(crate) fn prepare_verbatim(&self, mut message: Message) -> Result<PreparedMessage, Error> {
+    pub(crate) async fn prepare_verbatim(
+        &self,
+        mut message: Message,
+    ) -> Result<PreparedMessage, Error> {
         message.ensure_id(generate_id);
         message.drop_store_owned_fields();
-        let prepared = message.prepare(self.options.token_counter.as_ref());
+        let counter = self.counter().await?;
+        let prepared = message.prepare(counter.as_ref());
         self.check_size("message", prepared.bytes())?;
         Ok(prepared)
     }
@@ -208,7 +212,7 @@ impl<S: Store> Session<S> {
         options: AppendOptions,
     ) -> Result<AppendResult, Error> {
         let refused = message.is_compaction_overlay();
-        let prepared = self.prepare(message, options.source)?;
+        let prepared = self.prepare(message, options.source).await?;
         if refused {
             return Ok(AppendResult {
                 inserted: false,
@@ -239,7 +243,7 @@ impl<S: Store> Session<S> {
         let mut slots = Vec::with_capacity(messages.len());
         for message in messages {
             let refused = message.is_compaction_overlay();
-            let prepared = self.prepare(message, options.source)?;
+            let prepared = self.prepare(message, options.source).await?;
             if refused {
                 slots.push(Err(Self::unstored(&prepared)));
                 continue;
@@ -278,7 +282,7 @@ impl<S: Store> Session<S> {
             return self.append(message, options).await;
         }
         let op = WriteOp::Upsert {
-            message: self.prepare(message, options.source)?,
+            message: self.prepare(message, options.source).await?,
             parent: options.parent,
         };
         Ok(match self.write_one(op).await? {
@@ -307,7 +311,7 @@ impl<S: Store> Session<S> {
             return Ok(None);
         }
         let op = WriteOp::Update {
-            message: self.prepare(message, source)?,
+            message: self.prepare(message, source).await?,
         };
         match self.write_one(op).await? {
             WriteOutcome::Updated(UpdateOutcome::Changed(m) | UpdateOutcome::Unchanged(m)) => {
@@ -360,7 +364,7 @@ impl<S: Store> Session<S> {
         options: ImportOptions,
     ) -> Result<Option<StoredMessage>, Error> {
         let op = WriteOp::Import {
-            message: self.prepare_verbatim(message)?,
+            message: self.prepare_verbatim(message).await?,
             parent_id: options.parent_id,
             created_at: options.created_at,
             updated_at: None,
@@ -478,12 +482,13 @@ impl<S: Store> Session<S> {
         let ids: Vec<&str> = path.rows.iter().map(|r| r.id.as_str()).collect();
         let items = overlay_path(&ids, &compactions);
         let now = now_ms();
+        let counter = self.counter().await?;
         let summaries = compactions
             .iter()
             .map(|c| {
                 Message::text("assistant", c.summary.clone())
                     .with_id(summary_message_id(c))
-                    .prepare(self.options.token_counter.as_ref())
+                    .prepare(counter.as_ref())
                     .stored(0, None, now, None)
             })
             .collect();

@@ -188,7 +188,7 @@ impl<S: Store> Session<S> {
                     updated_at,
                 } => {
                     ops.push(WriteOp::Import {
-                        message: self.prepare_verbatim(message)?,
+                        message: self.prepare_verbatim(message).await?,
                         parent_id,
                         created_at: created_at.unwrap_or(now),
                         updated_at,

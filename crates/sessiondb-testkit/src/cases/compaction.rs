@@ -96,18 +96,14 @@ pub async fn compact_replaces_the_middle_and_extends_iteratively<S: Store>(db: D
         ),
         ("m3", "m17")
     );
-    let requests = summarizer.requests.lock().unwrap();
-    assert_eq!(
-        requests[1].previous_summary.as_deref(),
-        Some("first summary")
-    );
-    let middle: Vec<&str> = requests[1]
+    let update = summarizer.requests.lock().unwrap()[1].clone();
+    assert_eq!(update.previous_summary.as_deref(), Some("first summary"));
+    let middle: Vec<&str> = update
         .messages
         .iter()
         .map(|m| m["id"].as_str().unwrap())
         .collect();
     assert_eq!(middle, turn_ids(10..18));
-    drop(requests);
     let history = history_ids(&s, None).await;
     assert_eq!(
         history,
