@@ -6,7 +6,7 @@ use sessiondb_core::message::validate_id;
 use sessiondb_core::registry::{state_text, validate_settings, validate_state_key};
 use sessiondb_core::{
     Compaction, PathPlan, SearchHit, SessionCursor, SessionInfo, SessionPatch, SessionQuery,
-    SessionRecord, SessionSort, Store, StoreError, StoredMessage, ValidationError,
+    SessionRecord, SessionSort, Store, StoreError, StoredMessage, Usage, ValidationError,
     ValidationErrorKind, WriteOp, WriteOutcome, search,
 };
 
@@ -145,6 +145,16 @@ impl<S: Store> Session<S> {
             WriteOutcome::Existed(true) => self.info().await,
             _ => Ok(None),
         }
+    }
+
+    /// Adds model usage to the session's counters (and touches `updatedAt`). `None` when the
+    /// session does not exist.
+    pub async fn add_usage(&self, usage: Usage) -> Result<Option<SessionInfo>, Error> {
+        self.patch(SessionPatch {
+            usage: Some(usage),
+            ..Default::default()
+        })
+        .await
     }
 
     /// Removes the session with its messages, compactions and state. Returns whether it existed.

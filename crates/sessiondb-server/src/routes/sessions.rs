@@ -200,13 +200,9 @@ pub(crate) async fn usage<S: Store>(
         cost: f.opt_f64("cost")?.unwrap_or(0.0),
     };
     f.finish()?;
-    let patch = SessionPatch {
-        usage: Some(usage),
-        ..Default::default()
-    };
     let info = app
         .session(&ns, &sid)?
-        .patch(patch)
+        .add_usage(usage)
         .await?
         .ok_or_else(|| no_session(&sid))?;
     Ok(value_response(StatusCode::OK, &wire::session(&info)))
