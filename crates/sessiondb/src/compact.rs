@@ -110,19 +110,12 @@ impl SessionCaches {
         self.memos.lock().unwrap().get(key).cloned()
     }
 
-    fn remember(&self, key: &SessionKey, memo: Option<Memo>) {
+    fn remember(&self, key: &SessionKey, memo: Memo) {
         let mut memos = self.memos.lock().unwrap();
-        match memo {
-            Some(memo) => {
-                if memos.len() >= MAX_MEMOS && !memos.contains_key(key) {
-                    memos.clear();
-                }
-                memos.insert(key.clone(), memo);
-            }
-            None => {
-                memos.remove(key);
-            }
+        if memos.len() >= MAX_MEMOS && !memos.contains_key(key) {
+            memos.clear();
         }
+        memos.insert(key.clone(), memo);
     }
 }
 
@@ -233,7 +226,6 @@ impl<S: Store> Session<S> {
             by_compact: true,
         })
         .await?;
-        self.caches.remember(self.key(), None);
         Ok(Some(compaction))
     }
 
@@ -286,10 +278,10 @@ impl<S: Store> Session<S> {
             };
             self.caches.remember(
                 self.key(),
-                Some(Memo {
+                Memo {
                     leaf: appended.id.clone(),
                     adjustment,
-                }),
+                },
             );
             raw.saturating_sub(adjustment)
         };

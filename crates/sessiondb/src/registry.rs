@@ -57,9 +57,7 @@ impl<S: Store> Db<S> {
         check_record(&record)?;
         let id = id.unwrap_or_else(|| unique_id("ses_"));
         let session = self.session_in(namespace, &id)?;
-        let outcome = session.write_one(WriteOp::CreateSession { record }).await;
-        session.caches.forget(session.key());
-        match outcome? {
+        match session.write_one(WriteOp::CreateSession { record }).await? {
             WriteOutcome::SessionCreated { created: true } => {
                 session.info().await?.ok_or_else(|| {
                     StoreError::Corrupt(format!("created session `{id}` vanished")).into()
@@ -139,9 +137,7 @@ impl<S: Store> Session<S> {
         if let Some(settings) = &patch.settings {
             tokenizers::chosen(settings)?;
         }
-        let outcome = self.write_one(WriteOp::PatchSession { patch }).await;
-        self.caches.forget(self.key());
-        match outcome? {
+        match self.write_one(WriteOp::PatchSession { patch }).await? {
             WriteOutcome::Existed(true) => self.info().await,
             _ => Ok(None),
         }
@@ -159,9 +155,10 @@ impl<S: Store> Session<S> {
 
     /// Removes the session with its messages, compactions and state. Returns whether it existed.
     pub async fn delete_session(&self) -> Result<bool, Error> {
-        let outcome = self.write_one(WriteOp::DeleteSession).await;
-        self.caches.forget(self.key());
-        Ok(matches!(outcome?, WriteOutcome::Existed(true)))
+        Ok(matches!(
+            self.write_one(WriteOp::DeleteSession).await?,
+            WriteOutcome::Existed(true)
+        ))
     }
 
     /// Stores a compaction overlay: reads show `summary` in place of the rows from `from` to

@@ -185,13 +185,30 @@ impl<S: Store> Session<S> {
     }
 
     pub(crate) async fn write(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteOutcome>, Error> {
+        // Writes that can change the settings, the overlays or the path under the active leaf
+        // make the session's memos stale. Appends and updates keep them: they are the hot path,
+        // and the auto-compaction memo follows appends itself.
+        let stale = ops.iter().any(|op| {
+            !matches!(
+                op,
+                WriteOp::Append { .. }
+                    | WriteOp::Update { .. }
+                    | WriteOp::Upsert { .. }
+                    | WriteOp::PutState { .. }
+                    | WriteOp::DeleteState { .. }
+            )
+        });
         let request = WriteRequest {
             key: self.key.clone(),
             now_ms: now_ms(),
             ops,
             max_messages: self.options.max_messages_per_session,
         };
-        Ok(self.store.write(request).await?)
+        let outcomes = self.store.write(request).await;
+        if stale {
+            self.caches.forget(&self.key);
+        }
+        Ok(outcomes?)
     }
 
     pub(crate) async fn write_one(&self, op: WriteOp) -> Result<WriteOutcome, Error> {
