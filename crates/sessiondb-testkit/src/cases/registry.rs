@@ -349,6 +349,17 @@ pub async fn stored_echoes_of_own_summaries_are_hidden<S: Store>(db: Db<S>) {
         ["a", "b", "after", "compaction_foreign"]
     );
     assert_eq!(ids(&s.branches("b").await.unwrap()), ["after"]);
+    // Newest first is the exact reverse; the recent window and search skip the echo too.
+    let mut reversed = history_ids(&s, None).await;
+    reversed.reverse();
+    assert_eq!(newest_first_ids(&s, None).await, reversed);
+    let recent = s.recent_history(1 << 20, None).await.unwrap();
+    assert_eq!(
+        ids(&recent.messages),
+        [echo.as_str(), "b", "after", "compaction_foreign"]
+    );
+    let hits = s.search("echo", 10).await.unwrap();
+    assert!(hits.iter().all(|h| h.id != echo), "{hits:?}");
     let only_echo = db_session(&db, "t");
     chain(&only_echo, &["a"]).await;
     let c2 = only_echo
