@@ -4,6 +4,7 @@
 //! # Layout
 //! - [`message`]: the message model, validation, sanitising, the prepared (ready to store) form
 //!   and the stored form returned by reads.
+//! - [`attachments`]: media extraction to content-addressed payloads, pointers, read-back.
 //! - [`chunk`]: splitting a message body into row-sized slices on character boundaries.
 //! - [`tokens`]: the reference token heuristic and the [`tokens::TokenCounter`] seam.
 //! - [`search`]: which text of a message is indexed, and how a user query becomes plain words.
@@ -21,6 +22,7 @@
 //!   the facade, which depends on them.
 #![forbid(unsafe_code)]
 
+pub mod attachments;
 pub mod chunk;
 pub mod compaction;
 pub mod convert;

@@ -11,6 +11,7 @@ use std::fmt;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::attachments::{self, Payload, Reference};
 use crate::tokens::TokenCounter;
 use crate::{COMPACTION_PREFIX, MAX_ID_CHARS, search};
 
@@ -274,19 +275,48 @@ impl Message {
         }
     }
 
-    /// Computes everything a backend stores for this message. The message must have an id.
+    /// Computes everything a backend stores for this message: inline media moves out into
+    /// payloads (the body keeps pointers), then the body is hashed, measured and indexed in
+    /// that pointer form. The message must have an id. Pointers the message already held are
+    /// charged once their sizes are known ([`PreparedMessage::charge_existing`]).
     pub fn prepare(&self, counter: &dyn TokenCounter) -> PreparedMessage {
         let id = self.id().unwrap_or_default().to_owned();
-        let body = serde_json::to_string(&self.fields).expect("a JSON map always serialises");
-        PreparedMessage {
+        let mut body = serde_json::to_string(&self.fields).expect("a JSON map always serialises");
+        // Media is base64 (or already a pointer): skip the walk for the common text message.
+        let mut media = None;
+        if body.contains(";base64,")
+            || body.contains("\"data\":")
+            || attachments::may_hold_pointers(&body)
+        {
+            let mut fields = self.fields.clone();
+            let extraction = attachments::extract(&mut fields);
+            if !extraction.references.is_empty() {
+                body = serde_json::to_string(&fields).expect("a JSON map always serialises");
+                media = Some((fields, extraction));
+            }
+        }
+        let fields = media.as_ref().map_or(&self.fields, |(fields, _)| fields);
+        let reported = crate::tokens::reported_tokens(fields);
+        let mut prepared = PreparedMessage {
             content_hash: ContentHash::of(body.as_bytes()),
-            token_estimate: crate::tokens::reported_tokens(&self.fields)
-                .unwrap_or_else(|| counter.count_message(&self.fields)),
-            search_text: search::search_text(&self.fields),
+            token_estimate: reported.unwrap_or_else(|| counter.count_message(fields)),
+            tokens_reported: reported.is_some(),
+            search_text: search::search_text(fields),
             role: self.role().to_owned(),
             id,
             body,
+            payloads: Vec::new(),
+            references: Vec::new(),
+            attachment_bytes: 0,
+        };
+        if let Some((_, extraction)) = media {
+            for payload in &extraction.payloads {
+                prepared.charge(&payload.media_type, payload.bytes.len() as u64);
+            }
+            prepared.payloads = extraction.payloads;
+            prepared.references = extraction.references;
         }
+        prepared
     }
 }
 
@@ -366,16 +396,58 @@ impl fmt::Debug for ContentHash {
 pub struct PreparedMessage {
     pub id: String,
     pub role: String,
+    /// Compact JSON with media replaced by pointers.
     pub body: String,
     pub content_hash: ContentHash,
     pub token_estimate: u64,
+    /// The estimate is the model's own count; media charges leave it alone.
+    pub tokens_reported: bool,
     pub search_text: String,
+    /// Media taken out of this message, to store (once per hash and namespace) with it.
+    pub payloads: Vec<Payload>,
+    /// Every pointer the body holds: the message's attachment references.
+    pub references: Vec<Reference>,
+    /// The base64 size of the referenced media whose size is known.
+    pub attachment_bytes: u64,
 }
 
 impl PreparedMessage {
-    /// Stored bytes of this message: the UTF-8 length of its body.
+    /// Bytes this message is charged in budgets and totals: its body plus its media at base64
+    /// size (what a read returns).
     pub fn bytes(&self) -> u64 {
-        self.body.len() as u64
+        self.body.len() as u64 + self.attachment_bytes
+    }
+
+    fn charge(&mut self, media_type: &str, bytes: u64) {
+        self.attachment_bytes += attachments::base64_len(bytes);
+        if !self.tokens_reported {
+            self.token_estimate += attachments::media_tokens(media_type, bytes);
+        }
+    }
+
+    /// References to media stored earlier (a message written back in pointer form), which
+    /// extraction could not size.
+    pub fn unsized_references(&self) -> Vec<&Reference> {
+        self.references
+            .iter()
+            .filter(|r| !self.payloads.iter().any(|p| p.hash == r.hash))
+            .collect()
+    }
+
+    /// Charges earlier-stored media by its decoded size (`(hash, bytes)` as the store holds
+    /// them); pointers the store does not hold cost nothing.
+    pub fn charge_existing(&mut self, sizes: &[(String, u64)]) {
+        let charges: Vec<(String, u64)> = self
+            .unsized_references()
+            .into_iter()
+            .filter_map(|r| {
+                let (_, bytes) = sizes.iter().find(|(hash, _)| *hash == r.hash)?;
+                Some((r.media_type.clone(), *bytes))
+            })
+            .collect();
+        for (media_type, bytes) in charges {
+            self.charge(&media_type, bytes);
+        }
     }
 
     /// The read form of this message at a position in a session.
@@ -395,7 +467,8 @@ impl PreparedMessage {
             updated_at,
             token_estimate: self.token_estimate,
         };
-        StoredMessage::from_row(row, &self.body)
+        let json = with_timestamps(&self.body, row.created_at, row.updated_at);
+        StoredMessage::from_stored(row, json, self.bytes())
     }
 }
 
@@ -412,7 +485,8 @@ pub struct StoredMessage {
     pub created_at: i64,
     pub updated_at: Option<i64>,
     pub token_estimate: u64,
-    /// UTF-8 bytes of the stored body (without the store-owned timestamps).
+    /// Bytes the message is charged: its stored body (without the store-owned timestamps)
+    /// plus its referenced media at base64 size.
     pub bytes: u64,
     json: String,
 }
@@ -464,6 +538,12 @@ impl StoredMessage {
             updated_at: row.updated_at,
             token_estimate: row.token_estimate,
         }
+    }
+
+    /// Replaces the JSON text (e.g. media put back in place of pointers); `bytes` stays the
+    /// stored charge.
+    pub fn set_json(&mut self, json: String) {
+        self.json = json;
     }
 
     /// The message as compact JSON text, `createdAt` (and `updatedAt`) included.

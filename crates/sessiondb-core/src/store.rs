@@ -399,6 +399,20 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send;
 
+    /// Decoded sizes of the payloads `namespace` holds among `hashes` (absent ones left out).
+    fn attachment_sizes(
+        &self,
+        namespace: &str,
+        hashes: &[String],
+    ) -> impl Future<Output = Result<Vec<(String, u64)>, StoreError>> + Send;
+
+    /// The payloads `namespace` holds among `hashes` (absent ones left out), reassembled.
+    fn attachments(
+        &self,
+        namespace: &str,
+        hashes: &[String],
+    ) -> impl Future<Output = Result<Vec<crate::attachments::Payload>, StoreError>> + Send;
+
     fn subscribe(&self, filter: FeedFilter) -> Subscription;
 
     /// Publishes an event that records no write (such as [`crate::Change::Error`]) to the

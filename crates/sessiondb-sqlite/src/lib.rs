@@ -30,11 +30,14 @@
 //! crash.
 #![forbid(unsafe_code)]
 
+mod attachments;
 mod durability;
 mod queries;
 mod registry;
 mod schema;
 mod write;
+
+pub use schema::SCHEMA_VERSION;
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -44,6 +47,7 @@ use std::sync::{Arc, Condvar, Mutex, TryLockError};
 
 use futures::channel::oneshot;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
+use sessiondb_core::attachments::Payload;
 use sessiondb_core::message::JsonMap;
 use sessiondb_core::{
     Change, ChangeFeed, Compaction, FeedFilter, PathPlan, PathRows, PathSuffix, SearchHit,
@@ -809,6 +813,24 @@ impl Store for SqliteStore {
 
     fn subscribe_after(&self, filter: FeedFilter, position: u64) -> Option<Subscription> {
         self.feed.subscribe_after(filter, position)
+    }
+
+    fn attachment_sizes(
+        &self,
+        namespace: &str,
+        hashes: &[String],
+    ) -> impl Future<Output = Result<Vec<(String, u64)>, StoreError>> + Send {
+        let (namespace, hashes) = (namespace.to_owned(), hashes.to_vec());
+        self.read(move |c| attachments::sizes(c, &namespace, &hashes))
+    }
+
+    fn attachments(
+        &self,
+        namespace: &str,
+        hashes: &[String],
+    ) -> impl Future<Output = Result<Vec<Payload>, StoreError>> + Send {
+        let (namespace, hashes) = (namespace.to_owned(), hashes.to_vec());
+        self.read(move |c| attachments::read(c, &namespace, &hashes))
     }
 
     fn announce(&self, key: &SessionKey, change: Change) {

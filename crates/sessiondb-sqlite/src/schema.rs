@@ -11,7 +11,11 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_registry.sql"),
     include_str!("../migrations/0003_user_listings.sql"),
+    include_str!("../migrations/0004_attachments.sql"),
 ];
+
+/// The schema version this build creates and reads.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Tables of the full-text index, created by the first search. `message_search` holds the
 /// indexed text; `message_fts` indexes it as external content.
@@ -76,7 +80,7 @@ pub(crate) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .map_err(backend_error)?;
-    let latest = MIGRATIONS.len() as i64;
+    let latest = SCHEMA_VERSION;
     if version > latest {
         return Err(StoreError::SchemaTooNew {
             found: version,

@@ -13,7 +13,7 @@ use sessiondb_core::{
 };
 
 use crate::queries::{self, PathTotals};
-use crate::{backend_error, registry};
+use crate::{attachments, backend_error, registry};
 
 type Result<T> = std::result::Result<T, StoreError>;
 
@@ -343,6 +343,7 @@ impl RequestTx<'_> {
 
     fn delete_session(&mut self) -> Result<WriteOutcome> {
         let existed = self.session.exists();
+        attachments::drop_session_refs(self.conn, self.key)?;
         registry::delete_session_rows(self.conn, self.key, self.ctx.search_index)?;
         self.session = SessionRow::absent(self.now);
         if existed {
@@ -461,6 +462,8 @@ impl RequestTx<'_> {
             )?;
         }
         self.write_chunks(&message.id, &slices)?;
+        attachments::put(self.conn, &self.key.namespace, &message.payloads)?;
+        attachments::replace_refs(self.conn, self.key, &message.id, &message.references)?;
         if self.ctx.search_index {
             self.reindex(message)?;
         }
@@ -597,6 +600,8 @@ impl RequestTx<'_> {
                 ],
             )?;
         }
+        let deleted_ids: Vec<&str> = deleted_seqs.iter().map(|(id, _)| id.as_str()).collect();
+        attachments::drop_message_refs(self.conn, self.key, &deleted_ids)?;
         for (id, seq) in &deleted_seqs {
             exec(
                 self.conn,
@@ -634,6 +639,7 @@ impl RequestTx<'_> {
     }
 
     fn clear(&mut self) -> Result<WriteOutcome> {
+        attachments::drop_session_refs(self.conn, self.key)?;
         let key = [
             &self.key.namespace as &dyn rusqlite::ToSql,
             &self.key.session_id,
@@ -742,6 +748,10 @@ impl RequestTx<'_> {
                   WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3",
                 params![self.key.namespace, self.key.session_id, message.id, seq],
             )?;
+        }
+        if !message.references.is_empty() {
+            attachments::put(self.conn, &self.key.namespace, &message.payloads)?;
+            attachments::add_refs(self.conn, self.key, &message.id, &message.references)?;
         }
         if self.ctx.search_index && !message.search_text.is_empty() {
             self.index(&message.id, &message.role, &message.search_text)?;

@@ -10,7 +10,7 @@ use futures::executor::block_on;
 use rusqlite::Connection;
 use sessiondb::{AppendOptions, Db, Error, HistoryOptions, ImportOptions, Message, Source};
 use sessiondb_core::StoreError;
-use sessiondb_sqlite::{DATABASE_FILE, SqliteStore};
+use sessiondb_sqlite::{DATABASE_FILE, SCHEMA_VERSION, SqliteStore};
 
 fn open(dir: &std::path::Path) -> Db<SqliteStore> {
     Db::new(SqliteStore::open(dir).unwrap())
@@ -127,7 +127,7 @@ fn migrations_stamp_the_schema_version_and_refuse_newer_files() {
     let dir = tempfile::tempdir().unwrap();
     drop(open(dir.path()));
     let conn = raw(dir.path());
-    assert_eq!(count(&conn, "PRAGMA user_version"), 3);
+    assert_eq!(count(&conn, "PRAGMA user_version"), SCHEMA_VERSION);
     let mode: String = conn
         .query_row("PRAGMA journal_mode", [], |r| r.get(0))
         .unwrap();
@@ -140,7 +140,7 @@ fn migrations_stamp_the_schema_version_and_refuse_newer_files() {
             err,
             StoreError::SchemaTooNew {
                 found: 99,
-                supported: 3
+                supported: SCHEMA_VERSION
             }
         ),
         "{err}"

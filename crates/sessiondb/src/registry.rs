@@ -273,6 +273,7 @@ impl<S: Store> Session<S> {
                     .await?
             }
         };
+        let read = self.resolved(read).await?;
         Ok(assemble(read, limit, &direction, |m| m.id.clone()))
     }
 

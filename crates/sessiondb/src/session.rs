@@ -10,6 +10,7 @@ use serde_json::Value;
 use sessiondb_core::overlay::{
     PathItem, is_hidden, may_be_hidden, overlay_path, summary_message_id,
 };
+use sessiondb_core::attachments;
 use sessiondb_core::plan::{Batcher, content_windows};
 use sessiondb_core::{
     MAX_PATH_ROWS, Message, Parent, PathPlan, PlanRow, PreparedMessage, RowStat, SearchHit,
@@ -81,6 +82,8 @@ pub struct Session<S> {
     pub(crate) options: Arc<Options>,
     pub(crate) caches: Arc<SessionCaches>,
     key: SessionKey,
+    /// Reads return attachment pointers instead of the media.
+    pointers: bool,
 }
 
 impl<S> Clone for Session<S> {
@@ -90,6 +93,7 @@ impl<S> Clone for Session<S> {
             options: self.options.clone(),
             caches: self.caches.clone(),
             key: self.key.clone(),
+            pointers: self.pointers,
         }
     }
 }
@@ -127,6 +131,7 @@ impl<S: Store> Session<S> {
             options,
             caches,
             key,
+            pointers: false,
         }
     }
 
@@ -138,6 +143,68 @@ impl<S: Store> Session<S> {
             self.caches.clone(),
             SessionKey::new(self.key.namespace.clone(), id)?,
         ))
+    }
+
+    /// The same session whose reads return media as `attachment:sha256:<hex>` pointers (fetch
+    /// them lazily) instead of inline base64.
+    pub fn with_attachment_pointers(&self) -> Self {
+        Self {
+            pointers: true,
+            ..self.clone()
+        }
+    }
+
+    /// Puts media back in place of pointers, with one store read for the whole batch. A pointer
+    /// the store does not hold stays as it is.
+    pub(crate) async fn resolved(
+        &self,
+        mut messages: Vec<StoredMessage>,
+    ) -> Result<Vec<StoredMessage>, Error> {
+        if self.pointers {
+            return Ok(messages);
+        }
+        let mut hashes: Vec<String> = Vec::new();
+        for message in &messages {
+            if attachments::may_hold_pointers(message.json()) {
+                for hash in attachments::pointers_in(message.json()) {
+                    if !hashes.contains(&hash) {
+                        hashes.push(hash);
+                    }
+                }
+            }
+        }
+        if hashes.is_empty() {
+            return Ok(messages);
+        }
+        let payloads = self
+            .store
+            .attachments(&self.key.namespace, &hashes)
+            .await?;
+        let stored = |hash: &str| {
+            payloads
+                .iter()
+                .find(|p| p.hash == hash)
+                .map(|p| (p.media_type.clone(), p.bytes.clone()))
+        };
+        for message in &mut messages {
+            if !attachments::may_hold_pointers(message.json()) {
+                continue;
+            }
+            let Ok(Value::Object(mut fields)) = serde_json::from_str(message.json()) else {
+                continue;
+            };
+            attachments::resolve(&mut fields, &stored);
+            let json = serde_json::to_string(&fields).expect("a JSON map always serialises");
+            message.set_json(json);
+        }
+        Ok(messages)
+    }
+
+    async fn resolved_one(&self, message: Option<StoredMessage>) -> Result<Option<StoredMessage>, Error> {
+        match message {
+            Some(m) => Ok(self.resolved(vec![m]).await?.pop()),
+            None => Ok(None),
+        }
     }
 
     pub fn key(&self) -> &SessionKey {
@@ -168,7 +235,19 @@ impl<S: Store> Session<S> {
         message.ensure_id(generate_id);
         message.drop_store_owned_fields();
         let counter = self.counter().await?;
-        let prepared = message.prepare(counter.as_ref());
+        let mut prepared = message.prepare(counter.as_ref());
+        let unmeasured: Vec<String> = prepared
+            .unsized_references()
+            .iter()
+            .map(|r| r.hash.clone())
+            .collect();
+        if !unmeasured.is_empty() {
+            let sizes = self
+                .store
+                .attachment_sizes(&self.key.namespace, &unmeasured)
+                .await?;
+            prepared.charge_existing(&sizes);
+        }
         self.check_size("message", prepared.bytes())?;
         Ok(prepared)
     }
@@ -411,7 +490,8 @@ impl<S: Store> Session<S> {
     }
 
     pub async fn message(&self, id: &str) -> Result<Option<StoredMessage>, Error> {
-        Ok(self.store.message(&self.key, id).await?)
+        let message = self.store.message(&self.key, id).await?;
+        self.resolved_one(message).await
     }
 
     /// The active leaf: the newest message written (walking up past stored echoes of this
@@ -431,7 +511,8 @@ impl<S: Store> Session<S> {
             .store
             .ancestors(&self.key, &leaf, MAX_PATH_ROWS)
             .await?;
-        Ok(walk.into_iter().find(|m| !is_hidden(&m.id, &compactions)))
+        let shown = walk.into_iter().find(|m| !is_hidden(&m.id, &compactions));
+        self.resolved_one(shown).await
     }
 
     /// Children of `id`, oldest first. A hidden echo of a compaction summary is replaced by its
@@ -439,7 +520,7 @@ impl<S: Store> Session<S> {
     pub async fn branches(&self, id: &str) -> Result<Vec<StoredMessage>, Error> {
         let children = self.store.children(&self.key, id).await?;
         if !children.iter().any(|m| may_be_hidden(&m.id)) {
-            return Ok(children);
+            return self.resolved(children).await;
         }
         let compactions = self.store.compactions(&self.key).await?;
         let mut shown = Vec::with_capacity(children.len());
@@ -459,12 +540,13 @@ impl<S: Store> Session<S> {
                 shown.push(child);
             }
         }
-        Ok(shown)
+        self.resolved(shown).await
     }
 
     /// Messages without a parent in this session, oldest first: the tops of its trees.
     pub async fn roots(&self) -> Result<Vec<StoredMessage>, Error> {
-        Ok(self.store.roots(&self.key).await?)
+        let roots = self.store.roots(&self.key).await?;
+        self.resolved(roots).await
     }
 
     /// O(1) numbers of the active path.
@@ -567,7 +649,12 @@ impl<S: Store> Session<S> {
         .try_flatten()
         // Boxed so the stream is `Unpin`: callers can use `next()` without pinning it.
         .boxed();
+        let resolver = self.clone();
         batches
+            .and_then(move |batch| {
+                let resolver = resolver.clone();
+                async move { resolver.resolved(batch).await }
+            })
             .map_ok(|batch| stream::iter(batch.into_iter().map(Ok)))
             .try_flatten()
     }
@@ -642,8 +729,19 @@ impl<S: Store> Session<S> {
         self.history(options).try_collect().await
     }
 
-    /// The most recent messages whose stored bytes fit `max_bytes` (always at least the leaf).
+    /// The most recent messages whose stored bytes (media counted at base64 size) fit
+    /// `max_bytes` (always at least the leaf).
     pub async fn recent_history(
+        &self,
+        max_bytes: u64,
+        leaf: Option<&str>,
+    ) -> Result<RecentHistory, Error> {
+        let mut recent = self.recent_stored(max_bytes, leaf).await?;
+        recent.messages = self.resolved(recent.messages).await?;
+        Ok(recent)
+    }
+
+    async fn recent_stored(
         &self,
         max_bytes: u64,
         leaf: Option<&str>,

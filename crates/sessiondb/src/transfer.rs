@@ -225,6 +225,7 @@ impl<S: Store> Session<S> {
             let Some(next) = batch.last().map(|m| m.seq + 1) else {
                 return Ok(None);
             };
+            let batch = s.resolved(batch).await?;
             let lines: Vec<Result<String, Error>> =
                 batch.iter().map(|m| Ok(message_line(m))).collect();
             Ok::<_, Error>(Some((stream::iter(lines), (s, next))))

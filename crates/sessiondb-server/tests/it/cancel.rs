@@ -162,6 +162,21 @@ impl Store for CountingStore {
         self.inner
             .search_namespace(namespace, user_id, words, limit)
     }
+    fn attachment_sizes(
+        &self,
+        namespace: &str,
+        hashes: &[String],
+    ) -> impl Future<Output = Result<Vec<(String, u64)>, StoreError>> + Send {
+        self.inner.attachment_sizes(namespace, hashes)
+    }
+    fn attachments(
+        &self,
+        namespace: &str,
+        hashes: &[String],
+    ) -> impl Future<Output = Result<Vec<sessiondb_core::attachments::Payload>, StoreError>> + Send
+    {
+        self.inner.attachments(namespace, hashes)
+    }
     fn announce(&self, key: &SessionKey, change: sessiondb::Change) {
         self.inner.announce(key, change)
     }
