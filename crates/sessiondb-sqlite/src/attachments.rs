@@ -182,7 +182,10 @@ pub(crate) fn sizes(
     for hash in hashes {
         let bytes: Option<i64> = conn
             .prepare_cached("SELECT bytes FROM attachments WHERE namespace = ?1 AND hash = ?2")
-            .and_then(|mut s| s.query_row(params![namespace, hash], |r| r.get(0)).optional())
+            .and_then(|mut s| {
+                s.query_row(params![namespace, hash], |r| r.get(0))
+                    .optional()
+            })
             .map_err(backend_error)?;
         if let Some(bytes) = bytes {
             out.push((hash.clone(), bytes as u64));
@@ -213,7 +216,9 @@ pub(crate) fn read(conn: &Connection, namespace: &str, hashes: &[String]) -> Res
                 "SELECT data FROM attachment_chunks WHERE namespace = ?1 AND hash = ?2 ORDER BY idx",
             )
             .map_err(backend_error)?;
-        let mut rows = stmt.query(params![namespace, hash]).map_err(backend_error)?;
+        let mut rows = stmt
+            .query(params![namespace, hash])
+            .map_err(backend_error)?;
         while let Some(row) = rows.next().map_err(backend_error)? {
             let chunk = row.get_ref(0).map_err(backend_error)?;
             let blob = chunk

@@ -32,3 +32,14 @@ fn store_agrees_with_the_tree_model() {
             .unwrap_or(128),
     );
 }
+
+#[test]
+fn attachments_round_trip_byte_exact() {
+    sessiondb_testkit::cases::attachments::check_round_trips(
+        open_default,
+        std::env::var("ATTACHMENT_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(48),
+    );
+}

@@ -7,10 +7,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use serde_json::Value;
+use sessiondb_core::attachments;
 use sessiondb_core::overlay::{
     PathItem, is_hidden, may_be_hidden, overlay_path, summary_message_id,
 };
-use sessiondb_core::attachments;
 use sessiondb_core::plan::{Batcher, content_windows};
 use sessiondb_core::{
     MAX_PATH_ROWS, Message, Parent, PathPlan, PlanRow, PreparedMessage, RowStat, SearchHit,
@@ -176,10 +176,7 @@ impl<S: Store> Session<S> {
         if hashes.is_empty() {
             return Ok(messages);
         }
-        let payloads = self
-            .store
-            .attachments(&self.key.namespace, &hashes)
-            .await?;
+        let payloads = self.store.attachments(&self.key.namespace, &hashes).await?;
         let stored = |hash: &str| {
             payloads
                 .iter()
@@ -200,7 +197,10 @@ impl<S: Store> Session<S> {
         Ok(messages)
     }
 
-    async fn resolved_one(&self, message: Option<StoredMessage>) -> Result<Option<StoredMessage>, Error> {
+    async fn resolved_one(
+        &self,
+        message: Option<StoredMessage>,
+    ) -> Result<Option<StoredMessage>, Error> {
         match message {
             Some(m) => Ok(self.resolved(vec![m]).await?.pop()),
             None => Ok(None),

@@ -1,6 +1,7 @@
 //! The conformance cases, grouped by capability. [`crate::for_each_case!`] lists every case once;
 //! a case missing from that list is not run, so the list and the modules must stay in step.
 
+pub mod attachments;
 pub mod chunking;
 pub mod compaction;
 pub mod conversations;
@@ -17,6 +18,15 @@ pub mod writes;
 macro_rules! for_each_case {
     ($callback:path, $factory:expr) => {
         $callback!($factory;
+            attachments::images_leave_the_row_and_come_back_exactly,
+            attachments::text_is_never_extracted,
+            attachments::shared_payloads_are_stored_once_and_collected_at_the_last_reference,
+            attachments::payloads_larger_than_a_chunk_round_trip,
+            attachments::nested_media_is_extracted_and_restored,
+            attachments::recent_windows_charge_media_at_base64_size,
+            attachments::pointer_form_writes_keep_their_references,
+            attachments::updates_clears_and_deletes_manage_payloads,
+            attachments::malformed_media_stays_inline_and_nothing_breaks,
             compaction::compact_replaces_the_middle_and_extends_iteratively,
             compaction::compaction_is_branch_local,
             compaction::compact_reports_nothing_to_do_blank_summaries_and_no_summarizer,
