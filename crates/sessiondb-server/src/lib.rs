@@ -120,6 +120,24 @@ impl<S: Store> App<S> {
         Ok(self.db.session_in(namespace, id)?)
     }
 
+    /// A session whose reads follow `?attachments=`: `inline` (the default) puts media back,
+    /// `pointer` leaves `attachment:sha256:<hex>` pointers for `GET /v1/attachments/{hash}`.
+    pub(crate) fn reading(
+        &self,
+        namespace: &str,
+        id: &str,
+        attachments: Option<&str>,
+    ) -> Result<Session<S>, ApiError> {
+        let session = self.session(namespace, id)?;
+        match attachments {
+            None | Some("inline") => Ok(session),
+            Some("pointer") => Ok(session.with_attachment_pointers()),
+            Some(other) => Err(ApiError::invalid(format!(
+                "`attachments` must be `inline` or `pointer`, not `{other}`"
+            ))),
+        }
+    }
+
     pub(crate) fn shutting_down(&self) -> watch::Receiver<bool> {
         self.shutdown.subscribe()
     }

@@ -478,3 +478,34 @@ fn chunked_messages_are_never_read_torn_during_updates() {
     }
     writer.join().unwrap();
 }
+
+/// Reference checks 56, 59 and 60 at the row level: one message row without continuations,
+/// one payload in 1,572,864-byte chunks, one reference per message, and billing by rows.
+#[test]
+fn attachments_are_stored_once_in_chunks_with_a_reference_per_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    let s = db.session("s").unwrap();
+    let payload = sessiondb_testkit::cases::attachments::bytes(1_572_864 + 500_000, 42);
+    let url = format!(
+        "data:image/png;base64,{}",
+        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &payload)
+    );
+    for id in ["a", "b"] {
+        let message = Message::from_value(serde_json::json!({"id": id, "role": "user", "parts": [
+            {"type": "file", "mediaType": "image/png", "url": url}]}))
+        .unwrap();
+        block_on(s.append(message, AppendOptions::default())).unwrap();
+    }
+    let conn = raw(dir.path());
+    assert_eq!(count(&conn, "SELECT count(*) FROM attachments"), 1);
+    assert_eq!(count(&conn, "SELECT count(*) FROM attachment_chunks"), 2);
+    assert_eq!(count(&conn, "SELECT count(*) FROM attachment_refs"), 2);
+    assert!(count(&conn, "SELECT max(length(content)) FROM messages") < 1_000);
+    assert_eq!(count(&conn, "SELECT max(content_chunks) FROM messages"), 0);
+    assert_eq!(count(&conn, "SELECT count(*) FROM message_chunks"), 0);
+    assert_eq!(
+        count(&conn, "SELECT bytes FROM attachments"),
+        payload.len() as i64
+    );
+}

@@ -293,7 +293,7 @@ impl<S: Store> Conversations<S> {
                 if inserted {
                     session.after_insert(&message).await;
                 }
-                Ok(message)
+                session.resolved_message(message).await
             }
             other => unreachable!("append answered with {other:?}"),
         }

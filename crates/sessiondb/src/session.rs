@@ -197,14 +197,22 @@ impl<S: Store> Session<S> {
         Ok(messages)
     }
 
-    async fn resolved_one(
+    pub(crate) async fn resolved_one(
         &self,
         message: Option<StoredMessage>,
     ) -> Result<Option<StoredMessage>, Error> {
         match message {
-            Some(m) => Ok(self.resolved(vec![m]).await?.pop()),
+            Some(m) => Ok(Some(self.resolved_message(m).await?)),
             None => Ok(None),
         }
+    }
+
+    pub(crate) async fn resolved_message(
+        &self,
+        message: StoredMessage,
+    ) -> Result<StoredMessage, Error> {
+        let mut resolved = self.resolved(vec![message]).await?;
+        Ok(resolved.pop().expect("one message in, one out"))
     }
 
     pub fn key(&self) -> &SessionKey {
@@ -320,10 +328,11 @@ impl<S: Store> Session<S> {
             message: prepared,
             parent: options.parent,
         };
-        let result = append_result(self.write_one(op).await?);
+        let mut result = append_result(self.write_one(op).await?);
         if result.inserted {
             self.after_insert(&result.message).await;
         }
+        result.message = self.resolved_message(result.message).await?;
         Ok(result)
     }
 
@@ -365,6 +374,13 @@ impl<S: Store> Session<S> {
         if let Some(last) = results.iter().rev().find(|r| r.inserted) {
             self.after_insert(&last.message).await;
         }
+        let mut results = results;
+        let messages = self
+            .resolved(results.iter().map(|r| r.message.clone()).collect())
+            .await?;
+        for (result, message) in results.iter_mut().zip(messages) {
+            result.message = message;
+        }
         Ok(results)
     }
 
@@ -381,7 +397,7 @@ impl<S: Store> Session<S> {
             message: self.prepare(message, options.source).await?,
             parent: options.parent,
         };
-        Ok(match self.write_one(op).await? {
+        let mut result = match self.write_one(op).await? {
             WriteOutcome::Updated(
                 UpdateOutcome::Changed(message) | UpdateOutcome::Unchanged(message),
             ) => AppendResult {
@@ -390,7 +406,9 @@ impl<S: Store> Session<S> {
                 message,
             },
             other => append_result(other),
-        })
+        };
+        result.message = self.resolved_message(result.message).await?;
+        Ok(result)
     }
 
     /// Replaces the body of an existing message (parent, seq and createdAt stay). Returns `None`
@@ -411,7 +429,7 @@ impl<S: Store> Session<S> {
         };
         match self.write_one(op).await? {
             WriteOutcome::Updated(UpdateOutcome::Changed(m) | UpdateOutcome::Unchanged(m)) => {
-                Ok(Some(m))
+                Ok(Some(self.resolved_message(m).await?))
             }
             _ => Ok(None),
         }
@@ -466,7 +484,7 @@ impl<S: Store> Session<S> {
             updated_at: None,
         };
         match self.write_one(op).await? {
-            WriteOutcome::Imported(stored) => Ok(stored),
+            WriteOutcome::Imported(stored) => self.resolved_one(stored).await,
             _ => Ok(None),
         }
     }

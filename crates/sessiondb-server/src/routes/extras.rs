@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde_json::{Map, Value, json};
@@ -125,4 +125,27 @@ pub(crate) async fn state_all<S: Store>(
     let entries = app.session(&ns, &sid)?.state_entries().await?;
     let map: Map<String, Value> = entries.into_iter().collect();
     Ok(value_response(StatusCode::OK, &Value::Object(map)))
+}
+
+/// `GET /v1/attachments/{sha256}`: a payload of the tenant's namespace with its media type.
+pub(crate) async fn attachment<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(hash): Params<String>,
+) -> Result<Response, ApiError> {
+    if hash.len() != 64 || !hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return Err(ApiError::invalid(
+            "an attachment is named by the SHA-256 of its bytes: 64 lowercase hex digits",
+        ));
+    }
+    let payload = app
+        .db
+        .store()
+        .attachments(&ns, std::slice::from_ref(&hash))
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::not_found(format!("no attachment {hash}")))?;
+    let media_type = HeaderValue::from_str(&payload.media_type)
+        .unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"));
+    Ok(([(CONTENT_TYPE, media_type)], payload.bytes).into_response())
 }

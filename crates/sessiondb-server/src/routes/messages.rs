@@ -147,6 +147,7 @@ pub(crate) struct ListQuery {
     order: Option<String>,
     after: Option<String>,
     before: Option<String>,
+    attachments: Option<String>,
 }
 
 pub(crate) async fn list<S: Store>(
@@ -161,7 +162,10 @@ pub(crate) async fn list<S: Store>(
         after: q.after,
         before: q.before,
     };
-    let page = app.session(&ns, &sid)?.list_messages(&request).await?;
+    let page = app
+        .reading(&ns, &sid, q.attachments.as_deref())?
+        .list_messages(&request)
+        .await?;
     let mut body = format!("{{\"items\":{}", wire::message_array(&page.items));
     if let Some(next) = page.next_cursor {
         body.push_str(&format!(",\"nextCursor\":{}", wire::json_string(&next)));
@@ -180,13 +184,20 @@ fn missing(mid: &str) -> ApiError {
     ApiError::not_found(format!("no message `{mid}` in this session"))
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReadQuery {
+    pub(crate) attachments: Option<String>,
+}
+
 pub(crate) async fn get<S: Store>(
     State(app): State<Arc<App<S>>>,
     Tenant(ns): Tenant,
     Params((sid, mid)): Params<(String, String)>,
+    QueryParams(q): QueryParams<ReadQuery>,
 ) -> Result<Response, ApiError> {
     let message = app
-        .session(&ns, &sid)?
+        .reading(&ns, &sid, q.attachments.as_deref())?
         .message(&mid)
         .await?
         .ok_or_else(|| missing(&mid))?;

@@ -32,6 +32,7 @@ pub(crate) fn routes<S: Store>() -> Router<Arc<App<S>>> {
         .route("/v1/sessions/{sid}/split", post(sessions::split::<S>))
         .route("/v1/sessions/{sid}/usage", post(sessions::usage::<S>))
         .route("/v1/sessions/{sid}/compact", post(sessions::compact::<S>))
+        .route("/v1/attachments/{hash}", get(extras::attachment::<S>))
         .route("/v1/messages", post(messages::append_by_header::<S>))
         .route(
             "/v1/sessions/{sid}/messages",

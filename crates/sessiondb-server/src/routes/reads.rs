@@ -15,6 +15,7 @@ use sessiondb::{HistoryOptions, Store, StoredMessage, convert};
 use crate::App;
 use crate::error::ApiError;
 use crate::extract::{Params, QueryParams, Tenant};
+use crate::routes::messages::ReadQuery;
 use crate::wire::{self, json_response, value_response};
 
 pub(crate) const NDJSON: &str = "application/x-ndjson";
@@ -46,6 +47,7 @@ pub(crate) struct HistoryQuery {
     order: Option<String>,
     max_bytes: Option<u64>,
     format: Option<String>,
+    attachments: Option<String>,
 }
 
 pub(crate) async fn history<S: Store>(
@@ -63,7 +65,7 @@ pub(crate) async fn history<S: Store>(
             )));
         }
     };
-    let session = app.session(&ns, &sid)?;
+    let session = app.reading(&ns, &sid, q.attachments.as_deref())?;
     if let Some(convert) = converter(q.format.as_deref())? {
         if newest_first || q.max_bytes.is_some() {
             return Err(ApiError::invalid(
@@ -132,8 +134,12 @@ pub(crate) async fn branches<S: Store>(
     State(app): State<Arc<App<S>>>,
     Tenant(ns): Tenant,
     Params((sid, mid)): Params<(String, String)>,
+    QueryParams(q): QueryParams<ReadQuery>,
 ) -> Result<Response, ApiError> {
-    let children = app.session(&ns, &sid)?.branches(&mid).await?;
+    let children = app
+        .reading(&ns, &sid, q.attachments.as_deref())?
+        .branches(&mid)
+        .await?;
     Ok(json_response(
         StatusCode::OK,
         wire::message_array(&children),

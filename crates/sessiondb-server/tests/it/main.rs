@@ -1,5 +1,6 @@
 //! End-to-end tests of the HTTP API on a real socket.
 
+mod attachments;
 mod auth;
 mod cancel;
 mod common;
