@@ -163,7 +163,8 @@ impl Extractor {
         match value {
             Value::Array(items) => items.iter_mut().for_each(|v| self.walk(v, depth + 1)),
             Value::Object(record) => {
-                if !self.record(record) {
+                let media = self.record(record);
+                if !media {
                     record.values_mut().for_each(|v| self.walk(v, depth + 1));
                 }
             }
@@ -252,9 +253,9 @@ pub fn pointers_in(json: &str) -> Vec<String> {
 }
 
 /// Puts media back: a `url` pointer becomes a canonical base64 `data:` URL with the stored media
-/// type, a `data` pointer bare canonical base64. A pointer `stored` cannot resolve stays as it is.
-pub fn resolve(message: &mut JsonMap, stored: &dyn Fn(&str) -> Option<(String, Vec<u8>)>) {
-    fn walk(value: &mut Value, depth: usize, stored: &dyn Fn(&str) -> Option<(String, Vec<u8>)>) {
+/// type, a `data` pointer bare canonical base64. A pointer to none of `stored` stays as it is.
+pub fn resolve(message: &mut JsonMap, stored: &[Payload]) {
+    fn walk(value: &mut Value, depth: usize, stored: &[Payload]) {
         if depth > MAX_DEPTH {
             return;
         }
@@ -270,10 +271,10 @@ pub fn resolve(message: &mut JsonMap, stored: &dyn Fn(&str) -> Option<(String, V
                     else {
                         continue;
                     };
-                    if let Some((media_type, bytes)) = stored(&hash) {
-                        let encoded = STANDARD.encode(bytes);
+                    if let Some(payload) = stored.iter().find(|p| p.hash == hash) {
+                        let encoded = STANDARD.encode(&payload.bytes);
                         let restored = if field == "url" {
-                            format!("data:{media_type};base64,{encoded}")
+                            format!("data:{};base64,{encoded}", payload.media_type)
                         } else {
                             encoded
                         };
@@ -322,13 +323,7 @@ mod tests {
         let text = serde_json::to_string(&message).unwrap();
         assert!(text.len() < 600, "{text}");
         assert_eq!(pointers_in(&text).len(), 2);
-        let payloads = out.payloads.clone();
-        resolve(&mut message, &|hash| {
-            payloads
-                .iter()
-                .find(|p| p.hash == hash)
-                .map(|p| (p.media_type.clone(), p.bytes.clone()))
-        });
+        resolve(&mut message, &out.payloads);
         assert_eq!(message, original);
     }
 
@@ -383,10 +378,7 @@ mod tests {
         let out = extract(&mut message);
         assert_eq!(out.payloads[0].bytes, b"GIF89a");
         assert_eq!(out.payloads[0].media_type, "image/png");
-        let payload = out.payloads[0].clone();
-        resolve(&mut message, &|_| {
-            Some((payload.media_type.clone(), payload.bytes.clone()))
-        });
+        resolve(&mut message, &out.payloads);
         assert_eq!(message["parts"][0]["url"], "data:image/png;base64,R0lGODlh");
         assert_eq!(message["parts"][0]["mediaType"], "image/png");
     }

@@ -177,12 +177,6 @@ impl<S: Store> Session<S> {
             return Ok(messages);
         }
         let payloads = self.store.attachments(&self.key.namespace, &hashes).await?;
-        let stored = |hash: &str| {
-            payloads
-                .iter()
-                .find(|p| p.hash == hash)
-                .map(|p| (p.media_type.clone(), p.bytes.clone()))
-        };
         for message in &mut messages {
             if !attachments::may_hold_pointers(message.json()) {
                 continue;
@@ -190,7 +184,7 @@ impl<S: Store> Session<S> {
             let Ok(Value::Object(mut fields)) = serde_json::from_str(message.json()) else {
                 continue;
             };
-            attachments::resolve(&mut fields, &stored);
+            attachments::resolve(&mut fields, &payloads);
             let json = serde_json::to_string(&fields).expect("a JSON map always serialises");
             message.set_json(json);
         }
