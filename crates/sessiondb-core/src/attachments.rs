@@ -252,46 +252,73 @@ pub fn pointers_in(json: &str) -> Vec<String> {
     hashes
 }
 
-/// Puts media back: a `url` pointer becomes a canonical base64 `data:` URL with the stored media
-/// type, a `data` pointer bare canonical base64. A pointer to none of `stored` stays as it is.
-pub fn resolve(message: &mut JsonMap, stored: &[Payload]) {
-    fn walk(value: &mut Value, depth: usize, stored: &[Payload]) {
-        if depth > MAX_DEPTH {
-            return;
+/// A payload ready to put back: its hash, the JSON-escaped media type and its canonical base64
+/// (computed once per read batch, however many messages point to it).
+#[derive(Debug, Clone)]
+pub struct Encoded {
+    pub hash: String,
+    media_type: String,
+    base64: String,
+}
+
+impl Encoded {
+    pub fn new(payload: &Payload) -> Self {
+        let quoted =
+            serde_json::to_string(&payload.media_type).expect("a string always serialises");
+        Self {
+            hash: payload.hash.clone(),
+            media_type: quoted[1..quoted.len() - 1].to_owned(),
+            base64: STANDARD.encode(&payload.bytes),
         }
-        match value {
-            Value::Array(items) => items.iter_mut().for_each(|v| walk(v, depth + 1, stored)),
-            Value::Object(record) => {
-                for field in ["url", "data"] {
-                    let Some(hash) = record
-                        .get(field)
-                        .and_then(Value::as_str)
-                        .and_then(pointer_hash)
-                        .map(str::to_owned)
-                    else {
-                        continue;
-                    };
-                    if let Some(payload) = stored.iter().find(|p| p.hash == hash) {
-                        let encoded = STANDARD.encode(&payload.bytes);
-                        let restored = if field == "url" {
-                            format!("data:{};base64,{encoded}", payload.media_type)
-                        } else {
-                            encoded
-                        };
-                        record.insert(field.to_owned(), Value::String(restored));
-                    }
-                    return;
+    }
+}
+
+/// Puts media back into a message's compact JSON text: the value of a `"url"` field holding a
+/// pointer becomes a canonical base64 `data:` URL with the stored media type, a `"data"` field's
+/// bare canonical base64. A pointer to none of `stored` stays as it is. Works on the text, so a
+/// read copies each message once instead of parsing and re-serialising it.
+pub fn resolve(json: &str, stored: &[Encoded]) -> String {
+    let mut out = String::with_capacity(json.len());
+    let mut rest = json;
+    while let Some(at) = rest.find(POINTER_PREFIX) {
+        let (before, from_pointer) = rest.split_at(at);
+        out.push_str(before);
+        // The whole string value: the pointer and its closing quote.
+        let end = POINTER_PREFIX.len() + 64;
+        let hash = from_pointer
+            .get(..end)
+            .and_then(pointer_hash)
+            .filter(|_| from_pointer.as_bytes().get(end) == Some(&b'"'));
+        let field = if before.ends_with("\"url\":\"") {
+            Some("url")
+        } else if before.ends_with("\"data\":\"") {
+            Some("data")
+        } else {
+            None
+        };
+        let found = hash.zip(field).and_then(|(hash, field)| {
+            let index = stored.iter().position(|p| p.hash == hash)?;
+            Some((field, index))
+        });
+        match found {
+            Some((field, index)) => {
+                let media = &stored[index];
+                if field == "url" {
+                    out.push_str("data:");
+                    out.push_str(&media.media_type);
+                    out.push_str(";base64,");
                 }
-                record.values_mut().for_each(|v| walk(v, depth + 1, stored));
+                out.push_str(&media.base64);
+                rest = &from_pointer[end..];
             }
-            _ => {}
+            None => {
+                out.push_str(POINTER_PREFIX);
+                rest = &from_pointer[POINTER_PREFIX.len()..];
+            }
         }
     }
-    for field in ["parts", "content"] {
-        if let Some(value) = message.get_mut(field) {
-            walk(value, 0, stored);
-        }
-    }
+    out.push_str(rest);
+    out
 }
 
 #[cfg(test)]
@@ -323,8 +350,14 @@ mod tests {
         let text = serde_json::to_string(&message).unwrap();
         assert!(text.len() < 600, "{text}");
         assert_eq!(pointers_in(&text).len(), 2);
-        resolve(&mut message, &out.payloads);
-        assert_eq!(message, original);
+        let encoded: Vec<Encoded> = out.payloads.iter().map(Encoded::new).collect();
+        let restored: JsonMap = serde_json::from_str(&resolve(&text, &encoded)).unwrap();
+        assert_eq!(restored, original);
+        // A pointer the store does not hold, or one outside a url/data field, stays.
+        let unknown = resolve(&text, &encoded[..1]);
+        assert_eq!(pointers_in(&unknown).len(), 1);
+        let elsewhere = format!("{{\"note\":\"{POINTER_PREFIX}{}\"}}", out.payloads[0].hash);
+        assert_eq!(resolve(&elsewhere, &encoded), elsewhere);
     }
 
     #[test]
@@ -378,8 +411,13 @@ mod tests {
         let out = extract(&mut message);
         assert_eq!(out.payloads[0].bytes, b"GIF89a");
         assert_eq!(out.payloads[0].media_type, "image/png");
-        resolve(&mut message, &out.payloads);
-        assert_eq!(message["parts"][0]["url"], "data:image/png;base64,R0lGODlh");
-        assert_eq!(message["parts"][0]["mediaType"], "image/png");
+        let text = serde_json::to_string(&message).unwrap();
+        let encoded: Vec<Encoded> = out.payloads.iter().map(Encoded::new).collect();
+        let restored: Value = serde_json::from_str(&resolve(&text, &encoded)).unwrap();
+        assert_eq!(
+            restored["parts"][0]["url"],
+            "data:image/png;base64,R0lGODlh"
+        );
+        assert_eq!(restored["parts"][0]["mediaType"], "image/png");
     }
 }

@@ -177,16 +177,13 @@ impl<S: Store> Session<S> {
             return Ok(messages);
         }
         let payloads = self.store.attachments(&self.key.namespace, &hashes).await?;
+        let encoded: Vec<attachments::Encoded> =
+            payloads.iter().map(attachments::Encoded::new).collect();
         for message in &mut messages {
-            if !attachments::may_hold_pointers(message.json()) {
-                continue;
+            if attachments::may_hold_pointers(message.json()) {
+                let json = attachments::resolve(message.json(), &encoded);
+                message.set_json(json);
             }
-            let Ok(Value::Object(mut fields)) = serde_json::from_str(message.json()) else {
-                continue;
-            };
-            attachments::resolve(&mut fields, &payloads);
-            let json = serde_json::to_string(&fields).expect("a JSON map always serialises");
-            message.set_json(json);
         }
         Ok(messages)
     }
