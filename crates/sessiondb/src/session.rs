@@ -655,9 +655,7 @@ impl<S: Store> Session<S> {
             }
             Ok::<_, Error>(overlaid.read(store, key, items))
         })
-        .try_flatten()
-        // Boxed so the stream is `Unpin`: callers can use `next()` without pinning it.
-        .boxed();
+        .try_flatten();
         let resolver = self.clone();
         batches
             .and_then(move |batch| {
@@ -666,6 +664,8 @@ impl<S: Store> Session<S> {
             })
             .map_ok(|batch| stream::iter(batch.into_iter().map(Ok)))
             .try_flatten()
+            // Boxed so the stream is `Unpin`: callers can use `next()` without pinning it.
+            .boxed()
     }
 
     /// Walks from `leaf` towards the root in growing windows.

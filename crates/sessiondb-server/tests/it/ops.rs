@@ -76,6 +76,7 @@ async fn openapi_document_lists_every_route() {
         "/v1/sessions",
         "/v1/sessions/{sid}",
         "/v1/messages",
+        "/v1/attachments/{hash}",
         "/v1/sessions/{sid}/messages",
         "/v1/sessions/{sid}/messages/batch",
         "/v1/sessions/{sid}/messages/delete",
