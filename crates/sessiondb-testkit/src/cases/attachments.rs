@@ -313,6 +313,23 @@ pub async fn pointer_form_writes_keep_their_references<S: Store>(db: Db<S>) {
         copy.to_value()["parts"][1]["url"],
         data_url("image/png", &png)
     );
+
+    // A fork copies the pointer and takes its own reference: the media outlives the original.
+    let fork = s
+        .fork("copy", Some("fork".into()), None)
+        .await
+        .unwrap()
+        .unwrap();
+    s.delete_session().await.unwrap();
+    assert_eq!(held(&db, &[&png]).await, 1);
+    let forked = db_session(&db, &fork.id)
+        .full_history(HistoryOptions::default())
+        .await
+        .unwrap();
+    let last = forked.last().unwrap().to_value();
+    assert!(last["parts"][1]["url"] == data_url("image/png", &png));
+    db_session(&db, &fork.id).delete_session().await.unwrap();
+    assert_eq!(held(&db, &[&png]).await, 0);
 }
 
 /// Reference checks 66, 68, 69 and 70.
