@@ -427,7 +427,7 @@ impl PreparedMessage {
 
     /// References to media stored earlier (a message written back in pointer form), which
     /// extraction could not size.
-    pub fn unsized_references(&self) -> Vec<&Reference> {
+    pub fn unmeasured_references(&self) -> Vec<&Reference> {
         self.references
             .iter()
             .filter(|r| !self.payloads.iter().any(|p| p.hash == r.hash))
@@ -438,7 +438,7 @@ impl PreparedMessage {
     /// them); pointers the store does not hold cost nothing.
     pub fn charge_existing(&mut self, sizes: &[(String, u64)]) {
         let charges: Vec<(String, u64)> = self
-            .unsized_references()
+            .unmeasured_references()
             .into_iter()
             .filter_map(|r| {
                 let (_, bytes) = sizes.iter().find(|(hash, _)| *hash == r.hash)?;

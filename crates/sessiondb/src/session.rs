@@ -164,13 +164,12 @@ impl<S: Store> Session<S> {
             return Ok(messages);
         }
         let mut hashes: Vec<String> = Vec::new();
-        for message in &messages {
-            if attachments::may_hold_pointers(message.json()) {
-                for hash in attachments::pointers_in(message.json()) {
-                    if !hashes.contains(&hash) {
-                        hashes.push(hash);
-                    }
-                }
+        for hash in messages
+            .iter()
+            .flat_map(|m| attachments::pointers_in(m.json()))
+        {
+            if !hashes.contains(&hash) {
+                hashes.push(hash);
             }
         }
         if hashes.is_empty() {
@@ -236,7 +235,7 @@ impl<S: Store> Session<S> {
         let counter = self.counter().await?;
         let mut prepared = message.prepare(counter.as_ref());
         let unmeasured: Vec<String> = prepared
-            .unsized_references()
+            .unmeasured_references()
             .iter()
             .map(|r| r.hash.clone())
             .collect();
