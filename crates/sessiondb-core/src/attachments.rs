@@ -233,6 +233,12 @@ pub fn extract(message: &mut JsonMap) -> Extraction {
     extractor.out
 }
 
+/// True when a message's JSON text may hold media or pointers: base64 `data:` URLs, `data`
+/// fields, pointers. A cheap check that spares the common text message the walk.
+pub fn may_hold_media(json: &str) -> bool {
+    json.contains(";base64,") || json.contains("\"data\":") || may_hold_pointers(json)
+}
+
 /// True when a message's JSON text may hold pointers (a cheap check before parsing it).
 pub fn may_hold_pointers(json: &str) -> bool {
     json.contains(POINTER_PREFIX)

@@ -282,12 +282,8 @@ impl Message {
     pub fn prepare(&self, counter: &dyn TokenCounter) -> PreparedMessage {
         let id = self.id().unwrap_or_default().to_owned();
         let mut body = serde_json::to_string(&self.fields).expect("a JSON map always serialises");
-        // Media is base64 (or already a pointer): skip the walk for the common text message.
         let mut media = None;
-        if body.contains(";base64,")
-            || body.contains("\"data\":")
-            || attachments::may_hold_pointers(&body)
-        {
+        if attachments::may_hold_media(&body) {
             let mut fields = self.fields.clone();
             let extraction = attachments::extract(&mut fields);
             if !extraction.references.is_empty() {

@@ -9,8 +9,6 @@ use crate::message::JsonMap;
 const CHARS_PER_TOKEN: f64 = 4.0;
 const WORDS_TOKEN_MULTIPLIER: f64 = 1.3;
 const TOKENS_PER_MESSAGE: u64 = 4;
-const IMAGE_ATTACHMENT_TOKENS: u64 = 1600;
-const MAX_ATTACHMENT_TOKENS: u64 = 20_000;
 
 /// Counts the tokens of one message (the whole JSON object as the client wrote it).
 ///
@@ -110,11 +108,7 @@ fn attachment_tokens(part: &Value) -> u64 {
     } else {
         payload.len() as u64
     };
-    if media_type.starts_with("image/") {
-        IMAGE_ATTACHMENT_TOKENS
-    } else {
-        bytes.div_ceil(4).min(MAX_ATTACHMENT_TOKENS)
-    }
+    crate::attachments::media_tokens(media_type, bytes)
 }
 
 /// Chat-completions `content`: a string, an array of strings or `{type: "text", text}` items, or
