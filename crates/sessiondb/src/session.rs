@@ -160,11 +160,23 @@ impl<S: Store> Session<S> {
         &self,
         mut messages: Vec<StoredMessage>,
     ) -> Result<Vec<StoredMessage>, Error> {
+        self.resolve_in_place(messages.iter_mut()).await?;
+        Ok(messages)
+    }
+
+    /// [`Session::resolved`] for messages held elsewhere (e.g. in append results), unmoved.
+    async fn resolve_in_place<'m>(
+        &self,
+        messages: impl Iterator<Item = &'m mut StoredMessage>,
+    ) -> Result<(), Error> {
         if self.pointers {
-            return Ok(messages);
+            return Ok(());
         }
+        let mut pointing: Vec<&mut StoredMessage> = messages
+            .filter(|m| attachments::may_hold_pointers(m.json()))
+            .collect();
         let mut hashes: Vec<String> = Vec::new();
-        for hash in messages
+        for hash in pointing
             .iter()
             .flat_map(|m| attachments::pointers_in(m.json()))
         {
@@ -173,18 +185,16 @@ impl<S: Store> Session<S> {
             }
         }
         if hashes.is_empty() {
-            return Ok(messages);
+            return Ok(());
         }
         let payloads = self.store.attachments(&self.key.namespace, &hashes).await?;
         let encoded: Vec<attachments::Encoded> =
             payloads.iter().map(attachments::Encoded::new).collect();
-        for message in &mut messages {
-            if attachments::may_hold_pointers(message.json()) {
-                let json = attachments::resolve(message.json(), &encoded);
-                message.set_json(json);
-            }
+        for message in &mut pointing {
+            let json = attachments::resolve(message.json(), &encoded);
+            message.set_json(json);
         }
-        Ok(messages)
+        Ok(())
     }
 
     pub(crate) async fn resolved_one(
@@ -201,8 +211,9 @@ impl<S: Store> Session<S> {
         &self,
         message: StoredMessage,
     ) -> Result<StoredMessage, Error> {
-        let mut resolved = self.resolved(vec![message]).await?;
-        Ok(resolved.pop().expect("one message in, one out"))
+        let mut message = message;
+        self.resolve_in_place(std::iter::once(&mut message)).await?;
+        Ok(message)
     }
 
     pub fn key(&self) -> &SessionKey {
@@ -350,7 +361,7 @@ impl<S: Store> Session<S> {
             });
         }
         let mut outcomes = self.write(ops).await?.into_iter();
-        let results: Vec<AppendResult> = slots
+        let mut results: Vec<AppendResult> = slots
             .into_iter()
             .map(|slot| match slot {
                 Ok(()) => append_result(outcomes.next().expect("one outcome per op")),
@@ -364,13 +375,8 @@ impl<S: Store> Session<S> {
         if let Some(last) = results.iter().rev().find(|r| r.inserted) {
             self.after_insert(&last.message).await;
         }
-        let mut results = results;
-        let messages = self
-            .resolved(results.iter().map(|r| r.message.clone()).collect())
+        self.resolve_in_place(results.iter_mut().map(|r| &mut r.message))
             .await?;
-        for (result, message) in results.iter_mut().zip(messages) {
-            result.message = message;
-        }
         Ok(results)
     }
 
@@ -434,7 +440,9 @@ impl<S: Store> Session<S> {
         patch: MessagePatch,
         source: Source,
     ) -> Result<Option<StoredMessage>, Error> {
-        let Some(current) = self.message(id).await? else {
+        // Patched in pointer form: media stays where it is stored instead of being put back
+        // and taken out again.
+        let Some(current) = self.store.message(&self.key, id).await? else {
             return Ok(None);
         };
         let mut fields = current.to_message().into_value();
