@@ -61,11 +61,26 @@ struct Failure {
     retryable: bool,
 }
 
-fn http_client(config: &ModelConfig) -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(config.timeout)
-        .build()
-        .expect("an HTTP client without custom TLS settings always builds")
+/// A model endpoint: its configuration and an HTTP client with its per-attempt timeout.
+#[derive(Debug, Clone)]
+struct ModelClient {
+    config: ModelConfig,
+    client: reqwest::Client,
+}
+
+impl ModelClient {
+    fn new(config: ModelConfig) -> Self {
+        let client = reqwest::Client::builder()
+            .timeout(config.timeout)
+            .build()
+            .expect("an HTTP client without custom TLS settings always builds");
+        Self { config, client }
+    }
+
+    /// A JSON POST to `path` under the base URL.
+    fn post(&self, path: &str, body: &Value) -> reqwest::RequestBuilder {
+        self.client.post(self.config.endpoint(path)).json(body)
+    }
 }
 
 /// Sends `request`, retrying what may pass on a second try, and hands the JSON answer to
@@ -137,17 +152,11 @@ async fn attempt_once(
 
 /// Summaries from an OpenAI-compatible chat-completions endpoint.
 #[derive(Debug, Clone)]
-pub struct OpenAiSummarizer {
-    config: ModelConfig,
-    client: reqwest::Client,
-}
+pub struct OpenAiSummarizer(ModelClient);
 
 impl OpenAiSummarizer {
     pub fn new(config: ModelConfig) -> Self {
-        Self {
-            client: http_client(&config),
-            config,
-        }
+        Self(ModelClient::new(config))
     }
 }
 
@@ -165,36 +174,28 @@ impl Summarizer for OpenAiSummarizer {
         request: &'a SummaryRequest,
     ) -> BoxFuture<'a, Result<String, SummarizeError>> {
         Box::pin(async move {
+            let model = &self.0;
             let body = json!({
-                "model": self.config.model,
+                "model": model.config.model,
                 "messages": [{"role": "user", "content": request.prompt}],
                 "max_tokens": max_output_tokens(request),
             });
-            let mut builder = self
-                .client
-                .post(self.config.endpoint("chat/completions"))
-                .json(&body);
-            if let Some(key) = &self.config.api_key {
+            let mut builder = model.post("chat/completions", &body);
+            if let Some(key) = &model.config.api_key {
                 builder = builder.bearer_auth(key);
             }
-            ask(&self.config, builder, openai_text).await
+            ask(&model.config, builder, openai_text).await
         })
     }
 }
 
 /// Summaries from the Anthropic Messages API.
 #[derive(Debug, Clone)]
-pub struct AnthropicSummarizer {
-    config: ModelConfig,
-    client: reqwest::Client,
-}
+pub struct AnthropicSummarizer(ModelClient);
 
 impl AnthropicSummarizer {
     pub fn new(config: ModelConfig) -> Self {
-        Self {
-            client: http_client(&config),
-            config,
-        }
+        Self(ModelClient::new(config))
     }
 }
 
@@ -215,20 +216,19 @@ impl Summarizer for AnthropicSummarizer {
         request: &'a SummaryRequest,
     ) -> BoxFuture<'a, Result<String, SummarizeError>> {
         Box::pin(async move {
+            let model = &self.0;
             let body = json!({
-                "model": self.config.model,
+                "model": model.config.model,
                 "max_tokens": max_output_tokens(request),
                 "messages": [{"role": "user", "content": request.prompt}],
             });
-            let mut builder = self
-                .client
-                .post(self.config.endpoint("v1/messages"))
-                .header("anthropic-version", "2023-06-01")
-                .json(&body);
-            if let Some(key) = &self.config.api_key {
+            let mut builder = model
+                .post("v1/messages", &body)
+                .header("anthropic-version", "2023-06-01");
+            if let Some(key) = &model.config.api_key {
                 builder = builder.header("x-api-key", key);
             }
-            ask(&self.config, builder, anthropic_text).await
+            ask(&model.config, builder, anthropic_text).await
         })
     }
 }
