@@ -19,15 +19,7 @@ const MESSAGES: usize = 200;
 const IMAGE_BYTES: usize = 200_000;
 
 fn image(seed: u32) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(2_654_435_761).max(1);
-    (0..IMAGE_BYTES)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 17;
-            state ^= state << 5;
-            state as u8
-        })
-        .collect()
+    sessiondb_testkit::cases::attachments::bytes(IMAGE_BYTES, seed as u8)
 }
 
 fn message(i: usize, media_type: &str, encoded: &str) -> Message {

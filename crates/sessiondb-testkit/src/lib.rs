@@ -139,10 +139,22 @@ pub fn db_session<S: Store>(db: &Db<S>, id: &str) -> Session<S> {
 
 /// Appends `count` linear messages `m0, m1, …` of about `bytes` bytes each, in batches of 1,000.
 pub async fn fill<S: Store>(session: &Session<S>, count: usize, bytes: usize) {
+    fill_range(session, 0..count, bytes).await;
+}
+
+/// Appends linear messages `m{i}` for `i` in `range`, each `"{i:05} "` and `bytes` bytes of
+/// padding: rows of one size below 100,000 have one token estimate too.
+pub async fn fill_range<S: Store>(
+    session: &Session<S>,
+    range: std::ops::Range<usize>,
+    bytes: usize,
+) {
     let pad = "x".repeat(bytes);
-    for start in (0..count).step_by(1000) {
-        let batch = (start..(start + 1000).min(count))
-            .map(|i| Message::text("user", format!("{i} {pad}")).with_id(format!("m{i}")))
+    let ids: Vec<usize> = range.collect();
+    for chunk in ids.chunks(1000) {
+        let batch = chunk
+            .iter()
+            .map(|i| Message::text("user", format!("{i:05} {pad}")).with_id(format!("m{i}")))
             .collect();
         session
             .append_all(batch, AppendOptions::default())

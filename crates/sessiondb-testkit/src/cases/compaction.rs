@@ -445,34 +445,19 @@ pub async fn failed_auto_compaction_is_reported_not_raised<S: Store>(db: Db<S>) 
     assert_eq!(s.stats().await.unwrap().message_count, 11);
 }
 
-/// `count` rows `r…` of identical token estimates (7 each), appended in batches.
-async fn uniform_rows<S: Store>(session: &Session<S>, range: std::ops::Range<usize>) {
-    let ids: Vec<usize> = range.collect();
-    for chunk in ids.chunks(1_000) {
-        let batch = chunk
-            .iter()
-            .map(|i| Message::text("user", format!("row {i:05}")).with_id(format!("r{i:05}")))
-            .collect();
-        session
-            .append_all(batch, AppendOptions::default())
-            .await
-            .unwrap();
-    }
-}
-
 /// Reference check 24: the estimate is judged on the capped path (10,001 rows), so a
 /// threshold of 10,001 rows' worth is never exceeded however many rows follow.
 pub async fn auto_compaction_estimate_is_capped_with_the_path<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
-    uniform_rows(&s, 0..10_000).await;
-    let per_row = s.message("r00000").await.unwrap().unwrap().token_estimate;
+    fill_range(&s, 0..10_000, 1).await;
+    let per_row = s.message("m0").await.unwrap().unwrap().token_estimate;
     s.patch(settings(json!({"compactAfter": per_row * 10_001})))
         .await
         .unwrap();
-    uniform_rows(&s, 10_000..10_003).await;
+    fill_range(&s, 10_000..10_003, 1).await;
     for i in 10_003..10_006 {
         s.append(
-            Message::text("user", format!("row {i:05}")),
+            Message::text("user", format!("{i:05} x")),
             AppendOptions::default(),
         )
         .await
@@ -486,32 +471,21 @@ pub async fn auto_compaction_estimate_is_capped_with_the_path<S: Store>(db: Db<S
 /// but not towards the estimate, so 9,999 rows + the hidden row + 1 stay at 10,000 rows' worth.
 pub async fn hidden_rows_count_for_the_cap_not_the_estimate<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
-    uniform_rows(&s, 0..9_999).await;
+    fill_range(&s, 0..9_999, 1).await;
     // An overlay whose ends are nowhere: it never applies, but its echo is hidden.
     let c = s
         .add_compaction("elsewhere".into(), "nowhere-a".into(), "nowhere-b".into())
         .await
         .unwrap();
-    let echo = Message::text("user", "row 99999").with_id(format!("compaction_{}", c.id));
-    s.import(echo, imported(Some("r09998"), 1)).await.unwrap();
-    s.append(
-        text("r10000", "user", "row 10000"),
-        AppendOptions::default(),
-    )
-    .await
-    .unwrap();
-    let per_row = s.message("r00000").await.unwrap().unwrap().token_estimate;
+    let echo = Message::text("user", "99999 x").with_id(format!("compaction_{}", c.id));
+    s.import(echo, imported(Some("m9998"), 1)).await.unwrap();
+    fill_range(&s, 10_000..10_001, 1).await;
+    let per_row = s.message("m0").await.unwrap().unwrap().token_estimate;
     s.patch(settings(json!({"compactAfter": per_row * 10_000})))
         .await
         .unwrap();
-    for id in ["r10001", "r10002"] {
-        s.append(
-            text(id, "user", &format!("row {}", &id[1..])),
-            AppendOptions::default(),
-        )
-        .await
-        .unwrap();
-    }
+    fill_range(&s, 10_001..10_002, 1).await;
+    fill_range(&s, 10_002..10_003, 1).await;
     assert_eq!(s.compactions().await.unwrap().len(), 1, "no compaction ran");
     assert_eq!(s.row_stats(None).await.unwrap().len(), 10_000);
 }
