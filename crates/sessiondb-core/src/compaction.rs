@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::message::JsonMap;
 use crate::registry::Compaction;
 use crate::tokens::TokenCounter;
-use crate::{COMPACTION_PREFIX, overlay};
+use crate::{COMPACTION_PREFIX, overlay, search};
 
 /// Where the compacted span may start and how much recent history stays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -223,23 +223,19 @@ pub fn extended_from(
         .map_or_else(|| planned_from.to_owned(), |c| c.from_message_id.clone())
 }
 
-/// The text of a message: its text parts, or its string content, joined by newlines.
+/// The text of a message (its search text), one piece per line. A tool message's string
+/// content is its output, which the transcript shows in the tool's block instead.
 pub fn text_of(message: &Value) -> String {
-    let mut texts: Vec<&str> = parts(message)
-        .iter()
-        .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
-        .filter_map(|p| p.get("text").and_then(Value::as_str))
-        .collect();
-    match message.get("content") {
-        Some(Value::String(text)) if role_of(message) != "tool" => texts.push(text),
-        Some(Value::Array(items)) => texts.extend(
-            items
-                .iter()
-                .filter_map(|i| i.as_str().or_else(|| i.get("text").and_then(Value::as_str))),
-        ),
-        _ => {}
+    let Some(map) = object(message) else {
+        return String::new();
+    };
+    let mut pieces = search::text_pieces(map);
+    if role_of(message) == "tool"
+        && let Some(Value::String(output)) = map.get("content")
+    {
+        pieces.retain(|piece| !std::ptr::eq(*piece, output.as_str()));
     }
-    texts.join("\n")
+    pieces.join("\n")
 }
 
 const TOOL_FIELD_CHARS: usize = 500;

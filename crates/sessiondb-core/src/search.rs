@@ -11,6 +11,12 @@ use crate::message::JsonMap;
 /// The indexed text: `text` parts (non-empty) and string `content` (or its text items), joined by
 /// single spaces. Reasoning, tool payloads and files are not indexed.
 pub fn search_text(message: &JsonMap) -> String {
+    text_pieces(message).join(" ")
+}
+
+/// The non-empty texts of a message, in order: its `text` parts, then its string `content` or
+/// the strings and `text` items of its `content` array.
+pub fn text_pieces(message: &JsonMap) -> Vec<&str> {
     let mut pieces: Vec<&str> = Vec::new();
     if let Some(Value::Array(parts)) = message.get("parts") {
         for part in parts {
@@ -40,7 +46,7 @@ pub fn search_text(message: &JsonMap) -> String {
         }
         _ => {}
     }
-    pieces.join(" ")
+    pieces
 }
 
 /// Longest word kept from a query, in characters; longer runs are cut (a word of that length
