@@ -81,9 +81,17 @@ pub(crate) struct SessionCaches {
     /// Per session: how many tokens overlays take off the raw path total for the path ending
     /// at `leaf`. Valid for appends under that leaf; anything else recomputes it.
     memos: Mutex<HashMap<SessionKey, Memo>>,
-    /// Per session: the counter its `tokenizer` setting names (`None`: the default).
-    counters: Mutex<HashMap<SessionKey, Option<Arc<dyn TokenCounter>>>>,
+    /// Per session: what its settings decide for writes.
+    settings: Mutex<HashMap<SessionKey, WriteSettings>>,
     failures: AtomicU64,
+}
+
+/// What a session's settings decide for its writes.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct WriteSettings {
+    /// The counter its `tokenizer` setting names (`None`: the store's default).
+    counter: Option<Arc<dyn TokenCounter>>,
+    compact_after: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -103,7 +111,7 @@ impl SessionCaches {
     /// Forgets what was derived from a session's settings or path.
     pub(crate) fn forget(&self, key: &SessionKey) {
         self.memos.lock().unwrap().remove(key);
-        self.counters.lock().unwrap().remove(key);
+        self.settings.lock().unwrap().remove(key);
     }
 
     fn memo(&self, key: &SessionKey) -> Option<Memo> {
@@ -124,37 +132,35 @@ fn setting(info: &SessionInfo, key: &str) -> Option<u64> {
 }
 
 impl<S: Store> Session<S> {
-    /// The token counter for this session's writes: its `tokenizer` setting's, else the
-    /// store's default. A setting this build cannot honour falls back to the default.
-    pub(crate) async fn counter(&self) -> Result<Arc<dyn TokenCounter>, Error> {
-        let cached = self
-            .caches
-            .counters
-            .lock()
-            .unwrap()
-            .get(self.key())
-            .cloned();
-        let chosen = match cached {
-            Some(chosen) => chosen,
-            None => {
-                let settings = self
-                    .store
-                    .session(self.key())
-                    .await?
-                    .map(|info| info.record.settings)
-                    .unwrap_or_default();
-                let chosen = tokenizers::chosen(&settings).unwrap_or_else(|e| {
+    /// What this session's settings decide for writes, read once per process (and again after
+    /// this process changes them). A `tokenizer` this build cannot honour falls back to the
+    /// default counter.
+    async fn write_settings(&self) -> Result<WriteSettings, Error> {
+        if let Some(cached) = self.caches.settings.lock().unwrap().get(self.key()) {
+            return Ok(cached.clone());
+        }
+        let settings = match self.store.session(self.key()).await? {
+            Some(info) => WriteSettings {
+                counter: tokenizers::chosen(&info.record.settings).unwrap_or_else(|e| {
                     tracing::warn!(session = %self.id(), error = %e, "using the default token counter");
                     None
-                });
-                let mut counters = self.caches.counters.lock().unwrap();
-                if counters.len() >= MAX_MEMOS {
-                    counters.clear();
-                }
-                counters.insert(self.key().clone(), chosen.clone());
-                chosen
-            }
+                }),
+                compact_after: setting(&info, "compactAfter"),
+            },
+            None => WriteSettings::default(),
         };
+        let mut cache = self.caches.settings.lock().unwrap();
+        if cache.len() >= MAX_MEMOS {
+            cache.clear();
+        }
+        cache.insert(self.key().clone(), settings.clone());
+        Ok(settings)
+    }
+
+    /// The token counter for this session's writes: its `tokenizer` setting's, else the
+    /// store's default.
+    pub(crate) async fn counter(&self) -> Result<Arc<dyn TokenCounter>, Error> {
+        let chosen = self.write_settings().await?.counter;
         Ok(chosen.unwrap_or_else(|| self.options.token_counter.clone()))
     }
 
@@ -230,9 +236,9 @@ impl<S: Store> Session<S> {
     }
 
     /// Runs after an append stored `appended`: compacts when the session's `compactAfter`
-    /// setting is exceeded. One O(1) session read per append; the overlaid total costs a path
-    /// walk only when the path is not the one last measured (a branch, another process's
-    /// write, a new compaction). A failure never fails the append: it is logged, counted and
+    /// setting is exceeded. Sessions without the setting cost nothing (settings are cached);
+    /// with it, one O(1) session read, and the overlaid total costs a path walk only when the
+    /// path is not the one last measured (a branch, another process's write, a compaction). A failure never fails the append: it is logged, counted and
     /// published as an `error` event.
     pub(crate) async fn after_insert(&self, appended: &StoredMessage) {
         if let Err(error) = self.auto_compact(appended).await {
@@ -252,15 +258,15 @@ impl<S: Store> Session<S> {
     }
 
     async fn auto_compact(&self, appended: &StoredMessage) -> Result<(), Error> {
-        let Some(info) = self.store.session(self.key()).await? else {
-            return Ok(());
-        };
-        let Some(threshold) = setting(&info, "compactAfter") else {
+        let Some(threshold) = self.write_settings().await?.compact_after else {
             return Ok(());
         };
         if self.options.summarizer.is_none() {
             return Ok(());
         }
+        let Some(info) = self.store.session(self.key()).await? else {
+            return Ok(());
+        };
         let raw = info.stats.token_estimate;
         let estimate = if !info.stats.has_compactions {
             raw
