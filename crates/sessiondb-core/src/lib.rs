@@ -14,6 +14,8 @@
 //! - [`overlay`]: which rows a read shows once compaction overlays apply.
 //! - [`compaction`]: compaction planning (span, tool-call alignment), the summary prompt and the
 //!   extractive summary.
+//! - [`context`]: context blocks, the system prompt's exact text, the generated AI tools and
+//!   their results, loaded-skill tracking.
 //! - [`convert`]: stored messages to OpenAI Chat Completions, OpenAI Responses and Anthropic
 //!   Messages formats.
 //! - [`feed`]: change events and the bounded, lag-reporting fan-out to subscribers.
@@ -25,6 +27,7 @@
 pub mod attachments;
 pub mod chunk;
 pub mod compaction;
+pub mod context;
 pub mod convert;
 pub mod feed;
 pub mod message;
@@ -47,8 +50,9 @@ pub use registry::{
     Usage,
 };
 pub use store::{
-    Parent, PathPlan, PathRows, PathSuffix, PlanRow, RowStat, SearchHit, SessionKey, SessionStats,
-    Store, StoreError, UpdateOutcome, WriteOp, WriteOutcome, WriteRequest,
+    ContextEntry, FrozenPrompt, Parent, PathPlan, PathRows, PathSuffix, PlanRow, RowStat,
+    ScopedBlock, SearchHit, SessionKey, SessionStats, Store, StoreError, UpdateOutcome, WriteOp,
+    WriteOutcome, WriteRequest,
 };
 
 /// Maximum depth walked from a leaf towards the root; a path holds at most `MAX_PATH_DEPTH + 1`

@@ -7,6 +7,7 @@
 
 use std::future::Future;
 
+use crate::context::{BlockDef, ContextError, WriteMode};
 use crate::feed::{FeedFilter, Subscription};
 use crate::message::{PreparedMessage, StoredMessage, ValidationError, validate_id};
 use crate::registry::{Compaction, SessionInfo, SessionPatch, SessionQuery, SessionRecord};
@@ -35,6 +36,20 @@ impl SessionKey {
         }
         validate_id("sessionId", &key.session_id)?;
         Ok(key)
+    }
+
+    /// The namespace's template scope: context blocks (and their entries) defined here apply to
+    /// every session of the namespace. Its session id is empty, which no session can have; only
+    /// context operations take it.
+    pub fn templates(namespace: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            session_id: String::new(),
+        }
+    }
+
+    pub fn is_templates(&self) -> bool {
+        self.session_id.is_empty()
     }
 }
 
@@ -111,6 +126,52 @@ pub enum WriteOp {
     DeleteState {
         name: String,
     },
+    /// Defines a context block in the request's scope (the session, or the namespace's templates
+    /// for [`SessionKey::templates`]), replacing a block of that label there. A new label goes
+    /// after the scope's other blocks; a replaced one keeps its place.
+    PutBlock { block: BlockDef },
+    /// Writes a text block's content with [`crate::context::written_content`], reading the
+    /// current content in the same transaction. A session writing a block only its namespace
+    /// template defines gets its own copy of that template. Fails with [`StoreError::Context`]
+    /// (unknown label, readonly or keyed block, over `maxTokens`) and then writes nothing.
+    WriteBlock {
+        label: String,
+        text: String,
+        mode: WriteMode,
+    },
+    /// Removes the scope's block of this label with its entries (a template of the same label
+    /// then shows again).
+    DeleteBlock { label: String },
+    /// Stores an entry of a skill or search block visible in the scope (its own or its
+    /// template's), replacing the scope's entry of that key. Fails with [`StoreError::Context`]
+    /// when the block is missing or holds no entries.
+    PutEntry { label: String, entry: ContextEntry },
+    /// Stores the session's frozen system prompt: always when `replace`, otherwise only when none
+    /// is stored (the stored one wins, so concurrent first freezes agree).
+    FreezePrompt { prompt: String, replace: bool },
+}
+
+/// A keyed entry of a skill or search block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContextEntry {
+    pub key: String,
+    pub content: String,
+    pub description: Option<String>,
+}
+
+/// A context block as a backend returns it: from the namespace's templates or the session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopedBlock {
+    pub template: bool,
+    pub block: BlockDef,
+}
+
+/// A session's frozen system prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrozenPrompt {
+    /// May be empty: an empty prompt is a value, distinct from none.
+    pub prompt: String,
+    pub frozen_at: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -153,6 +214,11 @@ pub enum WriteOutcome {
     Existed(bool),
     CompactionAdded,
     StatePut,
+    /// The block as the write left it (in the request's scope).
+    BlockWritten(BlockDef),
+    EntryPut,
+    /// The prompt stored after the write (another one when a stored prompt won).
+    Prompt(FrozenPrompt),
 }
 
 /// Per-row numbers of a path, read without loading content.
@@ -244,6 +310,9 @@ pub enum StoreError {
     SchemaTooNew { found: i64, supported: i64 },
     #[error("the session would exceed its limit of {limit} messages")]
     QuotaExceeded { limit: u64 },
+    /// A context block refused a write.
+    #[error(transparent)]
+    Context(#[from] ContextError),
     #[error("the store is closed")]
     Closed,
     #[error("stored data is corrupt: {0}")]
@@ -412,6 +481,45 @@ pub trait Store: Send + Sync + 'static {
         namespace: &str,
         hashes: &[String],
     ) -> impl Future<Output = Result<Vec<crate::attachments::Payload>, StoreError>> + Send;
+
+    /// Context blocks of the namespace's templates (creation order), then the session's own
+    /// (creation order); only the templates for [`SessionKey::templates`].
+    fn context_blocks(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Vec<ScopedBlock>, StoreError>> + Send;
+
+    /// Keys and descriptions of a block's entries, by key, the session's entry shadowing its
+    /// template's of the same key.
+    fn context_entry_keys(
+        &self,
+        key: &SessionKey,
+        label: &str,
+    ) -> impl Future<Output = Result<Vec<(String, Option<String>)>, StoreError>> + Send;
+
+    /// One entry, the session's own before its template's.
+    fn context_entry(
+        &self,
+        key: &SessionKey,
+        label: &str,
+        entry_key: &str,
+    ) -> impl Future<Output = Result<Option<ContextEntry>, StoreError>> + Send;
+
+    /// A block's entries matching every word, best first, as `(key, content)`; shadowed template
+    /// entries never appear.
+    fn search_context(
+        &self,
+        key: &SessionKey,
+        label: &str,
+        words: &[String],
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send;
+
+    /// The session's frozen system prompt, if one is stored.
+    fn prompt(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Option<FrozenPrompt>, StoreError>> + Send;
 
     fn subscribe(&self, filter: FeedFilter) -> Subscription;
 

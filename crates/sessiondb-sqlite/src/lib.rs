@@ -31,6 +31,7 @@
 #![forbid(unsafe_code)]
 
 mod attachments;
+mod context;
 mod durability;
 mod queries;
 mod registry;
@@ -50,8 +51,8 @@ use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
 use sessiondb_core::attachments::Payload;
 use sessiondb_core::message::JsonMap;
 use sessiondb_core::{
-    Change, ChangeFeed, Compaction, FeedFilter, PathPlan, PathRows, PathSuffix, SearchHit,
-    SessionInfo, SessionKey, SessionQuery, SessionStats, Store, StoreError, StoredMessage,
+    Change, ChangeFeed, Compaction, ContextEntry, FeedFilter, FrozenPrompt, PathPlan, PathRows,
+    PathSuffix, ScopedBlock, SearchHit, SessionInfo, SessionKey, SessionQuery, SessionStats, Store, StoreError, StoredMessage,
     Subscription, WriteOutcome, WriteRequest, search,
 };
 
@@ -773,6 +774,52 @@ impl Store for SqliteStore {
     ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send {
         let (key, name) = (key.clone(), name.to_owned());
         self.read(move |c| registry::state(c, &key, &name))
+    }
+
+    fn context_blocks(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Vec<ScopedBlock>, StoreError>> + Send {
+        let key = key.clone();
+        self.read(move |c| context::blocks(c, &key))
+    }
+
+    fn context_entry_keys(
+        &self,
+        key: &SessionKey,
+        label: &str,
+    ) -> impl Future<Output = Result<Vec<(String, Option<String>)>, StoreError>> + Send {
+        let (key, label) = (key.clone(), label.to_owned());
+        self.read(move |c| context::entry_keys(c, &key, &label))
+    }
+
+    fn context_entry(
+        &self,
+        key: &SessionKey,
+        label: &str,
+        entry_key: &str,
+    ) -> impl Future<Output = Result<Option<ContextEntry>, StoreError>> + Send {
+        let (key, label, entry_key) = (key.clone(), label.to_owned(), entry_key.to_owned());
+        self.read(move |c| context::entry(c, &key, &label, &entry_key))
+    }
+
+    fn search_context(
+        &self,
+        key: &SessionKey,
+        label: &str,
+        words: &[String],
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send {
+        let (key, label, words) = (key.clone(), label.to_owned(), words.to_vec());
+        self.read(move |c| context::search(c, &key, &label, &words, limit))
+    }
+
+    fn prompt(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Option<FrozenPrompt>, StoreError>> + Send {
+        let key = key.clone();
+        self.read(move |c| context::prompt(c, &key))
     }
 
     fn state_entries(

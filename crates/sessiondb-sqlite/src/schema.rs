@@ -12,6 +12,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0002_registry.sql"),
     include_str!("../migrations/0003_user_listings.sql"),
     include_str!("../migrations/0004_attachments.sql"),
+    include_str!("../migrations/0005_context.sql"),
 ];
 
 /// The schema version this build creates and reads.

@@ -13,7 +13,7 @@ use sessiondb_core::{
 };
 
 use crate::queries::{self, PathTotals};
-use crate::{attachments, backend_error, registry};
+use crate::{attachments, backend_error, context, registry};
 
 type Result<T> = std::result::Result<T, StoreError>;
 
@@ -288,6 +288,27 @@ pub(crate) fn apply(
             WriteOp::DeleteState { name } => {
                 WriteOutcome::Existed(registry::delete_state(conn, tx.key, name)?)
             }
+            WriteOp::PutBlock { block } => {
+                context::put_block(conn, tx.key, block)?;
+                tx.touch_scope();
+                WriteOutcome::BlockWritten(block.clone())
+            }
+            WriteOp::WriteBlock { label, text, mode } => {
+                let block = context::write_block(conn, tx.key, label, text, *mode)?;
+                tx.touch_scope();
+                WriteOutcome::BlockWritten(block)
+            }
+            WriteOp::DeleteBlock { label } => {
+                WriteOutcome::Existed(context::delete_block(conn, tx.key, label)?)
+            }
+            WriteOp::PutEntry { label, entry } => {
+                context::put_entry(conn, tx.key, label, entry)?;
+                tx.touch_scope();
+                WriteOutcome::EntryPut
+            }
+            WriteOp::FreezePrompt { prompt, replace } => WriteOutcome::Prompt(
+                context::freeze_prompt(conn, tx.key, prompt, tx.now, *replace)?,
+            ),
         });
     }
     tx.session.save(conn, tx.key)?;
@@ -312,6 +333,14 @@ struct RequestTx<'a> {
 }
 
 impl RequestTx<'_> {
+    /// A context write registers (and touches) its session, as a state write does; the
+    /// namespace's template scope has no session row.
+    fn touch_scope(&mut self) {
+        if !self.key.is_templates() {
+            self.session.touch(self.now);
+        }
+    }
+
     fn create_session(&mut self, record: &SessionRecord) -> WriteOutcome {
         if self.session.exists() {
             return WriteOutcome::SessionCreated { created: false };
@@ -344,6 +373,7 @@ impl RequestTx<'_> {
     fn delete_session(&mut self) -> Result<WriteOutcome> {
         let existed = self.session.exists();
         attachments::drop_session_refs(self.conn, self.key)?;
+        context::delete_session(self.conn, self.key)?;
         registry::delete_session_rows(self.conn, self.key, self.ctx.search_index)?;
         self.session = SessionRow::absent(self.now);
         if existed {

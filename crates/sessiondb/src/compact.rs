@@ -2,7 +2,7 @@
 //! an overlay, and auto-compaction runs `compact` after an append takes a session over its
 //! `compactAfter` threshold.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -83,6 +83,8 @@ pub(crate) struct SessionCaches {
     memos: Mutex<HashMap<SessionKey, Memo>>,
     /// Per session: what its settings decide for writes.
     settings: Mutex<HashMap<SessionKey, WriteSettings>>,
+    /// Per session: the skills loaded, as `label:key` (rebuilt from history when absent).
+    skills: Mutex<HashMap<SessionKey, BTreeSet<String>>>,
     failures: AtomicU64,
 }
 
@@ -112,6 +114,15 @@ impl SessionCaches {
     pub(crate) fn forget(&self, key: &SessionKey) {
         self.memos.lock().unwrap().remove(key);
         self.settings.lock().unwrap().remove(key);
+        self.skills.lock().unwrap().remove(key);
+    }
+
+    pub(crate) fn skills(&self, key: &SessionKey) -> Option<BTreeSet<String>> {
+        self.skills.lock().unwrap().get(key).cloned()
+    }
+
+    pub(crate) fn set_skills(&self, key: &SessionKey, loaded: BTreeSet<String>) {
+        bounded_insert(&mut self.skills.lock().unwrap(), key, loaded);
     }
 
     fn memo(&self, key: &SessionKey) -> Option<Memo> {
@@ -119,12 +130,16 @@ impl SessionCaches {
     }
 
     fn remember(&self, key: &SessionKey, memo: Memo) {
-        let mut memos = self.memos.lock().unwrap();
-        if memos.len() >= MAX_MEMOS && !memos.contains_key(key) {
-            memos.clear();
-        }
-        memos.insert(key.clone(), memo);
+        bounded_insert(&mut self.memos.lock().unwrap(), key, memo);
     }
+}
+
+/// Inserts into a per-session map that starts over when full (each entry is cheap to rebuild).
+fn bounded_insert<T>(map: &mut HashMap<SessionKey, T>, key: &SessionKey, value: T) {
+    if map.len() >= MAX_MEMOS && !map.contains_key(key) {
+        map.clear();
+    }
+    map.insert(key.clone(), value);
 }
 
 fn setting(info: &SessionInfo, key: &str) -> Option<u64> {

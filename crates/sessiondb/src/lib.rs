@@ -34,6 +34,9 @@
 //! # Layout
 //! - [`Db`] opens a store and hands out [`Session`] handles; [`Session`] holds every per-session
 //!   operation (writes prepare messages with the core, then call the backend once).
+//! - [`Session::context`] gives a session's [`Context`]: blocks (with namespace templates from
+//!   [`Db::context_templates`] and application [`Provider`]s), the frozen system prompt, and
+//!   the AI tools with their executor.
 //! - [`Conversations`] is the flat conversation API over sessions (pages, metadata, per-user
 //!   listings, [`State`], limits, the summary convention); [`convert`] turns stored messages into
 //!   OpenAI and Anthropic request formats.
@@ -42,6 +45,7 @@
 #![forbid(unsafe_code)]
 
 mod compact;
+mod context;
 mod conversations;
 mod manager;
 mod page;
@@ -64,6 +68,14 @@ pub use sessiondb_core::{
 pub use sessiondb_sqlite::{BATCH_BUCKETS, SqliteConfig, SqliteStore, Synchronous, WriteStats};
 
 pub use compact::{ExtractiveSummarizer, SummarizeError, Summarizer, SummaryRequest};
+pub use context::{
+    BlockSpec, Context, CustomBlock, Provider, ProviderResult, ReadonlyProvider, SearchProvider,
+    SkillProvider, WritableProvider,
+};
+pub use sessiondb_core::context::{
+    BlockKind, BlockView, ContextError, SECTION_RULE, ToolDefinition,
+};
+pub use sessiondb_core::{ContextEntry, FrozenPrompt};
 pub use conversations::{
     CONVERSATION_ROLES, Conversation, ConversationLimits, Conversations, NewMessage, PromptContext,
     SUMMARY_PREFIX, State,
@@ -102,6 +114,10 @@ pub enum Error {
     /// Compaction was asked for, but no summarizer is configured ([`Options::summarizer`]).
     #[error("no summarizer is configured, so nothing can be compacted")]
     NoSummarizer,
+    /// A context block refused a write (unknown, readonly, keyed, over `maxTokens`); nothing
+    /// was written.
+    #[error(transparent)]
+    Context(#[from] ContextError),
     /// The summarizer failed; nothing was written.
     #[error("compaction failed: {0}")]
     Summarize(SummarizeError),
@@ -111,6 +127,7 @@ impl From<StoreError> for Error {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::QuotaExceeded { limit } => Error::QuotaExceeded { limit },
+            StoreError::Context(e) => Error::Context(e),
             other => Error::Store(other),
         }
     }

@@ -284,6 +284,11 @@ impl<S: Store> Session<S> {
                     | WriteOp::Upsert { .. }
                     | WriteOp::PutState { .. }
                     | WriteOp::DeleteState { .. }
+                    | WriteOp::PutBlock { .. }
+                    | WriteOp::WriteBlock { .. }
+                    | WriteOp::DeleteBlock { .. }
+                    | WriteOp::PutEntry { .. }
+                    | WriteOp::FreezePrompt { .. }
             )
         });
         let request = WriteRequest {
