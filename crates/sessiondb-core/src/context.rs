@@ -150,7 +150,11 @@ pub enum ContextError {
     #[error("Block \"{0}\" is not a skill or search block")]
     NotKeyed(String),
     #[error("Block \"{label}\" exceeds maxTokens: {tokens} > {max}")]
-    TooLarge { label: String, tokens: u64, max: u64 },
+    TooLarge {
+        label: String,
+        tokens: u64,
+        max: u64,
+    },
     #[error("Block \"{0}\" does not support writes")]
     NoWrites(String),
     /// A custom provider failed; its message.
@@ -178,7 +182,11 @@ pub fn appended(old: &str, new: &str) -> String {
 }
 
 /// Refuses content whose estimate exceeds `max_tokens`; returns the estimate otherwise.
-pub fn check_fits(label: &str, max_tokens: Option<u64>, content: &str) -> Result<u64, ContextError> {
+pub fn check_fits(
+    label: &str,
+    max_tokens: Option<u64>,
+    content: &str,
+) -> Result<u64, ContextError> {
     let tokens = estimate_string_tokens(content);
     match max_tokens {
         Some(max) if tokens > max => Err(ContextError::TooLarge {
@@ -216,10 +224,12 @@ pub fn written_content(
 pub fn skill_listing<'a>(entries: impl IntoIterator<Item = (&'a str, Option<&'a str>)>) -> String {
     entries
         .into_iter()
-        .map(|(key, description)| match description.filter(|d| !d.is_empty()) {
-            Some(description) => format!("- {key}: {description}"),
-            None => format!("- {key}"),
-        })
+        .map(
+            |(key, description)| match description.filter(|d| !d.is_empty()) {
+                Some(description) => format!("- {key}: {description}"),
+                None => format!("- {key}"),
+            },
+        )
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -275,7 +285,13 @@ pub fn render_prompt(blocks: &[BlockView]) -> String {
     blocks
         .iter()
         .filter(|b| renders(b))
-        .map(|b| format!("{SECTION_RULE}\n{}\n{SECTION_RULE}\n{}", header(b), b.content))
+        .map(|b| {
+            format!(
+                "{SECTION_RULE}\n{}\n{SECTION_RULE}\n{}",
+                header(b),
+                b.content
+            )
+        })
         .collect::<Vec<_>>()
         .join("\n\n")
 }
@@ -344,7 +360,11 @@ pub fn entry_key(title: Option<&str>, content: &str) -> String {
         }
         None => {
             let slug = slug(content);
-            let slug = if slug.is_empty() { "entry".into() } else { slug };
+            let slug = if slug.is_empty() {
+                "entry".into()
+            } else {
+                slug
+            };
             format!("{slug}-{}", stable_hash(content))
         }
     }
@@ -918,15 +938,20 @@ mod tests {
             max_tokens: None,
             content: content.into(),
         };
-        let scoped = |template, label, content| ScopedBlock { template, block: def(label, content) };
+        let scoped = |template, label, content| ScopedBlock {
+            template,
+            block: def(label, content),
+        };
         let merged = merge_layers(vec![
             scoped(true, "soul", "t"),
             scoped(true, "memory", "t"),
             scoped(false, "notes", "s"),
             scoped(false, "memory", "s"),
         ]);
-        let seen: Vec<(&str, &str)> =
-            merged.iter().map(|b| (b.label.as_str(), b.content.as_str())).collect();
+        let seen: Vec<(&str, &str)> = merged
+            .iter()
+            .map(|b| (b.label.as_str(), b.content.as_str()))
+            .collect();
         assert_eq!(seen, [("soul", "t"), ("memory", "s"), ("notes", "s")]);
     }
 
@@ -948,9 +973,11 @@ mod tests {
         tracker.observe(&part(LOAD_CONTEXT, "b", "[skill unloaded: b]"));
         tracker.observe(&part(LOAD_CONTEXT, "c", "C"));
         tracker.observe(&part(UNLOAD_CONTEXT, "c", "Unloaded"));
-        tracker.observe(&json!({"role": "assistant", "content": null, "tool_calls": [
+        tracker.observe(
+            &json!({"role": "assistant", "content": null, "tool_calls": [
             {"id": "t1", "type": "function", "function": {"name": "load_context",
-             "arguments": "{\"label\":\"skills\",\"key\":\"d\"}"}}]}));
+             "arguments": "{\"label\":\"skills\",\"key\":\"d\"}"}}]}),
+        );
         tracker.observe(&json!({"role": "tool", "tool_call_id": "t1", "content": "D"}));
         let loaded: Vec<String> = tracker.into_loaded().into_iter().collect();
         assert_eq!(loaded, ["skills:a", "skills:d"]);
@@ -971,8 +998,17 @@ mod tests {
 
     #[test]
     fn tool_arguments_are_checked() {
-        let call = ToolCall::parse(SET_CONTEXT, &json!({"label": "m", "content": "x", "action": "append"}));
-        assert!(matches!(call, Ok(ToolCall::SetContext { mode: WriteMode::Append, .. })));
+        let call = ToolCall::parse(
+            SET_CONTEXT,
+            &json!({"label": "m", "content": "x", "action": "append"}),
+        );
+        assert!(matches!(
+            call,
+            Ok(ToolCall::SetContext {
+                mode: WriteMode::Append,
+                ..
+            })
+        ));
         let text = Value::String("{\"query\": \"q\"}".into());
         assert_eq!(
             ToolCall::parse(SESSION_SEARCH, &text),

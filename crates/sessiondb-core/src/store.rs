@@ -129,7 +129,9 @@ pub enum WriteOp {
     /// Defines a context block in the request's scope (the session, or the namespace's templates
     /// for [`SessionKey::templates`]), replacing a block of that label there. A new label goes
     /// after the scope's other blocks; a replaced one keeps its place.
-    PutBlock { block: BlockDef },
+    PutBlock {
+        block: BlockDef,
+    },
     /// Writes a text block's content with [`crate::context::written_content`], reading the
     /// current content in the same transaction. A session writing a block only its namespace
     /// template defines gets its own copy of that template. Fails with [`StoreError::Context`]
@@ -141,14 +143,22 @@ pub enum WriteOp {
     },
     /// Removes the scope's block of this label with its entries (a template of the same label
     /// then shows again).
-    DeleteBlock { label: String },
+    DeleteBlock {
+        label: String,
+    },
     /// Stores an entry of a skill or search block visible in the scope (its own or its
     /// template's), replacing the scope's entry of that key. Fails with [`StoreError::Context`]
     /// when the block is missing or holds no entries.
-    PutEntry { label: String, entry: ContextEntry },
+    PutEntry {
+        label: String,
+        entry: ContextEntry,
+    },
     /// Stores the session's frozen system prompt: always when `replace`, otherwise only when none
     /// is stored (the stored one wins, so concurrent first freezes agree).
-    FreezePrompt { prompt: String, replace: bool },
+    FreezePrompt {
+        prompt: String,
+        replace: bool,
+    },
 }
 
 /// A keyed entry of a skill or search block.

@@ -45,7 +45,14 @@ fn golden_blocks() -> Vec<BlockView> {
             "- code-review: How to review a pull request\n- pirate-style",
             true,
         ),
-        block("docs", BlockKind::Search, None, Some(8), "3 entries indexed.", false),
+        block(
+            "docs",
+            BlockKind::Search,
+            None,
+            Some(8),
+            "3 entries indexed.",
+            false,
+        ),
         block("notes", BlockKind::Writable, None, Some(100), "", true),
     ]
 }
@@ -59,7 +66,10 @@ fn prompt_matches_the_reference_format_byte_for_byte() {
 }
 
 fn validator(schema: &Value) -> jsonschema::Validator {
-    assert!(jsonschema::meta::is_valid(schema), "not a valid schema: {schema}");
+    assert!(
+        jsonschema::meta::is_valid(schema),
+        "not a valid schema: {schema}"
+    );
     jsonschema::validator_for(schema).unwrap()
 }
 
@@ -70,22 +80,68 @@ fn tool_schemas_validate_sample_arguments() {
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(
         names,
-        ["set_context", "load_context", "unload_context", "search_context", "session_search"]
+        [
+            "set_context",
+            "load_context",
+            "unload_context",
+            "search_context",
+            "session_search"
+        ]
     );
     let samples: [(&str, Value, bool); 14] = [
-        ("set_context", json!({"label": "memory", "content": "x"}), true),
-        ("set_context", json!({"label": "skills", "content": "x", "action": "append",
-                               "metadata": {"title": "T", "description": "D"}}), true),
-        ("set_context", json!({"label": "soul", "content": "x"}), false),
-        ("set_context", json!({"label": "docs", "content": "x"}), false),
-        ("set_context", json!({"label": "memory", "content": "x", "action": "merge"}), false),
+        (
+            "set_context",
+            json!({"label": "memory", "content": "x"}),
+            true,
+        ),
+        (
+            "set_context",
+            json!({"label": "skills", "content": "x", "action": "append",
+                               "metadata": {"title": "T", "description": "D"}}),
+            true,
+        ),
+        (
+            "set_context",
+            json!({"label": "soul", "content": "x"}),
+            false,
+        ),
+        (
+            "set_context",
+            json!({"label": "docs", "content": "x"}),
+            false,
+        ),
+        (
+            "set_context",
+            json!({"label": "memory", "content": "x", "action": "merge"}),
+            false,
+        ),
         ("set_context", json!({"label": "memory"}), false),
-        ("set_context", json!({"label": "memory", "content": "x", "metadata": {"title": 3}}), false),
-        ("load_context", json!({"label": "skills", "key": "code-review"}), true),
+        (
+            "set_context",
+            json!({"label": "memory", "content": "x", "metadata": {"title": 3}}),
+            false,
+        ),
+        (
+            "load_context",
+            json!({"label": "skills", "key": "code-review"}),
+            true,
+        ),
         ("load_context", json!({"label": "docs", "key": "k"}), false),
-        ("unload_context", json!({"label": "skills", "key": "code-review"}), true),
-        ("search_context", json!({"label": "docs", "query": "tides"}), true),
-        ("search_context", json!({"label": "memory", "query": "tides"}), false),
+        (
+            "unload_context",
+            json!({"label": "skills", "key": "code-review"}),
+            true,
+        ),
+        (
+            "search_context",
+            json!({"label": "docs", "query": "tides"}),
+            true,
+        ),
+        (
+            "search_context",
+            json!({"label": "memory", "query": "tides"}),
+            false,
+        ),
         ("session_search", json!({"query": "tides"}), true),
         ("session_search", json!({}), false),
     ];
@@ -98,21 +154,38 @@ fn tool_schemas_validate_sample_arguments() {
         assert_eq!(tool.anthropic()["input_schema"], tool.parameters);
     }
     let unload = tools.iter().find(|t| t.name == "unload_context").unwrap();
-    assert!(unload.description.ends_with(" Currently loaded: skills:code-review."));
+    assert!(
+        unload
+            .description
+            .ends_with(" Currently loaded: skills:code-review.")
+    );
     let set = &tools[0];
-    assert!(set.description.contains("- \"skills\" (skill collection, keyed entries): Playbooks"));
-    assert!(set.description.contains("- \"memory\" (writable): Learned facts"));
-    assert!(set.description.contains("- \"notes\" (writable): no description"));
+    assert!(
+        set.description
+            .contains("- \"skills\" (skill collection, keyed entries): Playbooks")
+    );
+    assert!(
+        set.description
+            .contains("- \"memory\" (writable): Learned facts")
+    );
+    assert!(
+        set.description
+            .contains("- \"notes\" (writable): no description")
+    );
     assert!(set.description.contains("metadata: { title, description }"));
     assert!(!set.description.contains("\"soul\""));
 }
 
 #[test]
 fn only_readonly_blocks_make_no_tools() {
-    let readonly: Vec<BlockView> =
-        golden_blocks().into_iter().filter(|b| b.kind == BlockKind::Readonly).collect();
+    let readonly: Vec<BlockView> = golden_blocks()
+        .into_iter()
+        .filter(|b| b.kind == BlockKind::Readonly)
+        .collect();
     assert!(tool_definitions(&readonly, &[], false).is_empty());
-    let names: Vec<String> =
-        tool_definitions(&readonly, &[], true).into_iter().map(|t| t.name).collect();
+    let names: Vec<String> = tool_definitions(&readonly, &[], true)
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
     assert_eq!(names, ["session_search"]);
 }

@@ -60,8 +60,11 @@ fn visible_block(conn: &Connection, key: &SessionKey, label: &str) -> Result<Opt
           ORDER BY session_id = '' LIMIT 1"
     ))
     .and_then(|mut stmt| {
-        stmt.query_row(params![key.namespace, key.session_id, label], block_from_row)
-            .optional()
+        stmt.query_row(
+            params![key.namespace, key.session_id, label],
+            block_from_row,
+        )
+        .optional()
     })
     .map_err(backend_error)
 }
@@ -162,7 +165,11 @@ pub(crate) fn put_entry(
             )
         })
         .map_err(backend_error)?;
-    exec(conn, "DELETE FROM context_fts WHERE rowid = ?1", params![rowid])?;
+    exec(
+        conn,
+        "DELETE FROM context_fts WHERE rowid = ?1",
+        params![rowid],
+    )?;
     exec(
         conn,
         "INSERT INTO context_fts (rowid, content) VALUES (?1, ?2)",
@@ -211,13 +218,16 @@ pub(crate) fn entry(
           ORDER BY session_id = '' LIMIT 1",
     )
     .and_then(|mut stmt| {
-        stmt.query_row(params![key.namespace, key.session_id, label, entry_key], |r| {
-            Ok(ContextEntry {
-                key: r.get(0)?,
-                content: r.get(1)?,
-                description: r.get(2)?,
-            })
-        })
+        stmt.query_row(
+            params![key.namespace, key.session_id, label, entry_key],
+            |r| {
+                Ok(ContextEntry {
+                    key: r.get(0)?,
+                    content: r.get(1)?,
+                    description: r.get(2)?,
+                })
+            },
+        )
         .optional()
     })
     .map_err(backend_error)
@@ -294,7 +304,11 @@ pub(crate) fn freeze_prompt(
         "INSERT INTO context_prompts (namespace, session_id, prompt, frozen_at)
          VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING"
     };
-    exec(conn, sql, params![key.namespace, key.session_id, prompt, frozen_at])?;
+    exec(
+        conn,
+        sql,
+        params![key.namespace, key.session_id, prompt, frozen_at],
+    )?;
     self::prompt(conn, key)?
         .ok_or_else(|| StoreError::Corrupt("a frozen prompt vanished while writing it".into()))
 }

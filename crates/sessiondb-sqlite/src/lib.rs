@@ -52,8 +52,8 @@ use sessiondb_core::attachments::Payload;
 use sessiondb_core::message::JsonMap;
 use sessiondb_core::{
     Change, ChangeFeed, Compaction, ContextEntry, FeedFilter, FrozenPrompt, PathPlan, PathRows,
-    PathSuffix, ScopedBlock, SearchHit, SessionInfo, SessionKey, SessionQuery, SessionStats, Store, StoreError, StoredMessage,
-    Subscription, WriteOutcome, WriteRequest, search,
+    PathSuffix, ScopedBlock, SearchHit, SessionInfo, SessionKey, SessionQuery, SessionStats, Store,
+    StoreError, StoredMessage, Subscription, WriteOutcome, WriteRequest, search,
 };
 
 use crate::durability::{Committed, Durability};

@@ -17,8 +17,8 @@ use sessiondb_core::context::{
     skill_listing, tool_definitions, validate_entry_key, validate_label,
 };
 use sessiondb_core::{
-    ContextEntry, FrozenPrompt, Message, SessionKey, Source, Store, StoredMessage,
-    ValidationError, ValidationErrorKind, WriteOp, WriteOutcome, search,
+    ContextEntry, FrozenPrompt, Message, SessionKey, Source, Store, StoredMessage, ValidationError,
+    ValidationErrorKind, WriteOp, WriteOutcome, search,
 };
 
 use crate::{Db, Error, Session};
@@ -217,11 +217,17 @@ impl<S: Store> Context<S> {
         let content = match block.kind {
             BlockKind::Readonly | BlockKind::Writable => block.content,
             BlockKind::Skill => {
-                let keys = self.store().context_entry_keys(self.key(), &block.label).await?;
+                let keys = self
+                    .store()
+                    .context_entry_keys(self.key(), &block.label)
+                    .await?;
                 skill_listing(keys.iter().map(|(k, d)| (k.as_str(), d.as_deref())))
             }
             BlockKind::Search => {
-                let keys = self.store().context_entry_keys(self.key(), &block.label).await?;
+                let keys = self
+                    .store()
+                    .context_entry_keys(self.key(), &block.label)
+                    .await?;
                 search_summary(keys.len() as u64)
             }
         };
@@ -294,7 +300,9 @@ impl<S: Store> Context<S> {
             content: spec.content,
         };
         self.session
-            .write_one(WriteOp::PutBlock { block: block.clone() })
+            .write_one(WriteOp::PutBlock {
+                block: block.clone(),
+            })
             .await?;
         self.view_of_stored(block).await
     }
@@ -350,7 +358,11 @@ impl<S: Store> Context<S> {
             kind: BlockKind::Writable,
             description: block.description.clone(),
             max_tokens: block.max_tokens,
-            content: provider.get().await.map_err(provider_error)?.unwrap_or_default(),
+            content: provider
+                .get()
+                .await
+                .map_err(provider_error)?
+                .unwrap_or_default(),
         };
         let content = sessiondb_core::context::written_content(&current, text, mode)?;
         provider.set(&content).await.map_err(provider_error)?;
@@ -466,11 +478,7 @@ impl<S: Store> Context<S> {
 
     async fn freeze(&self, replace: bool) -> Result<FrozenPrompt, Error> {
         if self.key().is_templates() {
-            return Err(ValidationError::new(
-                "sessionId",
-                ValidationErrorKind::Missing,
-            )
-            .into());
+            return Err(ValidationError::new("sessionId", ValidationErrorKind::Missing).into());
         }
         let prompt = self.render().await?;
         match self

@@ -72,10 +72,6 @@ pub use context::{
     BlockSpec, Context, CustomBlock, Provider, ProviderResult, ReadonlyProvider, SearchProvider,
     SkillProvider, WritableProvider,
 };
-pub use sessiondb_core::context::{
-    BlockKind, BlockView, ContextError, SECTION_RULE, ToolDefinition,
-};
-pub use sessiondb_core::{ContextEntry, FrozenPrompt};
 pub use conversations::{
     CONVERSATION_ROLES, Conversation, ConversationLimits, Conversations, NewMessage, PromptContext,
     SUMMARY_PREFIX, State,
@@ -87,9 +83,13 @@ pub use session::{
     AppendOptions, AppendResult, HistoryOptions, ImportOptions, MessagePatch, RecentHistory,
     Session,
 };
+pub use sessiondb_core::context::{
+    BlockKind, BlockView, ContextError, SECTION_RULE, ToolDefinition,
+};
 pub use sessiondb_core::{
     Compaction, SessionAction, SessionInfo, SessionPatch, SessionRecord, SessionSort, Usage,
 };
+pub use sessiondb_core::{ContextEntry, FrozenPrompt};
 pub use tokenizers::Encoding;
 #[cfg(feature = "tiktoken")]
 pub use tokenizers::TiktokenCounter;

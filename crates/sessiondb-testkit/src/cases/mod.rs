@@ -4,6 +4,7 @@
 pub mod attachments;
 pub mod chunking;
 pub mod compaction;
+pub mod context;
 pub mod conversations;
 pub mod feed;
 pub mod reads;
@@ -38,6 +39,17 @@ macro_rules! for_each_case {
             compaction::failed_auto_compaction_is_reported_not_raised,
             compaction::auto_compaction_estimate_is_capped_with_the_path,
             compaction::hidden_rows_count_for_the_cap_not_the_estimate,
+            context::stored_blocks_render_the_golden_prompt,
+            context::prompt_is_frozen_until_refreshed,
+            context::readonly_blocks_and_max_tokens_refuse_writes,
+            context::set_context_writes_through_and_reports_usage,
+            context::keyed_entries_take_derived_keys,
+            context::skills_load_unload_and_rebuild_from_history,
+            context::search_blocks_search_their_own_entries,
+            context::templates_apply_to_every_session_and_writes_stay_per_session,
+            context::context_is_isolated_and_deleted_with_its_session,
+            context::session_search_tool_spans_sessions,
+            context::custom_providers_back_blocks,
             conversations::conversation_messages_round_trip,
             conversations::conversation_roles_and_content_are_validated,
             conversations::conversation_pages_have_no_gaps_while_appending,
