@@ -3,7 +3,7 @@
 use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
-use sessiondb::StoreError;
+use sessiondb::{ContextError, StoreError};
 
 /// An error answer. Bad input maps to a 4xx; only real faults become `internal` (500), and those
 /// are logged.
@@ -98,6 +98,7 @@ impl From<sessiondb::Error> for ApiError {
             // The model behind the summarizer failed: a fault upstream, not bad input.
             sessiondb::Error::Summarize(_) => ApiError::bad_gateway(e.to_string()),
             sessiondb::Error::Store(store) => store.into(),
+            sessiondb::Error::Context(context) => context.into(),
             other => ApiError::internal(other.to_string()),
         }
     }
@@ -108,7 +109,19 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::QuotaExceeded { .. } => ApiError::quota(e.to_string()),
             StoreError::ParentCycle { .. } => ApiError::conflict(e.to_string()),
+            StoreError::Context(context) => context.into(),
             other => ApiError::internal(other.to_string()),
+        }
+    }
+}
+
+impl From<ContextError> for ApiError {
+    fn from(e: ContextError) -> Self {
+        match e {
+            ContextError::NotFound(_) => ApiError::not_found(e.to_string()),
+            ContextError::TooLarge { .. } => ApiError::invalid(e.to_string()),
+            ContextError::Provider(_) => ApiError::bad_gateway(e.to_string()),
+            _ => ApiError::conflict(e.to_string()),
         }
     }
 }

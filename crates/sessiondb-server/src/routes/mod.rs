@@ -1,6 +1,7 @@
 //! Route table. Handlers are generic over the store; each module holds one resource.
 
 mod compat;
+mod context;
 mod events;
 mod extras;
 mod messages;
@@ -11,7 +12,7 @@ mod sessions;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::routing::{any, get, post};
+use axum::routing::{any, get, post, put};
 use sessiondb::Store;
 
 use crate::App;
@@ -75,6 +76,39 @@ pub(crate) fn routes<S: Store>() -> Router<Arc<App<S>>> {
             get(extras::state_get::<S>)
                 .put(extras::state_put::<S>)
                 .delete(extras::state_delete::<S>),
+        )
+        .route("/v1/sessions/{sid}/context", get(context::list::<S>))
+        .route(
+            "/v1/sessions/{sid}/context/{label}",
+            put(context::put::<S>).delete(context::delete::<S>),
+        )
+        .route(
+            "/v1/sessions/{sid}/context/{label}/append",
+            post(context::append::<S>),
+        )
+        .route(
+            "/v1/sessions/{sid}/context/{label}/entries/{key}",
+            put(context::put_entry::<S>).get(context::get_entry::<S>),
+        )
+        .route("/v1/context", get(context::list::<S>))
+        .route(
+            "/v1/context/{label}",
+            put(context::put::<S>).delete(context::delete::<S>),
+        )
+        .route("/v1/context/{label}/append", post(context::append::<S>))
+        .route(
+            "/v1/context/{label}/entries/{key}",
+            put(context::put_entry::<S>).get(context::get_entry::<S>),
+        )
+        .route("/v1/sessions/{sid}/prompt", get(context::prompt::<S>))
+        .route(
+            "/v1/sessions/{sid}/prompt/refresh",
+            post(context::refresh::<S>),
+        )
+        .route("/v1/sessions/{sid}/tools", get(context::tools::<S>))
+        .route(
+            "/v1/sessions/{sid}/tools/{name}",
+            post(context::execute::<S>),
         )
         .route("/v1/sessions/{sid}/events", get(events::session::<S>))
         .route("/v1/events", get(events::namespace::<S>))

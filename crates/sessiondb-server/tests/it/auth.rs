@@ -90,6 +90,22 @@ async fn a_namespace_never_sees_another() {
     server.say("s", "m1", "secret walrus").await;
     server.put("/v1/sessions/s/state/k", json!("hidden")).await;
     server
+        .put("/v1/sessions/s/context/kb", json!({"kind": "search"}))
+        .await;
+    server
+        .put(
+            "/v1/sessions/s/context/kb/entries/k",
+            json!({"content": "walrus facts"}),
+        )
+        .await;
+    server
+        .put(
+            "/v1/context/soul",
+            json!({"kind": "readonly", "content": "a's soul"}),
+        )
+        .await;
+    server.get("/v1/sessions/s/prompt").await;
+    server
         .post(
             "/v1/sessions/s/compactions",
             json!({"summary": "x", "fromMessageId": "m1", "toMessageId": "m1"}),
@@ -103,6 +119,7 @@ async fn a_namespace_never_sees_another() {
         "/v1/sessions/s/messages/m1",
         "/v1/sessions/s/state/k",
         "/v1/sessions/s/export",
+        "/v1/sessions/s/context/kb/entries/k",
     ] {
         assert_eq!(
             server.get(path).await.status,
@@ -127,6 +144,14 @@ async fn a_namespace_never_sees_another() {
         json!([])
     );
     assert_eq!(server.get("/v1/search?q=walrus").await.json, json!([]));
+    assert_eq!(server.get("/v1/sessions/s/context").await.json, json!([]));
+    assert_eq!(server.get("/v1/context").await.json, json!([]));
+    assert_eq!(server.get("/v1/sessions/s/prompt").await.json["prompt"], "");
+    let search = json!({"arguments": {"query": "walrus"}});
+    let found = server
+        .post("/v1/sessions/s/tools/session_search", search)
+        .await;
+    assert_eq!(found.json["output"], "No results found.");
     assert_eq!(
         server.get("/agents/session-object/s").await.json["messages"],
         0

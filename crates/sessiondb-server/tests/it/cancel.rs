@@ -152,6 +152,42 @@ impl Store for CountingStore {
     ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send {
         self.inner.state_entries(key)
     }
+    fn context_blocks(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Vec<sessiondb_core::ScopedBlock>, StoreError>> + Send {
+        self.inner.context_blocks(key)
+    }
+    fn context_entry_keys(
+        &self,
+        key: &SessionKey,
+        label: &str,
+    ) -> impl Future<Output = Result<Vec<(String, Option<String>)>, StoreError>> + Send {
+        self.inner.context_entry_keys(key, label)
+    }
+    fn context_entry(
+        &self,
+        key: &SessionKey,
+        label: &str,
+        entry_key: &str,
+    ) -> impl Future<Output = Result<Option<sessiondb_core::ContextEntry>, StoreError>> + Send {
+        self.inner.context_entry(key, label, entry_key)
+    }
+    fn search_context(
+        &self,
+        key: &SessionKey,
+        label: &str,
+        words: &[String],
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send {
+        self.inner.search_context(key, label, words, limit)
+    }
+    fn prompt(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Option<sessiondb_core::FrozenPrompt>, StoreError>> + Send {
+        self.inner.prompt(key)
+    }
     fn search_namespace(
         &self,
         namespace: &str,

@@ -102,7 +102,7 @@ impl Rng {
     }
 }
 
-const WRITE_ROUTES: [(Method, &str); 16] = [
+const WRITE_ROUTES: [(Method, &str); 24] = [
     (Method::POST, "/v1/sessions"),
     (Method::PATCH, "/v1/sessions/s"),
     (Method::POST, "/v1/sessions/s/messages"),
@@ -116,6 +116,14 @@ const WRITE_ROUTES: [(Method, &str); 16] = [
     (Method::POST, "/v1/sessions/s/import"),
     (Method::POST, "/v1/sessions/s/compactions"),
     (Method::PUT, "/v1/sessions/s/state/k"),
+    (Method::PUT, "/v1/sessions/s/context/memory"),
+    (Method::POST, "/v1/sessions/s/context/memory/append"),
+    (Method::PUT, "/v1/sessions/s/context/kb/entries/k"),
+    (Method::PUT, "/v1/context/memory"),
+    (Method::POST, "/v1/context/memory/append"),
+    (Method::PUT, "/v1/context/kb/entries/k"),
+    (Method::POST, "/v1/sessions/s/prompt/refresh"),
+    (Method::POST, "/v1/sessions/s/tools/set_context"),
     (Method::POST, "/agents/session-object/s/messages"),
     (Method::POST, "/agents/session-object/s/compactions"),
     (Method::PUT, "/agents/session-object/s/whatever"),
