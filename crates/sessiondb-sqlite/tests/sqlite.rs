@@ -509,3 +509,48 @@ fn attachments_are_stored_once_in_chunks_with_a_reference_per_message() {
         payload.len() as i64
     );
 }
+
+#[test]
+fn loaded_skills_and_the_frozen_prompt_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = sessiondb::BlockSpec {
+        kind: sessiondb::BlockKind::Skill,
+        description: None,
+        max_tokens: None,
+        content: String::new(),
+    };
+    let load = serde_json::json!({"label": "skills", "key": "review"});
+    let prompt = block_on(async {
+        let db = open(dir.path());
+        let session = db.session("s").unwrap();
+        let context = session.context();
+        context.define("skills", spec).await.unwrap();
+        context
+            .put_entry("skills", "review", "Read twice.", None)
+            .await
+            .unwrap();
+        assert_eq!(context.execute("load_context", &load).await, "Read twice.");
+        // The model's turn with the loading result, as the agent appends it.
+        let part = serde_json::json!({"type": "tool-load_context", "toolCallId": "c1",
+            "state": "output-available", "input": load, "output": "Read twice."});
+        let turn = serde_json::json!({"id": "a1", "role": "assistant", "parts": [part]});
+        let turn = Message::from_value(turn).unwrap();
+        session
+            .append(turn, AppendOptions::default())
+            .await
+            .unwrap();
+        context.prompt().await.unwrap()
+    });
+    block_on(async {
+        let db = open(dir.path());
+        let context = db.session("s").unwrap().context();
+        let loaded: Vec<String> = context.loaded_skills().await.unwrap().into_iter().collect();
+        assert_eq!(loaded, ["skills:review"]);
+        assert_eq!(context.prompt().await.unwrap(), prompt);
+        let unload = context.execute("unload_context", &load).await;
+        assert_eq!(
+            unload,
+            "Unloaded \"review\" from skills. Context reclaimed."
+        );
+    });
+}
