@@ -804,10 +804,8 @@ impl SkillTracker {
 
     fn record(&mut self, tool: &str, id: String, output: Option<&Value>) {
         match tool {
-            LOAD_CONTEXT => {
-                if !is_unloaded(output) {
-                    self.loaded.insert(id);
-                }
+            LOAD_CONTEXT if !is_unloaded(output) => {
+                self.loaded.insert(id);
             }
             UNLOAD_CONTEXT => {
                 self.loaded.remove(&id);
