@@ -1,0 +1,405 @@
+//! sessiondb's side of the peer comparison (`bench/compare/run.py`): the shared workload through
+//! the library or through the HTTP server, printed as one JSON object per line.
+//!
+//! `sessiondb-compare lib|http N` — N messages of ~200 characters appended one at a time
+//! (durable: `synchronous=FULL`), then the reads, search, branch, compaction, a cold reopen and
+//! concurrent appenders. The text generator is the peers' (same LCG, vocabulary and needle).
+#![forbid(unsafe_code)]
+
+use std::future::Future;
+use std::time::Instant;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use sessiondb::{
+    AppendOptions, Db, HistoryOptions, Message, Parent, SqliteConfig, SqliteStore, Synchronous,
+};
+use sessiondb_server::{App, Limits, Metrics, ServerConfig};
+
+const WORDS: [&str; 19] = [
+    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
+    "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau",
+];
+const NEEDLE: &str = "needletoken";
+const LAST_READS: usize = 200;
+const WHOLE_READS: usize = 5;
+const SEARCHES: usize = 50;
+const BRANCHES: usize = 20;
+const REOPENS: usize = 3;
+/// Appends shared by the writers of a concurrency level.
+const CONCURRENT_APPENDS: usize = 4000;
+
+/// The shared text generator (every driver has the same one): 30 words picked by the LCG
+/// `seed = (seed × 1103515245 + 12345) mod 2³¹` (word `seed × 19 >> 31`), then ` msg{i}`, and the
+/// needle in message N/2.
+struct Texts {
+    seed: u64,
+    n: usize,
+}
+
+impl Texts {
+    fn next(&mut self, i: usize) -> String {
+        let mut words: Vec<&str> = (0..30)
+            .map(|_| {
+                self.seed = (self.seed * 1_103_515_245 + 12_345) % (1 << 31);
+                WORDS[(self.seed * WORDS.len() as u64 >> 31) as usize]
+            })
+            .collect();
+        let id = format!("msg{i}");
+        words.push(&id);
+        if i == self.n / 2 {
+            words.push(NEEDLE);
+        }
+        words.join(" ")
+    }
+}
+
+fn message(i: usize, text: &str) -> Value {
+    let role = if i % 2 == 0 { "user" } else { "assistant" };
+    json!({"id": format!("m{i}"), "role": role, "parts": [{"type": "text", "text": text}]})
+}
+
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn emit(op: &str, ms: f64) {
+    println!("{}", json!({"op": op, "ms": ms}));
+}
+
+async fn time<T>(f: impl Future<Output = T>) -> (f64, T) {
+    let started = Instant::now();
+    let value = f.await;
+    (started.elapsed().as_secs_f64() * 1000.0, value)
+}
+
+async fn timed_median<T, F: Future<Output = T>>(times: usize, mut f: impl FnMut() -> F) -> f64 {
+    let mut samples = Vec::with_capacity(times);
+    for _ in 0..times {
+        samples.push(time(f()).await.0);
+    }
+    median(samples)
+}
+
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// `SYNC=normal` runs without the commit fsync (to compare with stores that never fsync).
+fn synchronous() -> Synchronous {
+    match std::env::var("SYNC").as_deref() {
+        Ok("normal") => Synchronous::Normal,
+        _ => Synchronous::Full,
+    }
+}
+
+fn durability() -> &'static str {
+    match synchronous() {
+        Synchronous::Full => {
+            "SQLite WAL, synchronous=FULL: acknowledged after the fsync (concurrent commits share one)"
+        }
+        Synchronous::Normal => {
+            "SQLite WAL, synchronous=NORMAL: no fsync (survives a crash, not power loss)"
+        }
+    }
+}
+
+fn open(dir: &std::path::Path) -> Db<SqliteStore> {
+    let config = SqliteConfig {
+        synchronous: synchronous(),
+        ..SqliteConfig::default()
+    };
+    Db::new(SqliteStore::open_with(dir, config).unwrap())
+}
+
+async fn library(n: usize, writers: &[usize]) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    let chat = db.session("bench").unwrap();
+    let mut texts = Texts { seed: 42, n };
+    let mut appends = Vec::with_capacity(n);
+    for i in 0..n {
+        let m = Message::from_value(message(i, &texts.next(i))).unwrap();
+        appends.push(time(chat.append(m, AppendOptions::default())).await.0);
+    }
+    emit("append", median(appends));
+    let newest = || HistoryOptions {
+        newest_first: true,
+        ..Default::default()
+    };
+    let last50 = || async {
+        let page: Vec<_> = chat.history(newest()).take(50).collect().await;
+        assert_eq!(page.len(), 50);
+    };
+    emit("last50", timed_median(LAST_READS, last50).await);
+    let whole = || async {
+        let all = chat.full_history(HistoryOptions::default()).await.unwrap();
+        assert!(all.len() >= n / 8);
+    };
+    emit("whole", timed_median(WHOLE_READS, whole).await);
+    let (first, hits) = time(chat.search(NEEDLE, 10)).await;
+    assert_eq!(hits.unwrap().len(), 1);
+    emit("search_first", first);
+    emit(
+        "search",
+        timed_median(SEARCHES, || chat.search(NEEDLE, 10)).await,
+    );
+    let mut branches = Vec::new();
+    for k in 0..BRANCHES {
+        let parent = Parent::Id(format!("m{}", n / 4 + k));
+        let fork = Message::text("user", "forked question").with_id(format!("fork{k}"));
+        let options = AppendOptions {
+            parent,
+            ..Default::default()
+        };
+        branches.push(time(chat.append(fork, options)).await.0);
+    }
+    emit("branch", median(branches));
+    emit("branch_read", timed_median(WHOLE_READS, whole).await);
+    let overlay = chat.add_compaction(
+        "summary of the early turns".into(),
+        "m1".into(),
+        format!("m{}", n / 8),
+    );
+    emit("compact", time(overlay).await.0);
+    emit("compact_read", timed_median(WHOLE_READS, whole).await);
+    drop((chat, db));
+    let mut reopens = Vec::new();
+    for _ in 0..REOPENS {
+        let (ms, _) = time(async {
+            let db = open(dir.path());
+            let chat = db.session("bench").unwrap();
+            let page: Vec<_> = chat.history(newest()).take(50).collect().await;
+            assert_eq!(page.len(), 50);
+        })
+        .await;
+        reopens.push(ms);
+    }
+    emit("reopen_last50", median(reopens));
+    report_size(dir);
+    // Concurrent writers get a store of their own, so the size above is the conversation's.
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    for w in writers {
+        emit(&format!("concurrent{w}"), concurrent_library(&db, *w).await);
+    }
+}
+
+/// Prints the data directory's size (the store is closed, so the WAL is checkpointed away);
+/// `KEEP=1` keeps the directory for inspection.
+fn report_size(dir: tempfile::TempDir) {
+    println!(
+        "{}",
+        json!({"size_bytes": dir_bytes(dir.path()), "durability": durability()})
+    );
+    if std::env::var_os("KEEP").is_some() {
+        eprintln!("kept {}", dir.keep().display());
+    }
+}
+
+/// Milliseconds per append (wall time / appends) with `writers` tasks on their own sessions.
+async fn concurrent_library(db: &Db<SqliteStore>, writers: usize) -> f64 {
+    let per_writer = CONCURRENT_APPENDS / writers;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..writers)
+        .map(|w| {
+            let session = db.session(&format!("c{writers}-{w}")).unwrap();
+            tokio::spawn(async move {
+                for i in 0..per_writer {
+                    let m = Message::text("user", format!("message {i} from writer {w}"));
+                    session.append(m, AppendOptions::default()).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    started.elapsed().as_secs_f64() * 1000.0 / (per_writer * writers) as f64
+}
+
+struct Server {
+    base: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+async fn start_server(dir: &std::path::Path) -> Server {
+    let config = ServerConfig {
+        limits: Limits {
+            max_messages_per_session: u64::MAX,
+            ..Limits::default()
+        },
+        ..ServerConfig::default()
+    };
+    let app = App::new(open(dir), config, Metrics::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(sessiondb_server::serve(listener, app, async move {
+        let _ = stopped.await;
+    }));
+    Server { base, stop, task }
+}
+
+async fn expect(response: reqwest::Response, status: u16) {
+    assert_eq!(response.status().as_u16(), status);
+    response.bytes().await.unwrap();
+}
+
+async fn http(n: usize, writers: &[usize]) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path()).await;
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    let messages = format!("{base}/v1/sessions/bench/messages");
+    let mut texts = Texts { seed: 42, n };
+    let mut appends = Vec::with_capacity(n);
+    for i in 0..n {
+        let body = message(i, &texts.next(i));
+        let request = client.post(&messages).json(&body).send();
+        appends.push(
+            time(async { expect(request.await.unwrap(), 201).await })
+                .await
+                .0,
+        );
+    }
+    emit("append", median(appends));
+    let last50 = || async {
+        let page = client.get(format!("{messages}?limit=50&order=desc")).send();
+        expect(page.await.unwrap(), 200).await
+    };
+    emit("last50", timed_median(LAST_READS, last50).await);
+    let history = format!("{base}/v1/sessions/bench/history");
+    let whole = || async { expect(client.get(&history).send().await.unwrap(), 200).await };
+    emit("whole", timed_median(WHOLE_READS, whole).await);
+    let search = || async {
+        let hits = client
+            .get(format!("{base}/v1/sessions/bench/search?q={NEEDLE}"))
+            .send();
+        expect(hits.await.unwrap(), 200).await
+    };
+    emit("search_first", time(search()).await.0);
+    emit("search", timed_median(SEARCHES, search).await);
+    let mut branches = Vec::new();
+    for k in 0..BRANCHES {
+        let url = format!("{messages}?parent=m{}", n / 4 + k);
+        let body = json!({"id": format!("fork{k}"), "role": "user", "content": "forked question"});
+        let request = client.post(&url).json(&body).send();
+        branches.push(
+            time(async { expect(request.await.unwrap(), 201).await })
+                .await
+                .0,
+        );
+    }
+    emit("branch", median(branches));
+    emit("branch_read", timed_median(WHOLE_READS, whole).await);
+    let overlay = json!({"summary": "summary of the early turns", "fromMessageId": "m1",
+                         "toMessageId": format!("m{}", n / 8)});
+    let compact = client
+        .post(format!("{base}/v1/sessions/bench/compactions"))
+        .json(&overlay)
+        .send();
+    emit(
+        "compact",
+        time(async { expect(compact.await.unwrap(), 201).await })
+            .await
+            .0,
+    );
+    emit("compact_read", timed_median(WHOLE_READS, whole).await);
+    drop(client);
+    server.stop.send(()).unwrap();
+    server.task.await.unwrap().unwrap();
+    let mut reopens = Vec::new();
+    for _ in 0..REOPENS {
+        wait_until_closed(dir.path()).await;
+        let (ms, server) = time(async {
+            let server = start_server(dir.path()).await;
+            let url = format!(
+                "{}/v1/sessions/bench/messages?limit=50&order=desc",
+                server.base
+            );
+            expect(reqwest::get(url).await.unwrap(), 200).await;
+            server
+        })
+        .await;
+        reopens.push(ms);
+        server.stop.send(()).unwrap();
+        server.task.await.unwrap().unwrap();
+    }
+    emit("reopen_last50", median(reopens));
+    report_size(dir);
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path()).await;
+    for w in writers {
+        emit(
+            &format!("concurrent{w}"),
+            concurrent_http(&server.base, *w).await,
+        );
+    }
+    server.stop.send(()).unwrap();
+    server.task.await.unwrap().unwrap();
+}
+
+/// Connection tasks of a stopped server may hold the store a moment longer: wait (untimed)
+/// until it can be opened.
+async fn wait_until_closed(dir: &std::path::Path) {
+    while SqliteStore::open(dir).is_err() {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// Milliseconds per append with `writers` keep-alive clients on their own sessions.
+async fn concurrent_http(base: &str, writers: usize) -> f64 {
+    let per_writer = CONCURRENT_APPENDS / writers;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..writers)
+        .map(|w| {
+            let url = format!("{base}/v1/sessions/c{writers}-{w}/messages");
+            tokio::spawn(async move {
+                let client = reqwest::Client::new();
+                for i in 0..per_writer {
+                    let body =
+                        json!({"role": "user", "content": format!("message {i} from writer {w}")});
+                    expect(client.post(&url).json(&body).send().await.unwrap(), 201).await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    started.elapsed().as_secs_f64() * 1000.0 / (per_writer * writers) as f64
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: sessiondb-compare lib|http N [WRITERS,…]";
+    let mode = args.get(1).expect(usage).clone();
+    let n: usize = args.get(2).and_then(|a| a.parse().ok()).expect(usage);
+    let writers: Vec<usize> = args
+        .get(3)
+        .map(|w| w.split(',').filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or_else(|| vec![8, 32]);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(std::thread::available_parallelism().map_or(4, |n| n.get() * 4))
+        .enable_all()
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    match mode.as_str() {
+        "lib" => runtime.block_on(library(n, &writers)),
+        "http" => runtime.block_on(http(n, &writers)),
+        _ => panic!("{usage}"),
+    }
+    eprintln!(
+        "sessiondb {mode} N={n}: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}

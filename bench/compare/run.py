@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""sessiondb against the session stores people use today, on one machine, in one run.
+
+    python3 bench/compare/run.py [--n 10000] [--rounds 3] [--no-readme]
+
+Installs the peers into bench/.peers/ (cached: the first run downloads and builds them), builds
+the sessiondb driver, measures the disk's fsync time, then runs every store's workload once per
+round, in an order that rotates each round so machine noise hits all alike. Reports the median
+over rounds of each operation's median, the ratio peer / sessiondb (above 1: sessiondb is
+faster), disk use and durability; writes bench/compare/results.json and chart.png and the
+section of bench/README.md between its `compare:begin` / `compare:end` markers.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.dirname(HERE)
+ROOT = os.path.dirname(BENCH)
+PEERS = os.path.join(BENCH, ".peers")
+DRIVERS = os.path.join(HERE, "drivers")
+
+# Versions pinned so runs compare like with like.
+OPENAI = "openai-agents==0.24.0"
+LANGGRAPH = ["langgraph==1.2.22", "langgraph-checkpoint-sqlite==3.1.2", "matplotlib==3.11.2"]
+CF = ["agents@0.32.0", "better-sqlite3@12"]
+PI = "@mariozechner/pi-coding-agent@0.73.1"
+LANGGRAPH_N = 1000  # its storage grows with the square of the conversation
+
+OPS = [
+    ("append", "append one message (durable)"),
+    ("last50", "read the last 50"),
+    ("whole", "read the whole history"),
+    ("search_first", "search, first call"),
+    ("search", "search one unique word"),
+    ("branch", "branch (append under an old message)"),
+    ("branch_read", "read the new branch"),
+    ("compact", "compact (store a summary)"),
+    ("compact_read", "read after compaction"),
+    ("reopen_last50", "reopen cold + last 50"),
+    ("concurrent8", "8 concurrent writers (ms per append)"),
+    ("concurrent32", "32 concurrent writers (ms per append)"),
+]
+
+
+def log(message):
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def sh(cmd, cwd=None, env=None, quiet=True):
+    done = subprocess.run(cmd, cwd=cwd, env=env, text=True,
+                          stdout=subprocess.PIPE if quiet else None,
+                          stderr=subprocess.STDOUT if quiet else None)
+    if done.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{done.stdout or ''}")
+    return done.stdout
+
+
+def venv(name, packages):
+    python = os.path.join(PEERS, name, "bin", "python")
+    marker = os.path.join(PEERS, name, ".installed")
+    wanted = " ".join(packages)
+    if not (os.path.exists(marker) and open(marker).read() == wanted):
+        log(f"installing {wanted} (PyPI) into bench/.peers/{name}")
+        sh([sys.executable, "-m", "venv", os.path.join(PEERS, name)])
+        sh([python, "-m", "pip", "install", "-q", *packages])
+        open(marker, "w").write(wanted)
+    return python
+
+
+def npm(name, packages):
+    folder = os.path.join(PEERS, name)
+    marker = os.path.join(folder, ".installed")
+    wanted = " ".join(packages)
+    if not (os.path.exists(marker) and open(marker).read() == wanted):
+        log(f"installing {wanted} (npm) into bench/.peers/{name}")
+        os.makedirs(folder, exist_ok=True)
+        if not os.path.exists(os.path.join(folder, "package.json")):
+            sh(["npm", "init", "-y"], cwd=folder)
+        for package in packages:
+            # Optional peers of `agents` (AI SDK, MCP, …) are not needed; better-sqlite3 needs
+            # its build script.
+            scripts = [] if package.startswith("better-sqlite3") else ["--ignore-scripts"]
+            sh(["npm", "install", "--no-audit", "--no-fund", *scripts, package], cwd=folder)
+        open(marker, "w").write(wanted)
+    # Node resolves a module's imports from its real location: copy the drivers next to
+    # node_modules.
+    for driver in ("workload.mjs", "cf_sessions.mjs", "pi_session.mjs"):
+        target = os.path.join(folder, driver)
+        if os.path.lexists(target):
+            os.remove(target)
+        shutil.copyfile(os.path.join(DRIVERS, driver), target)
+    return folder
+
+
+def fsync_ms(samples=200):
+    """Median time to write 4 KiB and fsync it, in the directory the drivers write to."""
+    times = []
+    with tempfile.NamedTemporaryFile() as f:
+        block = os.urandom(4096)
+        for _ in range(samples):
+            started = time.perf_counter()
+            f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+            times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def machine():
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), platform.processor())
+    mem = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
+    return f"{os.cpu_count()} cores ({cpu}), {mem / 2**20:.0f} GiB, Linux {platform.release()}"
+
+
+def run_store(store):
+    """Runs one store's workload; returns ({op: ms}, {size_bytes, durability})."""
+    started = time.perf_counter()
+    done = subprocess.run(store["cmd"], cwd=store.get("cwd"), env=store.get("env"), text=True,
+                          capture_output=True)
+    if done.returncode != 0:
+        sys.exit(f"{store['name']} failed:\n{done.stdout}\n{done.stderr}")
+    ops, info = {}, {}
+    for line in done.stdout.splitlines():
+        record = json.loads(line)
+        if "op" in record:
+            ops[record["op"]] = record["ms"]
+        else:
+            info = record
+    log(f"  {store['name']}: {time.perf_counter() - started:.1f} s")
+    return ops, info
+
+
+def fmt_ms(ms):
+    return f"{ms:.3f}" if ms < 10 else f"{ms:.1f}" if ms < 1000 else f"{ms:,.0f}"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=10000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--no-readme", action="store_true", help="leave bench/README.md as it is")
+    a = p.parse_args()
+    began = time.perf_counter()
+
+    log("setting up (cached after the first run)")
+    oa_python = venv("oa", [OPENAI])
+    lg_python = venv("lg", LANGGRAPH)
+    cf_dir = npm("cf", CF)
+    pi_dir = npm("pi", [PI])
+    log("building the sessiondb driver (cargo, release)")
+    sh(["cargo", "build", "--release", "-q", "-p", "sessiondb-bench", "--bin", "sessiondb-compare"],
+       cwd=ROOT, quiet=False)
+    ours = os.path.join(ROOT, "target", "release", "sessiondb-compare")
+    fsync = fsync_ms()
+    log(f"fsync of 4 KiB: median {fsync:.3f} ms")
+
+    n, lg_n = a.n, min(LANGGRAPH_N, a.n)
+    py_env = dict(os.environ, PYTHONPATH=DRIVERS)
+    normal = dict(os.environ, SYNC="normal")
+    stores = [
+        {"name": "sessiondb", "label": "sessiondb (library)", "cmd": [ours, "lib", str(n)]},
+        {"name": "sessiondb-http", "label": "sessiondb (HTTP)", "cmd": [ours, "http", str(n)]},
+        {"name": "sessiondb-normal", "label": "sessiondb (library, no fsync)",
+         "cmd": [ours, "lib", str(n), ""], "env": normal},
+        {"name": "sessiondb-1k", "label": f"sessiondb (library, N={lg_n})",
+         "cmd": [ours, "lib", str(lg_n), ""]},
+        {"name": "cf", "label": "CF agents Sessions", "cmd": ["node", "cf_sessions.mjs", str(n)], "cwd": cf_dir},
+        {"name": "openai", "label": "OpenAI SQLiteSession",
+         "cmd": [oa_python, os.path.join(DRIVERS, "openai_sqlite.py"), str(n)], "env": py_env},
+        {"name": "pi", "label": "Pi SessionManager", "cmd": ["node", "pi_session.mjs", str(n)], "cwd": pi_dir},
+        {"name": "langgraph", "label": f"LangGraph SqliteSaver (N={lg_n})",
+         "cmd": [lg_python, os.path.join(DRIVERS, "langgraph_sqlite.py"), str(lg_n)], "env": py_env},
+    ]
+    samples = {s["name"]: {} for s in stores}
+    infos = {}
+    for r in range(a.rounds):
+        order = stores[r % len(stores):] + stores[:r % len(stores)]
+        log(f"round {r + 1}/{a.rounds}: {', '.join(s['name'] for s in order)}")
+        for store in order:
+            ops, info = run_store(store)
+            for op, ms in ops.items():
+                samples[store["name"]].setdefault(op, []).append(ms)
+            infos[store["name"]] = info
+    medians = {name: {op: statistics.median(v) for op, v in ops.items()} for name, ops in samples.items()}
+
+    def baseline(peer):
+        return "sessiondb-1k" if peer == "langgraph" else "sessiondb"
+
+    peers = ["cf", "openai", "pi", "langgraph"]
+    label = {s["name"]: s["label"] for s in stores}
+    header = ["operation", "sessiondb (library) ms", "sessiondb (HTTP) ms"] + \
+        [f"{label[p]} ms (×)" for p in peers]
+    rows = []
+    for op, title in OPS:
+        row = [title]
+        for name in ("sessiondb", "sessiondb-http"):
+            ms = medians[name].get(op)
+            row.append(fmt_ms(ms) if ms is not None else "—")
+        for peer in peers:
+            ms, ours_ms = medians[peer].get(op), medians[baseline(peer)].get(op)
+            row.append(f"{fmt_ms(ms)} ({ms / ours_ms:.1f}×)" if ms is not None and ours_ms else "—")
+        rows.append(row)
+    size_row = ["disk after the workload (MB)"]
+    for name in ("sessiondb", "sessiondb-http"):
+        size_row.append(f"{infos[name]['size_bytes'] / 1e6:.1f}")
+    for peer in peers:
+        size, ours_size = infos[peer]["size_bytes"], infos[baseline(peer)]["size_bytes"]
+        size_row.append(f"{size / 1e6:.1f} ({size / ours_size:.1f}×)")
+    rows.append(size_row)
+    table = "\n".join("| " + " | ".join(r) + " |" for r in
+                      [header, ["---"] * len(header)] + rows)
+
+    # The targets of the comparison, each with the figure that decides it.
+    def ratio(peer, op):
+        ms, ours_ms = medians[peer].get(op), medians[baseline(peer)].get(op)
+        return ms / ours_ms if ms is not None and ours_ms else None
+
+    targets = []
+    for peer in peers:
+        for op, title in OPS:
+            value = ratio(peer, op)
+            if value is None:
+                continue
+            need = 10 if op.startswith("concurrent") else 5 if op in ("last50", "whole") else 1
+            if op == "append" and peer == "pi":
+                # Pi never fsyncs: compare with sessiondb in its no-fsync mode.
+                value = medians["pi"]["append"] / medians["sessiondb-normal"]["append"]
+                title += " (vs sessiondb without fsync)"
+            targets.append({"peer": label[peer], "operation": title, "ratio": round(value, 2),
+                            "needed": need, "met": value >= need if need > 1 else value > 1})
+    disk = infos["langgraph"]["size_bytes"] / infos["sessiondb-1k"]["size_bytes"]
+    targets.append({"peer": label["langgraph"], "operation": f"disk for the same {lg_n}-message conversation",
+                    "ratio": round(disk, 1), "needed": 20, "met": disk >= 20})
+    missed = [t for t in targets if not t["met"]]
+
+    durability = "\n".join(f"- {label[name]}: {info['durability']}" for name, info in infos.items())
+    stamp = datetime.date.today().isoformat()
+    results = {"date": stamp, "machine": machine(), "fsync_ms": fsync, "n": n, "langgraph_n": lg_n,
+               "rounds": a.rounds, "samples": samples, "medians": medians, "stores": infos,
+               "targets": targets}
+    with open(os.path.join(HERE, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    log("drawing the chart")
+    sh([lg_python, os.path.join(HERE, "chart.py"), os.path.join(HERE, "results.json"),
+        os.path.join(HERE, "chart.png")])
+
+    normal_append = medians["sessiondb-normal"]["append"]
+    section = f"""Latest run: {stamp}, `python3 bench/compare/run.py` (N = {n:,}; LangGraph at N = {lg_n:,}
+against sessiondb at the same N), {a.rounds} rounds, medians. Machine: {machine()}; fsync of 4 KiB
+on the benchmark's file system: median {fsync:.3f} ms. Ratios are peer ÷ sessiondb (library): above
+1, sessiondb is faster; concurrent rows are wall time per append with 8 or 32 writers on their own
+sessions (peers without concurrent writers show —).
+
+{table}
+
+Durability each store ran with:
+{durability}
+
+sessiondb without fsync (`SYNC=normal`, the mode to set against Pi's unsynced file appends):
+append {fmt_ms(normal_append)} ms.
+
+Targets: {len(targets) - len(missed)} of {len(targets)} met.
+""" + ("".join(f"\n- missed: {t['peer']}, {t['operation']}: {t['ratio']}× (needed "
+               f"{'more than 1' if t['needed'] == 1 else str(t['needed']) + '×'})" for t in missed)) + """
+
+![sessiondb against its peers](compare/chart.png)
+"""
+    print(section)
+    if not a.no_readme:
+        path = os.path.join(BENCH, "README.md")
+        text = open(path).read()
+        begin, end = "<!-- compare:begin -->", "<!-- compare:end -->"
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
+        open(path, "w").write(f"{head}{begin}\n{section}\n{end}{tail}")
+        log("bench/README.md updated")
+    log(f"done in {(time.perf_counter() - began) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
