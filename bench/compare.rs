@@ -143,6 +143,12 @@ async fn library(n: usize, writers: &[usize]) {
         assert!(all.len() >= n / 8);
     };
     emit("whole", timed_median(WHOLE_READS, whole).await);
+    // `PROFILE=last50|whole|reopen` repeats one operation for a profiler (`perf record -g`).
+    match std::env::var("PROFILE").as_deref() {
+        Ok("last50") => drop(timed_median(20_000, last50).await),
+        Ok("whole") => drop(timed_median(300, whole).await),
+        _ => {}
+    }
     let (first, hits) = time(chat.search(NEEDLE, 10)).await;
     assert_eq!(hits.unwrap().len(), 1);
     emit("search_first", first);
@@ -171,15 +177,23 @@ async fn library(n: usize, writers: &[usize]) {
     emit("compact_read", timed_median(WHOLE_READS, whole).await);
     drop((chat, db));
     let mut reopens = Vec::new();
-    for _ in 0..REOPENS {
-        let (ms, _) = time(async {
+    let times = if std::env::var("PROFILE").as_deref() == Ok("reopen") {
+        300
+    } else {
+        REOPENS
+    };
+    for _ in 0..times {
+        // Closing (which checkpoints the WAL) is left out, as it is for the peers.
+        let (ms, db) = time(async {
             let db = open(dir.path());
             let chat = db.session("bench").unwrap();
             let page: Vec<_> = chat.history(newest()).take(50).collect().await;
             assert_eq!(page.len(), 50);
+            db
         })
         .await;
         reopens.push(ms);
+        drop(db);
     }
     emit("reopen_last50", median(reopens));
     report_size(dir);

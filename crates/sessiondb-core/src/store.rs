@@ -297,6 +297,10 @@ pub struct SessionStats {
     pub stored_messages: u64,
     /// The session has compactions, so path reads must apply overlays.
     pub has_compactions: bool,
+    /// `(first, last)` when the active path is exactly the session's rows with seqs
+    /// `first..=last` (a linear conversation, as [`PathPlan::Range`]): newest-first reads of it
+    /// are range reads, with no parent walk.
+    pub linear_range: Option<(i64, i64)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -691,7 +691,8 @@ pub(crate) fn stats(conn: &Connection, key: &SessionKey) -> Result<SessionStats>
         .prepare_cached(
             "SELECT leaf_id, path_len, path_tokens, path_bytes, stored_messages,
                     EXISTS (SELECT 1 FROM compactions
-                             WHERE namespace = ?1 AND session_id = ?2)
+                             WHERE namespace = ?1 AND session_id = ?2),
+                    leaf_seq, path_head_seq, path_dense
                FROM sessions WHERE namespace = ?1 AND id = ?2",
         )
         .map_err(backend_error)?;
@@ -704,11 +705,24 @@ pub(crate) fn stats(conn: &Connection, key: &SessionKey) -> Result<SessionStats>
                 content_bytes: r.get::<_, i64>(3)? as u64,
                 stored_messages: r.get::<_, i64>(4)? as u64,
                 has_compactions: r.get(5)?,
+                linear_range: linear_range(r.get(6)?, r.get(7)?, r.get(8)?),
             })
         })
         .optional()
         .map_err(backend_error)?
         .unwrap_or_default())
+}
+
+/// The active path as a seq range, when the session row says it is dense.
+pub(crate) fn linear_range(
+    leaf: Option<i64>,
+    head: Option<i64>,
+    dense: bool,
+) -> Option<(i64, i64)> {
+    match (head, leaf) {
+        (Some(first), Some(last)) if dense => Some((first, last)),
+        _ => None,
+    }
 }
 
 /// Every word must match (implicit AND). Each word is an FTS5 string literal, so nothing in it is

@@ -8,7 +8,7 @@ use sessiondb_core::{
 };
 
 use crate::backend_error;
-use crate::queries::match_expression;
+use crate::queries::{linear_range, match_expression};
 
 type Result<T> = std::result::Result<T, StoreError>;
 
@@ -17,7 +17,8 @@ const INFO_COLUMNS: &str =
     end_reason, input_tokens, output_tokens, cost, created_at, updated_at, last_message_at,
     leaf_id, path_len, path_tokens, path_bytes, stored_messages,
     EXISTS (SELECT 1 FROM compactions c
-             WHERE c.namespace = sessions.namespace AND c.session_id = sessions.id)";
+             WHERE c.namespace = sessions.namespace AND c.session_id = sessions.id),
+    leaf_seq, path_head_seq, path_dense";
 
 fn json_object(text: String) -> rusqlite::Result<JsonMap> {
     serde_json::from_str(&text).map_err(|e| {
@@ -51,6 +52,7 @@ fn info_from_row(r: &Row<'_>) -> rusqlite::Result<SessionInfo> {
             content_bytes: r.get::<_, i64>(18)? as u64,
             stored_messages: r.get::<_, i64>(19)? as u64,
             has_compactions: r.get(20)?,
+            linear_range: linear_range(r.get(21)?, r.get(22)?, r.get(23)?),
         },
     })
 }

@@ -113,11 +113,16 @@ fn generate_id() -> String {
     unique_id("msg_")
 }
 
-/// Newest-first walks read this many rows first and grow the window by `WALK_GROWTH` up to the
-/// maximum: a consumer that stops early has read at most a few rows more than it took.
-const WALK_FIRST_WINDOW: usize = 4;
-const WALK_GROWTH: usize = 16;
-const WALK_MAX_WINDOW: usize = 256;
+/// Newest-first reads take 4 rows (a look at the tip), then 46 more (the usual recent window of
+/// 50), then 256 at a time: a consumer that stops at either mark has read nothing it did not
+/// take, and one that stops elsewhere at most a window more.
+fn walk_window(windows_read: usize) -> usize {
+    match windows_read {
+        0 => 4,
+        1 => 46,
+        _ => 256,
+    }
+}
 
 impl<S: Store> Session<S> {
     pub(crate) fn new(
@@ -649,6 +654,10 @@ impl<S: Store> Session<S> {
             if options.newest_first {
                 let stats = store.stats(&key).await?;
                 if !stats.has_compactions {
+                    let active = options.leaf.is_none() || options.leaf == stats.leaf_id;
+                    if let (true, Some((first, last))) = (active, stats.linear_range) {
+                        return Ok(session.range_down(first, last).boxed());
+                    }
                     return Ok(session.walk_up(options.leaf.or(stats.leaf_id)).boxed());
                 }
             } else {
@@ -680,6 +689,29 @@ impl<S: Store> Session<S> {
             .boxed()
     }
 
+    /// A linear path newest first: range reads of growing windows from `last` down to `first`.
+    fn range_down(
+        &self,
+        first: i64,
+        last: i64,
+    ) -> impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static {
+        let (store, key) = (self.store.clone(), self.key.clone());
+        stream::try_unfold((last, 0), move |(last, windows)| {
+            let (store, key) = (store.clone(), key.clone());
+            async move {
+                if last < first {
+                    return Ok(None);
+                }
+                let limit = walk_window(windows);
+                let batch = store.fetch_range_newest(&key, first, last, limit).await?;
+                let Some(oldest) = batch.last().map(|m| m.seq) else {
+                    return Ok(None);
+                };
+                Ok::<_, Error>(Some((batch, (oldest - 1, windows + 1))))
+            }
+        })
+    }
+
     /// Walks from `leaf` towards the root in growing windows.
     fn walk_up(
         &self,
@@ -690,14 +722,14 @@ impl<S: Store> Session<S> {
             key: SessionKey,
             next: Option<String>,
             remaining: usize,
-            window: usize,
+            windows: usize,
         }
         let walk = Walk {
             store: self.store.clone(),
             key: self.key.clone(),
             next: leaf,
             remaining: MAX_PATH_ROWS,
-            window: WALK_FIRST_WINDOW,
+            windows: 0,
         };
         stream::try_unfold(walk, |mut walk| async move {
             let Some(from) = walk.next.take() else {
@@ -706,14 +738,14 @@ impl<S: Store> Session<S> {
             if walk.remaining == 0 {
                 return Ok(None);
             }
-            let limit = walk.window.min(walk.remaining);
+            let limit = walk_window(walk.windows).min(walk.remaining);
             let batch = walk.store.ancestors(&walk.key, &from, limit).await?;
             if batch.is_empty() {
                 return Ok(None);
             }
             walk.remaining -= batch.len();
             walk.next = batch.last().and_then(|m| m.parent_id.clone());
-            walk.window = (walk.window * WALK_GROWTH).min(WALK_MAX_WINDOW);
+            walk.windows += 1;
             Ok::<_, Error>(Some((batch, walk)))
         })
     }
