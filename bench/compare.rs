@@ -42,7 +42,7 @@ impl Texts {
         let mut words: Vec<&str> = (0..30)
             .map(|_| {
                 self.seed = (self.seed * 1_103_515_245 + 12_345) % (1 << 31);
-                WORDS[(self.seed * WORDS.len() as u64 >> 31) as usize]
+                WORDS[((self.seed * WORDS.len() as u64) >> 31) as usize]
             })
             .collect();
         let id = format!("msg{i}");
@@ -55,7 +55,11 @@ impl Texts {
 }
 
 fn message(i: usize, text: &str) -> Value {
-    let role = if i % 2 == 0 { "user" } else { "assistant" };
+    let role = if i.is_multiple_of(2) {
+        "user"
+    } else {
+        "assistant"
+    };
     json!({"id": format!("m{i}"), "role": role, "parts": [{"type": "text", "text": text}]})
 }
 

@@ -152,14 +152,17 @@ def main():
     a = p.parse_args()
     began = time.perf_counter()
 
-    log("setting up (cached after the first run)")
+    # The cargo build runs while the peers install (downloads overlap the compile).
+    log("building the sessiondb driver (cargo, release) and setting up the peers (cached)")
+    build = subprocess.Popen(["cargo", "build", "--release", "-q", "-p", "sessiondb-bench",
+                              "--bin", "sessiondb-compare"], cwd=ROOT)
     oa_python = venv("oa", [OPENAI])
     lg_python = venv("lg", LANGGRAPH)
     cf_dir = npm("cf", CF)
     pi_dir = npm("pi", [PI])
-    log("building the sessiondb driver (cargo, release)")
-    sh(["cargo", "build", "--release", "-q", "-p", "sessiondb-bench", "--bin", "sessiondb-compare"],
-       cwd=ROOT, quiet=False)
+    if build.wait() != 0:
+        sys.exit("building sessiondb-compare failed")
+    log("set up")
     ours = os.path.join(ROOT, "target", "release", "sessiondb-compare")
     fsync = fsync_ms()
     log(f"fsync of 4 KiB: median {fsync:.3f} ms")
