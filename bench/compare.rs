@@ -3,11 +3,14 @@
 //!
 //! `sessiondb-compare lib|http N` — N messages of ~200 characters appended one at a time
 //! (durable: `synchronous=FULL`), then the reads, search, branch, compaction, a cold reopen and
-//! concurrent appenders. The text generator is the peers' (same LCG, vocabulary and needle).
+//! concurrent appenders. Texts come from `texts.rs`, which every driver implements alike.
 #![forbid(unsafe_code)]
+
+mod texts;
 
 use std::future::Future;
 use std::time::Instant;
+use texts::{NEEDLE, Texts};
 
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -16,11 +19,6 @@ use sessiondb::{
 };
 use sessiondb_server::{App, Limits, Metrics, ServerConfig};
 
-const WORDS: [&str; 19] = [
-    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
-    "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau",
-];
-const NEEDLE: &str = "needletoken";
 const LAST_READS: usize = 200;
 const WHOLE_READS: usize = 5;
 const SEARCHES: usize = 50;
@@ -28,31 +26,6 @@ const BRANCHES: usize = 20;
 const REOPENS: usize = 3;
 /// Appends shared by the writers of a concurrency level.
 const CONCURRENT_APPENDS: usize = 4000;
-
-/// The shared text generator (every driver has the same one): 30 words picked by the LCG
-/// `seed = (seed × 1103515245 + 12345) mod 2³¹` (word `seed × 19 >> 31`), then ` msg{i}`, and the
-/// needle in message N/2.
-struct Texts {
-    seed: u64,
-    n: usize,
-}
-
-impl Texts {
-    fn next(&mut self, i: usize) -> String {
-        let mut words: Vec<&str> = (0..30)
-            .map(|_| {
-                self.seed = (self.seed * 1_103_515_245 + 12_345) % (1 << 31);
-                WORDS[((self.seed * WORDS.len() as u64) >> 31) as usize]
-            })
-            .collect();
-        let id = format!("msg{i}");
-        words.push(&id);
-        if i == self.n / 2 {
-            words.push(NEEDLE);
-        }
-        words.join(" ")
-    }
-}
 
 fn message(i: usize, text: &str) -> Value {
     let role = if i.is_multiple_of(2) {
@@ -126,7 +99,7 @@ async fn library(n: usize, writers: &[usize]) {
     let dir = tempfile::tempdir().unwrap();
     let db = open(dir.path());
     let chat = db.session("bench").unwrap();
-    let mut texts = Texts { seed: 42, n };
+    let mut texts = Texts::new(n);
     let mut appends = Vec::with_capacity(n);
     for i in 0..n {
         let m = Message::from_value(message(i, &texts.next(i))).unwrap();
@@ -277,7 +250,7 @@ async fn http(n: usize, writers: &[usize]) {
     let base = server.base.clone();
     let client = reqwest::Client::new();
     let messages = format!("{base}/v1/sessions/bench/messages");
-    let mut texts = Texts { seed: 42, n };
+    let mut texts = Texts::new(n);
     let mut appends = Vec::with_capacity(n);
     for i in 0..n {
         let body = message(i, &texts.next(i));

@@ -1,45 +1,20 @@
 //! sessiondb benchmark: the peer workload of bench/README.md on the embedded SQLite store.
 //!
-//! `cargo run --release -p sessiondb-bench [-- N]` prints one line per operation in the same
-//! format as the peer scripts (label, mean ms per op), so `bench/compare.sh` can put them side by
-//! side. Durable mode (`synchronous=FULL`, one fsync per commit) unless `SYNC=normal`.
+//! `cargo run --release -p sessiondb-bench [-- N]` prints one line per operation (label, mean ms
+//! per op), with sessiondb's extra figures (concurrent appenders, appends with the search index);
+//! `bench/compare/run.py` measures the peers beside it. Durable mode (`synchronous=FULL`, one fsync per commit) unless `SYNC=normal`.
 #![forbid(unsafe_code)]
 
+mod texts;
+
 use std::time::Instant;
+use texts::{NEEDLE, Texts};
 
 use futures::StreamExt;
 use futures::executor::block_on;
 use sessiondb::{
     AppendOptions, Db, HistoryOptions, Message, Parent, SqliteConfig, SqliteStore, Synchronous,
 };
-
-const WORDS: [&str; 19] = [
-    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
-    "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau",
-];
-
-/// The peers' text generator (same LCG and seed), so every store indexes the same words.
-struct Texts {
-    seed: u64,
-    n: usize,
-}
-
-impl Texts {
-    fn next(&mut self, i: usize) -> String {
-        let mut words: Vec<&str> = (0..30)
-            .map(|_| {
-                self.seed = (self.seed * 1_103_515_245 + 12_345) % (1 << 31);
-                WORDS[(self.seed as f64 / (1u64 << 31) as f64 * WORDS.len() as f64) as usize]
-            })
-            .collect();
-        let tag = format!("msg{i}");
-        words.push(&tag);
-        if i == self.n >> 1 {
-            words.push("needletoken");
-        }
-        words.join(" ")
-    }
-}
 
 fn report(label: &str, total_ms: f64, n: usize) {
     let extra = if n > 1 {
@@ -78,7 +53,7 @@ fn main() {
         "--- sessiondb (SQLite file, synchronous={:?}) N={n}",
         config().synchronous
     );
-    let mut texts = Texts { seed: 42, n };
+    let mut texts = Texts::new(n);
 
     block_on(async {
         let t0 = Instant::now();
@@ -129,11 +104,11 @@ fn main() {
         report("row_stats() whole path (no content)", ms(t0), 5);
 
         let t0 = Instant::now();
-        let hits = s.search("needletoken", 10).await.unwrap();
+        let hits = s.search(NEEDLE, 10).await.unwrap();
         report("search() first call (builds FTS index)", ms(t0), 1);
         let t0 = Instant::now();
         for _ in 0..200 {
-            assert_eq!(s.search("needletoken", 10).await.unwrap().len(), hits.len());
+            assert_eq!(s.search(NEEDLE, 10).await.unwrap().len(), hits.len());
         }
         report("search() warm", ms(t0), 200);
         println!("   hits: {}", hits.len());
@@ -217,6 +192,7 @@ fn concurrency() {
                     };
                     let s = db.session(&name).unwrap();
                     std::thread::spawn(move || {
+                        // Another stream of texts per appender, without the needle.
                         let mut texts = Texts {
                             seed: 42 + a as u64,
                             n: usize::MAX,
