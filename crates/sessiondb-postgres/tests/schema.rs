@@ -1,0 +1,82 @@
+//! The schema on a real, throw-away PostgreSQL cluster started by the test itself.
+
+use sessiondb_postgres::cluster::TempCluster;
+use sessiondb_postgres::{PgStore, SCHEMA_VERSION};
+
+fn cluster() -> TempCluster {
+    TempCluster::start().unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_apply_once_even_when_instances_start_together() {
+    let cluster = cluster();
+    let url = cluster.url();
+    // Two instances migrate the same empty database at once: the advisory lock makes one wait.
+    let (a, b) = tokio::join!(PgStore::connect(&url, 2), PgStore::connect(&url, 2));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.schema_version().await.unwrap(), SCHEMA_VERSION);
+    assert_eq!(b.schema_version().await.unwrap(), SCHEMA_VERSION);
+    // Reconnecting finds the current version and applies nothing.
+    let again = PgStore::connect(&url, 1).await.unwrap();
+    assert_eq!(again.schema_version().await.unwrap(), SCHEMA_VERSION);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_table_is_keyed_by_namespace_first() {
+    let cluster = cluster();
+    let (client, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    PgStore::connect(&cluster.url(), 1).await.unwrap();
+    let keys = client
+        .query(
+            "SELECT c.relname, array_agg(a.attname::text ORDER BY k.ord)
+               FROM pg_index i
+               JOIN pg_class c ON c.oid = i.indrelid
+               JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'public'
+               CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+               JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
+              WHERE i.indisprimary AND c.relname <> 'sessiondb_schema'
+              GROUP BY c.relname",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(keys.len() >= 13, "tables: {}", keys.len());
+    for row in keys {
+        let (table, columns): (String, Vec<String>) = (row.get(0), row.get(1));
+        assert_eq!(columns[0], "namespace", "{table}: {columns:?}");
+        let per_session = !matches!(
+            table.as_str(),
+            "attachments" | "attachment_chunks" | "feed_counters"
+        );
+        if per_session {
+            let second = if table == "sessions" {
+                "id"
+            } else {
+                "session_id"
+            };
+            assert_eq!(columns[1], second, "{table}: {columns:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_is_refused() {
+    let cluster = cluster();
+    PgStore::connect(&cluster.url(), 1).await.unwrap();
+    let (client, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .execute(
+            "INSERT INTO sessiondb_schema (version) VALUES ($1)",
+            &[&(SCHEMA_VERSION + 1)],
+        )
+        .await
+        .unwrap();
+    let refused = PgStore::connect(&cluster.url(), 1).await.unwrap_err();
+    assert!(refused.to_string().contains("newer"), "{refused}");
+}
