@@ -775,24 +775,11 @@ impl SkillTracker {
                 self.record(tool, skill_id(label, key), part.get("output"));
             }
         }
-        if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
-            for call in calls {
-                let function = call.get("function");
-                let name = function.and_then(|f| f.get("name")).and_then(Value::as_str);
-                let Some(name @ (LOAD_CONTEXT | UNLOAD_CONTEXT)) = name else {
-                    continue;
-                };
-                let args = function
-                    .and_then(|f| f.get("arguments"))
-                    .and_then(Value::as_str)
-                    .and_then(|a| serde_json::from_str::<Value>(a).ok());
-                let id = call.get("id").and_then(Value::as_str);
-                if let (Some(id), Some((label, key))) = (id, args.as_ref().and_then(label_and_key))
-                {
-                    self.pending
-                        .insert(id.to_owned(), (name.to_owned(), skill_id(label, key)));
-                }
-            }
+        for call in chat_skill_calls(message) {
+            self.pending.insert(
+                call.id.to_owned(),
+                (call.tool.to_owned(), skill_id(&call.label, &call.key)),
+            );
         }
         if message.get("role").and_then(Value::as_str) == Some("tool") {
             let call = message.get("tool_call_id").and_then(Value::as_str);
@@ -819,27 +806,48 @@ impl SkillTracker {
     }
 }
 
-/// The id of the call in `message` that loaded `label`/`key` and whose result still stands, if
-/// the message holds one: a `parts` tool part (rewritten in place by [`rewrite_loading_part`])
-/// or a chat-completions call (whose `tool` message [`rewrite_loading_result`] rewrites).
+/// A chat-completions `tool_calls` entry of `load_context` or `unload_context`.
+struct ChatSkillCall<'a> {
+    id: &'a str,
+    tool: &'a str,
+    label: String,
+    key: String,
+}
+
+/// The message's chat-completions calls of the skill tools, in order, with their arguments
+/// (a JSON text) parsed; calls without an id or a label and key are skipped.
+fn chat_skill_calls(message: &Value) -> Vec<ChatSkillCall<'_>> {
+    let Some(calls) = message.get("tool_calls").and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    calls
+        .iter()
+        .filter_map(|call| {
+            let function = call.get("function")?;
+            let tool = function.get("name")?.as_str()?;
+            if tool != LOAD_CONTEXT && tool != UNLOAD_CONTEXT {
+                return None;
+            }
+            let args: Value = serde_json::from_str(function.get("arguments")?.as_str()?).ok()?;
+            let (label, key) = label_and_key(&args)?;
+            Some(ChatSkillCall {
+                id: call.get("id")?.as_str()?,
+                tool,
+                label: label.to_owned(),
+                key: key.to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// The id of the newest chat-completions call in `message` that loaded `label`/`key` (its `tool`
+/// message is what [`rewrite_loading_result`] rewrites).
 pub fn loading_call<'a>(message: &'a Value, label: &str, key: &str) -> Option<&'a str> {
-    let wanted = |input: Option<&Value>| input.and_then(label_and_key) == Some((label, key));
-    if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
-        for call in calls.iter().rev() {
-            let function = call.get("function");
-            if function.and_then(|f| f.get("name")).and_then(Value::as_str) != Some(LOAD_CONTEXT) {
-                continue;
-            }
-            let args = function
-                .and_then(|f| f.get("arguments"))
-                .and_then(Value::as_str)
-                .and_then(|a| serde_json::from_str::<Value>(a).ok());
-            if wanted(args.as_ref()) {
-                return call.get("id").and_then(Value::as_str);
-            }
-        }
-    }
-    None
+    chat_skill_calls(message)
+        .into_iter()
+        .rev()
+        .find(|c| c.tool == LOAD_CONTEXT && c.label == label && c.key == key)
+        .map(|c| c.id)
 }
 
 /// Rewrites the newest `output-available` `load_context` part for `label`/`key` in a `parts`
