@@ -27,6 +27,7 @@ BENCH = os.path.dirname(HERE)
 ROOT = os.path.dirname(BENCH)
 PEERS = os.path.join(BENCH, ".peers")
 DRIVERS = os.path.join(HERE, "drivers")
+RESULTS = os.path.join(HERE, "results.json")
 
 # Versions pinned so runs compare like with like.
 OPENAI = "openai-agents==0.24.0"
@@ -149,8 +150,16 @@ def main():
     p.add_argument("--n", type=int, default=10000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-readme", action="store_true", help="leave bench/README.md as it is")
+    p.add_argument("--report", action="store_true",
+                   help="measure nothing: redo the table, chart and README section from results.json")
     a = p.parse_args()
     began = time.perf_counter()
+    if a.report:
+        results = json.load(open(RESULTS))
+        results["labels"] = labels(results["langgraph_n"])
+        results["ratios"] = ratios(results["medians"])
+        report(results, os.path.join(PEERS, "lg", "bin", "python"), a.no_readme)
+        return
 
     # The cargo build runs while the peers install (downloads overlap the compile).
     log("building the sessiondb driver (cargo, release) and setting up the peers (cached)")
@@ -171,18 +180,16 @@ def main():
     py_env = dict(os.environ, PYTHONPATH=DRIVERS)
     normal = dict(os.environ, SYNC="normal")
     stores = [
-        {"name": "sessiondb", "label": "sessiondb (library)", "cmd": [ours, "lib", str(n)]},
-        {"name": "sessiondb-http", "label": "sessiondb (HTTP)", "cmd": [ours, "http", str(n)]},
-        {"name": "sessiondb-normal", "label": "sessiondb (library, no fsync)",
-         "cmd": [ours, "lib", str(n), ""], "env": normal},
-        {"name": "sessiondb-1k", "label": f"sessiondb (library, N={lg_n})",
-         "cmd": [ours, "lib", str(lg_n), ""]},
-        {"name": "cf", "label": "CF agents Sessions", "cmd": ["node", "cf_sessions.mjs", str(n)], "cwd": cf_dir},
-        {"name": "openai", "label": "OpenAI SQLiteSession",
-         "cmd": [oa_python, os.path.join(DRIVERS, "openai_sqlite.py"), str(n)], "env": py_env},
-        {"name": "pi", "label": "Pi SessionManager", "cmd": ["node", "pi_session.mjs", str(n)], "cwd": pi_dir},
-        {"name": "langgraph", "label": f"LangGraph SqliteSaver (N={lg_n})",
-         "cmd": [lg_python, os.path.join(DRIVERS, "langgraph_sqlite.py"), str(lg_n)], "env": py_env},
+        {"name": "sessiondb", "cmd": [ours, "lib", str(n)]},
+        {"name": "sessiondb-http", "cmd": [ours, "http", str(n)]},
+        {"name": "sessiondb-normal", "cmd": [ours, "lib", str(n), ""], "env": normal},
+        {"name": "sessiondb-1k", "cmd": [ours, "lib", str(lg_n), ""]},
+        {"name": "cf", "cmd": ["node", "cf_sessions.mjs", str(n)], "cwd": cf_dir},
+        {"name": "openai", "cmd": [oa_python, os.path.join(DRIVERS, "openai_sqlite.py"), str(n)],
+         "env": py_env},
+        {"name": "pi", "cmd": ["node", "pi_session.mjs", str(n)], "cwd": pi_dir},
+        {"name": "langgraph", "cmd": [lg_python, os.path.join(DRIVERS, "langgraph_sqlite.py"), str(lg_n)],
+         "env": py_env},
     ]
     samples = {s["name"]: {} for s in stores}
     infos = {}
@@ -195,49 +202,82 @@ def main():
                 samples[store["name"]].setdefault(op, []).append(ms)
             infos[store["name"]] = info
     medians = {name: {op: statistics.median(v) for op, v in ops.items()} for name, ops in samples.items()}
+    results = {"date": datetime.date.today().isoformat(), "machine": machine(), "fsync_ms": fsync,
+               "n": n, "langgraph_n": lg_n, "rounds": a.rounds,
+               "labels": labels(lg_n),
+               "samples": samples, "medians": medians, "stores": infos}
+    results["ratios"] = ratios(medians)
+    report(results, lg_python, a.no_readme)
+    log(f"done in {(time.perf_counter() - began) / 60:.1f} min")
 
-    def baseline(peer):
-        return "sessiondb-1k" if peer == "langgraph" else "sessiondb"
 
-    peers = ["cf", "openai", "pi", "langgraph"]
-    label = {s["name"]: s["label"] for s in stores}
+PEER_NAMES = ["cf", "openai", "pi", "langgraph"]
+
+
+def labels(lg_n):
+    return {"sessiondb": "sessiondb (library)", "sessiondb-http": "sessiondb (HTTP)",
+            "sessiondb-normal": "sessiondb (library, no fsync)",
+            "sessiondb-1k": f"sessiondb (library, N={lg_n})", "cf": "CF agents Sessions",
+            "openai": "OpenAI SQLiteSession", "pi": "Pi SessionManager",
+            "langgraph": f"LangGraph SqliteSaver (N={lg_n})"}
+
+
+def baseline(peer, op):
+    """The sessiondb run a peer's figure is divided by: the same N for LangGraph, and the
+    no-fsync run for Pi's appends (Pi never fsyncs)."""
+    if peer == "langgraph":
+        return "sessiondb-1k"
+    return "sessiondb-normal" if (peer, op) == ("pi", "append") else "sessiondb"
+
+
+def ratios(medians):
+    """peer -> op -> peer ms / sessiondb ms, for every operation both measured."""
+    out = {}
+    for peer in PEER_NAMES:
+        for op, _ in OPS:
+            ms, ours = medians[peer].get(op), medians[baseline(peer, op)].get(op)
+            if ms is not None and ours:
+                out.setdefault(peer, {})[op] = ms / ours
+    return out
+
+
+def report(results, lg_python, no_readme):
+    """The table, the targets, the chart and the README section, from a results file."""
+    medians, infos, label = results["medians"], results["stores"], results["labels"]
+    ratio = results["ratios"]
+    n, lg_n = results["n"], results["langgraph_n"]
     header = ["operation", "sessiondb (library) ms", "sessiondb (HTTP) ms"] + \
-        [f"{label[p]} ms (×)" for p in peers]
+        [f"{label[p]} ms (×)" for p in PEER_NAMES]
     rows = []
     for op, title in OPS:
         row = [title]
         for name in ("sessiondb", "sessiondb-http"):
             ms = medians[name].get(op)
             row.append(fmt_ms(ms) if ms is not None else "—")
-        for peer in peers:
-            ms, ours_ms = medians[peer].get(op), medians[baseline(peer)].get(op)
-            row.append(f"{fmt_ms(ms)} ({ms / ours_ms:.1f}×)" if ms is not None and ours_ms else "—")
+        for peer in PEER_NAMES:
+            value = ratio.get(peer, {}).get(op)
+            mark = "†" if baseline(peer, op) == "sessiondb-normal" else ""
+            row.append(f"{fmt_ms(medians[peer][op])} ({value:.1f}×{mark})" if value else "—")
         rows.append(row)
     size_row = ["disk after the workload (MB)"]
     for name in ("sessiondb", "sessiondb-http"):
         size_row.append(f"{infos[name]['size_bytes'] / 1e6:.1f}")
-    for peer in peers:
-        size, ours_size = infos[peer]["size_bytes"], infos[baseline(peer)]["size_bytes"]
+    for peer in PEER_NAMES:
+        size, ours_size = infos[peer]["size_bytes"], infos[baseline(peer, "disk")]["size_bytes"]
         size_row.append(f"{size / 1e6:.1f} ({size / ours_size:.1f}×)")
     rows.append(size_row)
     table = "\n".join("| " + " | ".join(r) + " |" for r in
                       [header, ["---"] * len(header)] + rows)
 
     # The targets of the comparison, each with the figure that decides it.
-    def ratio(peer, op):
-        ms, ours_ms = medians[peer].get(op), medians[baseline(peer)].get(op)
-        return ms / ours_ms if ms is not None and ours_ms else None
-
     targets = []
-    for peer in peers:
+    for peer in PEER_NAMES:
         for op, title in OPS:
-            value = ratio(peer, op)
+            value = ratio.get(peer, {}).get(op)
             if value is None:
                 continue
             need = 10 if op.startswith("concurrent") else 5 if op in ("last50", "whole") else 1
-            if op == "append" and peer == "pi":
-                # Pi never fsyncs: compare with sessiondb in its no-fsync mode.
-                value = medians["pi"]["append"] / medians["sessiondb-normal"]["append"]
+            if baseline(peer, op) == "sessiondb-normal":
                 title += " (vs sessiondb without fsync)"
             targets.append({"peer": label[peer], "operation": title, "ratio": round(value, 2),
                             "needed": need, "met": value >= need if need > 1 else value > 1})
@@ -245,32 +285,26 @@ def main():
     targets.append({"peer": label["langgraph"], "operation": f"disk for the same {lg_n}-message conversation",
                     "ratio": round(disk, 1), "needed": 20, "met": disk >= 20})
     missed = [t for t in targets if not t["met"]]
-
-    durability = "\n".join(f"- {label[name]}: {info['durability']}" for name, info in infos.items())
-    stamp = datetime.date.today().isoformat()
-    results = {"date": stamp, "machine": machine(), "fsync_ms": fsync, "n": n, "langgraph_n": lg_n,
-               "rounds": a.rounds, "samples": samples, "medians": medians, "stores": infos,
-               "targets": targets}
-    with open(os.path.join(HERE, "results.json"), "w") as f:
+    results["targets"] = targets
+    with open(RESULTS, "w") as f:
         json.dump(results, f, indent=1)
-    log("drawing the chart")
-    sh([lg_python, os.path.join(HERE, "chart.py"), os.path.join(HERE, "results.json"),
-        os.path.join(HERE, "chart.png")])
+    durability = "\n".join(f"- {label[name]}: {info['durability']}" for name, info in infos.items())
 
+    log("drawing the chart")
+    sh([lg_python, os.path.join(HERE, "chart.py"), RESULTS, os.path.join(HERE, "chart.png")])
     normal_append = medians["sessiondb-normal"]["append"]
-    section = f"""Latest run: {stamp}, `python3 bench/compare/run.py` (N = {n:,}; LangGraph at N = {lg_n:,}
-against sessiondb at the same N), {a.rounds} rounds, medians. Machine: {machine()}; fsync of 4 KiB
-on the benchmark's file system: median {fsync:.3f} ms. Ratios are peer ÷ sessiondb (library): above
-1, sessiondb is faster; concurrent rows are wall time per append with 8 or 32 writers on their own
-sessions (peers without concurrent writers show —).
+    section = f"""Latest run: {results['date']}, `python3 bench/compare/run.py` (N = {n:,}; LangGraph at
+N = {lg_n:,} against sessiondb at the same N), {results['rounds']} rounds, medians. Machine:
+{results['machine']}; fsync of 4 KiB on the benchmark's file system: median {results['fsync_ms']:.3f} ms.
+Ratios are peer ÷ sessiondb (library): above 1, sessiondb is faster; † compares Pi's appends,
+which are never fsynced, with sessiondb without fsync (`SYNC=normal`: {fmt_ms(normal_append)} ms);
+concurrent rows are wall time per append with 8 or 32 writers on their own sessions (peers
+without concurrent writers show —).
 
 {table}
 
 Durability each store ran with:
 {durability}
-
-sessiondb without fsync (`SYNC=normal`, the mode to set against Pi's unsynced file appends):
-append {fmt_ms(normal_append)} ms.
 
 Targets: {len(targets) - len(missed)} of {len(targets)} met.
 """ + ("".join(f"\n- missed: {t['peer']}, {t['operation']}: {t['ratio']}× (needed "
@@ -279,7 +313,7 @@ Targets: {len(targets) - len(missed)} of {len(targets)} met.
 ![sessiondb against its peers](compare/chart.png)
 """
     print(section)
-    if not a.no_readme:
+    if not no_readme:
         path = os.path.join(BENCH, "README.md")
         text = open(path).read()
         begin, end = "<!-- compare:begin -->", "<!-- compare:end -->"
@@ -287,7 +321,6 @@ Targets: {len(targets) - len(missed)} of {len(targets)} met.
         tail = rest.split(end, 1)[1]
         open(path, "w").write(f"{head}{begin}\n{section}\n{end}{tail}")
         log("bench/README.md updated")
-    log(f"done in {(time.perf_counter() - began) / 60:.1f} min")
 
 
 if __name__ == "__main__":
