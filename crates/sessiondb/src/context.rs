@@ -237,8 +237,25 @@ impl<S: Store> Context<S> {
             block.description,
             block.max_tokens,
             content,
-            block.kind != BlockKind::Readonly,
+            stored_writable(block.kind),
         ))
+    }
+
+    /// Label, kind and writability of every block in prompt order, without reading any text or
+    /// entry: what the tools check a call against.
+    async fn kinds(&self) -> Result<Vec<(String, BlockKind, bool)>, Error> {
+        let stored = merge_layers(self.store().context_blocks(self.key()).await?);
+        let mut kinds: Vec<(String, BlockKind, bool)> = stored
+            .into_iter()
+            .filter(|b| self.custom(&b.label).is_none())
+            .map(|b| (b.label, b.kind, stored_writable(b.kind)))
+            .collect();
+        kinds.extend(
+            self.custom
+                .iter()
+                .map(|b| (b.label.clone(), b.provider.kind(), b.provider.writable())),
+        );
+        Ok(kinds)
     }
 
     /// Every block in prompt order, with its current content and token estimate: the stored
@@ -524,19 +541,19 @@ impl<S: Store> Context<S> {
                 title,
                 description,
             } => {
-                let blocks = self.blocks().await?;
-                let Some(block) = blocks.iter().find(|b| b.label == label) else {
+                let kinds = self.kinds().await?;
+                let Some(&(_, kind, writable)) = kinds.iter().find(|(l, ..)| *l == label) else {
                     return Ok(results::block_not_found(&label));
                 };
-                if !block.kind.is_keyed() {
+                if !kind.is_keyed() {
                     let written = self.write_block(&label, &content, mode).await?;
                     return Ok(results::written(&written));
                 }
-                if !block.writable {
+                if !writable {
                     return Err(ContextError::NoWrites(label).into());
                 }
                 let key = entry_key(title.as_deref(), &content);
-                let description = match block.kind {
+                let description = match kind {
                     BlockKind::Skill => description.or(title),
                     _ => None,
                 };
@@ -545,8 +562,8 @@ impl<S: Store> Context<S> {
                 Ok(results::indexed(&key, &label))
             }
             ToolCall::LoadContext { label, key } => {
-                let blocks = self.blocks().await?;
-                let skills = labels(&blocks, BlockKind::Skill);
+                let kinds = self.kinds().await?;
+                let skills = labels_of(&kinds, BlockKind::Skill);
                 if !skills.contains(&label.as_str()) {
                     return Ok(results::not_skill(&label, &skills));
                 }
@@ -559,8 +576,8 @@ impl<S: Store> Context<S> {
                 Ok(entry.content)
             }
             ToolCall::UnloadContext { label, key } => {
-                let blocks = self.blocks().await?;
-                let skills = labels(&blocks, BlockKind::Skill);
+                let kinds = self.kinds().await?;
+                let skills = labels_of(&kinds, BlockKind::Skill);
                 if !skills.contains(&label.as_str()) {
                     return Ok(results::not_skill(&label, &skills));
                 }
@@ -573,8 +590,8 @@ impl<S: Store> Context<S> {
                 Ok(results::unloaded(&key, &label))
             }
             ToolCall::SearchContext { label, query } => {
-                let blocks = self.blocks().await?;
-                let searchable = labels(&blocks, BlockKind::Search);
+                let kinds = self.kinds().await?;
+                let searchable = labels_of(&kinds, BlockKind::Search);
                 if !searchable.contains(&label.as_str()) {
                     return Ok(results::not_searchable(&label, &searchable));
                 }
@@ -666,12 +683,17 @@ impl<S: Store> Context<S> {
 /// Rows a skill scan reads per fetch.
 const SCAN_BATCH: usize = 16;
 
-fn labels(blocks: &[BlockView], kind: BlockKind) -> Vec<&str> {
-    blocks
+fn labels_of(kinds: &[(String, BlockKind, bool)], kind: BlockKind) -> Vec<&str> {
+    kinds
         .iter()
-        .filter(|b| b.kind == kind)
-        .map(|b| b.label.as_str())
+        .filter(|(_, k, _)| *k == kind)
+        .map(|(label, ..)| label.as_str())
         .collect()
+}
+
+/// Stored blocks of every kind but readonly take writes (text, or new entries).
+fn stored_writable(kind: BlockKind) -> bool {
+    kind != BlockKind::Readonly
 }
 
 fn unexpected(outcome: WriteOutcome) -> Error {

@@ -44,6 +44,13 @@ fn block_json(block: &BlockView) -> Value {
     })
 }
 
+fn entry_json(key: &str, content: &str, description: Option<&str>) -> Response {
+    value_response(
+        StatusCode::OK,
+        &json!({"key": key, "content": content, "description": description}),
+    )
+}
+
 fn prompt_json(frozen: &FrozenPrompt) -> Response {
     value_response(
         StatusCode::OK,
@@ -132,8 +139,7 @@ pub(crate) async fn put_entry<S: Store>(
     context
         .put_entry(label, key, &content, description.as_deref())
         .await?;
-    let entry = json!({"key": key, "content": content, "description": description});
-    Ok(value_response(StatusCode::OK, &entry))
+    Ok(entry_json(key, &content, description.as_deref()))
 }
 
 pub(crate) async fn get_entry<S: Store>(
@@ -144,9 +150,10 @@ pub(crate) async fn get_entry<S: Store>(
     let (context, own) = scope(&app, &ns, params, 2)?;
     let (label, key) = (&own[0], &own[1]);
     match context.entry(label, key).await? {
-        Some(entry) => Ok(value_response(
-            StatusCode::OK,
-            &json!({"key": entry.key, "content": entry.content, "description": entry.description}),
+        Some(entry) => Ok(entry_json(
+            &entry.key,
+            &entry.content,
+            entry.description.as_deref(),
         )),
         None => Err(ApiError::not_found(format!(
             "no entry `{key}` in context block `{label}`"
