@@ -214,9 +214,8 @@ impl<S: Store> Session<S> {
 
     pub(crate) async fn resolved_message(
         &self,
-        message: StoredMessage,
+        mut message: StoredMessage,
     ) -> Result<StoredMessage, Error> {
-        let mut message = message;
         self.resolve_in_place(std::iter::once(&mut message)).await?;
         Ok(message)
     }
