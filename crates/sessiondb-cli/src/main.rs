@@ -75,8 +75,15 @@ enum Command {
     },
     /// Numbers of the active path, as JSON.
     Stats { session: String },
-    /// Run the HTTP server (SQLite in --data, 127.0.0.1:8787 by default).
-    Serve(serve::ServeArgs),
+    /// Run the HTTP server (SQLite in --data, 127.0.0.1:8787 by default; --database for
+    /// PostgreSQL).
+    Serve(Box<serve::ServeArgs>),
+    /// Bring a PostgreSQL database to this build's schema (servers also do this as they start).
+    Migrate {
+        /// PostgreSQL connection string (`postgres://user@host:port/db`).
+        #[arg(long, env = "SESSIONDB_DATABASE", hide_env_values = true)]
+        database: String,
+    },
     /// Import an NDJSON export (or `{message, parentId, createdAt}` lines) into a session, all or
     /// nothing.
     Import {
@@ -114,6 +121,22 @@ impl RemoteArgs {
     }
 }
 
+fn migrate(url: &str) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let (found, now) = runtime
+        .block_on(sessiondb_postgres::migrate_database(url))
+        .context("migrating the PostgreSQL database")?;
+    if found == now {
+        println!("schema version {now}: up to date");
+    } else {
+        println!("schema version {found} -> {now}");
+    }
+    Ok(())
+}
+
 fn open(data: &Option<PathBuf>) -> anyhow::Result<Db<SqliteStore>> {
     let dir = data.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DATA));
     Db::open(&dir).with_context(|| format!("opening {}", dir.display()))
@@ -122,7 +145,10 @@ fn open(data: &Option<PathBuf>) -> anyhow::Result<Db<SqliteStore>> {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if let Command::Serve(args) = cli.command {
-        return serve::run(serve::resolve(args, cli.data)?);
+        return serve::run(serve::resolve(*args, cli.data)?);
+    }
+    if let Command::Migrate { database } = &cli.command {
+        return migrate(database);
     }
     let remote = match &cli.command {
         Command::Import { remote, .. } | Command::Export { remote, .. } => remote.url.is_some(),
@@ -223,7 +249,10 @@ async fn run(
             }
         }
         Command::Stats { session: sid } => stats(&session(&sid)?, &mut out).await?,
-        Command::Serve(_) | Command::Import { .. } | Command::Export { .. } => {
+        Command::Serve(_)
+        | Command::Migrate { .. }
+        | Command::Import { .. }
+        | Command::Export { .. } => {
             unreachable!("handled above")
         }
     }

@@ -14,6 +14,7 @@ use sessiondb::{
     BATCH_BUCKETS, Db, ExtractiveSummarizer, Options, SqliteConfig, SqliteStore, Summarizer,
     Synchronous,
 };
+use sessiondb_postgres::{PgConfig, PgStore};
 use sessiondb_server::{App, Limits, Metrics, ServerConfig};
 use sessiondb_summarizers::{AnthropicSummarizer, ModelConfig, OpenAiSummarizer};
 
@@ -28,6 +29,14 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:8787].
     #[arg(long, env = "SESSIONDB_LISTEN")]
     listen: Option<SocketAddr>,
+    /// PostgreSQL connection string (`postgres://user@host:port/db`): serve from this shared
+    /// database, migrating it first, instead of the embedded one in --data. Several servers may
+    /// share one database.
+    #[arg(long, env = "SESSIONDB_DATABASE", hide_env_values = true)]
+    database: Option<String>,
+    /// Most PostgreSQL connections this server opens [default: 16].
+    #[arg(long, env = "SESSIONDB_DATABASE_POOL")]
+    database_pool: Option<usize>,
     /// API key and the namespace it acts in, as KEY=NAMESPACE; repeat for more keys (the
     /// variable takes a comma-separated list). Without keys, requests are anonymous in the
     /// empty namespace and the server only listens on loopback.
@@ -78,6 +87,8 @@ pub struct ServeArgs {
 struct FileConfig {
     listen: Option<SocketAddr>,
     data: Option<PathBuf>,
+    database: Option<String>,
+    database_pool: Option<usize>,
     insecure: Option<bool>,
     synchronous: Option<String>,
     log: Option<String>,
@@ -162,11 +173,20 @@ struct FileLimits {
     max_messages_per_session: Option<u64>,
 }
 
+/// Where the server keeps its sessions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// The embedded SQLite database in this directory.
+    Embedded { data: PathBuf },
+    /// A shared PostgreSQL database.
+    Postgres { url: String, pool: usize },
+}
+
 /// Everything `serve` needs, resolved.
 #[derive(Debug)]
 pub struct Resolved {
     pub listen: SocketAddr,
-    pub data: PathBuf,
+    pub backend: Backend,
     pub insecure: bool,
     pub synchronous: Synchronous,
     pub log: String,
@@ -228,9 +248,20 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
             .listen
             .or(file.listen)
             .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default address")),
-        data: data
-            .or(file.data)
-            .unwrap_or_else(|| PathBuf::from(crate::DEFAULT_DATA)),
+        backend: match args.database.or(file.database) {
+            Some(url) => Backend::Postgres {
+                url,
+                pool: args
+                    .database_pool
+                    .or(file.database_pool)
+                    .unwrap_or(sessiondb_postgres::PgConfig::default().max_connections),
+            },
+            None => Backend::Embedded {
+                data: data
+                    .or(file.data)
+                    .unwrap_or_else(|| PathBuf::from(crate::DEFAULT_DATA)),
+            },
+        },
         insecure: args.insecure || file.insecure.unwrap_or(false),
         synchronous,
         log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
@@ -322,14 +353,11 @@ async fn shutdown_signal() {
 pub fn run(config: Resolved) -> anyhow::Result<()> {
     init_logging(&config.log)?;
     sessiondb_server::check_bind(config.listen, &config.server, config.insecure)?;
-    let store = open_store(&config.data, config.synchronous)?;
-    let metrics = Metrics::with_backend(sqlite_metrics(&store));
     let options = Options {
         summarizer: config.summarizer.build(),
         ..Options::default()
     };
-    let app = App::new(Db::with_options(store, options), config.server, metrics);
-    // Store calls run on the worker threads (embedded reads are short and synchronous), so
+    // Embedded store calls run on the worker threads (its reads are short and synchronous), so
     // give the runtime more workers than cores: one blocked on a commit never stalls the rest.
     let workers = std::thread::available_parallelism().map_or(4, |n| n.get() * 4);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -338,17 +366,48 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
         .build()
         .context("starting the runtime")?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("listening on {}", config.listen))?;
-        let addr = listener.local_addr()?;
-        tracing::info!(%addr, data = %config.data.display(), "sessiondb listening");
-        // Tests and scripts read this line to find the port.
-        eprintln!("sessiondb listening on http://{addr}");
-        sessiondb_server::serve(listener, app, shutdown_signal()).await?;
-        tracing::info!("stopped; every acknowledged write is on disk");
-        Ok(())
+        match &config.backend {
+            Backend::Embedded { data } => {
+                let store = open_store(data, config.synchronous)?;
+                let metrics = Metrics::with_backend(sqlite_metrics(&store));
+                let app = App::new(Db::with_options(store, options), config.server, metrics);
+                listen(config.listen, app, &data.display().to_string()).await
+            }
+            Backend::Postgres { url, pool } => {
+                let pg = PgConfig {
+                    max_connections: *pool,
+                    ..PgConfig::default()
+                };
+                let store = PgStore::connect_with(url, pg)
+                    .await
+                    .context("connecting to PostgreSQL")?;
+                let app = App::new(
+                    Db::with_options(store, options),
+                    config.server,
+                    Metrics::default(),
+                );
+                listen(config.listen, app, "postgres").await
+            }
+        }
     })
+}
+
+/// Serves `app` on `addr` until SIGTERM or Ctrl-C, then drains in-flight requests.
+async fn listen<S: sessiondb::Store>(
+    addr: SocketAddr,
+    app: Arc<App<S>>,
+    storage: &str,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("listening on {addr}"))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, storage, "sessiondb listening");
+    // Tests and scripts read this line to find the port.
+    eprintln!("sessiondb listening on http://{addr}");
+    sessiondb_server::serve(listener, app, shutdown_signal()).await?;
+    tracing::info!("stopped; every acknowledged write is durable");
+    Ok(())
 }
 
 fn open_store(data: &Path, synchronous: Synchronous) -> anyhow::Result<SqliteStore> {
@@ -381,7 +440,12 @@ mod tests {
     fn no_flags_means_loopback_8787_over_the_local_data_directory() {
         let r = resolved(&[], None).unwrap();
         assert_eq!(r.listen, DEFAULT_LISTEN.parse().unwrap());
-        assert_eq!(r.data, PathBuf::from(crate::DEFAULT_DATA));
+        assert_eq!(
+            r.backend,
+            Backend::Embedded {
+                data: PathBuf::from(crate::DEFAULT_DATA)
+            }
+        );
         assert_eq!(r.server.limits, Limits::default());
         assert!(r.server.api_keys.is_empty() && !r.insecure);
         assert_eq!(r.synchronous, Synchronous::Full);
@@ -400,10 +464,37 @@ mod tests {
         let r = resolved(&["--config", path, "--max-body-bytes", "20"], None).unwrap();
         assert_eq!(r.server.limits.max_body_bytes, 20);
         assert_eq!(r.server.limits.max_message_bytes, 5);
-        assert_eq!(r.data, PathBuf::from("/from/file"));
+        assert_eq!(
+            r.backend,
+            Backend::Embedded {
+                data: PathBuf::from("/from/file")
+            }
+        );
         assert_eq!(r.synchronous, Synchronous::Normal);
         let r = resolved(&["--config", path], Some(PathBuf::from("/flag"))).unwrap();
-        assert_eq!(r.data, PathBuf::from("/flag"));
+        assert_eq!(
+            r.backend,
+            Backend::Embedded {
+                data: PathBuf::from("/flag")
+            }
+        );
+        std::fs::write(&file, "database = \"postgres://db/x\"\ndatabase_pool = 3\n").unwrap();
+        let r = resolved(&["--config", path], None).unwrap();
+        assert_eq!(
+            r.backend,
+            Backend::Postgres {
+                url: "postgres://db/x".into(),
+                pool: 3
+            }
+        );
+        let r = resolved(&["--config", path, "--database", "postgres://flag/y"], None).unwrap();
+        assert_eq!(
+            r.backend,
+            Backend::Postgres {
+                url: "postgres://flag/y".into(),
+                pool: 3
+            }
+        );
         assert!(resolved(&["--api-key", "no-namespace"], None).is_err());
         assert!(resolved(&["--synchronous", "sometimes"], None).is_err());
         std::fs::write(&file, "unknown = 1\n").unwrap();

@@ -1,88 +1,15 @@
 //! `sessiondb serve`, `import` and `export` as real processes on real sockets.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
+use common::Served;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use sessiondb::Db;
-
-/// A running `sessiondb serve`; killed when dropped.
-struct Served {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Served {
-    fn start(data: &Path, args: &[&str], env: &[(&str, &str)]) -> Served {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sessiondb"))
-            .arg("--data")
-            .arg(data)
-            .arg("serve")
-            .args(args)
-            .envs(env.iter().copied())
-            .env("SESSIONDB_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        let base = loop {
-            line.clear();
-            assert!(
-                stderr.read_line(&mut line).unwrap() > 0,
-                "the server exited before listening"
-            );
-            if let Some(url) = line.trim().strip_prefix("sessiondb listening on ") {
-                break url.to_owned();
-            }
-        };
-        // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in stderr.lines() {});
-        Served { child, base }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Peak resident memory of the server process so far, in bytes.
-    fn peak_rss(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
-        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
-        line.split_whitespace()
-            .nth(1)
-            .unwrap()
-            .parse::<u64>()
-            .unwrap()
-            * 1024
-    }
-
-    fn terminate(mut self) -> std::process::ExitStatus {
-        let ok = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-        for _ in 0..200 {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("the server did not stop within 10 s of SIGTERM");
-    }
-}
 
 fn free_dir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()

@@ -214,47 +214,96 @@ impl ChangeFeed {
         Subscription { receiver, missed }
     }
 
-    /// Publishes events in order. Never blocks; subscribers that went away are dropped.
+    /// Publishes events in order, numbering them after the last position. Never blocks;
+    /// subscribers that went away are dropped.
     pub fn publish(&self, events: impl IntoIterator<Item = (SessionKey, Change)>) {
         let mut state = self.lock();
         for (key, change) in events {
-            state.position += 1;
-            let event = Arc::new(ChangeEvent {
-                position: state.position,
-                key,
-                change,
-            });
-            if self.retain > 0 {
-                if state.retained.len() == self.retain {
-                    state.retained.pop_front();
-                }
-                state.retained.push_back(event.clone());
-            }
-            state.subscribers.retain_mut(|sub| {
-                if !sub.filter.accepts(&event.key) {
-                    return !sub.sender.is_closed();
-                }
-                let missed = sub.missed.swap(0, Ordering::AcqRel);
-                if missed > 0 {
-                    match sub.sender.try_send(FeedItem::Lagged { missed }) {
-                        Ok(()) => {}
-                        Err(e) if e.is_disconnected() => return false,
-                        Err(_) => {
-                            sub.missed.fetch_add(missed + 1, Ordering::AcqRel);
-                            return true;
-                        }
-                    }
-                }
-                match sub.sender.try_send(FeedItem::Event(event.clone())) {
-                    Ok(()) => true,
-                    Err(e) if e.is_disconnected() => false,
-                    Err(_) => {
-                        sub.missed.fetch_add(1, Ordering::AcqRel);
-                        true
-                    }
-                }
-            });
+            let position = state.position + 1;
+            self.deliver(&mut state, position, key, change, true);
         }
+    }
+
+    /// Publishes events that carry their own positions (a backend whose positions come from its
+    /// database). Positions must increase; an event at or below the last published position was
+    /// published already and is skipped.
+    pub fn publish_numbered(&self, events: impl IntoIterator<Item = (u64, SessionKey, Change)>) {
+        let mut state = self.lock();
+        for (position, key, change) in events {
+            if position > state.position {
+                self.deliver(&mut state, position, key, change, true);
+            }
+        }
+    }
+
+    /// Delivers an event that records no write to live subscribers only: it takes no position
+    /// of its own (it carries the last published one) and is not retained for resumption.
+    pub fn notify(&self, key: SessionKey, change: Change) {
+        let mut state = self.lock();
+        let position = state.position;
+        self.deliver(&mut state, position, key, change, false);
+    }
+
+    /// The last published position.
+    pub fn position(&self) -> u64 {
+        self.lock().position
+    }
+
+    /// Starts numbering after `position` (a feed whose positions continue a database's); only
+    /// before anything is published.
+    pub fn starting_after(self, position: u64) -> Self {
+        {
+            let mut state = self.lock();
+            debug_assert!(state.position == 0 && state.retained.is_empty());
+            state.position = position;
+        }
+        self
+    }
+
+    fn deliver(
+        &self,
+        state: &mut FeedState,
+        position: u64,
+        key: SessionKey,
+        change: Change,
+        retain: bool,
+    ) {
+        state.position = position;
+        let event = Arc::new(ChangeEvent {
+            position,
+            key,
+            change,
+        });
+        if retain && self.retain > 0 {
+            if state.retained.len() == self.retain {
+                state.retained.pop_front();
+            }
+            state.retained.push_back(event.clone());
+        }
+        state.subscribers.retain_mut(|sub| {
+            if !sub.filter.accepts(&event.key) {
+                return !sub.sender.is_closed();
+            }
+            let missed = sub.missed.swap(0, Ordering::AcqRel);
+            if missed > 0 {
+                match sub.sender.try_send(FeedItem::Lagged { missed }) {
+                    Ok(()) => {}
+                    Err(e) if e.is_disconnected() => return false,
+                    Err(_) => {
+                        sub.missed.fetch_add(missed + 1, Ordering::AcqRel);
+                        return true;
+                    }
+                }
+            }
+            match sub.sender.try_send(FeedItem::Event(event.clone())) {
+                Ok(()) => true,
+                Err(e) if e.is_disconnected() => false,
+                Err(_) => {
+                    sub.missed.fetch_add(1, Ordering::AcqRel);
+                    true
+                }
+            }
+        });
     }
 
     /// Subscribers currently attached.

@@ -1,10 +1,11 @@
 -- sessiondb PostgreSQL schema 1: the logical schema of the SQLite backend. Every primary key
 -- leads with (namespace, session_id) so the tables can be distributed by session (Citus-style);
--- session_id '' is a namespace's template scope, as on SQLite.
+-- session_id '' is a namespace's template scope, as on SQLite. Identifiers compare byte-wise
+-- (COLLATE "C"), as on SQLite, whatever the database's locale: listings and cursors agree.
 
 CREATE TABLE sessions (
-    namespace         TEXT    NOT NULL,
-    id                TEXT    NOT NULL,
+    namespace         TEXT COLLATE "C" NOT NULL,
+    id                TEXT COLLATE "C" NOT NULL,
     created_at        BIGINT  NOT NULL,
     updated_at        BIGINT  NOT NULL,
     last_message_at   BIGINT,
@@ -17,15 +18,15 @@ CREATE TABLE sessions (
     path_capped       BOOLEAN NOT NULL DEFAULT FALSE,
     path_head_seq     BIGINT,
     path_dense        BOOLEAN NOT NULL DEFAULT TRUE,
-    path_epoch        BIGINT  NOT NULL DEFAULT 0,
     stored_messages   BIGINT  NOT NULL DEFAULT 0,
     name              TEXT,
     parent_session_id TEXT,
     model             TEXT,
     source            TEXT,
     user_id           TEXT,
-    metadata          JSONB   NOT NULL DEFAULT '{}',
-    settings          JSONB   NOT NULL DEFAULT '{}',
+    -- JSON objects as text, byte for byte as written (as on SQLite).
+    metadata          TEXT    NOT NULL DEFAULT '{}',
+    settings          TEXT    NOT NULL DEFAULT '{}',
     end_reason        TEXT,
     input_tokens      BIGINT  NOT NULL DEFAULT 0,
     output_tokens     BIGINT  NOT NULL DEFAULT 0,
@@ -44,14 +45,22 @@ CREATE INDEX sessions_by_user_last_message
     ON sessions (namespace, user_id, (coalesce(last_message_at, created_at)), id)
     WHERE user_id IS NOT NULL;
 
+-- Full-text search: English stemming (Snowball, like SQLite's porter tokenizer) and no stop
+-- words, so every word a user searches for can match.
+CREATE TEXT SEARCH DICTIONARY sessiondb_stem (TEMPLATE = snowball, LANGUAGE = english);
+CREATE TEXT SEARCH CONFIGURATION sessiondb_search (COPY = english);
+ALTER TEXT SEARCH CONFIGURATION sessiondb_search
+    ALTER MAPPING FOR asciiword, asciihword, hword_asciipart, word, hword, hword_part
+    WITH sessiondb_stem;
+
 -- content holds slice 0 of the message's JSON (slices are cut by the core, as on SQLite);
 -- search_text is the core's search text, indexed through the generated tsvector.
 CREATE TABLE messages (
-    namespace      TEXT    NOT NULL,
-    session_id     TEXT    NOT NULL,
+    namespace      TEXT COLLATE "C" NOT NULL,
+    session_id     TEXT COLLATE "C" NOT NULL,
     seq            BIGINT  NOT NULL,
-    id             TEXT    NOT NULL,
-    parent_id      TEXT,
+    id             TEXT COLLATE "C" NOT NULL,
+    parent_id      TEXT COLLATE "C",
     parent_seq     BIGINT,
     role           TEXT    NOT NULL,
     content        TEXT    NOT NULL,
@@ -61,34 +70,30 @@ CREATE TABLE messages (
     content_hash   BYTEA   NOT NULL,
     created_at     BIGINT  NOT NULL,
     updated_at     BIGINT,
-    path_len       BIGINT,
-    path_tokens    BIGINT,
-    path_bytes     BIGINT,
-    path_epoch     BIGINT,
     search_text    TEXT    NOT NULL DEFAULT '',
-    search_vector  TSVECTOR GENERATED ALWAYS AS (to_tsvector('english', search_text)) STORED,
+    search_vector  TSVECTOR GENERATED ALWAYS AS (to_tsvector('sessiondb_search', search_text)) STORED,
     PRIMARY KEY (namespace, session_id, seq)
 );
 CREATE UNIQUE INDEX messages_by_id ON messages (namespace, session_id, id);
 CREATE INDEX messages_by_parent ON messages (namespace, session_id, parent_id);
-CREATE INDEX messages_path
-    ON messages (namespace, session_id, seq, parent_seq) INCLUDE (id, role, bytes, token_estimate);
+-- Roots (and orphans) of a session without scanning it.
+CREATE INDEX messages_roots ON messages (namespace, session_id, seq) WHERE parent_seq IS NULL;
 CREATE INDEX messages_search ON messages USING GIN (search_vector);
 
 CREATE TABLE message_chunks (
-    namespace  TEXT    NOT NULL,
-    session_id TEXT    NOT NULL,
-    id         TEXT    NOT NULL,
+    namespace  TEXT COLLATE "C" NOT NULL,
+    session_id TEXT COLLATE "C" NOT NULL,
+    id         TEXT COLLATE "C" NOT NULL,
     idx        INTEGER NOT NULL,
     content    TEXT    NOT NULL,
     PRIMARY KEY (namespace, session_id, id, idx)
 );
 
 CREATE TABLE compactions (
-    namespace       TEXT   NOT NULL,
-    session_id      TEXT   NOT NULL,
+    namespace       TEXT COLLATE "C" NOT NULL,
+    session_id      TEXT COLLATE "C" NOT NULL,
     seq             BIGINT NOT NULL,
-    id              TEXT   NOT NULL,
+    id              TEXT COLLATE "C" NOT NULL,
     summary         TEXT   NOT NULL,
     from_message_id TEXT   NOT NULL,
     to_message_id   TEXT   NOT NULL,
@@ -97,42 +102,42 @@ CREATE TABLE compactions (
 );
 
 CREATE TABLE session_state (
-    namespace  TEXT  NOT NULL,
-    session_id TEXT  NOT NULL,
-    key        TEXT  NOT NULL,
-    value      JSONB NOT NULL,
+    namespace  TEXT COLLATE "C" NOT NULL,
+    session_id TEXT COLLATE "C" NOT NULL,
+    key        TEXT COLLATE "C" NOT NULL,
+    value      TEXT  NOT NULL,  -- JSON text
     PRIMARY KEY (namespace, session_id, key)
 );
 
 -- Payloads are per namespace; a reference row ties one to a message of a session.
 CREATE TABLE attachments (
-    namespace  TEXT   NOT NULL,
-    hash       TEXT   NOT NULL,
+    namespace  TEXT COLLATE "C" NOT NULL,
+    hash       TEXT COLLATE "C" NOT NULL,
     media_type TEXT   NOT NULL,
     bytes      BIGINT NOT NULL,
     chunks     INTEGER NOT NULL,
     PRIMARY KEY (namespace, hash)
 );
 CREATE TABLE attachment_chunks (
-    namespace TEXT    NOT NULL,
-    hash      TEXT    NOT NULL,
+    namespace TEXT COLLATE "C" NOT NULL,
+    hash      TEXT COLLATE "C" NOT NULL,
     idx       INTEGER NOT NULL,
     data      BYTEA   NOT NULL,
     PRIMARY KEY (namespace, hash, idx)
 );
 CREATE TABLE attachment_refs (
-    namespace  TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    message_id TEXT NOT NULL,
-    hash       TEXT NOT NULL,
+    namespace  TEXT COLLATE "C" NOT NULL,
+    session_id TEXT COLLATE "C" NOT NULL,
+    message_id TEXT COLLATE "C" NOT NULL,
+    hash       TEXT COLLATE "C" NOT NULL,
     PRIMARY KEY (namespace, session_id, message_id, hash)
 );
 CREATE INDEX attachment_refs_by_hash ON attachment_refs (namespace, hash);
 
 CREATE TABLE context_blocks (
-    namespace   TEXT   NOT NULL,
-    session_id  TEXT   NOT NULL,
-    label       TEXT   NOT NULL,
+    namespace   TEXT COLLATE "C" NOT NULL,
+    session_id  TEXT COLLATE "C" NOT NULL,
+    label       TEXT COLLATE "C" NOT NULL,
     seq         BIGINT NOT NULL,
     kind        TEXT   NOT NULL,
     description TEXT,
@@ -141,39 +146,47 @@ CREATE TABLE context_blocks (
     PRIMARY KEY (namespace, session_id, label)
 );
 CREATE TABLE context_entries (
-    namespace     TEXT NOT NULL,
-    session_id    TEXT NOT NULL,
-    label         TEXT NOT NULL,
-    key           TEXT NOT NULL,
+    namespace     TEXT COLLATE "C" NOT NULL,
+    session_id    TEXT COLLATE "C" NOT NULL,
+    label         TEXT COLLATE "C" NOT NULL,
+    key           TEXT COLLATE "C" NOT NULL,
     content       TEXT NOT NULL,
     description   TEXT,
-    search_vector TSVECTOR GENERATED ALWAYS AS (to_tsvector('english', content)) STORED,
+    search_vector TSVECTOR GENERATED ALWAYS AS (to_tsvector('sessiondb_search', content)) STORED,
     PRIMARY KEY (namespace, session_id, label, key)
 );
 CREATE INDEX context_entries_search ON context_entries USING GIN (search_vector);
 CREATE TABLE context_prompts (
-    namespace  TEXT   NOT NULL,
-    session_id TEXT   NOT NULL,
+    namespace  TEXT COLLATE "C" NOT NULL,
+    session_id TEXT COLLATE "C" NOT NULL,
     prompt     TEXT   NOT NULL,
     frozen_at  BIGINT NOT NULL,
     PRIMARY KEY (namespace, session_id)
 );
 
--- The change feed shared by every instance, per namespace (the SSE streams are per namespace
--- or per session; these two tables distribute by namespace). A position comes from the
--- namespace's counter row, taken with `UPDATE … RETURNING` in the writing transaction: writers
--- of a namespace queue on that row, so positions commit in order and a reader paging
--- `position > n` never skips one that commits later.
-CREATE TABLE feed_counters (
-    namespace TEXT   NOT NULL PRIMARY KEY,
-    position  BIGINT NOT NULL
+-- The change feed shared by every instance. Positions form one sequence for the whole database
+-- (subscribers may follow every namespace at once), taken from the single counter row with
+-- `UPDATE … RETURNING` as the last statement of the writing transaction: writers queue on that
+-- row only while they commit, so positions become visible in order and a reader paging
+-- `position > n` never skips one that commits later. epoch tells this database's positions
+-- apart from any other's.
+CREATE TABLE feed_counter (
+    id       BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (id),
+    position BIGINT  NOT NULL,
+    epoch    BIGINT  NOT NULL
 );
+INSERT INTO feed_counter (position, epoch)
+VALUES (0, (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT);
+
+-- One row per event: the kind, its small fields as JSON (meta), and the message JSON of
+-- append/update/import events as stored.
 CREATE TABLE feed (
-    namespace  TEXT   NOT NULL,
-    session_id TEXT   NOT NULL,
+    namespace  TEXT COLLATE "C" NOT NULL,
+    session_id TEXT COLLATE "C" NOT NULL,
     position   BIGINT NOT NULL,
-    change     JSONB  NOT NULL,
-    at         BIGINT NOT NULL,
+    kind       TEXT   NOT NULL,
+    meta       TEXT   NOT NULL,
+    message    TEXT,
     PRIMARY KEY (namespace, session_id, position)
 );
-CREATE UNIQUE INDEX feed_by_position ON feed (namespace, position);
+CREATE UNIQUE INDEX feed_by_position ON feed (position);

@@ -1,5 +1,5 @@
-//! A throw-away PostgreSQL cluster for tests and benchmarks: `initdb` into a temporary
-//! directory, `pg_ctl start` on a free loopback port, stopped and deleted on drop.
+//! A throw-away PostgreSQL cluster for tests and benchmarks: a copy of an `initdb` template in a
+//! temporary directory, `pg_ctl start` on a free loopback port, stopped and deleted on drop.
 //!
 //! The binaries come from `SESSIONDB_PG_BINDIR`, else `pg_config --bindir`, else the newest
 //! `/usr/lib/postgresql/*/bin`. PostgreSQL refuses to run as root, so as root the cluster runs
@@ -75,6 +75,13 @@ fn run(mut command: Command) -> Result<Output, ClusterError> {
     }
 }
 
+/// FNV-1a, to name the template after the binaries that made it.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
@@ -89,7 +96,8 @@ fn free_port() -> Result<u16, ClusterError> {
 }
 
 impl TempCluster {
-    /// Initialises and starts a cluster (about a second); `trust` authentication on 127.0.0.1
+    /// Starts a cluster (a fraction of a second: its files are copied from a template that the
+    /// first cluster of this installation initialises); `trust` authentication on 127.0.0.1
     /// for the user `postgres`.
     pub fn start() -> Result<Self, ClusterError> {
         let bindir = find_bindir().ok_or(ClusterError::NotInstalled)?;
@@ -108,8 +116,49 @@ impl TempCluster {
             port: free_port()?,
             run_as,
         };
-        let pgdata = cluster.pgdata();
-        let mut initdb = cluster.command("initdb");
+        let template = cluster.template()?;
+        let mut copy = Command::new("cp");
+        copy.arg("-a").arg(&template).arg(cluster.pgdata());
+        run(copy)?;
+        let options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=on",
+            cluster.port,
+            cluster.data.path().display()
+        );
+        let mut start = cluster.command("pg_ctl");
+        start
+            .args(["start", "-w", "-t", "60", "-D"])
+            .arg(cluster.pgdata())
+            .arg("-l")
+            .arg(cluster.data.path().join("server.log"))
+            .args(["-o", &options]);
+        run(start)?;
+        Ok(cluster)
+    }
+
+    /// A freshly initialised, never started data directory for these binaries, made once (under
+    /// a file lock, so concurrent test processes share it) in the system's temporary directory.
+    fn template(&self) -> Result<PathBuf, ClusterError> {
+        let tag = fnv1a(self.bindir.to_string_lossy().as_bytes());
+        let owner = self.run_as.as_deref().unwrap_or("self");
+        let root = std::env::temp_dir();
+        let template = root.join(format!("sessiondb-pg-template-{owner}-{tag:x}"));
+        let lock = std::fs::File::create(root.join(format!("sessiondb-pg-template-{tag:x}.lock")))?;
+        lock.lock()?;
+        if template.join("PG_VERSION").is_file() {
+            return Ok(template);
+        }
+        let building = root.join(format!(
+            "sessiondb-pg-template-{tag:x}.{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&building)?;
+        if let Some(user) = &self.run_as {
+            let mut chown = Command::new("chown");
+            chown.arg(format!("{user}:{user}")).arg(&building);
+            run(chown).map_err(|e| ClusterError::NoUser(e.to_string()))?;
+        }
+        let mut initdb = self.command("initdb");
         initdb
             .args([
                 "-A",
@@ -121,22 +170,10 @@ impl TempCluster {
                 "--no-sync",
                 "-D",
             ])
-            .arg(&pgdata);
+            .arg(&building);
         run(initdb)?;
-        let options = format!(
-            "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=on",
-            cluster.port,
-            cluster.data.path().display()
-        );
-        let mut start = cluster.command("pg_ctl");
-        start
-            .args(["start", "-w", "-t", "60", "-D"])
-            .arg(&pgdata)
-            .arg("-l")
-            .arg(cluster.data.path().join("server.log"))
-            .args(["-o", &options]);
-        run(start)?;
-        Ok(cluster)
+        std::fs::rename(&building, &template)?;
+        Ok(template)
     }
 
     fn pgdata(&self) -> PathBuf {
@@ -162,6 +199,28 @@ impl TempCluster {
     /// A connection string for the `postgres` database.
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Creates a database as a copy of `template` (e.g. `template1`, empty) and returns its
+    /// connection string: many stores on one cluster, each with a database of its own.
+    pub fn create_database(&self, name: &str, template: &str) -> Result<String, ClusterError> {
+        let mut createdb = self.command("createdb");
+        createdb
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(["-T", template])
+            .arg(name);
+        run(createdb)?;
+        Ok(format!(
+            "postgres://postgres@127.0.0.1:{}/{name}",
+            self.port
+        ))
     }
 
     /// The server's log so far (for failing tests).

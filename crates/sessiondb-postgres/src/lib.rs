@@ -1,16 +1,48 @@
 //! sessiondb's PostgreSQL backend, for several stateless server instances on one shared
-//! database. In progress: this crate has the schema (numbered migrations, every table led by
-//! `(namespace, session_id)` for distribution by session), the connection pool, and
-//! [`cluster::TempCluster`], the throw-away cluster its tests start themselves. The
-//! [`sessiondb_core::Store`] implementation comes next (see ARCHITECTURE.md).
+//! database.
+//!
+//! - **Schema**: numbered migrations under an advisory lock (instances starting together migrate
+//!   once); every primary key leads with `(namespace, session_id)`, so tables distribute by
+//!   session. Message content is chunked by the core exactly as on SQLite.
+//! - **Writes**: one transaction per request on a pooled connection. It takes the session's
+//!   advisory lock first (writers of one session queue there, on every instance; other sessions
+//!   proceed in parallel), applies the ops, records the events in the shared feed as its last
+//!   statement, and commits with `synchronous_commit = on`: a write is acknowledged only once
+//!   PostgreSQL made it durable. A deadlock or serialisation failure retries the request.
+//! - **Reads**: single statements on a pooled connection; reads that need several statements to
+//!   agree (a message and its slices, a path and its rows) run in one repeatable-read snapshot.
+//! - **Change feed**: see [`feed`]: positions are shared by all instances, so a subscriber on any
+//!   instance sees every write in commit order and can resume (`Last-Event-ID`) on another.
+//! - **Runtime**: the store's futures run on the tokio runtime current when it connected, or on
+//!   a runtime of its own when connected outside one, so they can be awaited from any executor.
 #![forbid(unsafe_code)]
 
+mod attachments;
 pub mod cluster;
+mod context;
+mod feed;
+mod queries;
+mod registry;
 mod schema;
+mod sql;
+mod write;
 
 pub use schema::{SCHEMA_VERSION, migrate};
 
-use sessiondb_core::StoreError;
+use std::future::Future;
+use std::sync::Arc;
+
+use deadpool_postgres::Pool;
+use sessiondb_core::attachments::Payload;
+use sessiondb_core::{
+    Change, ChangeFeed, Compaction, ContextEntry, FeedFilter, FrozenPrompt, PathPlan, PathRows,
+    PathSuffix, ScopedBlock, SearchHit, SessionInfo, SessionKey, SessionQuery, SessionStats, Store,
+    StoreError, StoredMessage, Subscription, WriteOutcome, WriteRequest,
+};
+use tokio::runtime::{Handle, Runtime};
+
+use crate::feed::FeedSync;
+use crate::sql::backend_error;
 
 /// Errors of this backend.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +56,10 @@ pub enum PgError {
     Config(String),
     #[error("the database schema version {found} is newer than this build supports ({supported})")]
     SchemaTooNew { found: i64, supported: i64 },
+    #[error("cannot start the store's runtime: {0}")]
+    Runtime(#[from] std::io::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 impl From<PgError> for StoreError {
@@ -32,40 +68,644 @@ impl From<PgError> for StoreError {
             PgError::SchemaTooNew { found, supported } => {
                 StoreError::SchemaTooNew { found, supported }
             }
+            PgError::Store(e) => e,
             other => StoreError::Backend(other.to_string()),
         }
     }
 }
 
-/// A pool of connections to one database, migrated to [`SCHEMA_VERSION`].
+fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
+    StoreError::Backend(format!("connection pool: {e}"))
+}
+
+#[derive(Debug, Clone)]
+pub struct PgConfig {
+    /// Most connections open at once (the listening connection comes on top).
+    pub max_connections: usize,
+    /// Undelivered change events a subscriber may hold before it lags.
+    pub feed_buffer: usize,
+    /// Newest change events kept in memory for subscribers that resume from a position.
+    pub feed_retain: usize,
+}
+
+impl Default for PgConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 16,
+            feed_buffer: 1024,
+            feed_retain: 4096,
+        }
+    }
+}
+
+/// How many times a request that lost a deadlock or a serialisation conflict is re-applied.
+const WRITE_ATTEMPTS: usize = 5;
+
+/// A request that inserts at least this many rows refreshes the planner's statistics (at most
+/// once per [`ANALYZE_INTERVAL`] per instance). Until autovacuum catches up, PostgreSQL would
+/// plan a bulk-loaded session's id look-ups and path walks as if it held one row.
+const ANALYZE_AFTER_ROWS: usize = 1000;
+const ANALYZE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The PostgreSQL store. Cheap to clone; the pool, feed and runtime are shared.
 #[derive(Debug, Clone)]
 pub struct PgStore {
-    pool: deadpool_postgres::Pool,
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pool: Pool,
+    sync: Arc<FeedSync>,
+    epoch: u64,
+    runtime: Handle,
+    follower: tokio::task::JoinHandle<()>,
+    /// When this instance last analyzed the message tables after a bulk write.
+    analyzed_at: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Set when the store runs its own runtime (it was connected outside one).
+    owned_runtime: std::sync::Mutex<Option<Runtime>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.follower.abort();
+        let owned = self
+            .owned_runtime
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(runtime) = owned {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Connects to `url` once and brings its schema to [`SCHEMA_VERSION`]; returns the version found
+/// and the version now.
+pub async fn migrate_database(url: &str) -> Result<(i64, i64), PgError> {
+    let (mut client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    let driver = tokio::spawn(connection);
+    let found = migrate(&mut client).await;
+    drop(client);
+    let _ = driver.await;
+    Ok((found?, SCHEMA_VERSION))
 }
 
 impl PgStore {
     /// Connects to `url` (`postgres://user@host:port/db`) with at most `max_connections`
     /// connections and applies the migrations this database lacks.
     pub async fn connect(url: &str, max_connections: usize) -> Result<Self, PgError> {
-        let config: tokio_postgres::Config = url
+        Self::connect_with(
+            url,
+            PgConfig {
+                max_connections,
+                ..PgConfig::default()
+            },
+        )
+        .await
+    }
+
+    pub async fn connect_with(url: &str, config: PgConfig) -> Result<Self, PgError> {
+        Self::start(url, config, Handle::current(), None).await
+    }
+
+    /// Connects from outside any tokio runtime (a CLI, a test on another executor): the store
+    /// runs a small runtime of its own, shut down when the last clone is dropped.
+    pub fn connect_blocking(url: &str, config: PgConfig) -> Result<Self, PgError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("sessiondb-postgres")
+            .enable_all()
+            .build()?;
+        let handle = runtime.handle().clone();
+        let started = handle.block_on(Self::start(url, config, handle.clone(), None));
+        let store = match started {
+            Ok(store) => store,
+            Err(e) => {
+                runtime.shutdown_background();
+                return Err(e);
+            }
+        };
+        *store
+            .inner
+            .owned_runtime
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(runtime);
+        Ok(store)
+    }
+
+    async fn start(
+        url: &str,
+        config: PgConfig,
+        runtime: Handle,
+        owned_runtime: Option<Runtime>,
+    ) -> Result<Self, PgError> {
+        let mut pg_config: tokio_postgres::Config = url
             .parse()
             .map_err(|e: tokio_postgres::Error| PgError::Config(e.to_string()))?;
-        let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
-        let pool = deadpool_postgres::Pool::builder(manager)
-            .max_size(max_connections.max(1))
+        // Statements are prepared once per connection; a generic plan made while tables are
+        // small (or before statistics exist) can scan a whole session where an index look-up
+        // is wanted, so every execution is planned for its parameters.
+        let options = match pg_config.get_options() {
+            Some(given) => format!("{given} -c plan_cache_mode=force_custom_plan"),
+            None => "-c plan_cache_mode=force_custom_plan".to_owned(),
+        };
+        pg_config.options(options);
+        let manager = deadpool_postgres::Manager::new(pg_config.clone(), tokio_postgres::NoTls);
+        let pool = Pool::builder(manager)
+            .max_size(config.max_connections.max(1))
             .build()
             .map_err(|e| PgError::Config(e.to_string()))?;
         let mut client = pool.get().await?;
         migrate(&mut client).await?;
-        Ok(Self { pool })
+        let (epoch, position) = feed::counter(&client).await?;
+        drop(client);
+        let sync = FeedSync::new(
+            ChangeFeed::new(config.feed_buffer, config.feed_retain, epoch).starting_after(position),
+        );
+        let follower = runtime.spawn(feed::follow(pg_config, pool.clone(), sync.clone()));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                sync,
+                epoch,
+                runtime,
+                follower,
+                analyzed_at: std::sync::Mutex::new(None),
+                owned_runtime: std::sync::Mutex::new(owned_runtime),
+            }),
+        })
     }
 
     /// The schema version recorded in the database.
     pub async fn schema_version(&self) -> Result<i64, PgError> {
-        let client = self.pool.get().await?;
+        let client = self.inner.pool.get().await?;
         Ok(client
             .query_one("SELECT max(version) FROM sessiondb_schema", &[])
             .await?
             .get(0))
+    }
+
+    /// Runs `work` on the store's runtime (where its connections live); the returned future can
+    /// be awaited from any executor. Work already started finishes even if the caller goes away.
+    fn run<T, F>(
+        &self,
+        work: impl FnOnce(Arc<Inner>) -> F,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let task = self.inner.runtime.spawn(work(self.inner.clone()));
+        async move {
+            task.await
+                .map_err(|e| StoreError::Backend(format!("store task failed: {e}")))?
+        }
+    }
+
+    /// Runs a read on one pooled connection.
+    fn read<T, F>(
+        &self,
+        work: impl FnOnce(deadpool_postgres::Object) -> F + Send + 'static,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        self.run(|inner| async move { work(inner.pool.get().await.map_err(pool_error)?).await })
+    }
+
+    /// Runs a read of several statements in one repeatable-read snapshot.
+    fn read_snapshot<T, W>(
+        &self,
+        work: W,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static
+    where
+        T: Send + 'static,
+        W: for<'t> FnOnce(
+                &'t deadpool_postgres::Transaction<'t>,
+            ) -> futures::future::BoxFuture<'t, Result<T, StoreError>>
+            + Send
+            + 'static,
+    {
+        self.read(|mut client| async move {
+            let tx = client
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .map_err(backend_error)?;
+            let result = work(&tx).await;
+            tx.commit().await.map_err(backend_error)?;
+            result
+        })
+    }
+}
+
+impl Inner {
+    /// Applies one request in its own transaction, retrying lost deadlocks; publishes its events
+    /// once committed.
+    async fn write(&self, request: WriteRequest) -> Result<Vec<WriteOutcome>, StoreError> {
+        let mut client = self.pool.get().await.map_err(pool_error)?;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::write_once(&mut client, &request).await {
+                Ok((outcomes, first, changes)) => {
+                    if let Some(first) = first {
+                        let events = changes
+                            .into_iter()
+                            .map(|change| (request.key.clone(), change))
+                            .collect();
+                        // Committed: a failure to publish here must not fail the write; the
+                        // follower publishes the events from the table instead.
+                        let _ = self.sync.publish_committed(&client, first, events).await;
+                    }
+                    self.analyze_after_bulk(&client, &outcomes).await;
+                    return Ok(outcomes);
+                }
+                Err(Retry::Conflict(_)) if attempt < WRITE_ATTEMPTS => continue,
+                Err(Retry::Conflict(e) | Retry::Fail(e)) => return Err(e),
+            }
+        }
+    }
+
+    async fn analyze_after_bulk(
+        &self,
+        client: &deadpool_postgres::Object,
+        outcomes: &[WriteOutcome],
+    ) {
+        let inserted = outcomes
+            .iter()
+            .filter(|o| {
+                matches!(
+                    o,
+                    WriteOutcome::Appended { inserted: true, .. } | WriteOutcome::Imported(Some(_))
+                )
+            })
+            .count();
+        if inserted < ANALYZE_AFTER_ROWS {
+            return;
+        }
+        {
+            let mut last = self.analyzed_at.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|at| at.elapsed() < ANALYZE_INTERVAL) {
+                return;
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        // Statistics only steer plans: a failure here leaves them as they were.
+        let _ = client
+            .batch_execute("ANALYZE messages, message_chunks")
+            .await;
+    }
+
+    async fn write_once(
+        client: &mut deadpool_postgres::Object,
+        request: &WriteRequest,
+    ) -> Result<(Vec<WriteOutcome>, Option<u64>, Vec<Change>), Retry> {
+        let tx = client.transaction().await.map_err(Retry::classify)?;
+        write::lock_session(&tx, &request.key).await?;
+        let (outcomes, changes) = write::apply(&tx, request).await?;
+        let first = if changes.is_empty() {
+            None
+        } else {
+            Some(feed::record(&tx, &request.key, &changes).await?)
+        };
+        tx.commit().await.map_err(Retry::classify)?;
+        Ok((outcomes, first, changes))
+    }
+}
+
+/// A failed attempt: a conflict PostgreSQL resolved by aborting this transaction (retry it), or
+/// anything else.
+enum Retry {
+    Conflict(StoreError),
+    Fail(StoreError),
+}
+
+impl Retry {
+    fn classify(e: tokio_postgres::Error) -> Self {
+        use tokio_postgres::error::SqlState;
+        let conflict = e.code().is_some_and(|code| {
+            *code == SqlState::T_R_DEADLOCK_DETECTED || *code == SqlState::T_R_SERIALIZATION_FAILURE
+        });
+        if conflict {
+            Retry::Conflict(backend_error(e))
+        } else {
+            Retry::Fail(backend_error(e))
+        }
+    }
+}
+
+impl From<StoreError> for Retry {
+    fn from(e: StoreError) -> Self {
+        // Statement errors arrive as text: deadlocks are recognised by their SQLSTATE there.
+        match &e {
+            StoreError::Backend(text) if text.contains("deadlock detected") => Retry::Conflict(e),
+            _ => Retry::Fail(e),
+        }
+    }
+}
+
+/// A read of one connection, with its arguments moved in.
+macro_rules! read {
+    ($self:ident, |$c:ident| $body:expr) => {
+        $self.read(move |$c| async move {
+            let $c = &$c;
+            $body.await
+        })
+    };
+}
+
+/// A read of several statements in one snapshot.
+macro_rules! snapshot {
+    ($self:ident, |$c:ident| $body:expr) => {
+        $self.read_snapshot(move |$c| Box::pin(async move { $body.await }))
+    };
+}
+
+impl Store for PgStore {
+    fn write(
+        &self,
+        request: WriteRequest,
+    ) -> impl Future<Output = Result<Vec<WriteOutcome>, StoreError>> + Send {
+        self.run(|inner| async move { inner.write(request).await })
+    }
+
+    fn message(
+        &self,
+        key: &SessionKey,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<StoredMessage>, StoreError>> + Send {
+        let (key, id) = (key.clone(), id.to_owned());
+        snapshot!(self, |c| queries::message(c, &key, &id))
+    }
+
+    fn children(
+        &self,
+        key: &SessionKey,
+        id: &str,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        let (key, id) = (key.clone(), id.to_owned());
+        snapshot!(self, |c| queries::children(c, &key, &id))
+    }
+
+    fn roots(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        let key = key.clone();
+        snapshot!(self, |c| queries::roots(c, &key))
+    }
+
+    fn stats(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<SessionStats, StoreError>> + Send {
+        let key = key.clone();
+        read!(self, |c| queries::stats(c, &key))
+    }
+
+    fn path(
+        &self,
+        key: &SessionKey,
+        leaf: Option<&str>,
+    ) -> impl Future<Output = Result<PathRows, StoreError>> + Send {
+        let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
+        snapshot!(self, |c| queries::path(c, &key, leaf.as_deref()))
+    }
+
+    fn path_plan(
+        &self,
+        key: &SessionKey,
+        leaf: Option<&str>,
+    ) -> impl Future<Output = Result<PathPlan, StoreError>> + Send {
+        let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
+        snapshot!(self, |c| queries::path_plan(c, &key, leaf.as_deref()))
+    }
+
+    fn fetch_range(
+        &self,
+        key: &SessionKey,
+        from: i64,
+        last: i64,
+        max_rows: usize,
+        max_bytes: u64,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        let key = key.clone();
+        snapshot!(self, |c| queries::fetch_range(
+            c, &key, from, last, max_rows, max_bytes
+        ))
+    }
+
+    fn fetch_range_newest(
+        &self,
+        key: &SessionKey,
+        first: i64,
+        last: i64,
+        max_rows: usize,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        let key = key.clone();
+        snapshot!(self, |c| queries::fetch_range_newest(
+            c, &key, first, last, max_rows
+        ))
+    }
+
+    fn path_suffix(
+        &self,
+        key: &SessionKey,
+        leaf: Option<&str>,
+        max_bytes: u64,
+    ) -> impl Future<Output = Result<PathSuffix, StoreError>> + Send {
+        let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
+        snapshot!(self, |c| queries::path_suffix(
+            c,
+            &key,
+            leaf.as_deref(),
+            max_bytes
+        ))
+    }
+
+    fn fetch(
+        &self,
+        key: &SessionKey,
+        seqs: &[i64],
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        let (key, seqs) = (key.clone(), seqs.to_vec());
+        snapshot!(self, |c| queries::fetch(c, &key, &seqs))
+    }
+
+    fn ancestors(
+        &self,
+        key: &SessionKey,
+        from: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
+        let (key, from) = (key.clone(), from.to_owned());
+        snapshot!(self, |c| queries::ancestors(c, &key, &from, limit))
+    }
+
+    fn search(
+        &self,
+        key: &SessionKey,
+        words: &[String],
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send {
+        let (key, words) = (key.clone(), words.to_vec());
+        read!(self, |c| async {
+            if words.is_empty() || limit == 0 {
+                return Ok(Vec::new());
+            }
+            queries::search(c, &key, &words, limit).await
+        })
+    }
+
+    fn session(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Option<SessionInfo>, StoreError>> + Send {
+        let key = key.clone();
+        read!(self, |c| registry::session_info(c, &key))
+    }
+
+    fn list_sessions(
+        &self,
+        namespace: &str,
+        query: &SessionQuery,
+    ) -> impl Future<Output = Result<Vec<SessionInfo>, StoreError>> + Send {
+        let (namespace, query) = (namespace.to_owned(), query.clone());
+        read!(self, |c| registry::list_sessions(c, &namespace, &query))
+    }
+
+    fn compactions(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Vec<Compaction>, StoreError>> + Send {
+        let key = key.clone();
+        read!(self, |c| registry::compactions(c, &key))
+    }
+
+    fn state(
+        &self,
+        key: &SessionKey,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send {
+        let (key, name) = (key.clone(), name.to_owned());
+        read!(self, |c| registry::state(c, &key, &name))
+    }
+
+    fn state_entries(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send {
+        let key = key.clone();
+        read!(self, |c| registry::state_entries(c, &key))
+    }
+
+    fn search_namespace(
+        &self,
+        namespace: &str,
+        user_id: Option<&str>,
+        words: &[String],
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send {
+        let (namespace, user_id, words) = (
+            namespace.to_owned(),
+            user_id.map(str::to_owned),
+            words.to_vec(),
+        );
+        read!(self, |c| async {
+            if words.is_empty() || limit == 0 {
+                return Ok(Vec::new());
+            }
+            registry::search_namespace(c, &namespace, user_id.as_deref(), &words, limit).await
+        })
+    }
+
+    fn attachment_sizes(
+        &self,
+        namespace: &str,
+        hashes: &[String],
+    ) -> impl Future<Output = Result<Vec<(String, u64)>, StoreError>> + Send {
+        let (namespace, hashes) = (namespace.to_owned(), hashes.to_vec());
+        read!(self, |c| attachments::sizes(c, &namespace, &hashes))
+    }
+
+    fn attachments(
+        &self,
+        namespace: &str,
+        hashes: &[String],
+    ) -> impl Future<Output = Result<Vec<Payload>, StoreError>> + Send {
+        let (namespace, hashes) = (namespace.to_owned(), hashes.to_vec());
+        snapshot!(self, |c| attachments::read(c, &namespace, &hashes))
+    }
+
+    fn context_blocks(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Vec<ScopedBlock>, StoreError>> + Send {
+        let key = key.clone();
+        read!(self, |c| context::blocks(c, &key))
+    }
+
+    fn context_entry_keys(
+        &self,
+        key: &SessionKey,
+        label: &str,
+    ) -> impl Future<Output = Result<Vec<(String, Option<String>)>, StoreError>> + Send {
+        let (key, label) = (key.clone(), label.to_owned());
+        read!(self, |c| context::entry_keys(c, &key, &label))
+    }
+
+    fn context_entry(
+        &self,
+        key: &SessionKey,
+        label: &str,
+        entry_key: &str,
+    ) -> impl Future<Output = Result<Option<ContextEntry>, StoreError>> + Send {
+        let (key, label, entry_key) = (key.clone(), label.to_owned(), entry_key.to_owned());
+        read!(self, |c| context::entry(c, &key, &label, &entry_key))
+    }
+
+    fn search_context(
+        &self,
+        key: &SessionKey,
+        label: &str,
+        words: &[String],
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send {
+        let (key, label, words) = (key.clone(), label.to_owned(), words.to_vec());
+        read!(self, |c| context::search(c, &key, &label, &words, limit))
+    }
+
+    fn prompt(
+        &self,
+        key: &SessionKey,
+    ) -> impl Future<Output = Result<Option<FrozenPrompt>, StoreError>> + Send {
+        let key = key.clone();
+        read!(self, |c| context::prompt(c, &key))
+    }
+
+    fn subscribe(&self, filter: FeedFilter) -> Subscription {
+        self.inner.sync.feed.subscribe(filter)
+    }
+
+    /// Delivered to this instance's live subscribers only: the event records no write, so it
+    /// takes no feed position and is not shared with other instances.
+    fn announce(&self, key: &SessionKey, change: Change) {
+        self.inner.sync.feed.notify(key.clone(), change);
+    }
+
+    /// Resumes within the events this instance holds in memory (from every instance, since it
+    /// started following the feed).
+    fn subscribe_after(&self, filter: FeedFilter, position: u64) -> Option<Subscription> {
+        self.inner.sync.feed.subscribe_after(filter, position)
+    }
+
+    /// The same on every instance of one database, so a position read on one resumes on another.
+    fn feed_epoch(&self) -> u64 {
+        self.inner.epoch
     }
 }

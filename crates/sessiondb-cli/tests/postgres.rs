@@ -1,0 +1,326 @@
+//! Several `sessiondb serve` processes on one throw-away PostgreSQL database: concurrent appends
+//! across instances, change feeds that agree, and an instance killed mid-load.
+
+mod common;
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::Served;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use sessiondb_postgres::cluster::TempCluster;
+
+fn cluster() -> TempCluster {
+    TempCluster::start().unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e}"))
+}
+
+fn serve(dir: &tempfile::TempDir, url: &str) -> Served {
+    Served::start(
+        dir.path(),
+        &["--database", url, "--listen", "127.0.0.1:0"],
+        &[],
+    )
+}
+
+/// One server-sent event: its id, name and data.
+#[derive(Debug, Clone)]
+struct Sse {
+    id: String,
+    event: String,
+    data: Value,
+}
+
+/// Follows `GET {base}/v1/events` in the background; returns once subscribed.
+async fn subscribe(base: &str) -> Arc<Mutex<Vec<Sse>>> {
+    let response = reqwest::get(format!("{base}/v1/events")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    tokio::spawn(async move {
+        let mut body = response.bytes_stream();
+        let mut buffer = String::new();
+        while let Some(Ok(chunk)) = body.next().await {
+            buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+            while let Some(end) = buffer.find("\n\n") {
+                let block: String = buffer.drain(..end + 2).collect();
+                let field = |name: &str| {
+                    block
+                        .lines()
+                        .find_map(|l| l.strip_prefix(name))
+                        .map(|v| v.trim_start().to_owned())
+                };
+                if let (Some(id), Some(event), Some(data)) =
+                    (field("id:"), field("event:"), field("data:"))
+                {
+                    let data = serde_json::from_str(&data).unwrap();
+                    sink.lock().unwrap().push(Sse { id, event, data });
+                }
+            }
+        }
+    });
+    seen
+}
+
+/// The ids of the append events seen, in order.
+fn appended(events: &[Sse]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e.event == "append")
+        .map(|e| e.data["message"]["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn wait_for_appends(seen: &Mutex<Vec<Sse>>, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while appended(&seen.lock().unwrap()).len() < count && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Appends `message` (with an id) to `session`; true when the server acknowledged it (201).
+async fn append(http: &reqwest::Client, base: &str, session: &str, id: &str) -> bool {
+    let sent = http
+        .post(format!("{base}/v1/sessions/{session}/messages"))
+        .json(&json!({"id": id, "role": "user", "parts": [{"type": "text", "text": id}]}))
+        .send()
+        .await;
+    matches!(sent, Ok(r) if r.status() == 201)
+}
+
+/// `(id, seq, parent_seq)` of a session's rows in seq order, read from the database itself.
+async fn stored_rows(url: &str, session: &str) -> Vec<(String, i64, Option<i64>)> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .query(
+            "SELECT id, seq, parent_seq FROM messages
+              WHERE namespace = '' AND session_id = $1 ORDER BY seq",
+            &[&session],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+/// The session's history (root → leaf) through the server, as ids.
+async fn history(base: &str, session: &str) -> Vec<String> {
+    let text = reqwest::get(format!("{base}/v1/sessions/{session}/history"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .map(|l| {
+            let m: Value = serde_json::from_str(l).unwrap();
+            m["id"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
+/// Every acknowledged append is stored exactly once, as one linear chain in seq order (each
+/// append went under the leaf of its moment), and the history reads it back in that order.
+async fn assert_chain(url: &str, base: &str, session: &str, acknowledged: &BTreeSet<String>) {
+    let rows = stored_rows(url, session).await;
+    let ids: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
+    let unique: BTreeSet<String> = ids.iter().cloned().collect();
+    assert_eq!(
+        unique.len(),
+        ids.len(),
+        "{session}: a message is stored twice"
+    );
+    assert!(
+        acknowledged.is_subset(&unique),
+        "{session}: acknowledged appends are missing: {:?}",
+        acknowledged.difference(&unique).collect::<Vec<_>>()
+    );
+    assert!(rows.windows(2).all(|w| w[0].1 < w[1].1), "{session}: seqs");
+    for pair in rows.windows(2) {
+        assert_eq!(pair[1].2, Some(pair[0].1), "{session}: the chain breaks");
+    }
+    assert_eq!(rows.first().map(|r| r.2), Some(None), "{session}: one root");
+    assert_eq!(history(base, session).await, ids, "{session}: history");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_sessions_and_feeds() {
+    let cluster = cluster();
+    let url = cluster.url();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (serve(&dir_a, &url), serve(&dir_b, &url));
+    let bases = [a.base.clone(), b.base.clone()];
+    let feeds = [subscribe(&bases[0]).await, subscribe(&bases[1]).await];
+
+    // 16 clients, half on each instance: each appends to the shared session and to its own.
+    const CLIENTS: usize = 16;
+    const ROUNDS: usize = 15;
+    let mut clients = Vec::new();
+    for client in 0..CLIENTS {
+        let base = bases[client % 2].clone();
+        clients.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut acked = Vec::new();
+            for round in 0..ROUNDS {
+                for (session, id) in [
+                    ("shared".to_owned(), format!("c{client}-shared-{round}")),
+                    (format!("own-{client}"), format!("c{client}-own-{round}")),
+                ] {
+                    assert!(append(&http, &base, &session, &id).await, "{id} refused");
+                    acked.push((session, id));
+                }
+            }
+            acked
+        }));
+    }
+    let mut acked: Vec<(String, String)> = Vec::new();
+    for client in clients {
+        acked.extend(client.await.unwrap());
+    }
+    assert_eq!(acked.len(), CLIENTS * ROUNDS * 2);
+
+    let sessions: BTreeSet<String> = acked.iter().map(|(s, _)| s.clone()).collect();
+    for session in &sessions {
+        let ids: BTreeSet<String> = acked
+            .iter()
+            .filter(|(s, _)| s == session)
+            .map(|(_, id)| id.clone())
+            .collect();
+        assert_chain(&url, &bases[0], session, &ids).await;
+        assert_eq!(history(&bases[1], session).await.len(), ids.len());
+    }
+
+    // Each instance's subscriber saw every append once, in the same (commit) order, with
+    // increasing positions.
+    let mut orders = Vec::new();
+    for feed in &feeds {
+        wait_for_appends(feed, acked.len()).await;
+        let events = feed.lock().unwrap().clone();
+        let order = appended(&events);
+        let unique: HashSet<&String> = order.iter().collect();
+        assert_eq!(order.len(), acked.len(), "every append, once");
+        assert_eq!(unique.len(), order.len(), "no append twice");
+        let positions: Vec<u64> = events
+            .iter()
+            .map(|e| e.id.split_once('-').unwrap().1.parse().unwrap())
+            .collect();
+        assert!(positions.windows(2).all(|w| w[0] < w[1]), "positions rise");
+        orders.push(order);
+    }
+    assert_eq!(orders[0], orders[1], "both instances saw one order");
+    // That order is each session's commit (seq) order.
+    for session in &sessions {
+        let stored: Vec<String> = stored_rows(&url, session)
+            .await
+            .into_iter()
+            .map(|r| r.0)
+            .collect();
+        let seen: Vec<String> = orders[0]
+            .iter()
+            .filter(|id| stored.contains(id))
+            .cloned()
+            .collect();
+        assert_eq!(seen, stored, "{session}: events in commit order");
+    }
+    // A position read on one instance resumes on the other.
+    let first = feeds[0].lock().unwrap()[0].id.clone();
+    let resumed = reqwest::Client::new()
+        .get(format!("{}/v1/events", bases[1]))
+        .header("Last-Event-ID", &first)
+        .send()
+        .await
+        .unwrap();
+    let mut body = resumed.bytes_stream();
+    let chunk = body.next().await.unwrap().unwrap();
+    let text = String::from_utf8_lossy(&chunk);
+    assert!(text.contains("append"), "{text}");
+    assert!(!text.contains("no longer retained"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_instance_loses_no_acknowledged_write() {
+    let cluster = cluster();
+    let url = cluster.url();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (serve(&dir_a, &url), serve(&dir_b, &url));
+    let bases = [a.base.clone(), b.base.clone()];
+    let feed_b = subscribe(&bases[1]).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+
+    // 8 clients append without pause, half through each instance, to one shared session and
+    // their own; a client of the killed instance stops at its first refused append.
+    let mut clients = Vec::new();
+    for client in 0..8 {
+        let (base, stop) = (bases[client % 2].clone(), stop.clone());
+        clients.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut acked = Vec::new();
+            let mut round = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let session = if round % 2 == 0 {
+                    "shared".to_owned()
+                } else {
+                    format!("own-{client}")
+                };
+                let id = format!("c{client}-{round}");
+                if !append(&http, &base, &session, &id).await {
+                    return (client, acked, false);
+                }
+                acked.push((session, id));
+                round += 1;
+            }
+            (client, acked, true)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    a.kill();
+    // The survivor keeps serving while the killed instance's clients fail.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut acked: Vec<(String, String)> = Vec::new();
+    let mut on_survivor = 0;
+    for client in clients {
+        let (client, ids, finished) = client.await.unwrap();
+        if client % 2 == 1 {
+            assert!(
+                finished,
+                "client {client} of the surviving instance was refused"
+            );
+            on_survivor += ids.len();
+        } else {
+            assert!(
+                !finished,
+                "client {client} kept writing through a killed instance"
+            );
+        }
+        acked.extend(ids);
+    }
+    assert!(on_survivor > 0);
+    assert!(append(&reqwest::Client::new(), &bases[1], "after", "after-kill").await);
+
+    let sessions: BTreeSet<String> = acked.iter().map(|(s, _)| s.clone()).collect();
+    for session in &sessions {
+        let ids: BTreeSet<String> = acked
+            .iter()
+            .filter(|(s, _)| s == session)
+            .map(|(_, id)| id.clone())
+            .collect();
+        // Stored rows may include an append the killed instance committed but never answered.
+        assert_chain(&url, &bases[1], session, &ids).await;
+    }
+    // The survivor's subscriber saw every acknowledged append.
+    wait_for_appends(&feed_b, acked.len() + 1).await;
+    let seen: HashSet<String> = appended(&feed_b.lock().unwrap()).into_iter().collect();
+    let missing: Vec<&String> = acked
+        .iter()
+        .map(|(_, id)| id)
+        .filter(|id| !seen.contains(*id))
+        .collect();
+    assert!(missing.is_empty(), "events missing: {missing:?}");
+    drop(b);
+}

@@ -1,0 +1,483 @@
+//! The change feed across instances.
+//!
+//! A writing transaction takes its events' positions from the one `feed_counter` row as its last
+//! statement, inserts one `feed` row per event and notifies [`CHANNEL`]; the counter row stays
+//! locked until the commit, so positions become visible in order. Every instance publishes
+//! events to its own subscribers strictly in position order from one place, [`FeedSync`]:
+//! its own writes right after they commit (first reading any earlier positions it has not
+//! published from the table), and other instances' writes when a notification — or, in case one
+//! is lost, a periodic tick — makes it read the rows after the last position it published.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::GenericClient;
+use serde_json::{Value, json};
+use sessiondb_core::message::{StoredRow, role_of};
+use sessiondb_core::{
+    Change, ChangeFeed, Compaction, Parent, SessionAction, SessionKey, StoreError, StoredMessage,
+};
+use tokio::sync::Mutex;
+
+use crate::sql::{Result, backend_error, exec, get, row, rows};
+
+/// The notification channel: its payload is the last position a transaction wrote.
+pub(crate) const CHANNEL: &str = "sessiondb_feed";
+
+/// How often an instance looks for events it was not notified of.
+pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Events kept in the table beyond the newest; older rows are pruned.
+pub(crate) const TABLE_RETAIN: i64 = 100_000;
+
+/// An event as stored: its kind, its small fields, and the message JSON it carries.
+struct Encoded {
+    kind: &'static str,
+    meta: String,
+    message: Option<String>,
+}
+
+fn message_meta(m: &StoredMessage) -> Value {
+    json!({
+        "id": m.id, "role": m.role, "parentId": m.parent_id, "seq": m.seq,
+        "createdAt": m.created_at, "updatedAt": m.updated_at,
+        "tokens": m.token_estimate, "bytes": m.bytes,
+    })
+}
+
+fn compaction_meta(c: &Compaction) -> Value {
+    json!({
+        "id": c.id, "summary": c.summary, "from": c.from_message_id, "to": c.to_message_id,
+        "createdAt": c.created_at,
+    })
+}
+
+fn encode(change: &Change) -> Encoded {
+    let (meta, message) = match change {
+        Change::Append {
+            message,
+            parent,
+            inserted,
+        } => {
+            let parent = match parent {
+                Parent::ActiveLeaf => json!("leaf"),
+                Parent::Root => json!("root"),
+                Parent::Id(id) => json!({ "id": id }),
+            };
+            let meta =
+                json!({"row": message_meta(message), "parent": parent, "inserted": inserted});
+            (meta, Some(message))
+        }
+        Change::Update { message } => (json!({"row": message_meta(message)}), Some(message)),
+        Change::Import { message, parent_id } => (
+            json!({"row": message_meta(message), "parentId": parent_id}),
+            Some(message),
+        ),
+        Change::Delete { message_ids } => (json!({ "ids": message_ids }), None),
+        Change::Clear => (json!({}), None),
+        Change::Compaction { compaction } | Change::Compact { compaction } => {
+            (compaction_meta(compaction), None)
+        }
+        Change::Session { action } => (json!({"action": action.name()}), None),
+        Change::Error { message } => (json!({ "message": message }), None),
+    };
+    Encoded {
+        kind: change.name(),
+        meta: meta.to_string(),
+        message: message.map(|m| m.json().to_owned()),
+    }
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Corrupt(format!("feed event: {what}"))
+}
+
+fn text(v: &Value, field: &str) -> Result<String> {
+    v[field]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| corrupt(field))
+}
+
+fn int(v: &Value, field: &str) -> Result<i64> {
+    v[field].as_i64().ok_or_else(|| corrupt(field))
+}
+
+fn decode_message(meta: &Value, json: Option<String>) -> Result<StoredMessage> {
+    let r = &meta["row"];
+    let row = StoredRow {
+        id: text(r, "id")?,
+        role: role_of(&text(r, "role")?),
+        parent_id: r["parentId"].as_str().map(str::to_owned),
+        seq: int(r, "seq")?,
+        created_at: int(r, "createdAt")?,
+        updated_at: r["updatedAt"].as_i64(),
+        token_estimate: int(r, "tokens")? as u64,
+    };
+    let json = json.ok_or_else(|| corrupt("message"))?;
+    Ok(StoredMessage::from_stored(
+        row,
+        json,
+        int(r, "bytes")? as u64,
+    ))
+}
+
+fn decode(kind: &str, meta: &str, message: Option<String>) -> Result<Change> {
+    let meta: Value = serde_json::from_str(meta).map_err(|e| corrupt(&e.to_string()))?;
+    let compaction = |meta: &Value| -> Result<Compaction> {
+        Ok(Compaction {
+            id: text(meta, "id")?,
+            summary: text(meta, "summary")?,
+            from_message_id: text(meta, "from")?,
+            to_message_id: text(meta, "to")?,
+            created_at: int(meta, "createdAt")?,
+        })
+    };
+    Ok(match kind {
+        "append" => Change::Append {
+            parent: match &meta["parent"] {
+                Value::String(s) if s == "root" => Parent::Root,
+                Value::Object(o) => Parent::Id(
+                    o.get("id")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| corrupt("parent"))?
+                        .to_owned(),
+                ),
+                _ => Parent::ActiveLeaf,
+            },
+            inserted: meta["inserted"]
+                .as_bool()
+                .ok_or_else(|| corrupt("inserted"))?,
+            message: decode_message(&meta, message)?,
+        },
+        "update" => Change::Update {
+            message: decode_message(&meta, message)?,
+        },
+        "import" => Change::Import {
+            parent_id: meta["parentId"].as_str().map(str::to_owned),
+            message: decode_message(&meta, message)?,
+        },
+        "delete" => Change::Delete {
+            message_ids: meta["ids"]
+                .as_array()
+                .ok_or_else(|| corrupt("ids"))?
+                .iter()
+                .map(|id| id.as_str().map(str::to_owned).ok_or_else(|| corrupt("ids")))
+                .collect::<Result<_>>()?,
+        },
+        "clear" => Change::Clear,
+        "compaction" => Change::Compaction {
+            compaction: compaction(&meta)?,
+        },
+        "compact" => Change::Compact {
+            compaction: compaction(&meta)?,
+        },
+        "session" => Change::Session {
+            action: match meta["action"].as_str() {
+                Some("created") => SessionAction::Created,
+                Some("updated") => SessionAction::Updated,
+                Some("deleted") => SessionAction::Deleted,
+                _ => return Err(corrupt("action")),
+            },
+        },
+        "error" => Change::Error {
+            message: text(&meta, "message")?,
+        },
+        other => return Err(corrupt(&format!("unknown kind `{other}`"))),
+    })
+}
+
+/// Records a transaction's events in the feed; returns the position of the first. Must be the
+/// transaction's last statement but its commit: the counter row stays locked until then.
+pub(crate) async fn record<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    changes: &[Change],
+) -> Result<u64> {
+    let count = changes.len() as i64;
+    let last: i64 = get(
+        &row(
+            c,
+            "UPDATE feed_counter SET position = position + $1 RETURNING position",
+            &[&count],
+        )
+        .await?
+        .ok_or_else(|| StoreError::Corrupt("the feed counter row is missing".into()))?,
+        0,
+    )?;
+    let first = last - count + 1;
+    let encoded: Vec<Encoded> = changes.iter().map(encode).collect();
+    let positions: Vec<i64> = (first..=last).collect();
+    let kinds: Vec<&str> = encoded.iter().map(|e| e.kind).collect();
+    let metas: Vec<&str> = encoded.iter().map(|e| e.meta.as_str()).collect();
+    let messages: Vec<Option<&str>> = encoded.iter().map(|e| e.message.as_deref()).collect();
+    exec(
+        c,
+        "INSERT INTO feed (namespace, session_id, position, kind, meta, message)
+         SELECT $1, $2, * FROM unnest($3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::TEXT[])",
+        &[
+            &key.namespace,
+            &key.session_id,
+            &positions,
+            &kinds,
+            &metas,
+            &messages,
+        ],
+    )
+    .await?;
+    exec(
+        c,
+        "SELECT pg_notify($1, $2)",
+        &[&CHANNEL, &last.to_string()],
+    )
+    .await?;
+    Ok(first as u64)
+}
+
+/// Publishes the feed to this instance's subscribers in position order.
+#[derive(Debug)]
+pub(crate) struct FeedSync {
+    pub feed: ChangeFeed,
+    /// Held while publishing, so one publisher at a time moves the feed forward.
+    publishing: Mutex<()>,
+}
+
+impl FeedSync {
+    pub fn new(feed: ChangeFeed) -> Arc<Self> {
+        Arc::new(Self {
+            feed,
+            publishing: Mutex::new(()),
+        })
+    }
+
+    /// Publishes a committed transaction's events, which took positions `first..`, after any
+    /// earlier ones not yet published (every earlier position is committed: see [`record`]).
+    pub async fn publish_committed<C: GenericClient>(
+        &self,
+        client: &C,
+        first: u64,
+        events: Vec<(SessionKey, Change)>,
+    ) -> Result<()> {
+        let _turn = self.publishing.lock().await;
+        let last = first + events.len() as u64 - 1;
+        if self.feed.position() >= last {
+            return Ok(());
+        }
+        if self.feed.position() + 1 < first {
+            self.read_until(client, Some(first)).await?;
+        }
+        self.feed.publish_numbered(
+            (first..)
+                .zip(events)
+                .map(|(position, (key, change))| (position, key, change)),
+        );
+        Ok(())
+    }
+
+    /// Publishes every stored event after the last one published.
+    pub async fn catch_up<C: GenericClient>(&self, client: &C) -> Result<()> {
+        let _turn = self.publishing.lock().await;
+        self.read_until(client, None).await
+    }
+
+    /// Reads and publishes stored events after the last published position, below `before`.
+    async fn read_until<C: GenericClient>(&self, client: &C, before: Option<u64>) -> Result<()> {
+        let before = before.map_or(i64::MAX, |b| b as i64);
+        loop {
+            let after = self.feed.position() as i64;
+            let page = rows(
+                client,
+                "SELECT position, namespace, session_id, kind, meta, message FROM feed
+                  WHERE position > $1 AND position < $2 ORDER BY position LIMIT 256",
+                &[&after, &before],
+            )
+            .await?;
+            let mut events = Vec::with_capacity(page.len());
+            for r in &page {
+                let key = SessionKey {
+                    namespace: get(r, 1)?,
+                    session_id: get(r, 2)?,
+                };
+                let change = decode(get(r, 3)?, get(r, 4)?, get(r, 5)?)?;
+                events.push((get::<i64>(r, 0)? as u64, key, change));
+            }
+            self.feed.publish_numbered(events);
+            if page.len() < 256 {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Follows other instances' writes until the store is dropped: LISTENs on a dedicated
+/// connection and catches up on every notification and every [`POLL_INTERVAL`].
+pub(crate) async fn follow(
+    config: tokio_postgres::Config,
+    pool: deadpool_postgres::Pool,
+    sync: Arc<FeedSync>,
+) {
+    let mut ticks = 0u64;
+    let mut analyzed = false;
+    loop {
+        let (wake_tx, mut wake) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let listening = async {
+            let (client, mut connection) = config
+                .connect(tokio_postgres::NoTls)
+                .await
+                .map_err(backend_error)?;
+            let driver = tokio::spawn(async move {
+                let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+                while let Some(Ok(message)) = futures::StreamExt::next(&mut messages).await {
+                    if let tokio_postgres::AsyncMessage::Notification(_) = message {
+                        let _ = wake_tx.send(());
+                    }
+                }
+            });
+            client
+                .batch_execute(&format!("LISTEN {CHANNEL}"))
+                .await
+                .map_err(backend_error)?;
+            Ok::<_, StoreError>((client, driver))
+        }
+        .await;
+        let Ok((_listener, driver)) = listening else {
+            tokio::time::sleep(POLL_INTERVAL).await;
+            continue;
+        };
+        loop {
+            let woken = tokio::time::timeout(POLL_INTERVAL, wake.recv()).await;
+            if matches!(woken, Ok(None)) {
+                break; // the listening connection closed: listen anew
+            }
+            while wake.try_recv().is_ok() {}
+            if let Ok(client) = pool.get().await {
+                let _ = sync.catch_up(&client).await;
+                if !analyzed {
+                    analyzed = analyze_once(&client).await.unwrap_or(false);
+                }
+                ticks += 1;
+                if ticks.is_multiple_of(120) {
+                    let _ = prune(&client).await;
+                }
+            }
+        }
+        driver.abort();
+    }
+}
+
+/// Gives the planner statistics as soon as the database holds messages, if it has none.
+///
+/// Until autovacuum first analyzes a new database (up to a minute later) PostgreSQL guesses that
+/// `namespace = $1 AND session_id = $2` matches about one row, and may then answer an id look-up
+/// by scanning the whole session through another index. Returns whether statistics exist now.
+async fn analyze_once<C: GenericClient>(c: &C) -> Result<bool> {
+    let state = row(
+        c,
+        "SELECT EXISTS (SELECT 1 FROM pg_stats
+                         WHERE schemaname = current_schema() AND tablename = 'messages'),
+                EXISTS (SELECT 1 FROM messages)",
+        &[],
+    )
+    .await?
+    .ok_or_else(|| StoreError::Corrupt("no answer".into()))?;
+    let (has_stats, has_rows): (bool, bool) = (get(&state, 0)?, get(&state, 1)?);
+    if has_stats {
+        return Ok(true);
+    }
+    if has_rows {
+        c.batch_execute("ANALYZE messages, message_chunks, sessions, attachment_refs, feed")
+            .await
+            .map_err(backend_error)?;
+    }
+    Ok(has_rows)
+}
+
+/// Drops events older than the newest [`TABLE_RETAIN`].
+async fn prune<C: GenericClient>(c: &C) -> Result<u64> {
+    exec(
+        c,
+        "DELETE FROM feed WHERE position <= (SELECT position FROM feed_counter) - $1",
+        &[&TABLE_RETAIN],
+    )
+    .await
+}
+
+/// The feed's epoch and last position, to start an instance's feed from.
+pub(crate) async fn counter<C: GenericClient>(c: &C) -> Result<(u64, u64)> {
+    let r = row(c, "SELECT epoch, position FROM feed_counter", &[])
+        .await?
+        .ok_or_else(|| StoreError::Corrupt("the feed counter row is missing".into()))?;
+    Ok((get::<i64>(&r, 0)? as u64, get::<i64>(&r, 1)? as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_change_survives_the_table() {
+        let row = StoredRow {
+            id: "m1".into(),
+            role: role_of("assistant"),
+            parent_id: Some("m0".into()),
+            seq: 7,
+            created_at: 1_700_000_000_000,
+            updated_at: Some(1_700_000_000_500),
+            token_estimate: 12,
+        };
+        let message =
+            StoredMessage::from_stored(row, r#"{"id":"m1","role":"assistant"}"#.into(), 30);
+        let compaction = Compaction {
+            id: "compaction_1".into(),
+            summary: "s \"quoted\"".into(),
+            from_message_id: "a".into(),
+            to_message_id: "b".into(),
+            created_at: 5,
+        };
+        let changes = [
+            Change::Append {
+                message: message.clone(),
+                parent: Parent::Id("m0".into()),
+                inserted: true,
+            },
+            Change::Append {
+                message: message.clone(),
+                parent: Parent::Root,
+                inserted: false,
+            },
+            Change::Append {
+                message: message.clone(),
+                parent: Parent::ActiveLeaf,
+                inserted: true,
+            },
+            Change::Update {
+                message: message.clone(),
+            },
+            Change::Import {
+                message,
+                parent_id: None,
+            },
+            Change::Delete {
+                message_ids: vec!["x".into(), "y".into()],
+            },
+            Change::Clear,
+            Change::Compaction {
+                compaction: compaction.clone(),
+            },
+            Change::Compact { compaction },
+            Change::Session {
+                action: SessionAction::Deleted,
+            },
+            Change::Error {
+                message: "failed".into(),
+            },
+        ];
+        for change in changes {
+            let e = encode(&change);
+            assert_eq!(e.kind, change.name());
+            assert_eq!(decode(e.kind, &e.meta, e.message).unwrap(), change);
+        }
+        assert!(decode("append", "{}", None).is_err());
+        assert!(decode("nonsense", "{}", None).is_err());
+    }
+}

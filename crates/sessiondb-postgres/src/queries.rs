@@ -1,0 +1,594 @@
+//! Read queries, shared by reads on a pooled connection and by writes (inside their
+//! transaction).
+//!
+//! A path is walked with one recursive query from the leaf along `parent_seq` (each step a
+//! primary-key look-up), capped at [`MAX_PATH_ROWS`] rows; a dense active path (a linear
+//! conversation, recorded on the session row) is read as a seq range with no walk at all.
+
+use deadpool_postgres::GenericClient;
+use sessiondb_core::plan::SuffixBudget;
+use sessiondb_core::{
+    MAX_PATH_ROWS, PathPlan, PathRows, PathSuffix, PlanRow, RowStat, SearchHit, SessionKey,
+    SessionStats, StoredMessage,
+};
+
+use crate::sql::{Result, exec, get, messages, row, rows, search_words};
+
+/// `SELECT` of the columns [`crate::sql::message_from_row`] reads, from the session's messages,
+/// and a condition.
+macro_rules! select_messages {
+    ($condition:literal) => {
+        concat!(
+            "SELECT id, role, parent_id, seq, created_at, updated_at, token_estimate, content,
+                    content_chunks, bytes
+               FROM messages WHERE namespace = $1 AND session_id = $2 AND ",
+            $condition
+        )
+    };
+}
+
+pub(crate) async fn message<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    id: &str,
+) -> Result<Option<StoredMessage>> {
+    let sql = select_messages!("id = $3");
+    Ok(
+        messages(c, key, sql, &[&key.namespace, &key.session_id, &id])
+            .await?
+            .pop(),
+    )
+}
+
+pub(crate) async fn children<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    id: &str,
+) -> Result<Vec<StoredMessage>> {
+    let sql = select_messages!("parent_id = $3 ORDER BY seq");
+    messages(c, key, sql, &[&key.namespace, &key.session_id, &id]).await
+}
+
+/// Roots, and imports whose parent never arrived, oldest first.
+pub(crate) async fn roots<C: GenericClient>(c: &C, key: &SessionKey) -> Result<Vec<StoredMessage>> {
+    let sql = select_messages!("parent_seq IS NULL ORDER BY seq");
+    messages(c, key, sql, &[&key.namespace, &key.session_id]).await
+}
+
+/// Where a message sits: `(seq, parent_id, parent_seq)`.
+pub(crate) type Location = (i64, Option<String>, Option<i64>);
+
+pub(crate) async fn locate<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    id: &str,
+) -> Result<Option<Location>> {
+    let found = row(
+        c,
+        "SELECT seq, parent_id, parent_seq FROM messages
+          WHERE namespace = $1 AND session_id = $2 AND id = $3",
+        &[&key.namespace, &key.session_id, &id],
+    )
+    .await?;
+    found
+        .map(|r| Ok((get(&r, 0)?, get(&r, 1)?, get(&r, 2)?)))
+        .transpose()
+}
+
+/// `(id, seq)` of the children of `id`.
+pub(crate) async fn child_links<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    id: &str,
+) -> Result<Vec<(String, i64)>> {
+    rows(
+        c,
+        "SELECT id, seq FROM messages WHERE namespace = $1 AND session_id = $2 AND parent_id = $3",
+        &[&key.namespace, &key.session_id, &id],
+    )
+    .await?
+    .iter()
+    .map(|r| Ok((get(r, 0)?, get(r, 1)?)))
+    .collect()
+}
+
+/// Whether a message with `id` exists, and whether rows name `id` as their parent.
+pub(crate) async fn id_status<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    id: &str,
+) -> Result<(bool, bool)> {
+    let r = row(
+        c,
+        "SELECT EXISTS (SELECT 1 FROM messages
+                         WHERE namespace = $1 AND session_id = $2 AND id = $3),
+                EXISTS (SELECT 1 FROM messages
+                         WHERE namespace = $1 AND session_id = $2 AND parent_id = $3)",
+        &[&key.namespace, &key.session_id, &id],
+    )
+    .await?
+    .expect("a SELECT without FROM returns one row");
+    Ok((get(&r, 0)?, get(&r, 1)?))
+}
+
+/// `(id, seq)` of the session's newest row.
+pub(crate) async fn newest<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+) -> Result<Option<(String, i64)>> {
+    row(
+        c,
+        "SELECT id, seq FROM messages WHERE namespace = $1 AND session_id = $2
+          ORDER BY seq DESC LIMIT 1",
+        &[&key.namespace, &key.session_id],
+    )
+    .await?
+    .map(|r| Ok((get(&r, 0)?, get(&r, 1)?)))
+    .transpose()
+}
+
+pub(crate) async fn has_compactions<C: GenericClient>(c: &C, key: &SessionKey) -> Result<bool> {
+    Ok(row(
+        c,
+        "SELECT 1 FROM compactions WHERE namespace = $1 AND session_id = $2 LIMIT 1",
+        &[&key.namespace, &key.session_id],
+    )
+    .await?
+    .is_some())
+}
+
+/// The session's active leaf with the aggregates of its path.
+pub(crate) struct ActiveLeaf {
+    pub id: String,
+    pub seq: i64,
+    /// Set when the active path is exactly the rows from this seq on.
+    pub dense_from: Option<i64>,
+}
+
+pub(crate) async fn active_leaf<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+) -> Result<Option<ActiveLeaf>> {
+    let found = row(
+        c,
+        "SELECT leaf_id, leaf_seq, path_head_seq, path_dense
+           FROM sessions WHERE namespace = $1 AND id = $2 AND leaf_seq IS NOT NULL",
+        &[&key.namespace, &key.session_id],
+    )
+    .await?;
+    found
+        .map(|r| {
+            let (head, dense): (Option<i64>, bool) = (get(&r, 2)?, get(&r, 3)?);
+            Ok(ActiveLeaf {
+                id: get(&r, 0)?,
+                seq: get(&r, 1)?,
+                dense_from: head.filter(|_| dense),
+            })
+        })
+        .transpose()
+}
+
+/// One row of a path walk.
+#[derive(Debug, Clone)]
+pub(crate) struct WalkRow {
+    pub seq: i64,
+    pub parent_seq: Option<i64>,
+    pub id: String,
+    pub role: String,
+    pub bytes: u64,
+    pub token_estimate: u64,
+}
+
+impl WalkRow {
+    fn stat(self) -> RowStat {
+        RowStat {
+            id: self.id,
+            seq: self.seq,
+            role: self.role,
+            bytes: self.bytes,
+            token_estimate: self.token_estimate,
+        }
+    }
+
+    fn plan(&self) -> PlanRow {
+        PlanRow {
+            seq: self.seq,
+            bytes: self.bytes,
+        }
+    }
+}
+
+/// The path from the row with seq `start` towards the root, leaf first, at most `limit` rows
+/// (empty when the row does not exist). Each step is a lateral primary-key look-up: as a plain
+/// join, a planner without statistics may hash the whole session at every step.
+pub(crate) async fn walk<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    start: i64,
+    limit: usize,
+) -> Result<Vec<WalkRow>> {
+    let limit = limit.min(MAX_PATH_ROWS) as i64;
+    rows(
+        c,
+        "WITH RECURSIVE path (seq, parent_seq, id, role, bytes, token_estimate, depth) AS (
+             SELECT seq, parent_seq, id, role, bytes, token_estimate, 1::BIGINT FROM messages
+              WHERE namespace = $1 AND session_id = $2 AND seq = $3
+           UNION ALL
+             SELECT m.seq, m.parent_seq, m.id, m.role, m.bytes, m.token_estimate, p.depth + 1
+               FROM path p
+               CROSS JOIN LATERAL (
+                   SELECT seq, parent_seq, id, role, bytes, token_estimate FROM messages
+                    WHERE namespace = $1 AND session_id = $2 AND seq = p.parent_seq
+               ) m
+              WHERE p.depth < $4
+         )
+         SELECT seq, parent_seq, id, role, bytes, token_estimate FROM path ORDER BY depth",
+        &[&key.namespace, &key.session_id, &start, &limit],
+    )
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(WalkRow {
+            seq: get(r, 0)?,
+            parent_seq: get(r, 1)?,
+            id: get(r, 2)?,
+            role: get(r, 3)?,
+            bytes: get::<i64>(r, 4)? as u64,
+            token_estimate: get::<i64>(r, 5)? as u64,
+        })
+    })
+    .collect()
+}
+
+/// Whether a full-length walk stopped while its oldest row still had a parent.
+fn walk_capped(walked: &[WalkRow]) -> bool {
+    walked.len() == MAX_PATH_ROWS && walked.last().is_some_and(|r| r.parent_seq.is_some())
+}
+
+/// The seq of `leaf`, or of the active leaf when `None`.
+pub(crate) async fn leaf_seq<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    leaf: Option<&str>,
+) -> Result<Option<i64>> {
+    match leaf {
+        Some(id) => Ok(locate(c, key, id).await?.map(|(seq, _, _)| seq)),
+        None => Ok(active_leaf(c, key).await?.map(|a| a.seq)),
+    }
+}
+
+pub(crate) async fn path<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    leaf: Option<&str>,
+) -> Result<PathRows> {
+    let Some(start) = leaf_seq(c, key, leaf).await? else {
+        return Ok(PathRows::default());
+    };
+    let walked = walk(c, key, start, MAX_PATH_ROWS).await?;
+    let capped = walk_capped(&walked);
+    let rows = walked.into_iter().rev().map(WalkRow::stat).collect();
+    Ok(PathRows { rows, capped })
+}
+
+pub(crate) async fn path_plan<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    leaf: Option<&str>,
+) -> Result<PathPlan> {
+    if has_compactions(c, key).await? {
+        return Ok(PathPlan::Overlaid);
+    }
+    let active = active_leaf(c, key).await?;
+    if let Some(a) = &active
+        && let Some(first) = a.dense_from
+        && leaf.is_none_or(|l| l == a.id)
+    {
+        return Ok(PathPlan::Range { first, last: a.seq });
+    }
+    let start = match leaf {
+        None => active.map(|a| a.seq),
+        Some(id) => locate(c, key, id).await?.map(|(seq, _, _)| seq),
+    };
+    let rows = match start {
+        Some(seq) => walk(c, key, seq, MAX_PATH_ROWS)
+            .await?
+            .iter()
+            .rev()
+            .map(WalkRow::plan)
+            .collect(),
+        None => Vec::new(),
+    };
+    Ok(PathPlan::Rows(rows))
+}
+
+/// Aggregates of a (capped) path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PathTotals {
+    pub len: u64,
+    pub tokens: u64,
+    pub bytes: u64,
+    /// The oldest row read still has a parent.
+    pub capped: bool,
+    /// Seq of the oldest row read.
+    pub head_seq: Option<i64>,
+    /// The path is exactly the rows with seq >= `head_seq`.
+    pub dense: bool,
+}
+
+impl PathTotals {
+    /// The path of an empty session: nothing, trivially dense.
+    pub const EMPTY: PathTotals = PathTotals {
+        len: 0,
+        tokens: 0,
+        bytes: 0,
+        capped: false,
+        head_seq: None,
+        dense: true,
+    };
+}
+
+/// Totals of the path ending at `leaf`, which must be the session's newest row for `dense` to
+/// mean anything.
+pub(crate) async fn path_totals<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    leaf: i64,
+) -> Result<PathTotals> {
+    let walked = walk(c, key, leaf, MAX_PATH_ROWS).await?;
+    let mut totals = PathTotals {
+        len: walked.len() as u64,
+        tokens: walked.iter().map(|r| r.token_estimate).sum(),
+        bytes: walked.iter().map(|r| r.bytes).sum(),
+        capped: walk_capped(&walked),
+        head_seq: walked.last().map(|r| r.seq),
+        dense: false,
+    };
+    let ascending = walked
+        .iter()
+        .all(|r| r.parent_seq.is_none_or(|p| p < r.seq));
+    if let (true, Some(head)) = (ascending, totals.head_seq) {
+        let count: i64 = get(
+            &row(
+                c,
+                "SELECT count(*) FROM messages
+                  WHERE namespace = $1 AND session_id = $2 AND seq >= $3",
+                &[&key.namespace, &key.session_id, &head],
+            )
+            .await?
+            .expect("count returns one row"),
+            0,
+        )?;
+        totals.dense = count as u64 == totals.len;
+    }
+    Ok(totals)
+}
+
+/// `(id, token_estimate, bytes)` of the row with `seq`.
+pub(crate) async fn row_size<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    seq: i64,
+) -> Result<Option<(String, u64, u64)>> {
+    row(
+        c,
+        "SELECT id, token_estimate, bytes FROM messages
+          WHERE namespace = $1 AND session_id = $2 AND seq = $3",
+        &[&key.namespace, &key.session_id, &seq],
+    )
+    .await?
+    .map(|r| {
+        Ok((
+            get(&r, 0)?,
+            get::<i64>(&r, 1)? as u64,
+            get::<i64>(&r, 2)? as u64,
+        ))
+    })
+    .transpose()
+}
+
+pub(crate) async fn path_suffix<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    leaf: Option<&str>,
+    max_bytes: u64,
+) -> Result<PathSuffix> {
+    if has_compactions(c, key).await? {
+        return Ok(PathSuffix {
+            overlaid: true,
+            ..PathSuffix::default()
+        });
+    }
+    let Some(start) = leaf_seq(c, key, leaf).await? else {
+        return Ok(PathSuffix::default());
+    };
+    let walked = walk(c, key, start, MAX_PATH_ROWS).await?;
+    let mut budget = SuffixBudget::new(max_bytes);
+    let mut rows: Vec<PlanRow> = walked
+        .iter()
+        .take_while(|r| budget.admit(r.bytes))
+        .map(WalkRow::plan)
+        .collect();
+    let over_budget = rows.len() < walked.len();
+    rows.reverse();
+    Ok(PathSuffix {
+        rows,
+        truncated: over_budget || walk_capped(&walked),
+        total_bytes: walked.iter().map(|r| r.bytes).sum(),
+        overlaid: false,
+    })
+}
+
+/// Content of the rows with `seqs`, in that order; missing rows are skipped.
+pub(crate) async fn fetch<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    seqs: &[i64],
+) -> Result<Vec<StoredMessage>> {
+    if seqs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let wanted = seqs.to_vec();
+    let sql = select_messages!("seq = ANY($3)");
+    let mut found = messages(c, key, sql, &[&key.namespace, &key.session_id, &wanted]).await?;
+    found.sort_unstable_by_key(|m| m.seq);
+    let mut out = Vec::with_capacity(seqs.len());
+    for seq in seqs {
+        if let Ok(i) = found.binary_search_by_key(seq, |m| m.seq) {
+            out.push(found[i].clone());
+        }
+    }
+    Ok(out)
+}
+
+/// One window of a dense path: rows `from..=last` in seq order, at most `max_rows` and
+/// `max_bytes` stored bytes (a larger first row alone).
+pub(crate) async fn fetch_range<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    from: i64,
+    last: i64,
+    max_rows: usize,
+    max_bytes: u64,
+) -> Result<Vec<StoredMessage>> {
+    // Sizes first, so content beyond the byte budget is never transferred.
+    let limit = max_rows as i64;
+    let sizes = rows(
+        c,
+        "SELECT seq, bytes FROM messages
+          WHERE namespace = $1 AND session_id = $2 AND seq BETWEEN $3 AND $4
+          ORDER BY seq LIMIT $5",
+        &[&key.namespace, &key.session_id, &from, &last, &limit],
+    )
+    .await?;
+    let mut used = 0u64;
+    let mut end = None;
+    for (i, r) in sizes.iter().enumerate() {
+        let bytes = get::<i64>(r, 1)? as u64;
+        if i > 0 && used + bytes > max_bytes {
+            break;
+        }
+        used += bytes;
+        end = Some(get::<i64>(r, 0)?);
+    }
+    let Some(end) = end else {
+        return Ok(Vec::new());
+    };
+    let sql = select_messages!("seq BETWEEN $3 AND $4 ORDER BY seq");
+    messages(c, key, sql, &[&key.namespace, &key.session_id, &from, &end]).await
+}
+
+/// Rows `first..=last` newest first, at most `max_rows`.
+pub(crate) async fn fetch_range_newest<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    first: i64,
+    last: i64,
+    max_rows: usize,
+) -> Result<Vec<StoredMessage>> {
+    let limit = max_rows as i64;
+    let sql = select_messages!("seq BETWEEN $3 AND $4 ORDER BY seq DESC LIMIT $5");
+    messages(
+        c,
+        key,
+        sql,
+        &[&key.namespace, &key.session_id, &first, &last, &limit],
+    )
+    .await
+}
+
+/// `from` and its ancestors, at most `limit` messages.
+pub(crate) async fn ancestors<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    from: &str,
+    limit: usize,
+) -> Result<Vec<StoredMessage>> {
+    let Some((start, _, _)) = locate(c, key, from).await? else {
+        return Ok(Vec::new());
+    };
+    let seqs: Vec<i64> = walk(c, key, start, limit)
+        .await?
+        .iter()
+        .map(|r| r.seq)
+        .collect();
+    fetch(c, key, &seqs).await
+}
+
+pub(crate) async fn stats<C: GenericClient>(c: &C, key: &SessionKey) -> Result<SessionStats> {
+    let found = row(
+        c,
+        "SELECT leaf_id, path_len, path_tokens, path_bytes, stored_messages,
+                EXISTS (SELECT 1 FROM compactions WHERE namespace = $1 AND session_id = $2),
+                leaf_seq, path_head_seq, path_dense
+           FROM sessions WHERE namespace = $1 AND id = $2",
+        &[&key.namespace, &key.session_id],
+    )
+    .await?;
+    let Some(r) = found else {
+        return Ok(SessionStats::default());
+    };
+    Ok(SessionStats {
+        leaf_id: get(&r, 0)?,
+        message_count: get::<i64>(&r, 1)? as u64,
+        token_estimate: get::<i64>(&r, 2)? as u64,
+        content_bytes: get::<i64>(&r, 3)? as u64,
+        stored_messages: get::<i64>(&r, 4)? as u64,
+        has_compactions: get(&r, 5)?,
+        linear_range: linear_range(get(&r, 6)?, get(&r, 7)?, get(&r, 8)?),
+    })
+}
+
+/// The active path as a seq range, when the session row says it is dense.
+pub(crate) fn linear_range(
+    leaf: Option<i64>,
+    head: Option<i64>,
+    dense: bool,
+) -> Option<(i64, i64)> {
+    match (head, leaf) {
+        (Some(first), Some(last)) if dense => Some((first, last)),
+        _ => None,
+    }
+}
+
+pub(crate) async fn search<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    words: &[String],
+    limit: usize,
+) -> Result<Vec<SearchHit>> {
+    let (query, limit) = (search_words(words), limit as i64);
+    rows(
+        c,
+        "SELECT id, role, search_text, created_at
+           FROM messages, plainto_tsquery('sessiondb_search', $3) query
+          WHERE namespace = $1 AND session_id = $2 AND search_vector @@ query
+          ORDER BY ts_rank(search_vector, query) DESC, seq
+          LIMIT $4",
+        &[&key.namespace, &key.session_id, &query, &limit],
+    )
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(SearchHit {
+            id: get(r, 0)?,
+            role: get(r, 1)?,
+            content: get(r, 2)?,
+            session_id: key.session_id.clone(),
+            created_at: get(r, 3)?,
+        })
+    })
+    .collect()
+}
+
+/// Deletes rows of `tables` (each keyed by `namespace, session_id`) of one session.
+pub(crate) async fn delete_session_rows<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    statements: &[&str],
+) -> Result<()> {
+    for sql in statements {
+        exec(c, sql, &[&key.namespace, &key.session_id]).await?;
+    }
+    Ok(())
+}

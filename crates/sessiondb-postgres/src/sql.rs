@@ -1,0 +1,128 @@
+//! Statement helpers shared by reads and writes: every statement is prepared once per
+//! connection (deadpool's statement cache) and runs on a pooled client or inside a transaction.
+
+use deadpool_postgres::GenericClient;
+use sessiondb_core::message::{StoredRow, role_of};
+use sessiondb_core::{SessionKey, StoreError, StoredMessage};
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+pub(crate) type Result<T> = std::result::Result<T, StoreError>;
+pub(crate) type Param<'a> = &'a (dyn ToSql + Sync);
+
+pub(crate) fn backend_error(e: tokio_postgres::Error) -> StoreError {
+    match std::error::Error::source(&e) {
+        Some(cause) => StoreError::Backend(format!("postgres: {e}: {cause}")),
+        None => StoreError::Backend(format!("postgres: {e}")),
+    }
+}
+
+pub(crate) async fn rows<C: GenericClient>(
+    client: &C,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<Vec<Row>> {
+    let statement = client.prepare_cached(sql).await.map_err(backend_error)?;
+    client
+        .query(&statement, params)
+        .await
+        .map_err(backend_error)
+}
+
+pub(crate) async fn row<C: GenericClient>(
+    client: &C,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<Option<Row>> {
+    let statement = client.prepare_cached(sql).await.map_err(backend_error)?;
+    client
+        .query_opt(&statement, params)
+        .await
+        .map_err(backend_error)
+}
+
+pub(crate) async fn exec<C: GenericClient>(
+    client: &C,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<u64> {
+    let statement = client.prepare_cached(sql).await.map_err(backend_error)?;
+    client
+        .execute(&statement, params)
+        .await
+        .map_err(backend_error)
+}
+
+/// Reads column `idx` of a row, as a typed error when it does not convert.
+pub(crate) fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a Row,
+    idx: usize,
+) -> Result<T> {
+    row.try_get(idx).map_err(backend_error)
+}
+
+/// The message of a row selected by `select_messages!` (id, role, parent_id, seq, created_at,
+/// updated_at, token_estimate, content, content_chunks, bytes); continuation slices are read
+/// when it has any.
+pub(crate) async fn message_from_row<C: GenericClient>(
+    client: &C,
+    key: &SessionKey,
+    row: &Row,
+) -> Result<StoredMessage> {
+    let fields = StoredRow {
+        id: get(row, 0)?,
+        role: role_of(get::<&str>(row, 1)?),
+        parent_id: get(row, 2)?,
+        seq: get(row, 3)?,
+        created_at: get(row, 4)?,
+        updated_at: get(row, 5)?,
+        token_estimate: get::<i64>(row, 6)? as u64,
+    };
+    let chunks: i32 = get(row, 8)?;
+    let mut json: String = get(row, 7)?;
+    if chunks > 0 {
+        let slices = rows(
+            client,
+            "SELECT content FROM message_chunks
+              WHERE namespace = $1 AND session_id = $2 AND id = $3 ORDER BY idx",
+            &[&key.namespace, &key.session_id, &fields.id],
+        )
+        .await?;
+        if slices.len() != chunks as usize {
+            return Err(StoreError::Corrupt(format!(
+                "message `{}` has {} of its {chunks} continuation slices",
+                fields.id,
+                slices.len()
+            )));
+        }
+        for slice in &slices {
+            json.push_str(get(slice, 0)?);
+        }
+    }
+    Ok(StoredMessage::from_stored(
+        fields,
+        json,
+        get::<i64>(row, 9)? as u64,
+    ))
+}
+
+/// Messages of the session selected by `sql` (from `select_messages!`), in row order.
+pub(crate) async fn messages<C: GenericClient>(
+    client: &C,
+    key: &SessionKey,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<Vec<StoredMessage>> {
+    let found = rows(client, sql, params).await?;
+    let mut out = Vec::with_capacity(found.len());
+    for row in &found {
+        out.push(message_from_row(client, key, row).await?);
+    }
+    Ok(out)
+}
+
+/// One `tsquery` matching every word: the words are passed as plain text, so nothing in them is
+/// query syntax.
+pub(crate) fn search_words(words: &[String]) -> String {
+    words.join(" ")
+}
