@@ -8,66 +8,14 @@
 //! configures it; clients use a separate runtime and one connection each.
 #![forbid(unsafe_code)]
 
+mod load;
+
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use load::{Load, clients, percentile};
+
 use sessiondb::{Db, SqliteConfig, SqliteStore, Synchronous};
 use sessiondb_server::{App, Limits, Metrics, ServerConfig};
-
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index].as_secs_f64() * 1000.0
-}
-
-/// What each client sends.
-#[derive(Clone, Copy, PartialEq)]
-enum Load {
-    /// Appends to the client's own session.
-    Appends,
-    /// `GET /healthz`: the HTTP stack alone, the ceiling for any route on this machine.
-    Health,
-}
-
-/// Starts `concurrency` clients, each on its own keep-alive connection, sending until the
-/// deadline; each task returns its request latencies.
-fn clients(
-    base: &str,
-    concurrency: usize,
-    deadline: Instant,
-    load: Load,
-) -> Vec<tokio::task::JoinHandle<Vec<Duration>>> {
-    (0..concurrency)
-        .map(|c| {
-            let base = base.to_owned();
-            tokio::spawn(async move {
-                let client = reqwest::Client::builder()
-                    .pool_max_idle_per_host(1)
-                    .build()
-                    .unwrap();
-                let url = format!("{base}/v1/sessions/c{concurrency}-{c}/messages");
-                let health = format!("{base}/healthz");
-                let mut latencies = Vec::new();
-                let mut i = 0;
-                while Instant::now() < deadline {
-                    let started = Instant::now();
-                    let response = match load {
-                        Load::Appends => {
-                            let body = json!({"id": format!("m{i}"), "role": "user",
-                                "parts": [{"type": "text", "text": format!("message {i} from client {c}")}]});
-                            client.post(&url).json(&body).send().await.unwrap()
-                        }
-                        Load::Health => client.get(&health).send().await.unwrap(),
-                    };
-                    assert!(response.status().is_success());
-                    response.bytes().await.unwrap();
-                    latencies.push(started.elapsed());
-                    i += 1;
-                }
-                latencies
-            })
-        })
-        .collect()
-}
 
 fn main() {
     let seconds: u64 = std::env::args()
@@ -161,19 +109,7 @@ fn main() {
 
         let client = reqwest::Client::new();
         let history = format!("{base}/v1/sessions/long/history");
-        for start in (0..10_000).step_by(500) {
-            let messages: Vec<_> = (start..start + 500)
-                .map(|i| json!({"id": format!("m{i}"), "role": if i % 2 == 0 { "user" } else { "assistant" },
-                    "parts": [{"type": "text", "text": format!("message {i} of a long conversation about benchmarks")}]}))
-                .collect();
-            let r = client
-                .post(format!("{base}/v1/sessions/long/messages/batch"))
-                .json(&json!({"messages": messages}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 201);
-        }
+        load::fill_long(&base).await;
         let mut times = Vec::new();
         for _ in 0..20 {
             let started = Instant::now();

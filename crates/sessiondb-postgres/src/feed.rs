@@ -21,11 +21,15 @@ use tokio::sync::Mutex;
 
 use crate::sql::{Result, backend_error, exec, get, row, rows};
 
-/// The notification channel: its payload is the last position a transaction wrote.
+/// The notification channel (named in [`RECORD`] too): its payload is the last position a
+/// transaction wrote.
 pub(crate) const CHANNEL: &str = "sessiondb_feed";
 
 /// How often an instance looks for events it was not notified of.
 pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// How often an instance prunes the feed table.
+const PRUNE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Events kept in the table beyond the newest; older rows are pruned.
 pub(crate) const TABLE_RETAIN: i64 = 100_000;
@@ -187,6 +191,18 @@ fn decode(kind: &str, meta: &str, message: Option<String>) -> Result<Change> {
     })
 }
 
+/// Takes positions for a transaction's events from the counter, stores the events and notifies
+/// the other instances, as one statement (so it can be pipelined with `COMMIT`).
+pub(crate) const RECORD: &str = "WITH counter AS (
+         UPDATE feed_counter SET position = position + $3 RETURNING position
+     ), stored AS (
+         INSERT INTO feed (namespace, session_id, position, kind, meta, message)
+         SELECT $1, $2, counter.position - $3 + e.ord, e.kind, e.meta, e.message
+           FROM counter,
+                unnest($4::TEXT[], $5::TEXT[], $6::TEXT[]) WITH ORDINALITY AS e(kind, meta, message, ord)
+     )
+     SELECT position, pg_notify('sessiondb_feed', position::TEXT) FROM counter";
+
 /// Records a transaction's events in the feed; returns the position of the first. Must be the
 /// transaction's last statement but its commit: the counter row stays locked until then.
 pub(crate) async fn record<C: GenericClient>(
@@ -195,43 +211,28 @@ pub(crate) async fn record<C: GenericClient>(
     changes: &[Change],
 ) -> Result<u64> {
     let count = changes.len() as i64;
+    let encoded: Vec<Encoded> = changes.iter().map(encode).collect();
+    let kinds: Vec<&str> = encoded.iter().map(|e| e.kind).collect();
+    let metas: Vec<&str> = encoded.iter().map(|e| e.meta.as_str()).collect();
+    let messages: Vec<Option<&str>> = encoded.iter().map(|e| e.message.as_deref()).collect();
     let last: i64 = get(
         &row(
             c,
-            "UPDATE feed_counter SET position = position + $1 RETURNING position",
-            &[&count],
+            RECORD,
+            &[
+                &key.namespace,
+                &key.session_id,
+                &count,
+                &kinds,
+                &metas,
+                &messages,
+            ],
         )
         .await?
         .ok_or_else(|| StoreError::Corrupt("the feed counter row is missing".into()))?,
         0,
     )?;
-    let first = last - count + 1;
-    let encoded: Vec<Encoded> = changes.iter().map(encode).collect();
-    let positions: Vec<i64> = (first..=last).collect();
-    let kinds: Vec<&str> = encoded.iter().map(|e| e.kind).collect();
-    let metas: Vec<&str> = encoded.iter().map(|e| e.meta.as_str()).collect();
-    let messages: Vec<Option<&str>> = encoded.iter().map(|e| e.message.as_deref()).collect();
-    exec(
-        c,
-        "INSERT INTO feed (namespace, session_id, position, kind, meta, message)
-         SELECT $1, $2, * FROM unnest($3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::TEXT[])",
-        &[
-            &key.namespace,
-            &key.session_id,
-            &positions,
-            &kinds,
-            &metas,
-            &messages,
-        ],
-    )
-    .await?;
-    exec(
-        c,
-        "SELECT pg_notify($1, $2)",
-        &[&CHANNEL, &last.to_string()],
-    )
-    .await?;
-    Ok(first as u64)
+    Ok((last - count + 1) as u64)
 }
 
 /// Publishes the feed to this instance's subscribers in position order.
@@ -316,10 +317,12 @@ pub(crate) async fn follow(
     pool: deadpool_postgres::Pool,
     sync: Arc<FeedSync>,
 ) {
-    let mut ticks = 0u64;
     let mut analyzed = false;
+    let mut upkept = std::time::Instant::now();
+    let mut pruned = std::time::Instant::now();
     loop {
-        let (wake_tx, mut wake) = tokio::sync::mpsc::unbounded_channel::<()>();
+        // Each notification carries the last position its transaction took.
+        let (wake_tx, mut wake) = tokio::sync::mpsc::unbounded_channel::<u64>();
         let listening = async {
             let (client, mut connection) = config
                 .connect(tokio_postgres::NoTls)
@@ -328,8 +331,8 @@ pub(crate) async fn follow(
             let driver = tokio::spawn(async move {
                 let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
                 while let Some(Ok(message)) = futures::StreamExt::next(&mut messages).await {
-                    if let tokio_postgres::AsyncMessage::Notification(_) = message {
-                        let _ = wake_tx.send(());
+                    if let tokio_postgres::AsyncMessage::Notification(note) = message {
+                        let _ = wake_tx.send(note.payload().parse().unwrap_or(u64::MAX));
                     }
                 }
             });
@@ -345,18 +348,33 @@ pub(crate) async fn follow(
             continue;
         };
         loop {
-            let woken = tokio::time::timeout(POLL_INTERVAL, wake.recv()).await;
-            if matches!(woken, Ok(None)) {
-                break; // the listening connection closed: listen anew
+            let newest = match tokio::time::timeout(POLL_INTERVAL, wake.recv()).await {
+                Ok(None) => break, // the listening connection closed: listen anew
+                Ok(Some(position)) => {
+                    let mut newest = position;
+                    while let Ok(position) = wake.try_recv() {
+                        newest = newest.max(position);
+                    }
+                    Some(newest)
+                }
+                Err(_) => None,
+            };
+            let upkeep_due = upkept.elapsed() >= POLL_INTERVAL;
+            // This instance's own writes are published by their writers already.
+            if !upkeep_due && newest.is_some_and(|n| n <= sync.feed.position()) {
+                continue;
             }
-            while wake.try_recv().is_ok() {}
-            if let Ok(client) = pool.get().await {
-                let _ = sync.catch_up(&client).await;
+            let Ok(client) = pool.get().await else {
+                continue;
+            };
+            let _ = sync.catch_up(&client).await;
+            if upkeep_due {
+                upkept = std::time::Instant::now();
                 if !analyzed {
                     analyzed = analyze_once(&client).await.unwrap_or(false);
                 }
-                ticks += 1;
-                if ticks.is_multiple_of(120) {
+                if pruned.elapsed() >= PRUNE_INTERVAL {
+                    pruned = std::time::Instant::now();
                     let _ = prune(&client).await;
                 }
             }

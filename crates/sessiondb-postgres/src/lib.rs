@@ -9,8 +9,9 @@
 //!   proceed in parallel), applies the ops, records the events in the shared feed as its last
 //!   statement, and commits with `synchronous_commit = on`: a write is acknowledged only once
 //!   PostgreSQL made it durable. A deadlock or serialisation failure retries the request.
-//! - **Reads**: single statements on a pooled connection; reads that need several statements to
-//!   agree (a message and its slices, a path and its rows) run in one repeatable-read snapshot.
+//! - **Reads**: single statements on a pooled connection (a message comes whole, with its
+//!   continuation slices, from one statement); reads of several statements that must agree (a
+//!   path and its rows, an attachment and its chunks) run in one repeatable-read snapshot.
 //! - **Change feed**: see [`feed`]: positions are shared by all instances, so a subscriber on any
 //!   instance sees every write in commit order and can resume (`Last-Event-ID`) on another.
 //! - **Runtime**: the store's futures run on the tokio runtime current when it connected, or on
@@ -200,17 +201,9 @@ impl PgStore {
         runtime: Handle,
         owned_runtime: Option<Runtime>,
     ) -> Result<Self, PgError> {
-        let mut pg_config: tokio_postgres::Config = url
+        let pg_config: tokio_postgres::Config = url
             .parse()
             .map_err(|e: tokio_postgres::Error| PgError::Config(e.to_string()))?;
-        // Statements are prepared once per connection; a generic plan made while tables are
-        // small (or before statistics exist) can scan a whole session where an index look-up
-        // is wanted, so every execution is planned for its parameters.
-        let options = match pg_config.get_options() {
-            Some(given) => format!("{given} -c plan_cache_mode=force_custom_plan"),
-            None => "-c plan_cache_mode=force_custom_plan".to_owned(),
-        };
-        pg_config.options(options);
         let manager = deadpool_postgres::Manager::new(pg_config.clone(), tokio_postgres::NoTls);
         let pool = Pool::builder(manager)
             .max_size(config.max_connections.max(1))
@@ -307,14 +300,15 @@ impl Inner {
     /// Applies one request in its own transaction, retrying lost deadlocks; publishes its events
     /// once committed.
     async fn write(&self, request: WriteRequest) -> Result<Vec<WriteOutcome>, StoreError> {
-        let mut client = self.pool.get().await.map_err(pool_error)?;
+        let client = self.pool.get().await.map_err(pool_error)?;
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match Self::write_once(&mut client, &request).await {
-                Ok((outcomes, first, changes)) => {
-                    if let Some(first) = first {
-                        let events = changes
+            match write::commit(&client, &request).await {
+                Ok(committed) => {
+                    if let Some(first) = committed.first_position {
+                        let events = committed
+                            .changes
                             .into_iter()
                             .map(|change| (request.key.clone(), change))
                             .collect();
@@ -322,11 +316,21 @@ impl Inner {
                         // follower publishes the events from the table instead.
                         let _ = self.sync.publish_committed(&client, first, events).await;
                     }
-                    self.analyze_after_bulk(&client, &outcomes).await;
-                    return Ok(outcomes);
+                    self.analyze_after_bulk(&client, &committed.outcomes).await;
+                    return Ok(committed.outcomes);
                 }
-                Err(Retry::Conflict(_)) if attempt < WRITE_ATTEMPTS => continue,
-                Err(Retry::Conflict(e) | Retry::Fail(e)) => return Err(e),
+                Err(e) => {
+                    // Nothing of the request stays; a connection that cannot even roll back is
+                    // not reused.
+                    if client.batch_execute("ROLLBACK").await.is_err() {
+                        let _ = deadpool_postgres::Object::take(client);
+                        return Err(e);
+                    }
+                    if attempt < WRITE_ATTEMPTS && is_conflict(&e) {
+                        continue;
+                    }
+                    return Err(e);
+                }
             }
         }
     }
@@ -360,53 +364,12 @@ impl Inner {
             .batch_execute("ANALYZE messages, message_chunks")
             .await;
     }
-
-    async fn write_once(
-        client: &mut deadpool_postgres::Object,
-        request: &WriteRequest,
-    ) -> Result<(Vec<WriteOutcome>, Option<u64>, Vec<Change>), Retry> {
-        let tx = client.transaction().await.map_err(Retry::classify)?;
-        write::lock_session(&tx, &request.key).await?;
-        let (outcomes, changes) = write::apply(&tx, request).await?;
-        let first = if changes.is_empty() {
-            None
-        } else {
-            Some(feed::record(&tx, &request.key, &changes).await?)
-        };
-        tx.commit().await.map_err(Retry::classify)?;
-        Ok((outcomes, first, changes))
-    }
 }
 
-/// A failed attempt: a conflict PostgreSQL resolved by aborting this transaction (retry it), or
-/// anything else.
-enum Retry {
-    Conflict(StoreError),
-    Fail(StoreError),
-}
-
-impl Retry {
-    fn classify(e: tokio_postgres::Error) -> Self {
-        use tokio_postgres::error::SqlState;
-        let conflict = e.code().is_some_and(|code| {
-            *code == SqlState::T_R_DEADLOCK_DETECTED || *code == SqlState::T_R_SERIALIZATION_FAILURE
-        });
-        if conflict {
-            Retry::Conflict(backend_error(e))
-        } else {
-            Retry::Fail(backend_error(e))
-        }
-    }
-}
-
-impl From<StoreError> for Retry {
-    fn from(e: StoreError) -> Self {
-        // Statement errors arrive as text: deadlocks are recognised by their SQLSTATE there.
-        match &e {
-            StoreError::Backend(text) if text.contains("deadlock detected") => Retry::Conflict(e),
-            _ => Retry::Fail(e),
-        }
-    }
+/// A transaction PostgreSQL aborted to resolve a conflict with another: retrying it is safe.
+fn is_conflict(e: &StoreError) -> bool {
+    matches!(e, StoreError::Backend(text)
+        if text.contains("deadlock detected") || text.contains("could not serialize access"))
 }
 
 /// A read of one connection, with its arguments moved in.
@@ -440,7 +403,7 @@ impl Store for PgStore {
         id: &str,
     ) -> impl Future<Output = Result<Option<StoredMessage>, StoreError>> + Send {
         let (key, id) = (key.clone(), id.to_owned());
-        snapshot!(self, |c| queries::message(c, &key, &id))
+        read!(self, |c| queries::message(c, &key, &id))
     }
 
     fn children(
@@ -449,7 +412,7 @@ impl Store for PgStore {
         id: &str,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
         let (key, id) = (key.clone(), id.to_owned());
-        snapshot!(self, |c| queries::children(c, &key, &id))
+        read!(self, |c| queries::children(c, &key, &id))
     }
 
     fn roots(
@@ -457,7 +420,7 @@ impl Store for PgStore {
         key: &SessionKey,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
         let key = key.clone();
-        snapshot!(self, |c| queries::roots(c, &key))
+        read!(self, |c| queries::roots(c, &key))
     }
 
     fn stats(
@@ -477,13 +440,26 @@ impl Store for PgStore {
         snapshot!(self, |c| queries::path(c, &key, leaf.as_deref()))
     }
 
+    /// A linear conversation's plan comes from one statement; a walk runs in a snapshot.
     fn path_plan(
         &self,
         key: &SessionKey,
         leaf: Option<&str>,
     ) -> impl Future<Output = Result<PathPlan, StoreError>> + Send {
         let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
-        snapshot!(self, |c| queries::path_plan(c, &key, leaf.as_deref()))
+        let (quick_key, quick_leaf) = (key.clone(), leaf.clone());
+        let quick = read!(self, |c| queries::plan_without_walk(
+            c,
+            &quick_key,
+            quick_leaf.as_deref()
+        ));
+        let store = self.clone();
+        async move {
+            match quick.await? {
+                Some(plan) => Ok(plan),
+                None => snapshot!(store, |c| queries::path_plan(c, &key, leaf.as_deref())).await,
+            }
+        }
     }
 
     fn fetch_range(
@@ -495,7 +471,7 @@ impl Store for PgStore {
         max_bytes: u64,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
         let key = key.clone();
-        snapshot!(self, |c| queries::fetch_range(
+        read!(self, |c| queries::fetch_range(
             c, &key, from, last, max_rows, max_bytes
         ))
     }
@@ -508,7 +484,7 @@ impl Store for PgStore {
         max_rows: usize,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
         let key = key.clone();
-        snapshot!(self, |c| queries::fetch_range_newest(
+        read!(self, |c| queries::fetch_range_newest(
             c, &key, first, last, max_rows
         ))
     }
@@ -534,7 +510,7 @@ impl Store for PgStore {
         seqs: &[i64],
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
         let (key, seqs) = (key.clone(), seqs.to_vec());
-        snapshot!(self, |c| queries::fetch(c, &key, &seqs))
+        read!(self, |c| queries::fetch(c, &key, &seqs))
     }
 
     fn ancestors(

@@ -20,8 +20,14 @@ macro_rules! select_messages {
     ($condition:literal) => {
         concat!(
             "SELECT id, role, parent_id, seq, created_at, updated_at, token_estimate, content,
-                    content_chunks, bytes
-               FROM messages WHERE namespace = $1 AND session_id = $2 AND ",
+                    content_chunks, bytes,
+                    CASE WHEN content_chunks > 0 THEN ARRAY(
+                        SELECT c.content FROM message_chunks c
+                         WHERE c.namespace = m.namespace AND c.session_id = m.session_id
+                           AND c.id = m.id
+                         ORDER BY c.idx)
+                    END
+               FROM messages m WHERE namespace = $1 AND session_id = $2 AND ",
             $condition
         )
     };
@@ -33,11 +39,9 @@ pub(crate) async fn message<C: GenericClient>(
     id: &str,
 ) -> Result<Option<StoredMessage>> {
     let sql = select_messages!("id = $3");
-    Ok(
-        messages(c, key, sql, &[&key.namespace, &key.session_id, &id])
-            .await?
-            .pop(),
-    )
+    Ok(messages(c, sql, &[&key.namespace, &key.session_id, &id])
+        .await?
+        .pop())
 }
 
 pub(crate) async fn children<C: GenericClient>(
@@ -46,13 +50,13 @@ pub(crate) async fn children<C: GenericClient>(
     id: &str,
 ) -> Result<Vec<StoredMessage>> {
     let sql = select_messages!("parent_id = $3 ORDER BY seq");
-    messages(c, key, sql, &[&key.namespace, &key.session_id, &id]).await
+    messages(c, sql, &[&key.namespace, &key.session_id, &id]).await
 }
 
 /// Roots, and imports whose parent never arrived, oldest first.
 pub(crate) async fn roots<C: GenericClient>(c: &C, key: &SessionKey) -> Result<Vec<StoredMessage>> {
     let sql = select_messages!("parent_seq IS NULL ORDER BY seq");
-    messages(c, key, sql, &[&key.namespace, &key.session_id]).await
+    messages(c, sql, &[&key.namespace, &key.session_id]).await
 }
 
 /// Where a message sits: `(seq, parent_id, parent_seq)`.
@@ -302,6 +306,36 @@ pub(crate) async fn path_plan<C: GenericClient>(
     Ok(PathPlan::Rows(rows))
 }
 
+/// The plan of a read that needs no walk, from one statement: the session has compactions, or
+/// the path is the active one and dense, or there is no active path. `None` when a walk is needed.
+pub(crate) async fn plan_without_walk<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    leaf: Option<&str>,
+) -> Result<Option<PathPlan>> {
+    let r = row(
+        c,
+        "SELECT EXISTS (SELECT 1 FROM compactions WHERE namespace = $1 AND session_id = $2),
+                s.leaf_id, s.leaf_seq, s.path_head_seq, s.path_dense
+           FROM (SELECT 1) one
+           LEFT JOIN sessions s ON s.namespace = $1 AND s.id = $2",
+        &[&key.namespace, &key.session_id],
+    )
+    .await?
+    .expect("a SELECT without a filter returns one row");
+    if get::<bool>(&r, 0)? {
+        return Ok(Some(PathPlan::Overlaid));
+    }
+    let (leaf_id, leaf_seq): (Option<String>, Option<i64>) = (get(&r, 1)?, get(&r, 2)?);
+    let dense_from = get::<Option<i64>>(&r, 3)?.filter(|_| get(&r, 4).unwrap_or(false));
+    Ok(match (leaf, leaf_seq) {
+        (None, None) => Some(PathPlan::Rows(Vec::new())),
+        (Some(wanted), _) if leaf_id.as_deref() != Some(wanted) => None,
+        (_, Some(last)) => dense_from.map(|first| PathPlan::Range { first, last }),
+        _ => None,
+    })
+}
+
 /// Aggregates of a (capped) path.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct PathTotals {
@@ -430,7 +464,7 @@ pub(crate) async fn fetch<C: GenericClient>(
     }
     let wanted = seqs.to_vec();
     let sql = select_messages!("seq = ANY($3)");
-    let mut found = messages(c, key, sql, &[&key.namespace, &key.session_id, &wanted]).await?;
+    let mut found = messages(c, sql, &[&key.namespace, &key.session_id, &wanted]).await?;
     found.sort_unstable_by_key(|m| m.seq);
     let mut out = Vec::with_capacity(seqs.len());
     for seq in seqs {
@@ -451,31 +485,28 @@ pub(crate) async fn fetch_range<C: GenericClient>(
     max_rows: usize,
     max_bytes: u64,
 ) -> Result<Vec<StoredMessage>> {
-    // Sizes first, so content beyond the byte budget is never transferred.
-    let limit = max_rows as i64;
-    let sizes = rows(
+    // Rows past the byte budget are cut by the query, so their content is never transferred;
+    // the first row always comes.
+    let (limit, budget) = (max_rows as i64, max_bytes.min(i64::MAX as u64) as i64);
+    let sql = concat!(
+        "SELECT * FROM (
+             SELECT limited.*, (sum(limited.bytes) OVER (ORDER BY limited.seq))::BIGINT AS running FROM (",
+        select_messages!("seq BETWEEN $3 AND $4 ORDER BY seq LIMIT $5"),
+        ") limited) window_rows WHERE running = bytes OR running <= $6 ORDER BY seq"
+    );
+    messages(
         c,
-        "SELECT seq, bytes FROM messages
-          WHERE namespace = $1 AND session_id = $2 AND seq BETWEEN $3 AND $4
-          ORDER BY seq LIMIT $5",
-        &[&key.namespace, &key.session_id, &from, &last, &limit],
+        sql,
+        &[
+            &key.namespace,
+            &key.session_id,
+            &from,
+            &last,
+            &limit,
+            &budget,
+        ],
     )
-    .await?;
-    let mut used = 0u64;
-    let mut end = None;
-    for (i, r) in sizes.iter().enumerate() {
-        let bytes = get::<i64>(r, 1)? as u64;
-        if i > 0 && used + bytes > max_bytes {
-            break;
-        }
-        used += bytes;
-        end = Some(get::<i64>(r, 0)?);
-    }
-    let Some(end) = end else {
-        return Ok(Vec::new());
-    };
-    let sql = select_messages!("seq BETWEEN $3 AND $4 ORDER BY seq");
-    messages(c, key, sql, &[&key.namespace, &key.session_id, &from, &end]).await
+    .await
 }
 
 /// Rows `first..=last` newest first, at most `max_rows`.
@@ -490,7 +521,6 @@ pub(crate) async fn fetch_range_newest<C: GenericClient>(
     let sql = select_messages!("seq BETWEEN $3 AND $4 ORDER BY seq DESC LIMIT $5");
     messages(
         c,
-        key,
         sql,
         &[&key.namespace, &key.session_id, &first, &last, &limit],
     )

@@ -114,6 +114,12 @@ fn list_sql(query: &SessionQuery) -> String {
     )
 }
 
+pub(crate) const SAVE_RECORD: &str =
+    "UPDATE sessions SET name = $3, parent_session_id = $4, model = $5, source = $6,
+                user_id = $7, metadata = $8, settings = $9, end_reason = $10,
+                input_tokens = $11, output_tokens = $12, cost = $13
+          WHERE namespace = $1 AND id = $2";
+
 /// The record alone, for patching inside a write.
 pub(crate) async fn record<C: GenericClient>(
     c: &C,
@@ -132,10 +138,7 @@ pub(crate) async fn save_record<C: GenericClient>(
     let (input, output) = (record.input_tokens as i64, record.output_tokens as i64);
     exec(
         c,
-        "UPDATE sessions SET name = $3, parent_session_id = $4, model = $5, source = $6,
-                user_id = $7, metadata = $8, settings = $9, end_reason = $10,
-                input_tokens = $11, output_tokens = $12, cost = $13
-          WHERE namespace = $1 AND id = $2",
+        SAVE_RECORD,
         &[
             &key.namespace,
             &key.session_id,

@@ -3,7 +3,7 @@
 
 use deadpool_postgres::GenericClient;
 use sessiondb_core::message::{StoredRow, role_of};
-use sessiondb_core::{SessionKey, StoreError, StoredMessage};
+use sessiondb_core::{StoreError, StoredMessage};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
@@ -62,13 +62,8 @@ pub(crate) fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
 }
 
 /// The message of a row selected by `select_messages!` (id, role, parent_id, seq, created_at,
-/// updated_at, token_estimate, content, content_chunks, bytes); continuation slices are read
-/// when it has any.
-pub(crate) async fn message_from_row<C: GenericClient>(
-    client: &C,
-    key: &SessionKey,
-    row: &Row,
-) -> Result<StoredMessage> {
+/// updated_at, token_estimate, content, content_chunks, bytes, and the continuation slices).
+pub(crate) fn message_from_row(row: &Row) -> Result<StoredMessage> {
     let fields = StoredRow {
         id: get(row, 0)?,
         role: role_of(get::<&str>(row, 1)?),
@@ -81,13 +76,7 @@ pub(crate) async fn message_from_row<C: GenericClient>(
     let chunks: i32 = get(row, 8)?;
     let mut json: String = get(row, 7)?;
     if chunks > 0 {
-        let slices = rows(
-            client,
-            "SELECT content FROM message_chunks
-              WHERE namespace = $1 AND session_id = $2 AND id = $3 ORDER BY idx",
-            &[&key.namespace, &key.session_id, &fields.id],
-        )
-        .await?;
+        let slices: Vec<&str> = get(row, 10)?;
         if slices.len() != chunks as usize {
             return Err(StoreError::Corrupt(format!(
                 "message `{}` has {} of its {chunks} continuation slices",
@@ -95,9 +84,7 @@ pub(crate) async fn message_from_row<C: GenericClient>(
                 slices.len()
             )));
         }
-        for slice in &slices {
-            json.push_str(get(slice, 0)?);
-        }
+        slices.iter().for_each(|slice| json.push_str(slice));
     }
     Ok(StoredMessage::from_stored(
         fields,
@@ -106,19 +93,18 @@ pub(crate) async fn message_from_row<C: GenericClient>(
     ))
 }
 
-/// Messages of the session selected by `sql` (from `select_messages!`), in row order.
+/// Messages selected by `sql` (from `select_messages!`), in row order. One statement reads each
+/// message whole, so a read needs no transaction to see a consistent message.
 pub(crate) async fn messages<C: GenericClient>(
     client: &C,
-    key: &SessionKey,
     sql: &str,
     params: &[Param<'_>],
 ) -> Result<Vec<StoredMessage>> {
-    let found = rows(client, sql, params).await?;
-    let mut out = Vec::with_capacity(found.len());
-    for row in &found {
-        out.push(message_from_row(client, key, row).await?);
-    }
-    Ok(out)
+    rows(client, sql, params)
+        .await?
+        .iter()
+        .map(message_from_row)
+        .collect()
 }
 
 /// One `tsquery` matching every word: the words are passed as plain text, so nothing in them is

@@ -17,8 +17,42 @@ use sessiondb_core::{
 };
 
 use crate::queries::{self, Location, PathTotals};
-use crate::sql::{Result, exec, get, row, rows};
-use crate::{attachments, context, registry};
+use crate::sql::{Result, backend_error, exec, get, row, rows};
+use crate::{attachments, context, feed, registry};
+
+// Statements of the two pipelines of a request (see [`commit`]), named so they can be prepared
+// before a pipeline is sent.
+const LOAD_SESSION: &str =
+    "SELECT created_at, updated_at, last_message_at, next_seq, leaf_id, leaf_seq,
+                    path_len, path_tokens, path_bytes, path_capped, path_head_seq,
+                    stored_messages, path_dense
+               FROM sessions WHERE namespace = $1 AND id = $2";
+
+const LOCK_SESSION: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))";
+
+const INSERT_ROWS: &str =
+    "INSERT INTO messages (namespace, session_id, seq, id, parent_id, parent_seq, role,
+             content, content_chunks, bytes, token_estimate, content_hash, created_at,
+             updated_at, search_text)
+         SELECT $1, $2, * FROM unnest($3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[],
+             $7::TEXT[], $8::TEXT[], $9::INTEGER[], $10::BIGINT[], $11::BIGINT[],
+             $12::BYTEA[], $13::BIGINT[], $14::BIGINT[], $15::TEXT[])";
+
+const LOAD_KNOWN: &str = "SELECT id, seq, parent_id, parent_seq FROM messages
+              WHERE namespace = $1 AND session_id = $2 AND (id = ANY($3) OR parent_id = ANY($3))";
+
+const SAVE_SESSION_UPDATE: &str =
+    "UPDATE sessions SET created_at = $3, updated_at = $4, last_message_at = $5,
+                    next_seq = $6, leaf_id = $7, leaf_seq = $8, path_len = $9, path_tokens = $10,
+                    path_bytes = $11, path_capped = $12, path_head_seq = $13,
+                    stored_messages = $14, path_dense = $15
+              WHERE namespace = $1 AND id = $2";
+
+const SAVE_SESSION_INSERT: &str =
+    "INSERT INTO sessions (namespace, id, created_at, updated_at, last_message_at,
+                 next_seq, leaf_id, leaf_seq, path_len, path_tokens, path_bytes, path_capped,
+                 path_head_seq, stored_messages, path_dense)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
 
 /// The session row, loaded once per request and saved once at its end.
 #[derive(Debug)]
@@ -42,15 +76,7 @@ struct SessionRow {
 
 impl SessionRow {
     async fn load<C: GenericClient>(c: &C, key: &SessionKey, now: i64) -> Result<Self> {
-        let found = row(
-            c,
-            "SELECT created_at, updated_at, last_message_at, next_seq, leaf_id, leaf_seq,
-                    path_len, path_tokens, path_bytes, path_capped, path_head_seq,
-                    stored_messages, path_dense
-               FROM sessions WHERE namespace = $1 AND id = $2",
-            &[&key.namespace, &key.session_id],
-        )
-        .await?;
+        let found = row(c, LOAD_SESSION, &[&key.namespace, &key.session_id]).await?;
         let Some(r) = found else {
             return Ok(Self::absent(now));
         };
@@ -166,27 +192,26 @@ impl SessionRow {
         self.updated_at = self.updated_at.max(now);
     }
 
-    async fn save<C: GenericClient>(&mut self, c: &C, key: &SessionKey) -> Result<()> {
-        if !self.dirty {
-            return Ok(());
-        }
-        if self.totals_stale {
+    /// Recomputes stale path aggregates (every row of the request must be sent first).
+    async fn settle_totals<C: GenericClient>(&mut self, c: &C, key: &SessionKey) -> Result<()> {
+        if self.dirty && self.totals_stale {
             self.path = match self.leaf_seq {
                 Some(leaf) => queries::path_totals(c, key, leaf).await?,
                 None => PathTotals::EMPTY,
             };
+            self.totals_stale = false;
+        }
+        Ok(())
+    }
+
+    async fn save<C: GenericClient>(&self, c: &C, key: &SessionKey) -> Result<()> {
+        if !self.dirty {
+            return Ok(());
         }
         let sql = if self.stored {
-            "UPDATE sessions SET created_at = $3, updated_at = $4, last_message_at = $5,
-                    next_seq = $6, leaf_id = $7, leaf_seq = $8, path_len = $9, path_tokens = $10,
-                    path_bytes = $11, path_capped = $12, path_head_seq = $13,
-                    stored_messages = $14, path_dense = $15
-              WHERE namespace = $1 AND id = $2"
+            SAVE_SESSION_UPDATE
         } else {
-            "INSERT INTO sessions (namespace, id, created_at, updated_at, last_message_at,
-                 next_seq, leaf_id, leaf_seq, path_len, path_tokens, path_bytes, path_capped,
-                 path_head_seq, stored_messages, path_dense)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+            SAVE_SESSION_INSERT
         };
         let (len, tokens, bytes) = (
             self.path.len as i64,
@@ -216,7 +241,6 @@ impl SessionRow {
             ],
         )
         .await?;
-        self.stored = true;
         Ok(())
     }
 }
@@ -224,44 +248,111 @@ impl SessionRow {
 /// Serialises the writers of one session (or template scope) until the transaction ends, on
 /// every instance; it works before the session's row exists.
 pub(crate) async fn lock_session<C: GenericClient>(c: &C, key: &SessionKey) -> Result<()> {
-    exec(
-        c,
-        "SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))",
-        &[&key.namespace, &key.session_id],
-    )
-    .await?;
+    exec(c, LOCK_SESSION, &[&key.namespace, &key.session_id]).await?;
     Ok(())
 }
 
-/// Applies all ops of `request` (the caller holds the session's lock); returns their outcomes
-/// and the change events to record.
-pub(crate) async fn apply<C: GenericClient>(
-    c: &C,
-    request: &WriteRequest,
-) -> Result<(Vec<WriteOutcome>, Vec<Change>)> {
+/// A committed request: its outcomes, and its change events with the feed position of the first.
+pub(crate) struct Committed {
+    pub outcomes: Vec<WriteOutcome>,
+    pub changes: Vec<Change>,
+    pub first_position: Option<u64>,
+}
+
+/// Runs `request` as one transaction on `c` and commits it. On an error the transaction is left
+/// open (or aborted) for the caller to roll back.
+///
+/// Statements that do not depend on each other's answers are pipelined: `BEGIN`, the session
+/// lock, the session row and the rows the messages name go out together, and so do the new
+/// rows, the session row, the feed events and `COMMIT`. A lone append costs two round trips.
+pub(crate) async fn commit<C: GenericClient>(c: &C, request: &WriteRequest) -> Result<Committed> {
+    let key = &request.key;
+    let names_messages = request.ops.iter().any(|op| {
+        matches!(
+            op,
+            WriteOp::Append { .. } | WriteOp::Upsert { .. } | WriteOp::Import { .. }
+        )
+    });
+    // A pipeline is only in order if each statement goes out on its first poll: prepared ones do
+    // (a connection prepares each statement once, here).
+    prepare(c, &[LOCK_SESSION, LOAD_SESSION, LOAD_KNOWN]).await?;
+    let (begun, locked, session, known) = tokio::join!(
+        biased;
+        c.batch_execute("BEGIN"),
+        lock_session(c, key),
+        SessionRow::load(c, key, request.now_ms),
+        async {
+            match names_messages {
+                true => Known::load(c, key, &request.ops).await.map(Some),
+                false => Ok(None),
+            }
+        },
+    );
+    begun.map_err(backend_error)?;
+    locked?;
     let mut tx = RequestTx {
         c,
-        key: &request.key,
+        key,
         now: request.now_ms,
         max_messages: request.max_messages,
-        session: SessionRow::load(c, &request.key, request.now_ms).await?,
+        session: session?,
         changes: Vec::with_capacity(request.ops.len()),
-        known: None,
+        known: known?,
         pending: PendingRows::default(),
     };
-    if request.ops.len() > 1 {
-        tx.known = Some(Known::load(c, &request.key, &request.ops).await?);
-    }
     let mut outcomes = Vec::with_capacity(request.ops.len());
     for op in &request.ops {
         outcomes.push(tx.apply(op).await?);
     }
-    tx.flush().await?;
-    tx.session.save(c, tx.key).await?;
-    if let Some(record) = &tx.session.record {
-        registry::save_record(c, tx.key, record).await?;
+    if tx.session.totals_stale {
+        tx.flush().await?;
+        tx.session.settle_totals(c, key).await?;
     }
-    Ok((outcomes, tx.changes))
+    let rows = std::mem::take(&mut tx.pending);
+    let changes = tx.changes;
+    let session = tx.session;
+    prepare(
+        c,
+        &[
+            INSERT_ROWS,
+            SAVE_SESSION_UPDATE,
+            SAVE_SESSION_INSERT,
+            registry::SAVE_RECORD,
+            feed::RECORD,
+        ],
+    )
+    .await?;
+    // The feed's counter row is taken last: it stays locked until the commit.
+    let (inserted, saved, record_saved, recorded, committed) = tokio::join!(
+        biased;
+        insert_rows(c, key, rows),
+        session.save(c, key),
+        async {
+            match &session.record {
+                Some(record) => registry::save_record(c, key, record).await,
+                None => Ok(()),
+            }
+        },
+        async {
+            match changes.is_empty() {
+                true => Ok(None),
+                false => feed::record(c, key, &changes).await.map(Some),
+            }
+        },
+        c.batch_execute("COMMIT"),
+    );
+    // The first failure is the cause; the statements after it only found the transaction
+    // aborted (and COMMIT then rolls back).
+    inserted?;
+    saved?;
+    record_saved?;
+    let first_position = recorded?;
+    committed.map_err(backend_error)?;
+    Ok(Committed {
+        outcomes,
+        changes,
+        first_position,
+    })
 }
 
 /// A parent link as stored: the parent's id and, when the parent exists, its seq.
@@ -302,6 +393,44 @@ struct PendingRows {
     held: usize,
 }
 
+/// Prepares `statements` on this connection (a no-op for those it prepared before).
+async fn prepare<C: GenericClient>(c: &C, statements: &[&str]) -> Result<()> {
+    for sql in statements {
+        c.prepare_cached(sql).await.map_err(backend_error)?;
+    }
+    Ok(())
+}
+
+/// Inserts new message rows with one statement.
+async fn insert_rows<C: GenericClient>(c: &C, key: &SessionKey, rows: PendingRows) -> Result<()> {
+    if rows.seq.is_empty() {
+        return Ok(());
+    }
+    exec(
+        c,
+        INSERT_ROWS,
+        &[
+            &key.namespace,
+            &key.session_id,
+            &rows.seq,
+            &rows.id,
+            &rows.parent_id,
+            &rows.parent_seq,
+            &rows.role,
+            &rows.content,
+            &rows.content_chunks,
+            &rows.bytes,
+            &rows.token_estimate,
+            &rows.content_hash,
+            &rows.created_at,
+            &rows.updated_at,
+            &rows.search_text,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
 /// Pending content beyond which rows are sent without waiting for the request's end.
 const MAX_PENDING_BYTES: usize = 8 << 20;
 
@@ -339,13 +468,7 @@ impl Known {
             }
         }
         let ids: Vec<&String> = covered.iter().collect();
-        let found = rows(
-            c,
-            "SELECT id, seq, parent_id, parent_seq FROM messages
-              WHERE namespace = $1 AND session_id = $2 AND (id = ANY($3) OR parent_id = ANY($3))",
-            &[&key.namespace, &key.session_id, &ids],
-        )
-        .await?;
+        let found = rows(c, LOAD_KNOWN, &[&key.namespace, &key.session_id, &ids]).await?;
         let mut known = Known::default();
         for r in &found {
             let (id, parent_id): (String, Option<String>) = (get(r, 0)?, get(r, 2)?);
@@ -401,38 +524,7 @@ impl<C: GenericClient> RequestTx<'_, C> {
 
     /// Sends the pending rows.
     async fn flush(&mut self) -> Result<()> {
-        let rows = std::mem::take(&mut self.pending);
-        if rows.seq.is_empty() {
-            return Ok(());
-        }
-        exec(
-            self.c,
-            "INSERT INTO messages (namespace, session_id, seq, id, parent_id, parent_seq, role,
-                 content, content_chunks, bytes, token_estimate, content_hash, created_at,
-                 updated_at, search_text)
-             SELECT $1, $2, * FROM unnest($3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[],
-                 $7::TEXT[], $8::TEXT[], $9::INTEGER[], $10::BIGINT[], $11::BIGINT[],
-                 $12::BYTEA[], $13::BIGINT[], $14::BIGINT[], $15::TEXT[])",
-            &[
-                &self.key.namespace,
-                &self.key.session_id,
-                &rows.seq,
-                &rows.id,
-                &rows.parent_id,
-                &rows.parent_seq,
-                &rows.role,
-                &rows.content,
-                &rows.content_chunks,
-                &rows.bytes,
-                &rows.token_estimate,
-                &rows.content_hash,
-                &rows.created_at,
-                &rows.updated_at,
-                &rows.search_text,
-            ],
-        )
-        .await?;
-        Ok(())
+        insert_rows(self.c, self.key, std::mem::take(&mut self.pending)).await
     }
 
     async fn apply(&mut self, op: &WriteOp) -> Result<WriteOutcome> {
