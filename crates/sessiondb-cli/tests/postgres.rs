@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -124,6 +124,18 @@ async fn history(base: &str, session: &str) -> Vec<String> {
         .collect()
 }
 
+/// Acknowledged `(session, id)` pairs, grouped by session.
+fn by_session(acked: &[(String, String)]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut sessions: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (session, id) in acked {
+        sessions
+            .entry(session.clone())
+            .or_default()
+            .insert(id.clone());
+    }
+    sessions
+}
+
 /// Every acknowledged append is stored exactly once, as one linear chain in seq order (each
 /// append went under the leaf of its moment), and the history reads it back in that order.
 async fn assert_chain(url: &str, base: &str, session: &str, acknowledged: &BTreeSet<String>) {
@@ -184,14 +196,9 @@ async fn two_instances_share_sessions_and_feeds() {
     }
     assert_eq!(acked.len(), CLIENTS * ROUNDS * 2);
 
-    let sessions: BTreeSet<String> = acked.iter().map(|(s, _)| s.clone()).collect();
-    for session in &sessions {
-        let ids: BTreeSet<String> = acked
-            .iter()
-            .filter(|(s, _)| s == session)
-            .map(|(_, id)| id.clone())
-            .collect();
-        assert_chain(&url, &bases[0], session, &ids).await;
+    let sessions = by_session(&acked);
+    for (session, ids) in &sessions {
+        assert_chain(&url, &bases[0], session, ids).await;
         assert_eq!(history(&bases[1], session).await.len(), ids.len());
     }
 
@@ -214,7 +221,7 @@ async fn two_instances_share_sessions_and_feeds() {
     }
     assert_eq!(orders[0], orders[1], "both instances saw one order");
     // That order is each session's commit (seq) order.
-    for session in &sessions {
+    for session in sessions.keys() {
         let stored: Vec<String> = stored_rows(&url, session)
             .await
             .into_iter()
@@ -303,15 +310,9 @@ async fn a_killed_instance_loses_no_acknowledged_write() {
     assert!(on_survivor > 0);
     assert!(append(&reqwest::Client::new(), &bases[1], "after", "after-kill").await);
 
-    let sessions: BTreeSet<String> = acked.iter().map(|(s, _)| s.clone()).collect();
-    for session in &sessions {
-        let ids: BTreeSet<String> = acked
-            .iter()
-            .filter(|(s, _)| s == session)
-            .map(|(_, id)| id.clone())
-            .collect();
+    for (session, ids) in &by_session(&acked) {
         // Stored rows may include an append the killed instance committed but never answered.
-        assert_chain(&url, &bases[1], session, &ids).await;
+        assert_chain(&url, &bases[1], session, ids).await;
     }
     // The survivor's subscriber saw every acknowledged append.
     wait_for_appends(&feed_b, acked.len() + 1).await;

@@ -100,6 +100,40 @@ impl<T> Batcher<T> {
     }
 }
 
+/// Aggregates of a (capped) path, as a backend keeps them on its session row so stats are O(1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PathTotals {
+    pub len: u64,
+    pub tokens: u64,
+    pub bytes: u64,
+    /// The oldest row read still has a parent.
+    pub capped: bool,
+    /// Seq of the oldest row read.
+    pub head_seq: Option<i64>,
+    /// The path is exactly the rows with seq >= `head_seq`.
+    pub dense: bool,
+}
+
+impl PathTotals {
+    /// The path of an empty session: nothing, trivially dense.
+    pub const EMPTY: PathTotals = PathTotals {
+        len: 0,
+        tokens: 0,
+        bytes: 0,
+        capped: false,
+        head_seq: None,
+        dense: true,
+    };
+}
+
+/// The active path as a seq range `(first, last)` when the session row says it is dense.
+pub fn linear_range(leaf: Option<i64>, head: Option<i64>, dense: bool) -> Option<(i64, i64)> {
+    match (head, leaf) {
+        (Some(first), Some(last)) if dense => Some((first, last)),
+        _ => None,
+    }
+}
+
 /// Computes the parent rewrites of a delete.
 ///
 /// `deleted` maps each deleted id to its parent; `children` lists `(child, parent)` for the

@@ -6,7 +6,7 @@ use sessiondb_core::context::{BlockDef, BlockKind, ContextError, WriteMode, writ
 use sessiondb_core::{ContextEntry, FrozenPrompt, ScopedBlock, SessionKey, StoreError};
 use tokio_postgres::Row;
 
-use crate::sql::{Result, exec, get, row, rows, search_words};
+use crate::sql::{Result, exec, get, pairs, row, rows, search_words};
 
 const BLOCK_COLUMNS: &str = "session_id, label, kind, description, max_tokens, content";
 
@@ -170,10 +170,8 @@ pub(crate) async fn entry_keys<C: GenericClient>(
           ORDER BY key, session_id = ''",
         &[&key.namespace, &key.session_id, &label],
     )
-    .await?
-    .iter()
-    .map(|r| Ok((get(r, 0)?, get(r, 1)?)))
-    .collect()
+    .await
+    .and_then(|found| pairs(&found))
 }
 
 pub(crate) async fn entry<C: GenericClient>(
@@ -225,10 +223,8 @@ pub(crate) async fn search<C: GenericClient>(
           LIMIT $5",
         &[&query, &key.namespace, &key.session_id, &label, &limit],
     )
-    .await?
-    .iter()
-    .map(|r| Ok((get(r, 0)?, get(r, 1)?)))
-    .collect()
+    .await
+    .and_then(|found| pairs(&found))
 }
 
 pub(crate) async fn prompt<C: GenericClient>(

@@ -6,13 +6,14 @@
 //! conversation, recorded on the session row) is read as a seq range with no walk at all.
 
 use deadpool_postgres::GenericClient;
-use sessiondb_core::plan::SuffixBudget;
+pub(crate) use sessiondb_core::plan::PathTotals;
+use sessiondb_core::plan::{SuffixBudget, linear_range};
 use sessiondb_core::{
     MAX_PATH_ROWS, PathPlan, PathRows, PathSuffix, PlanRow, RowStat, SearchHit, SessionKey,
     SessionStats, StoredMessage,
 };
 
-use crate::sql::{Result, exec, get, messages, row, rows, search_words};
+use crate::sql::{Result, exec, get, messages, pairs, row, rows, search_words};
 
 /// `SELECT` of the columns [`crate::sql::message_from_row`] reads, from the session's messages,
 /// and a condition.
@@ -90,10 +91,8 @@ pub(crate) async fn child_links<C: GenericClient>(
         "SELECT id, seq FROM messages WHERE namespace = $1 AND session_id = $2 AND parent_id = $3",
         &[&key.namespace, &key.session_id, &id],
     )
-    .await?
-    .iter()
-    .map(|r| Ok((get(r, 0)?, get(r, 1)?)))
-    .collect()
+    .await
+    .and_then(|found| pairs(&found))
 }
 
 /// Whether a message with `id` exists, and whether rows name `id` as their parent.
@@ -336,32 +335,6 @@ pub(crate) async fn plan_without_walk<C: GenericClient>(
     })
 }
 
-/// Aggregates of a (capped) path.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct PathTotals {
-    pub len: u64,
-    pub tokens: u64,
-    pub bytes: u64,
-    /// The oldest row read still has a parent.
-    pub capped: bool,
-    /// Seq of the oldest row read.
-    pub head_seq: Option<i64>,
-    /// The path is exactly the rows with seq >= `head_seq`.
-    pub dense: bool,
-}
-
-impl PathTotals {
-    /// The path of an empty session: nothing, trivially dense.
-    pub const EMPTY: PathTotals = PathTotals {
-        len: 0,
-        tokens: 0,
-        bytes: 0,
-        capped: false,
-        head_seq: None,
-        dense: true,
-    };
-}
-
 /// Totals of the path ending at `leaf`, which must be the session's newest row for `dense` to
 /// mean anything.
 pub(crate) async fn path_totals<C: GenericClient>(
@@ -567,18 +540,6 @@ pub(crate) async fn stats<C: GenericClient>(c: &C, key: &SessionKey) -> Result<S
         has_compactions: get(&r, 5)?,
         linear_range: linear_range(get(&r, 6)?, get(&r, 7)?, get(&r, 8)?),
     })
-}
-
-/// The active path as a seq range, when the session row says it is dense.
-pub(crate) fn linear_range(
-    leaf: Option<i64>,
-    head: Option<i64>,
-    dense: bool,
-) -> Option<(i64, i64)> {
-    match (head, leaf) {
-        (Some(first), Some(last)) if dense => Some((first, last)),
-        _ => None,
-    }
 }
 
 pub(crate) async fn search<C: GenericClient>(

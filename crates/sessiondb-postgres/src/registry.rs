@@ -8,8 +8,8 @@ use sessiondb_core::{
 };
 use tokio_postgres::Row;
 
-use crate::queries::linear_range;
-use crate::sql::{Param, Result, exec, get, row, rows, search_words};
+use crate::sql::{Param, Result, exec, get, pairs, row, rows, search_words};
+use sessiondb_core::plan::linear_range;
 
 const INFO_COLUMNS: &str =
     "id, name, parent_session_id, model, source, user_id, metadata, settings,
@@ -264,10 +264,8 @@ pub(crate) async fn state_entries<C: GenericClient>(
           ORDER BY key",
         &[&key.namespace, &key.session_id],
     )
-    .await?
-    .iter()
-    .map(|r| Ok((get(r, 0)?, get(r, 1)?)))
-    .collect()
+    .await
+    .and_then(|found| pairs(&found))
 }
 
 pub(crate) async fn search_namespace<C: GenericClient>(

@@ -53,6 +53,15 @@ pub(crate) async fn exec<C: GenericClient>(
         .map_err(backend_error)
 }
 
+/// The first two columns of each row.
+pub(crate) fn pairs<A, B>(rows: &[Row]) -> Result<Vec<(A, B)>>
+where
+    A: for<'a> tokio_postgres::types::FromSql<'a>,
+    B: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    rows.iter().map(|r| Ok((get(r, 0)?, get(r, 1)?))).collect()
+}
+
 /// Reads column `idx` of a row, as a typed error when it does not convert.
 pub(crate) fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
     row: &'a Row,

@@ -7,7 +7,8 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use sessiondb_core::message::{StoredRow, role_of};
-use sessiondb_core::plan::SuffixBudget;
+pub(crate) use sessiondb_core::plan::PathTotals;
+use sessiondb_core::plan::{SuffixBudget, linear_range};
 use sessiondb_core::{
     MAX_PATH_ROWS, PathPlan, PathRows, PathSuffix, PlanRow, RowStat, SearchHit, SessionKey,
     SessionStats, StoreError, StoredMessage,
@@ -414,32 +415,6 @@ fn path_rows_plan(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<Vec<
     Ok(rows)
 }
 
-/// Aggregates of a (capped) path.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct PathTotals {
-    pub len: u64,
-    pub tokens: u64,
-    pub bytes: u64,
-    /// The oldest row read still has a parent.
-    pub capped: bool,
-    /// Seq of the oldest row read.
-    pub head_seq: Option<i64>,
-    /// The path is exactly the rows with seq >= `head_seq`.
-    pub dense: bool,
-}
-
-impl PathTotals {
-    /// The path of an empty session: nothing, trivially dense.
-    pub const EMPTY: PathTotals = PathTotals {
-        len: 0,
-        tokens: 0,
-        bytes: 0,
-        capped: false,
-        head_seq: None,
-        dense: true,
-    };
-}
-
 /// Totals of the path ending at `leaf`, which must be the session's newest row for `dense` to
 /// mean anything.
 pub(crate) fn path_totals(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<PathTotals> {
@@ -711,18 +686,6 @@ pub(crate) fn stats(conn: &Connection, key: &SessionKey) -> Result<SessionStats>
         .optional()
         .map_err(backend_error)?
         .unwrap_or_default())
-}
-
-/// The active path as a seq range, when the session row says it is dense.
-pub(crate) fn linear_range(
-    leaf: Option<i64>,
-    head: Option<i64>,
-    dense: bool,
-) -> Option<(i64, i64)> {
-    match (head, leaf) {
-        (Some(first), Some(last)) if dense => Some((first, last)),
-        _ => None,
-    }
 }
 
 /// Every word must match (implicit AND). Each word is an FTS5 string literal, so nothing in it is

@@ -8,7 +8,8 @@ use sessiondb_core::{
 };
 
 use crate::backend_error;
-use crate::queries::{linear_range, match_expression};
+use crate::queries::match_expression;
+use sessiondb_core::plan::linear_range;
 
 type Result<T> = std::result::Result<T, StoreError>;
 
