@@ -548,4 +548,10 @@ pub trait Store: Send + Sync + 'static {
     /// Identifies this feed's position sequence: positions from another epoch (an earlier process)
     /// cannot be resumed.
     fn feed_epoch(&self) -> u64;
+
+    /// True when other processes write to this store too (several server instances on one
+    /// database): callers must then keep nothing derived from reads across requests.
+    fn shared(&self) -> bool {
+        false
+    }
 }

@@ -167,7 +167,7 @@ impl PgStore {
     }
 
     pub async fn connect_with(url: &str, config: PgConfig) -> Result<Self, PgError> {
-        Self::start(url, config, Handle::current(), None).await
+        Self::start(url, config, Handle::current()).await
     }
 
     /// Connects from outside any tokio runtime (a CLI, a test on another executor): the store
@@ -179,7 +179,7 @@ impl PgStore {
             .enable_all()
             .build()?;
         let handle = runtime.handle().clone();
-        let started = handle.block_on(Self::start(url, config, handle.clone(), None));
+        let started = handle.block_on(Self::start(url, config, handle.clone()));
         let store = match started {
             Ok(store) => store,
             Err(e) => {
@@ -195,12 +195,7 @@ impl PgStore {
         Ok(store)
     }
 
-    async fn start(
-        url: &str,
-        config: PgConfig,
-        runtime: Handle,
-        owned_runtime: Option<Runtime>,
-    ) -> Result<Self, PgError> {
+    async fn start(url: &str, config: PgConfig, runtime: Handle) -> Result<Self, PgError> {
         let pg_config: tokio_postgres::Config = url
             .parse()
             .map_err(|e: tokio_postgres::Error| PgError::Config(e.to_string()))?;
@@ -225,7 +220,7 @@ impl PgStore {
                 runtime,
                 follower,
                 analyzed_at: std::sync::Mutex::new(None),
-                owned_runtime: std::sync::Mutex::new(owned_runtime),
+                owned_runtime: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -683,5 +678,10 @@ impl Store for PgStore {
     /// The same on every instance of one database, so a position read on one resumes on another.
     fn feed_epoch(&self) -> u64 {
         self.inner.epoch
+    }
+
+    /// Several instances write to one database.
+    fn shared(&self) -> bool {
+        true
     }
 }

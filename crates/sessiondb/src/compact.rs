@@ -73,11 +73,17 @@ impl Summarizer for ExtractiveSummarizer {
     }
 }
 
-/// Per-session memos shared by every handle of a [`crate::Db`]: the auto-compaction estimate
-/// and the token counter a session's settings choose. Process-local: a setting changed by
-/// another process is seen after this one restarts or changes it itself.
+/// Per-session memos shared by every handle of a [`crate::Db`]: the auto-compaction estimate,
+/// what a session's settings decide, and its loaded skills. The first two are derived from reads
+/// and kept only when this process is the store's one writer (its writes refresh them); on a
+/// shared store ([`Store::shared`]) every request derives them afresh, since another instance
+/// may have changed what they came from. Loaded skills are the tool executor's own record (a
+/// load is known before the agent stores its result), so they are kept either way: another
+/// instance rebuilds its own from history.
 #[derive(Debug, Default)]
 pub(crate) struct SessionCaches {
+    /// Keep nothing: other processes write to the store too.
+    shared: bool,
     /// Per session: how many tokens overlays take off the raw path total for the path ending
     /// at `leaf`. Valid for appends under that leaf; anything else recomputes it.
     memos: Mutex<HashMap<SessionKey, Memo>>,
@@ -106,6 +112,13 @@ struct Memo {
 const MAX_MEMOS: usize = 10_000;
 
 impl SessionCaches {
+    pub(crate) fn new(shared: bool) -> Self {
+        Self {
+            shared,
+            ..Self::default()
+        }
+    }
+
     pub(crate) fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
     }
@@ -118,24 +131,36 @@ impl SessionCaches {
     }
 
     pub(crate) fn skills(&self, key: &SessionKey) -> Option<BTreeSet<String>> {
-        self.skills.lock().unwrap().get(key).cloned()
+        self.get(&self.skills, key)
     }
 
     pub(crate) fn set_skills(&self, key: &SessionKey, loaded: BTreeSet<String>) {
-        bounded_insert(&mut self.skills.lock().unwrap(), key, loaded);
+        bounded_insert(&self.skills, key, loaded);
     }
 
     fn memo(&self, key: &SessionKey) -> Option<Memo> {
-        self.memos.lock().unwrap().get(key).cloned()
+        self.get(&self.memos, key)
     }
 
     fn remember(&self, key: &SessionKey, memo: Memo) {
-        bounded_insert(&mut self.memos.lock().unwrap(), key, memo);
+        self.keep(&self.memos, key, memo);
+    }
+
+    fn get<T: Clone>(&self, map: &Mutex<HashMap<SessionKey, T>>, key: &SessionKey) -> Option<T> {
+        map.lock().unwrap().get(key).cloned()
+    }
+
+    /// Keeps a value derived from reads, unless the store is shared.
+    fn keep<T>(&self, map: &Mutex<HashMap<SessionKey, T>>, key: &SessionKey, value: T) {
+        if !self.shared {
+            bounded_insert(map, key, value);
+        }
     }
 }
 
 /// Inserts into a per-session map that starts over when full (each entry is cheap to rebuild).
-fn bounded_insert<T>(map: &mut HashMap<SessionKey, T>, key: &SessionKey, value: T) {
+fn bounded_insert<T>(map: &Mutex<HashMap<SessionKey, T>>, key: &SessionKey, value: T) {
+    let mut map = map.lock().unwrap();
     if map.len() >= MAX_MEMOS && !map.contains_key(key) {
         map.clear();
     }
@@ -148,11 +173,11 @@ fn setting(info: &SessionInfo, key: &str) -> Option<u64> {
 
 impl<S: Store> Session<S> {
     /// What this session's settings decide for writes, read once per process (and again after
-    /// this process changes them). A `tokenizer` this build cannot honour falls back to the
-    /// default counter.
+    /// this process changes them; every time on a shared store). A `tokenizer` this build cannot
+    /// honour falls back to the default counter.
     async fn write_settings(&self) -> Result<WriteSettings, Error> {
-        if let Some(cached) = self.caches.settings.lock().unwrap().get(self.key()) {
-            return Ok(cached.clone());
+        if let Some(cached) = self.caches.get(&self.caches.settings, self.key()) {
+            return Ok(cached);
         }
         let settings = match self.store.session(self.key()).await? {
             Some(info) => WriteSettings {
@@ -164,11 +189,8 @@ impl<S: Store> Session<S> {
             },
             None => WriteSettings::default(),
         };
-        let mut cache = self.caches.settings.lock().unwrap();
-        if cache.len() >= MAX_MEMOS {
-            cache.clear();
-        }
-        cache.insert(self.key().clone(), settings.clone());
+        self.caches
+            .keep(&self.caches.settings, self.key(), settings.clone());
         Ok(settings)
     }
 

@@ -200,9 +200,9 @@ impl<S: Store> Db<S> {
 
     pub fn with_options(store: S, options: Options) -> Self {
         Self {
+            caches: Arc::new(compact::SessionCaches::new(store.shared())),
             store: Arc::new(store),
             options: Arc::new(options),
-            caches: Arc::default(),
         }
     }
 

@@ -1,0 +1,56 @@
+//! Two stores (as two server instances would hold) on one database.
+
+use sessiondb::{AppendOptions, Db, Message, Options, SessionPatch};
+use sessiondb_postgres::cluster::TempCluster;
+use sessiondb_postgres::{PgConfig, PgStore};
+
+fn instance(url: &str) -> Db<PgStore> {
+    let mut options = Options::default();
+    options.compaction.keep_recent_tokens = 1;
+    Db::with_options(
+        PgStore::connect_blocking(url, PgConfig::default()).unwrap(),
+        options,
+    )
+}
+
+async fn say(db: &Db<PgStore>, id: &str) {
+    db.session("s")
+        .unwrap()
+        .append(
+            Message::text("user", format!("turn {id} of a conversation")).with_id(id),
+            AppendOptions::default(),
+        )
+        .await
+        .unwrap();
+}
+
+/// A setting changed through one instance governs the next write through another, which had
+/// already written to the session (and so read its settings) before.
+#[test]
+fn settings_changed_on_one_instance_apply_on_another() {
+    let cluster = TempCluster::start()
+        .unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e}"));
+    let (a, b) = (instance(&cluster.url()), instance(&cluster.url()));
+    futures::executor::block_on(async {
+        for i in 0..10 {
+            say(&b, &format!("m{i}")).await;
+        }
+        let patch = SessionPatch {
+            settings: Some(
+                serde_json::json!({"compactAfter": 10})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            ),
+            ..SessionPatch::default()
+        };
+        a.session("s").unwrap().patch(patch).await.unwrap();
+        say(&b, "m10").await;
+        let compactions = b.session("s").unwrap().compactions().await.unwrap();
+        assert_eq!(
+            compactions.len(),
+            1,
+            "instance b compacted past the threshold set through a"
+        );
+    });
+}
