@@ -13,42 +13,10 @@ mod load;
 
 use std::time::{Duration, Instant};
 
-use load::{Load, clients, percentile};
-use sessiondb::{Db, SqliteStore, Store};
+use load::{Load, clients, percentile, serve, server_runtime};
+use sessiondb::{Db, SqliteStore};
 use sessiondb_postgres::cluster::TempCluster;
 use sessiondb_postgres::{PgConfig, PgStore};
-use sessiondb_server::{App, Limits, Metrics, ServerConfig};
-
-/// Serves `db` on a loopback port from `runtime`; returns the base URL.
-fn serve<S: Store>(runtime: &tokio::runtime::Runtime, db: Db<S>) -> String {
-    let config = ServerConfig {
-        limits: Limits {
-            max_messages_per_session: u64::MAX,
-            ..Limits::default()
-        },
-        ..ServerConfig::default()
-    };
-    let app = App::new(db, config, Metrics::default());
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    runtime.spawn(sessiondb_server::serve(
-        listener,
-        app,
-        std::future::pending::<()>(),
-    ));
-    base
-}
-
-fn server_runtime() -> tokio::runtime::Runtime {
-    let workers = std::thread::available_parallelism().map_or(4, |n| n.get() * 4);
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Requests per second, p50 and p99 in milliseconds.
 async fn measure(base: &str, concurrency: usize, seconds: u64, load: Load) -> (f64, f64, f64) {

@@ -12,10 +12,9 @@ mod load;
 
 use std::time::{Duration, Instant};
 
-use load::{Load, clients, percentile};
+use load::{Load, clients, percentile, serve, server_runtime};
 
 use sessiondb::{Db, SqliteConfig, SqliteStore, Synchronous};
-use sessiondb_server::{App, Limits, Metrics, ServerConfig};
 
 fn main() {
     let seconds: u64 = std::env::args()
@@ -37,32 +36,8 @@ fn main() {
     )
     .unwrap();
     let stats = store.write_stats();
-    let config = ServerConfig {
-        limits: Limits {
-            max_messages_per_session: u64::MAX,
-            ..Limits::default()
-        },
-        ..ServerConfig::default()
-    };
-    let app = App::new(Db::new(store), config, Metrics::default());
-    let workers = std::env::var("WORKERS")
-        .ok()
-        .and_then(|w| w.parse().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get() * 4));
-    let server = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = server
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    server.spawn(sessiondb_server::serve(
-        listener,
-        app,
-        std::future::pending::<()>(),
-    ));
+    let server = server_runtime();
+    let base = serve(&server, Db::new(store));
 
     let client_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

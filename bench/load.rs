@@ -5,6 +5,8 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use sessiondb::{Db, Store};
+use sessiondb_server::{App, Limits, Metrics, ServerConfig};
 
 pub fn percentile(sorted: &[Duration], p: f64) -> f64 {
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -81,4 +83,40 @@ pub async fn fill_long(base: &str) {
             .unwrap();
         assert_eq!(r.status(), 201);
     }
+}
+
+/// Serves `db` on a loopback port from `runtime` (no per-session message limit); returns the
+/// base URL.
+pub fn serve<S: Store>(runtime: &tokio::runtime::Runtime, db: Db<S>) -> String {
+    let config = ServerConfig {
+        limits: Limits {
+            max_messages_per_session: u64::MAX,
+            ..Limits::default()
+        },
+        ..ServerConfig::default()
+    };
+    let app = App::new(db, config, Metrics::default());
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    runtime.spawn(sessiondb_server::serve(
+        listener,
+        app,
+        std::future::pending::<()>(),
+    ));
+    base
+}
+
+/// The server's runtime as `sessiondb serve` builds it: 4 workers per core (`WORKERS=n` to vary).
+pub fn server_runtime() -> tokio::runtime::Runtime {
+    let workers = std::env::var("WORKERS")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get() * 4));
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .unwrap()
 }

@@ -13,7 +13,7 @@ use deadpool_postgres::GenericClient;
 use sessiondb_core::attachments::{ATTACHMENT_CHUNK_BYTES, Payload, Reference};
 use sessiondb_core::{SessionKey, StoreError};
 
-use crate::sql::{Result, exec, get, row, rows};
+use crate::sql::{Param, Result, exec, get, row, rows};
 
 /// Stores the payloads the namespace lacks and keeps the others from being collected until
 /// this transaction ends.
@@ -146,31 +146,40 @@ pub(crate) async fn drop_message_refs<C: GenericClient>(
     key: &SessionKey,
     ids: &[String],
 ) -> Result<()> {
-    let hashes: Vec<String> = rows(
+    drop_refs(
         c,
+        &key.namespace,
         "DELETE FROM attachment_refs
           WHERE namespace = $1 AND session_id = $2 AND message_id = ANY($3)
           RETURNING hash",
         &[&key.namespace, &key.session_id, &ids],
     )
-    .await?
-    .iter()
-    .map(|r| get(r, 0))
-    .collect::<Result<_>>()?;
-    collect(c, &key.namespace, hashes).await
+    .await
 }
 
 pub(crate) async fn drop_session_refs<C: GenericClient>(c: &C, key: &SessionKey) -> Result<()> {
-    let hashes: Vec<String> = rows(
+    drop_refs(
         c,
+        &key.namespace,
         "DELETE FROM attachment_refs WHERE namespace = $1 AND session_id = $2 RETURNING hash",
         &[&key.namespace, &key.session_id],
     )
-    .await?
-    .iter()
-    .map(|r| get(r, 0))
-    .collect::<Result<_>>()?;
-    collect(c, &key.namespace, hashes).await
+    .await
+}
+
+/// Runs a `DELETE … RETURNING hash` of reference rows, then collects the payloads it freed.
+async fn drop_refs<C: GenericClient>(
+    c: &C,
+    namespace: &str,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<()> {
+    let hashes = rows(c, sql, params)
+        .await?
+        .iter()
+        .map(|r| get(r, 0))
+        .collect::<Result<_>>()?;
+    collect(c, namespace, hashes).await
 }
 
 /// Deletes the payloads among `hashes` that nothing references any more.

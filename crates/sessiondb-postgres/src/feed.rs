@@ -19,10 +19,10 @@ use sessiondb_core::{
 };
 use tokio::sync::Mutex;
 
+use crate::planner;
 use crate::sql::{Result, backend_error, exec, get, row, rows};
 
-/// The notification channel (named in [`RECORD`] too): its payload is the last position a
-/// transaction wrote.
+/// The notification channel: its payload is the last position a transaction wrote.
 pub(crate) const CHANNEL: &str = "sessiondb_feed";
 
 /// How often an instance looks for events it was not notified of.
@@ -201,7 +201,7 @@ pub(crate) const RECORD: &str = "WITH counter AS (
            FROM counter,
                 unnest($4::TEXT[], $5::TEXT[], $6::TEXT[]) WITH ORDINALITY AS e(kind, meta, message, ord)
      )
-     SELECT position, pg_notify('sessiondb_feed', position::TEXT) FROM counter";
+     SELECT position, pg_notify($7, position::TEXT) FROM counter";
 
 /// Records a transaction's events in the feed; returns the position of the first. Must be the
 /// transaction's last statement but its commit: the counter row stays locked until then.
@@ -226,6 +226,7 @@ pub(crate) async fn record<C: GenericClient>(
                 &kinds,
                 &metas,
                 &messages,
+                &CHANNEL,
             ],
         )
         .await?
@@ -371,7 +372,7 @@ pub(crate) async fn follow(
             if upkeep_due {
                 upkept = std::time::Instant::now();
                 if !analyzed {
-                    analyzed = analyze_once(&client).await.unwrap_or(false);
+                    analyzed = planner::analyze_if_missing(&client).await.unwrap_or(false);
                 }
                 if pruned.elapsed() >= PRUNE_INTERVAL {
                     pruned = std::time::Instant::now();
@@ -381,33 +382,6 @@ pub(crate) async fn follow(
         }
         driver.abort();
     }
-}
-
-/// Gives the planner statistics as soon as the database holds messages, if it has none.
-///
-/// Until autovacuum first analyzes a new database (up to a minute later) PostgreSQL guesses that
-/// `namespace = $1 AND session_id = $2` matches about one row, and may then answer an id look-up
-/// by scanning the whole session through another index. Returns whether statistics exist now.
-async fn analyze_once<C: GenericClient>(c: &C) -> Result<bool> {
-    let state = row(
-        c,
-        "SELECT EXISTS (SELECT 1 FROM pg_stats
-                         WHERE schemaname = current_schema() AND tablename = 'messages'),
-                EXISTS (SELECT 1 FROM messages)",
-        &[],
-    )
-    .await?
-    .ok_or_else(|| StoreError::Corrupt("no answer".into()))?;
-    let (has_stats, has_rows): (bool, bool) = (get(&state, 0)?, get(&state, 1)?);
-    if has_stats {
-        return Ok(true);
-    }
-    if has_rows {
-        c.batch_execute("ANALYZE messages, message_chunks, sessions, attachment_refs, feed")
-            .await
-            .map_err(backend_error)?;
-    }
-    Ok(has_rows)
 }
 
 /// Drops events older than the newest [`TABLE_RETAIN`].

@@ -22,6 +22,7 @@ mod attachments;
 pub mod cluster;
 mod context;
 mod feed;
+mod planner;
 mod queries;
 mod registry;
 mod schema;
@@ -102,12 +103,6 @@ impl Default for PgConfig {
 /// How many times a request that lost a deadlock or a serialisation conflict is re-applied.
 const WRITE_ATTEMPTS: usize = 5;
 
-/// A request that inserts at least this many rows refreshes the planner's statistics (at most
-/// once per [`ANALYZE_INTERVAL`] per instance). Until autovacuum catches up, PostgreSQL would
-/// plan a bulk-loaded session's id look-ups and path walks as if it held one row.
-const ANALYZE_AFTER_ROWS: usize = 1000;
-const ANALYZE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
-
 /// The PostgreSQL store. Cheap to clone; the pool, feed and runtime are shared.
 #[derive(Debug, Clone)]
 pub struct PgStore {
@@ -121,8 +116,7 @@ struct Inner {
     epoch: u64,
     runtime: Handle,
     follower: tokio::task::JoinHandle<()>,
-    /// When this instance last analyzed the message tables after a bulk write.
-    analyzed_at: std::sync::Mutex<Option<std::time::Instant>>,
+    bulk_analyze: planner::BulkAnalyze,
     /// Set when the store runs its own runtime (it was connected outside one).
     owned_runtime: std::sync::Mutex<Option<Runtime>>,
 }
@@ -219,7 +213,7 @@ impl PgStore {
                 epoch,
                 runtime,
                 follower,
-                analyzed_at: std::sync::Mutex::new(None),
+                bulk_analyze: planner::BulkAnalyze::default(),
                 owned_runtime: std::sync::Mutex::new(None),
             }),
         })
@@ -311,7 +305,7 @@ impl Inner {
                         // follower publishes the events from the table instead.
                         let _ = self.sync.publish_committed(&client, first, events).await;
                     }
-                    self.analyze_after_bulk(&client, &committed.outcomes).await;
+                    self.bulk_analyze.after(&client, &committed.outcomes).await;
                     return Ok(committed.outcomes);
                 }
                 Err(e) => {
@@ -328,36 +322,6 @@ impl Inner {
                 }
             }
         }
-    }
-
-    async fn analyze_after_bulk(
-        &self,
-        client: &deadpool_postgres::Object,
-        outcomes: &[WriteOutcome],
-    ) {
-        let inserted = outcomes
-            .iter()
-            .filter(|o| {
-                matches!(
-                    o,
-                    WriteOutcome::Appended { inserted: true, .. } | WriteOutcome::Imported(Some(_))
-                )
-            })
-            .count();
-        if inserted < ANALYZE_AFTER_ROWS {
-            return;
-        }
-        {
-            let mut last = self.analyzed_at.lock().unwrap_or_else(|p| p.into_inner());
-            if last.is_some_and(|at| at.elapsed() < ANALYZE_INTERVAL) {
-                return;
-            }
-            *last = Some(std::time::Instant::now());
-        }
-        // Statistics only steer plans: a failure here leaves them as they were.
-        let _ = client
-            .batch_execute("ANALYZE messages, message_chunks")
-            .await;
     }
 }
 
