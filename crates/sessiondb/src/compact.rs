@@ -131,7 +131,7 @@ impl SessionCaches {
     }
 
     pub(crate) fn skills(&self, key: &SessionKey) -> Option<BTreeSet<String>> {
-        self.get(&self.skills, key)
+        cached(&self.skills, key)
     }
 
     pub(crate) fn set_skills(&self, key: &SessionKey, loaded: BTreeSet<String>) {
@@ -139,15 +139,19 @@ impl SessionCaches {
     }
 
     fn memo(&self, key: &SessionKey) -> Option<Memo> {
-        self.get(&self.memos, key)
+        cached(&self.memos, key)
     }
 
     fn remember(&self, key: &SessionKey, memo: Memo) {
         self.keep(&self.memos, key, memo);
     }
 
-    fn get<T: Clone>(&self, map: &Mutex<HashMap<SessionKey, T>>, key: &SessionKey) -> Option<T> {
-        map.lock().unwrap().get(key).cloned()
+    fn settings(&self, key: &SessionKey) -> Option<WriteSettings> {
+        cached(&self.settings, key)
+    }
+
+    fn keep_settings(&self, key: &SessionKey, settings: WriteSettings) {
+        self.keep(&self.settings, key, settings);
     }
 
     /// Keeps a value derived from reads, unless the store is shared.
@@ -156,6 +160,10 @@ impl SessionCaches {
             bounded_insert(map, key, value);
         }
     }
+}
+
+fn cached<T: Clone>(map: &Mutex<HashMap<SessionKey, T>>, key: &SessionKey) -> Option<T> {
+    map.lock().unwrap().get(key).cloned()
 }
 
 /// Inserts into a per-session map that starts over when full (each entry is cheap to rebuild).
@@ -176,7 +184,7 @@ impl<S: Store> Session<S> {
     /// this process changes them; every time on a shared store). A `tokenizer` this build cannot
     /// honour falls back to the default counter.
     async fn write_settings(&self) -> Result<WriteSettings, Error> {
-        if let Some(cached) = self.caches.get(&self.caches.settings, self.key()) {
+        if let Some(cached) = self.caches.settings(self.key()) {
             return Ok(cached);
         }
         let settings = match self.store.session(self.key()).await? {
@@ -189,8 +197,7 @@ impl<S: Store> Session<S> {
             },
             None => WriteSettings::default(),
         };
-        self.caches
-            .keep(&self.caches.settings, self.key(), settings.clone());
+        self.caches.keep_settings(self.key(), settings.clone());
         Ok(settings)
     }
 
