@@ -98,6 +98,12 @@ fn open(dir: &std::path::Path) -> Db<SqliteStore> {
 async fn library(n: usize, writers: &[usize]) {
     let dir = tempfile::tempdir().unwrap();
     let db = open(dir.path());
+    if std::env::var("PROFILE").as_deref() == Ok("concurrent") {
+        for _ in 0..10 {
+            emit("concurrent32", concurrent_library(&db, 32).await);
+        }
+        return;
+    }
     let chat = db.session("bench").unwrap();
     let mut texts = Texts::new(n);
     let mut appends = Vec::with_capacity(n);
@@ -120,7 +126,7 @@ async fn library(n: usize, writers: &[usize]) {
         assert!(all.len() >= n / 8);
     };
     emit("whole", timed_median(WHOLE_READS, whole).await);
-    // `PROFILE=last50|whole|reopen` repeats one operation for a profiler (`perf record -g`).
+    // `PROFILE=last50|whole|reopen|concurrent` repeats one operation for a profiler (`perf record -g`).
     match std::env::var("PROFILE").as_deref() {
         Ok("last50") => drop(timed_median(20_000, last50).await),
         Ok("whole") => drop(timed_median(300, whole).await),

@@ -1,5 +1,6 @@
 //! Applying one [`WriteRequest`] inside the writer's transaction. Everything here runs on the
-//! writer thread inside a savepoint, so an error leaves nothing behind.
+//! writer thread inside a transaction or savepoint that an error rolls back, so it leaves nothing
+//! behind.
 
 use std::collections::HashMap;
 

@@ -267,6 +267,70 @@ fn concurrent_appends_share_commits() {
     );
 }
 
+/// Requests that fail after writing part of themselves (a batch over the message quota), mixed
+/// into groups of good ones: each fails alone and leaves nothing, the others all land.
+#[test]
+fn requests_failing_midway_in_a_group_leave_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path()).reconfigured(sessiondb::Options {
+        max_messages_per_session: Some(3),
+        ..Default::default()
+    });
+    let threads: Vec<_> = (0..32)
+        .map(|t| {
+            let s = db.session(&format!("s{t}")).unwrap();
+            std::thread::spawn(move || {
+                for round in 0..10 {
+                    let batch: Vec<_> = (0..2)
+                        .map(|i| Message::text("user", format!("{t}-{round}-{i}")))
+                        .collect();
+                    let result = block_on(s.append_all(batch, AppendOptions::default()));
+                    // Round 0 fills 2 of 3 slots; round 1's batch overflows after writing its
+                    // first message, later ones at once.
+                    match round {
+                        0 => assert!(result.is_ok(), "{result:?}"),
+                        _ => assert!(
+                            matches!(result, Err(Error::QuotaExceeded { limit: 3 })),
+                            "{result:?}"
+                        ),
+                    }
+                    if round == 1 {
+                        block_on(s.append(
+                            Message::text("user", format!("{t}-single")),
+                            AppendOptions::default(),
+                        ))
+                        .unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let stats = db.store().write_stats();
+    assert!(
+        stats.commits.load(Ordering::Relaxed) < stats.requests.load(Ordering::Relaxed),
+        "the requests were grouped"
+    );
+    drop(db);
+    let conn = raw(dir.path());
+    assert_eq!(count(&conn, "SELECT count(*) FROM messages"), 32 * 3);
+    for t in 0..32 {
+        let texts: Vec<String> = conn
+            .prepare("SELECT content FROM messages WHERE session_id = ?1 ORDER BY seq")
+            .unwrap()
+            .query_map([format!("s{t}")], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(texts.len(), 3);
+        assert!(texts[0].contains(&format!("\"{t}-0-0\"")));
+        assert!(texts[1].contains(&format!("\"{t}-0-1\"")));
+        assert!(texts[2].contains(&format!("\"{t}-single\"")));
+    }
+}
+
 // ---- crash safety ----------------------------------------------------------------------------
 
 const CHILD_DIR: &str = "SESSIONDB_CRASH_DIR";
