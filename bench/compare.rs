@@ -98,9 +98,14 @@ fn open(dir: &std::path::Path) -> Db<SqliteStore> {
 async fn library(n: usize, writers: &[usize]) {
     let dir = tempfile::tempdir().unwrap();
     let db = open(dir.path());
-    if std::env::var("PROFILE").as_deref() == Ok("concurrent") {
+    let profiled_writers = match std::env::var("PROFILE").as_deref() {
+        Ok("append") => Some(1),
+        Ok("concurrent") => Some(32),
+        _ => None,
+    };
+    if let Some(writers) = profiled_writers {
         for _ in 0..10 {
-            emit("concurrent32", concurrent_library(&db, 32).await);
+            emit("appends", concurrent_library(&db, writers).await);
         }
         return;
     }
@@ -126,7 +131,7 @@ async fn library(n: usize, writers: &[usize]) {
         assert!(all.len() >= n / 8);
     };
     emit("whole", timed_median(WHOLE_READS, whole).await);
-    // `PROFILE=last50|whole|reopen|concurrent` repeats one operation for a profiler (`perf record -g`).
+    // `PROFILE=last50|whole|reopen|append|concurrent` repeats one operation for a profiler (`perf record -g`).
     match std::env::var("PROFILE").as_deref() {
         Ok("last50") => drop(timed_median(20_000, last50).await),
         Ok("whole") => drop(timed_median(300, whole).await),

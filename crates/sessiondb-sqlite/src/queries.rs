@@ -126,20 +126,50 @@ pub(crate) fn message(
     Ok(messages_where(conn, key, select_messages!("id = ?3"), &[&id])?.pop())
 }
 
+/// The children of message `?3`, as two disjoint parts: the row right after it when that row is
+/// its child, and the "detached" children that `messages_by_parent` holds (schema 6). The
+/// condition repeats the index's own, so SQLite can use the partial index.
+macro_rules! children_of {
+    ($columns:literal) => {
+        concat!(
+            "SELECT ",
+            $columns,
+            " FROM messages
+              WHERE namespace = ?1 AND session_id = ?2 AND parent_seq = seq - 1
+                AND seq = (SELECT seq + 1 FROM messages
+                            WHERE namespace = ?1 AND session_id = ?2 AND id = ?3)
+             UNION ALL
+             SELECT ",
+            $columns,
+            " FROM messages INDEXED BY messages_by_parent
+              WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3
+                AND (parent_seq IS NULL OR parent_seq <> seq - 1)"
+        )
+    };
+}
+
 pub(crate) fn children(
     conn: &Connection,
     key: &SessionKey,
     id: &str,
 ) -> Result<Vec<StoredMessage>> {
-    messages_where(
-        conn,
-        key,
-        select_messages!(
-            "messages INDEXED BY messages_by_parent",
-            "parent_id = ?3 ORDER BY seq"
-        ),
-        &[&id],
-    )
+    let mut stmt = conn
+        .prepare_cached(concat!(
+            children_of!(
+                "id, role, parent_id, seq, created_at, updated_at, token_estimate, content,
+                 content_chunks, bytes"
+            ),
+            " ORDER BY seq"
+        ))
+        .map_err(backend_error)?;
+    let mut rows = stmt
+        .query(params![key.namespace, key.session_id, id])
+        .map_err(backend_error)?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(backend_error)? {
+        out.push(read_message(conn, key, row)?);
+    }
+    Ok(out)
 }
 
 pub(crate) fn roots(conn: &Connection, key: &SessionKey) -> Result<Vec<StoredMessage>> {
@@ -179,10 +209,7 @@ pub(crate) fn child_links(
     id: &str,
 ) -> Result<Vec<(String, i64)>> {
     let mut stmt = conn
-        .prepare_cached(
-            "SELECT id, seq FROM messages INDEXED BY messages_by_parent
-              WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3",
-        )
+        .prepare_cached(children_of!("id, seq"))
         .map_err(backend_error)?;
     stmt.query_map(params![key.namespace, key.session_id, id], |r| {
         Ok((r.get(0)?, r.get(1)?))
@@ -192,14 +219,15 @@ pub(crate) fn child_links(
     .map_err(backend_error)
 }
 
-/// Whether a message with `id` exists, and whether rows name `id` as their parent.
+/// Whether a message with `id` exists, and whether rows wait for `id` as their missing parent.
 pub(crate) fn id_status(conn: &Connection, key: &SessionKey, id: &str) -> Result<(bool, bool)> {
     let mut stmt = conn
         .prepare_cached(
             "SELECT EXISTS (SELECT 1 FROM messages
                              WHERE namespace = ?1 AND session_id = ?2 AND id = ?3),
-                    EXISTS (SELECT 1 FROM messages
-                             WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3)",
+                    EXISTS (SELECT 1 FROM messages INDEXED BY messages_by_parent
+                             WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3
+                               AND parent_seq IS NULL)",
         )
         .map_err(backend_error)?;
     stmt.query_row(params![key.namespace, key.session_id, id], |r| {
@@ -210,9 +238,7 @@ pub(crate) fn id_status(conn: &Connection, key: &SessionKey, id: &str) -> Result
 
 pub(crate) fn has_children(conn: &Connection, key: &SessionKey, id: &str) -> Result<bool> {
     let mut stmt = conn
-        .prepare_cached(
-            "SELECT 1 FROM messages WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3",
-        )
+        .prepare_cached(concat!(children_of!("1"), " LIMIT 1"))
         .map_err(backend_error)?;
     stmt.exists(params![key.namespace, key.session_id, id])
         .map_err(backend_error)

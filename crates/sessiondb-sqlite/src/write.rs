@@ -182,9 +182,11 @@ impl SessionRow {
                 None => PathTotals::EMPTY,
             };
         }
-        // An existing row is updated in place: REPLACE would delete and re-insert it.
+        // An existing row is updated in place: REPLACE would delete and re-insert it. created_at
+        // never changes and is not assigned: SQLite rewrites the entries of every index over an
+        // assigned column (here `sessions_by_created`), whether its value changed or not.
         let sql = if self.stored {
-            "UPDATE sessions SET created_at = ?3, updated_at = ?4, last_message_at = ?5,
+            "UPDATE sessions SET updated_at = ?4, last_message_at = ?5,
                     next_seq = ?6, leaf_id = ?7, leaf_seq = ?8, path_len = ?9, path_tokens = ?10,
                     path_bytes = ?11, path_capped = ?12, path_head_seq = ?13,
                     stored_messages = ?14, path_epoch = ?15, path_dense = ?16
@@ -775,8 +777,9 @@ impl RequestTx<'_> {
         if orphans {
             exec(
                 self.conn,
-                "UPDATE messages SET parent_seq = ?4
-                  WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3",
+                "UPDATE messages INDEXED BY messages_by_parent SET parent_seq = ?4
+                  WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3
+                    AND parent_seq IS NULL",
                 params![self.key.namespace, self.key.session_id, message.id, seq],
             )?;
         }

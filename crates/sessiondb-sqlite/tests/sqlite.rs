@@ -505,6 +505,62 @@ fn linear_paths_are_read_by_range_and_branches_by_rows() {
     assert_eq!(ids, ["a", "x"]);
 }
 
+/// A linear append never enters `messages_by_parent`: only branches, roots and rows whose parent
+/// is missing (or was spliced away) do, and children are found through both.
+#[test]
+fn only_detached_children_enter_the_parent_index() {
+    use sessiondb_core::Parent;
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    let s = db.session("s").unwrap();
+    let append = |id: &str, parent: Parent| {
+        let options = AppendOptions {
+            parent,
+            ..Default::default()
+        };
+        block_on(s.append(Message::text("user", id).with_id(id), options)).unwrap();
+    };
+    let indexed = || -> Vec<String> {
+        raw(dir.path())
+            .prepare(
+                "SELECT id FROM messages INDEXED BY messages_by_parent
+                  WHERE parent_seq IS NULL OR parent_seq <> seq - 1 ORDER BY seq",
+            )
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let children = |id: &str| -> Vec<String> {
+        let rows = block_on(s.branches(id)).unwrap();
+        rows.into_iter().map(|m| m.id).collect()
+    };
+    for id in ["a", "b", "c"] {
+        append(id, Parent::ActiveLeaf);
+    }
+    append("x", Parent::Id("a".into()));
+    block_on(s.import(
+        Message::text("user", "o").with_id("o"),
+        ImportOptions {
+            parent_id: Some("later".into()),
+            created_at: 5,
+        },
+    ))
+    .unwrap();
+    assert_eq!(indexed(), ["a", "x", "o"]);
+    assert_eq!(children("a"), ["b", "x"]);
+    assert_eq!(children("b"), ["c"]);
+    assert!(children("c").is_empty());
+    append("later", Parent::Root);
+    assert_eq!(children("later"), ["o"], "the orphan was adopted");
+    assert_eq!(indexed(), ["a", "x", "o", "later"]);
+    // c is spliced onto a: no longer right after its parent.
+    block_on(s.delete(&["b".into()])).unwrap();
+    assert_eq!(indexed(), ["a", "c", "x", "o", "later"]);
+    assert_eq!(children("a"), ["c", "x"]);
+}
+
 #[test]
 fn chunked_messages_are_never_read_torn_during_updates() {
     let dir = tempfile::tempdir().unwrap();
