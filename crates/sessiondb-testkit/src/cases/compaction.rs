@@ -312,6 +312,8 @@ pub async fn fork_copies_the_path_with_fresh_ids<S: Store>(db: Db<S>) {
         .await
         .unwrap();
     let mut feed = db.subscribe(FeedFilter::All);
+    // Timestamps are milliseconds: the fork must come at a later one to be listed as newer.
+    std::thread::sleep(std::time::Duration::from_millis(2));
     let fork = s
         .fork("m3", Some("copy".into()), Some("forked".into()))
         .await
