@@ -123,7 +123,11 @@ impl Connection {
         while self.response.len() < head_end + length {
             self.read_more().await;
         }
-        assert_eq!(self.response.len(), head_end + length, "one response at a time");
+        assert_eq!(
+            self.response.len(),
+            head_end + length,
+            "one response at a time"
+        );
         status
     }
 

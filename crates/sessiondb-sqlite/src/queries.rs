@@ -1,9 +1,9 @@
 //! Read queries, shared by the reader pool and the writer (which reads inside its transaction).
 //!
 //! Messages are clustered by `(namespace, session_id, seq)`. A path is found by scanning the
-//! narrow `messages_path` index downwards from the leaf's seq and following `parent_seq`: parents
-//! always have lower seqs except for out-of-order imports, so a linear conversation is one range
-//! scan and a branch point costs at most one extra seek.
+//! table downwards from the leaf's seq and following `parent_seq` (the row's columns are read, its
+//! content is skipped): parents always have lower seqs except for out-of-order imports, so a
+//! linear conversation is one range scan and a branch point costs at most one extra seek.
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use sessiondb_core::message::{StoredRow, role_of};

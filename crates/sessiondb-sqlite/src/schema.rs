@@ -14,6 +14,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0004_attachments.sql"),
     include_str!("../migrations/0005_context.sql"),
     include_str!("../migrations/0006_detached_children.sql"),
+    include_str!("../migrations/0007_no_path_index.sql"),
 ];
 
 /// The schema version this build creates and reads.
