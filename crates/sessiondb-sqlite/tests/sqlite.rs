@@ -234,27 +234,36 @@ fn invalid_input_writes_nothing() {
     assert_eq!(count(&conn, "SELECT count(*) FROM message_chunks"), 0);
 }
 
-#[test]
-fn concurrent_appends_share_commits() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = open(dir.path());
+/// Runs `work(t, session "s{t}")` on 32 threads at once and waits for all of them.
+fn on_32_threads(
+    db: &Db<SqliteStore>,
+    work: impl Fn(usize, sessiondb::Session<SqliteStore>) + Send + Clone + 'static,
+) {
     let threads: Vec<_> = (0..32)
         .map(|t| {
             let s = db.session(&format!("s{t}")).unwrap();
-            std::thread::spawn(move || {
-                for i in 0..20 {
-                    block_on(s.append(
-                        Message::text("user", format!("{t}-{i}")),
-                        AppendOptions::default(),
-                    ))
-                    .unwrap();
-                }
-            })
+            let work = work.clone();
+            std::thread::spawn(move || work(t, s))
         })
         .collect();
     for t in threads {
         t.join().unwrap();
     }
+}
+
+#[test]
+fn concurrent_appends_share_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    on_32_threads(&db, |t, s| {
+        for i in 0..20 {
+            block_on(s.append(
+                Message::text("user", format!("{t}-{i}")),
+                AppendOptions::default(),
+            ))
+            .unwrap();
+        }
+    });
     let stats = db.store().write_stats();
     let (commits, requests) = (
         stats.commits.load(Ordering::Relaxed),
@@ -276,38 +285,30 @@ fn requests_failing_midway_in_a_group_leave_nothing() {
         max_messages_per_session: Some(3),
         ..Default::default()
     });
-    let threads: Vec<_> = (0..32)
-        .map(|t| {
-            let s = db.session(&format!("s{t}")).unwrap();
-            std::thread::spawn(move || {
-                for round in 0..10 {
-                    let batch: Vec<_> = (0..2)
-                        .map(|i| Message::text("user", format!("{t}-{round}-{i}")))
-                        .collect();
-                    let result = block_on(s.append_all(batch, AppendOptions::default()));
-                    // Round 0 fills 2 of 3 slots; round 1's batch overflows after writing its
-                    // first message, later ones at once.
-                    match round {
-                        0 => assert!(result.is_ok(), "{result:?}"),
-                        _ => assert!(
-                            matches!(result, Err(Error::QuotaExceeded { limit: 3 })),
-                            "{result:?}"
-                        ),
-                    }
-                    if round == 1 {
-                        block_on(s.append(
-                            Message::text("user", format!("{t}-single")),
-                            AppendOptions::default(),
-                        ))
-                        .unwrap();
-                    }
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
+    on_32_threads(&db, |t, s| {
+        for round in 0..10 {
+            let batch: Vec<_> = (0..2)
+                .map(|i| Message::text("user", format!("{t}-{round}-{i}")))
+                .collect();
+            let result = block_on(s.append_all(batch, AppendOptions::default()));
+            // Round 0 fills 2 of 3 slots; round 1's batch overflows after writing its
+            // first message, later ones at once.
+            match round {
+                0 => assert!(result.is_ok(), "{result:?}"),
+                _ => assert!(
+                    matches!(result, Err(Error::QuotaExceeded { limit: 3 })),
+                    "{result:?}"
+                ),
+            }
+            if round == 1 {
+                block_on(s.append(
+                    Message::text("user", format!("{t}-single")),
+                    AppendOptions::default(),
+                ))
+                .unwrap();
+            }
+        }
+    });
     let stats = db.store().write_stats();
     assert!(
         stats.commits.load(Ordering::Relaxed) < stats.requests.load(Ordering::Relaxed),
