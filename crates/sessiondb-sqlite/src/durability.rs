@@ -5,7 +5,8 @@
 //! more work flushes inline after letting the writer go (an uncontended write never changes
 //! threads); a leader with more work waiting hands the flush to this module's thread and goes on
 //! applying, so the writer does not wait for the disk. Either way one WAL sync covers every group
-//! pending at that moment. A committed group is visible to readers before its sync; it is
+//! pending at that moment. A leader with only a few requests waits for a sync in flight before
+//! committing ([`Durability::wait_for_flush`]), so small groups merge into one. A committed group is visible to readers before its sync; it is
 //! acknowledged (and published) only after it.
 
 use std::collections::VecDeque;
@@ -99,6 +100,13 @@ impl Durability {
     /// Makes every pending group durable on this thread.
     pub(crate) fn flush(&self) {
         self.shared.flush();
+    }
+
+    /// Returns once no flush is in progress. A group committed while a sync runs cannot become
+    /// durable before the next sync anyway, so a leader that waits here commits everything that
+    /// queued meanwhile as one group instead of several small ones.
+    pub(crate) fn wait_for_flush(&self) {
+        drop(lock(&self.shared.wal));
     }
 }
 

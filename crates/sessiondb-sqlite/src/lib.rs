@@ -7,10 +7,12 @@
 //!   more requests waiting it hands the group to the flush thread and leads on; otherwise it lets
 //!   the writer go and flushes itself. A flush syncs the WAL once for every group committed
 //!   meanwhile, then publishes the change events in commit order and answers each caller (see
-//!   `durability.rs`). Callers that find a leader at work
-//!   just wait for their answer. An uncontended write thus never changes threads, and contended
-//!   writes share commits and syncs. A request that fails fails alone: its group is rolled back
-//!   and applied again with each request in its own savepoint.
+//!   `durability.rs`). A leader that finds fewer than four requests queued while a sync is in
+//!   flight first waits for that sync, so what queues meanwhile commits as one group (it could
+//!   not be durable sooner). Callers that find a leader at work just wait for their answer. An
+//!   uncontended write thus never changes threads, and contended writes share commits and syncs.
+//!   A request that fails fails alone: its group is rolled back and applied again with each
+//!   request in its own savepoint.
 //! - **Reads run on the caller's thread** with a `query_only` connection checked out of a small
 //!   pool, concurrently with the writer (WAL readers see the last committed state). A read future
 //!   completes on its first poll: a thread hop per read costs more than most reads do here.
@@ -406,6 +408,9 @@ impl WriteQueue {
                 // A panic mid-commit dropped its transaction, which rolled back: still usable.
                 Err(TryLockError::Poisoned(p)) => p.into_inner(),
             };
+            if lock(&self.jobs).len() < GROUP_WORTH_OVERLAPPING {
+                self.durability.wait_for_flush();
+            }
             let batch: Vec<WriteJob> = {
                 let mut jobs = lock(&self.jobs);
                 let n = jobs.len().min(self.max_batch);
@@ -428,6 +433,10 @@ impl WriteQueue {
         }
     }
 }
+
+/// Queued requests from which a leader commits at once, overlapping the sync in flight; with
+/// fewer it waits for that sync and commits what queued meanwhile as one group.
+const GROUP_WORTH_OVERLAPPING: usize = 4;
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
