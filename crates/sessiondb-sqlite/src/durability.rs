@@ -6,8 +6,8 @@
 //! threads); a leader with more work waiting hands the flush to this module's thread and goes on
 //! applying, so the writer does not wait for the disk. Either way one WAL sync covers every group
 //! pending at that moment. A leader with only a few requests waits for a sync in flight before
-//! committing ([`Durability::wait_for_flush`]), so small groups merge into one. A committed group is visible to readers before its sync; it is
-//! acknowledged (and published) only after it.
+//! committing ([`Durability::wait_for_flush`]), so small groups merge into one. A committed group
+//! is visible to readers before its sync; it is acknowledged (and published) only after it.
 
 use std::collections::VecDeque;
 use std::fs::File;

@@ -18,6 +18,14 @@ use crate::backend_error;
 
 type Result<T> = std::result::Result<T, StoreError>;
 
+/// Every column a [`StoredMessage`] needs, in the order `read_message` reads them.
+macro_rules! message_columns {
+    () => {
+        "id, role, parent_id, seq, created_at, updated_at, token_estimate, content, content_chunks,
+         bytes"
+    };
+}
+
 /// `SELECT` of every column a [`StoredMessage`] needs, as a literal so statements built from it
 /// are `&'static str` (no formatting on the read path).
 macro_rules! select_messages {
@@ -28,9 +36,9 @@ macro_rules! select_messages {
     // in seq order over a parent_id look-up followed by a sort.
     ($from:literal, $condition:literal) => {
         concat!(
-            "SELECT id, role, parent_id, seq, created_at, updated_at, token_estimate, content,
-                    content_chunks, bytes
-               FROM ",
+            "SELECT ",
+            message_columns!(),
+            " FROM ",
             $from,
             " WHERE namespace = ?1 AND session_id = ?2 AND ",
             $condition
@@ -130,7 +138,7 @@ pub(crate) fn message(
 /// its child, and the "detached" children that `messages_by_parent` holds (schema 6). The
 /// condition repeats the index's own, so SQLite can use the partial index.
 macro_rules! children_of {
-    ($columns:literal) => {
+    ($columns:expr) => {
         concat!(
             "SELECT ",
             $columns,
@@ -153,23 +161,12 @@ pub(crate) fn children(
     key: &SessionKey,
     id: &str,
 ) -> Result<Vec<StoredMessage>> {
-    let mut stmt = conn
-        .prepare_cached(concat!(
-            children_of!(
-                "id, role, parent_id, seq, created_at, updated_at, token_estimate, content,
-                 content_chunks, bytes"
-            ),
-            " ORDER BY seq"
-        ))
-        .map_err(backend_error)?;
-    let mut rows = stmt
-        .query(params![key.namespace, key.session_id, id])
-        .map_err(backend_error)?;
-    let mut out = Vec::new();
-    while let Some(row) = rows.next().map_err(backend_error)? {
-        out.push(read_message(conn, key, row)?);
-    }
-    Ok(out)
+    messages_where(
+        conn,
+        key,
+        concat!(children_of!(message_columns!()), " ORDER BY seq"),
+        &[&id],
+    )
 }
 
 pub(crate) fn roots(conn: &Connection, key: &SessionKey) -> Result<Vec<StoredMessage>> {
