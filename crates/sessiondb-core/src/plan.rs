@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
+use crate::MAX_PATH_ROWS;
 use crate::store::PlanRow;
 
 /// Cuts a path (root → leaf) into content windows of at most `max_rows` rows and `max_bytes`
@@ -124,6 +125,45 @@ impl PathTotals {
         head_seq: None,
         dense: true,
     };
+
+    /// The path of a new root, alone on it and the session's newest row.
+    pub fn lone_root(seq: i64, tokens: u64, bytes: u64) -> Self {
+        PathTotals {
+            len: 1,
+            tokens,
+            bytes,
+            capped: false,
+            head_seq: Some(seq),
+            dense: true,
+        }
+    }
+
+    /// Adds a new leaf `seq` that extends this path. A full path ([`MAX_PATH_ROWS`]) is left
+    /// alone and false returned: its head must drop out first ([`PathTotals::slide`]).
+    pub fn extend(&mut self, seq: i64, tokens: u64, bytes: u64) -> bool {
+        if self.len as usize >= MAX_PATH_ROWS {
+            return false;
+        }
+        self.len += 1;
+        self.tokens += tokens;
+        self.bytes += bytes;
+        self.head_seq = self.head_seq.or(Some(seq));
+        true
+    }
+
+    /// A full path grows at its leaf: the head (`head_tokens`, `head_bytes`) drops out and its
+    /// only child `next_head` becomes the head; the length stays at the cap.
+    pub fn slide(
+        &mut self,
+        (head_tokens, head_bytes): (u64, u64),
+        next_head: i64,
+        (tokens, bytes): (u64, u64),
+    ) {
+        self.tokens = self.tokens.saturating_sub(head_tokens) + tokens;
+        self.bytes = self.bytes.saturating_sub(head_bytes) + bytes;
+        self.head_seq = Some(next_head);
+        self.capped = true;
+    }
 }
 
 /// The active path as a seq range `(first, last)` when the session row says it is dense.

@@ -136,29 +136,19 @@ impl SessionRow {
         now: i64,
     ) -> Result<()> {
         let seq = self.next_seq;
+        let size = (message.token_estimate, message.bytes());
         let extends_active_path = parent_seq == self.leaf_seq && !self.totals_stale;
-        if extends_active_path && (self.path.len as usize) < MAX_PATH_ROWS {
-            self.path.len += 1;
-            self.path.tokens += message.token_estimate;
-            self.path.bytes += message.bytes();
-            self.path.head_seq = self.path.head_seq.or(Some(seq));
-        } else if extends_active_path && self.drop_path_head(c, key).await? {
-            self.path.tokens += message.token_estimate;
-            self.path.bytes += message.bytes();
-        } else if parent_seq.is_none() {
-            // A new root is the newest row and alone on its path.
-            self.path = PathTotals {
-                len: 1,
-                tokens: message.token_estimate,
-                bytes: message.bytes(),
-                capped: false,
-                head_seq: Some(seq),
-                dense: true,
-            };
-            self.totals_stale = false;
-        } else {
-            // A branch: walked once before the row is saved.
-            self.totals_stale = true;
+        let grown = extends_active_path
+            && (self.path.extend(seq, size.0, size.1) || self.slide_path(c, key, size).await?);
+        if !grown {
+            match parent_seq {
+                None => {
+                    (self.path, self.totals_stale) =
+                        (PathTotals::lone_root(seq, size.0, size.1), false)
+                }
+                // A branch: walked once before the row is saved.
+                Some(_) => self.totals_stale = true,
+            }
         }
         self.leaf_id = Some(message.id.clone());
         self.leaf_seq = Some(seq);
@@ -168,9 +158,14 @@ impl SessionRow {
         Ok(())
     }
 
-    /// A full (capped) path that grows at the leaf loses its oldest row: subtract it and make its
-    /// child the head. Returns false (recompute) when the head has several children.
-    async fn drop_path_head<C: GenericClient>(&mut self, c: &C, key: &SessionKey) -> Result<bool> {
+    /// A full (capped) path that grows at the leaf by a row of `size` loses its oldest row.
+    /// Returns false (recompute) when the head has several children.
+    async fn slide_path<C: GenericClient>(
+        &mut self,
+        c: &C,
+        key: &SessionKey,
+        size: (u64, u64),
+    ) -> Result<bool> {
         let Some(head) = self.path.head_seq else {
             return Ok(false);
         };
@@ -180,10 +175,7 @@ impl SessionRow {
         let [(_, next_head)] = queries::child_links(c, key, &head_id).await?[..] else {
             return Ok(false);
         };
-        self.path.tokens = self.path.tokens.saturating_sub(tokens);
-        self.path.bytes = self.path.bytes.saturating_sub(bytes);
-        self.path.head_seq = Some(next_head);
-        self.path.capped = true;
+        self.path.slide((tokens, bytes), next_head, size);
         Ok(true)
     }
 

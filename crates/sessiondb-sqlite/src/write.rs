@@ -123,21 +123,16 @@ impl SessionRow {
         now: i64,
     ) -> Result<()> {
         let seq = self.next_seq;
+        let size = (message.token_estimate, message.bytes());
         let extends_active_path = parent_seq == self.leaf_seq && !self.totals_stale;
-        if extends_active_path && (self.path.len as usize) < MAX_PATH_ROWS {
-            self.path.len += 1;
-            self.path.tokens += message.token_estimate;
-            self.path.bytes += message.bytes();
-            self.path.head_seq = self.path.head_seq.or(Some(seq));
-        } else if extends_active_path && self.drop_path_head(conn, key)? {
-            self.path.tokens += message.token_estimate;
-            self.path.bytes += message.bytes();
-        } else if let Some(totals) = totals.filter(|t| t.len as usize <= MAX_PATH_ROWS) {
-            // A branch (or new root): its own totals are exact; the head is found if needed.
-            self.path = totals;
-            self.totals_stale = false;
-        } else {
-            self.totals_stale = true;
+        let grown = extends_active_path
+            && (self.path.extend(seq, size.0, size.1) || self.slide_path(conn, key, size)?);
+        if !grown {
+            match totals.filter(|t| t.len as usize <= MAX_PATH_ROWS) {
+                // A branch (or new root): its own totals are exact; the head is found if needed.
+                Some(totals) => (self.path, self.totals_stale) = (totals, false),
+                None => self.totals_stale = true,
+            }
         }
         self.leaf_id = Some(message.id.clone());
         self.leaf_seq = Some(seq);
@@ -147,10 +142,15 @@ impl SessionRow {
         Ok(())
     }
 
-    /// A full (capped) path that grows at the leaf loses its oldest row: subtract it and make its
-    /// child the head. O(1) on a linear path; returns false (recompute) when the head has
-    /// several children and the one on the path is not known without a walk.
-    fn drop_path_head(&mut self, conn: &Connection, key: &SessionKey) -> Result<bool> {
+    /// A full (capped) path that grows at the leaf by a row of `size` loses its oldest row. O(1)
+    /// on a linear path; returns false (recompute) when the head has several children and the
+    /// one on the path is not known without a walk.
+    fn slide_path(
+        &mut self,
+        conn: &Connection,
+        key: &SessionKey,
+        size: (u64, u64),
+    ) -> Result<bool> {
         let Some(head) = self.path.head_seq else {
             return Ok(false);
         };
@@ -160,10 +160,7 @@ impl SessionRow {
         let [(_, next_head)] = queries::child_links(conn, key, &head_id)?[..] else {
             return Ok(false);
         };
-        self.path.tokens = self.path.tokens.saturating_sub(tokens);
-        self.path.bytes = self.path.bytes.saturating_sub(bytes);
-        self.path.head_seq = Some(next_head);
-        self.path.capped = true;
+        self.path.slide((tokens, bytes), next_head, size);
         Ok(true)
     }
 
