@@ -42,6 +42,29 @@ pub struct Payload {
     pub bytes: Vec<u8>,
 }
 
+impl Payload {
+    /// A payload read back from its stored chunks: [`StoreError::Corrupt`] unless all `size`
+    /// bytes the store recorded came back.
+    pub fn reassembled(
+        hash: &str,
+        media_type: String,
+        bytes: Vec<u8>,
+        size: i64,
+    ) -> Result<Self, crate::StoreError> {
+        if bytes.len() as i64 != size {
+            return Err(crate::StoreError::Corrupt(format!(
+                "attachment {hash} has {} of its {size} bytes",
+                bytes.len()
+            )));
+        }
+        Ok(Payload {
+            hash: hash.to_owned(),
+            media_type,
+            bytes,
+        })
+    }
+}
+
 impl std::fmt::Debug for Payload {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Payload")

@@ -10,8 +10,8 @@
 use std::collections::BTreeSet;
 
 use deadpool_postgres::GenericClient;
+use sessiondb_core::SessionKey;
 use sessiondb_core::attachments::{ATTACHMENT_CHUNK_BYTES, Payload, Reference};
-use sessiondb_core::{SessionKey, StoreError};
 
 use crate::sql::{Param, Result, exec, get, row, rows};
 
@@ -257,17 +257,7 @@ pub(crate) async fn read<C: GenericClient>(
         {
             bytes.extend_from_slice(get::<&[u8]>(&chunk, 0)?);
         }
-        if bytes.len() as i64 != size {
-            return Err(StoreError::Corrupt(format!(
-                "attachment {hash} has {} of its {size} bytes",
-                bytes.len()
-            )));
-        }
-        out.push(Payload {
-            hash: hash.clone(),
-            media_type,
-            bytes,
-        });
+        out.push(Payload::reassembled(hash, media_type, bytes, size)?);
     }
     Ok(out)
 }

@@ -226,17 +226,7 @@ pub(crate) fn read(conn: &Connection, namespace: &str, hashes: &[String]) -> Res
                 .map_err(|e| StoreError::Backend(e.to_string()))?;
             bytes.extend_from_slice(blob);
         }
-        if bytes.len() as i64 != size {
-            return Err(StoreError::Corrupt(format!(
-                "attachment {hash} has {} of its {size} bytes",
-                bytes.len()
-            )));
-        }
-        out.push(Payload {
-            hash: hash.clone(),
-            media_type,
-            bytes,
-        });
+        out.push(Payload::reassembled(hash, media_type, bytes, size)?);
     }
     Ok(out)
 }
