@@ -50,7 +50,7 @@ pub use registry::{
     Usage,
 };
 pub use store::{
-    ContextEntry, FrozenPrompt, Parent, PathPlan, PathRows, PathSuffix, PlanRow, RowStat,
+    ContextEntry, FrozenPrompt, Parent, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow, RowStat,
     ScopedBlock, SearchHit, SessionKey, SessionStats, Store, StoreError, UpdateOutcome, WriteOp,
     WriteOutcome, WriteRequest,
 };

@@ -19,49 +19,113 @@ pub enum PathItem {
     },
 }
 
-/// Plans the overlays of a path (`path_ids` root first) given a session's compactions in creation
-/// order. Walking from the root, a row where compactions start whose end lies further down this
-/// path begins a span; the newest such compaction wins and the walk resumes after its end. So an
+/// A stretch of an overlaid path, root first; `first..=last` are path positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathSpan {
+    /// Path rows shown as stored.
+    Rows { first: usize, last: usize },
+    /// The summary of `compactions[compaction]`, standing for these path rows.
+    Summary {
+        compaction: usize,
+        first: usize,
+        last: usize,
+    },
+}
+
+/// Where one compaction's endpoints are on a path (`None`: not on it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Endpoints {
+    pub from: Option<usize>,
+    pub to: Option<usize>,
+}
+
+/// Plans the overlays of a path of `len` rows from where the compactions' endpoints are on it
+/// (`ends[i]` for `compactions[i]`, creation order) and which positions hold echoes to hide.
+/// Walking from the root, a row where compactions start whose end lies further down this path
+/// begins a span; the newest such compaction wins and the walk resumes after its end. So an
 /// overlay whose end is on another branch never applies, and one that starts inside a chosen span
-/// is skipped. Stored rows that are echoes of this session's own overlays (`compaction_<id>`) are
-/// hidden.
+/// is skipped. Needs only the endpoints, so a reader never has to load the path's rows to plan.
+pub fn overlay_spans(len: usize, ends: &[Endpoints], hidden: &[usize]) -> Vec<PathSpan> {
+    let mut starts: Vec<(usize, usize)> = ends
+        .iter()
+        .enumerate()
+        .filter_map(|(c, e)| e.from.map(|from| (from, c)))
+        .collect();
+    // Newest first among compactions starting at the same row.
+    starts.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    let mut hidden = hidden.to_vec();
+    hidden.sort_unstable();
+    let mut spans = Vec::new();
+    let shown_rows = |from: usize, to_exclusive: usize, spans: &mut Vec<PathSpan>| {
+        let mut first = from;
+        for &h in hidden.iter().filter(|&&h| h >= from && h < to_exclusive) {
+            if h > first {
+                spans.push(PathSpan::Rows { first, last: h - 1 });
+            }
+            first = h + 1;
+        }
+        if first < to_exclusive {
+            spans.push(PathSpan::Rows {
+                first,
+                last: to_exclusive - 1,
+            });
+        }
+    };
+    let mut i = 0;
+    for &(start, c) in &starts {
+        if start < i || start >= len {
+            continue;
+        }
+        let Some(end) = ends[c].to.filter(|&end| end >= start && end < len) else {
+            continue;
+        };
+        shown_rows(i, start, &mut spans);
+        spans.push(PathSpan::Summary {
+            compaction: c,
+            first: start,
+            last: end,
+        });
+        i = end + 1;
+    }
+    shown_rows(i, len, &mut spans);
+    spans
+}
+
+/// [`overlay_spans`] for a path given by its ids, root first, with one item per shown row.
+/// Stored rows that are echoes of this session's own overlays (`compaction_<id>`) are hidden.
 pub fn overlay_path(path_ids: &[&str], compactions: &[Compaction]) -> Vec<PathItem> {
     let position: HashMap<&str, usize> = path_ids
         .iter()
         .enumerate()
         .map(|(i, id)| (*id, i))
         .collect();
-    let mut starting_at: HashMap<&str, Vec<usize>> = HashMap::new();
-    for (index, c) in compactions.iter().enumerate() {
-        starting_at
-            .entry(c.from_message_id.as_str())
-            .or_default()
-            .push(index);
-    }
+    let at = |id: &str| position.get(id).copied();
+    let ends: Vec<Endpoints> = compactions
+        .iter()
+        .map(|c| Endpoints {
+            from: at(&c.from_message_id),
+            to: at(&c.to_message_id),
+        })
+        .collect();
+    let hidden: Vec<usize> = path_ids
+        .iter()
+        .enumerate()
+        .filter(|(_, id)| is_hidden(id, compactions))
+        .map(|(i, _)| i)
+        .collect();
     let mut items = Vec::with_capacity(path_ids.len());
-    let mut i = 0;
-    while i < path_ids.len() {
-        let chosen = starting_at.get(path_ids[i]).and_then(|candidates| {
-            candidates.iter().rev().find_map(|&c| {
-                let end = *position.get(compactions[c].to_message_id.as_str())?;
-                (end >= i).then_some((c, end))
-            })
-        });
-        match chosen {
-            Some((compaction, last)) => {
-                items.push(PathItem::Summary {
-                    compaction,
-                    first: i,
-                    last,
-                });
-                i = last + 1;
-            }
-            None => {
-                if !is_hidden(path_ids[i], compactions) {
-                    items.push(PathItem::Row(i));
-                }
-                i += 1;
-            }
+    for span in overlay_spans(path_ids.len(), &ends, &hidden) {
+        match span {
+            PathSpan::Rows { first, last } => items.extend((first..=last).map(PathItem::Row)),
+            PathSpan::Summary {
+                compaction,
+                first,
+                last,
+            } => items.push(PathItem::Summary {
+                compaction,
+                first,
+                last,
+            }),
         }
     }
     items
@@ -117,6 +181,37 @@ mod tests {
                 },
                 PathItem::Row(3),
                 PathItem::Row(4)
+            ]
+        );
+    }
+
+    #[test]
+    fn spans_split_around_hidden_rows_and_skip_ends_off_the_path() {
+        let ends = [
+            Endpoints {
+                from: Some(2),
+                to: Some(4),
+            },
+            Endpoints {
+                from: Some(6),
+                to: None,
+            },
+            Endpoints {
+                from: Some(3),
+                to: Some(8),
+            },
+        ];
+        assert_eq!(
+            overlay_spans(10, &ends, &[1, 7, 9]),
+            [
+                PathSpan::Rows { first: 0, last: 0 },
+                PathSpan::Summary {
+                    compaction: 0,
+                    first: 2,
+                    last: 4
+                },
+                PathSpan::Rows { first: 5, last: 6 },
+                PathSpan::Rows { first: 8, last: 8 },
             ]
         );
     }

@@ -271,6 +271,70 @@ pub struct PathRows {
     pub capped: bool,
 }
 
+/// A path as runs of consecutive seqs, root first (a linear conversation is one run; every
+/// branch point on the path starts another), with the seqs of rows a reader asked to locate.
+/// Enough to plan compaction overlays and to read the path with range reads, without loading
+/// its rows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PathRuns {
+    /// Inclusive seq ranges, root side first.
+    pub runs: Vec<(i64, i64)>,
+    /// As [`PathRows::capped`].
+    pub capped: bool,
+    /// The seq of each id asked for, in the order asked (`None`: no such row).
+    pub located: Vec<Option<i64>>,
+}
+
+impl PathRuns {
+    /// Runs of a path given by its seqs, root first.
+    pub fn of_seqs(seqs: impl IntoIterator<Item = i64>) -> Vec<(i64, i64)> {
+        let mut runs: Vec<(i64, i64)> = Vec::new();
+        for seq in seqs {
+            match runs.last_mut() {
+                Some((_, last)) if *last + 1 == seq => *last = seq,
+                _ => runs.push((seq, seq)),
+            }
+        }
+        runs
+    }
+
+    /// Rows on the path.
+    pub fn len(&self) -> usize {
+        self.runs.iter().map(|&(a, b)| (b - a + 1) as usize).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// The path position (0 = root side) of the row with `seq`, if it is on the path.
+    pub fn position(&self, seq: i64) -> Option<usize> {
+        let mut before = 0;
+        for &(first, last) in &self.runs {
+            if (first..=last).contains(&seq) {
+                return Some(before + (seq - first) as usize);
+            }
+            before += (last - first + 1) as usize;
+        }
+        None
+    }
+
+    /// The seq ranges holding path positions `first..=last`, root side first.
+    pub fn seq_ranges(&self, first: usize, last: usize) -> Vec<(i64, i64)> {
+        let mut ranges = Vec::new();
+        let mut before = 0;
+        for &(a, b) in &self.runs {
+            let len = (b - a + 1) as usize;
+            let (lo, hi) = (first.max(before), last.min(before + len - 1));
+            if lo <= hi {
+                ranges.push((a + (lo - before) as i64, a + (hi - before) as i64));
+            }
+            before += len;
+        }
+        ranges
+    }
+}
+
 /// The newest rows of a path that fit a byte budget.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PathSuffix {
@@ -375,6 +439,31 @@ pub trait Store: Send + Sync + 'static {
         key: &SessionKey,
         leaf: Option<&str>,
     ) -> impl Future<Output = Result<PathRows, StoreError>> + Send;
+
+    /// The path ending at `leaf` (the active leaf when `None`) as runs of consecutive seqs,
+    /// capped like [`Store::path`] (empty when the leaf does not exist), and the seqs of the
+    /// rows with ids `locate`. This default walks the path and reads the rows one after another;
+    /// a backend that can find the path's branch points without reading its rows overrides it
+    /// and reads everything in one snapshot.
+    fn path_runs(
+        &self,
+        key: &SessionKey,
+        leaf: Option<&str>,
+        locate: &[String],
+    ) -> impl Future<Output = Result<PathRuns, StoreError>> + Send {
+        async move {
+            let path = self.path(key, leaf).await?;
+            let mut located = Vec::with_capacity(locate.len());
+            for id in locate {
+                located.push(self.message(key, id).await?.map(|m| m.seq));
+            }
+            Ok(PathRuns {
+                runs: PathRuns::of_seqs(path.rows.iter().map(|r| r.seq)),
+                capped: path.capped,
+                located,
+            })
+        }
+    }
 
     /// How to read the path ending at `leaf` (the active leaf when `None`) forward, capped like
     /// [`Store::path`]; [`PathPlan::Overlaid`] whenever the session has compactions.

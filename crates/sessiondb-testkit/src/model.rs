@@ -1,14 +1,14 @@
-//! Model-based property test: random sequences of append, branch append, update, delete, clear
-//! and import run against a store and against a plain in-memory tree; after every operation each
-//! read path of the store must agree with the model.
+//! Model-based property test: random sequences of append, branch append, update, delete, clear,
+//! import and compaction run against a store and against a plain in-memory tree; after every
+//! operation each read path of the store must agree with the model.
 
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use sessiondb::{
-    AppendOptions, Db, HeuristicCounter, HistoryOptions, ImportOptions, Message, Parent, Source,
-    Store,
+    AppendOptions, Db, HeuristicCounter, HistoryOptions, ImportOptions, Message, Parent, PathRuns,
+    Source, Store,
 };
 
 use crate::{block_on, ids};
@@ -36,6 +36,11 @@ pub enum Op {
         id: u8,
         text: String,
         parent: Option<u8>,
+    },
+    /// A compaction overlay from one pool id to another (either may be missing or off the path).
+    Compact {
+        from: u8,
+        to: u8,
     },
 }
 
@@ -77,6 +82,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => Just(Op::Clear),
         2 => (0..ID_POOL, text, proptest::option::of(0..ID_POOL + 2))
             .prop_map(|(id, text, parent)| Op::Import { id, text, parent }),
+        // Starts from half the pool, so overlays often share a start or nest.
+        2 => (0..ID_POOL / 2, 0..ID_POOL).prop_map(|(from, to)| Op::Compact { from, to }),
     ]
 }
 
@@ -88,12 +95,22 @@ struct Node {
     text: String,
 }
 
-/// The reference tree: a map of nodes, the active leaf and the next seq.
+/// The reference tree: a map of nodes, the active leaf, the next seq and the compactions
+/// (`(from, to)` ids in creation order; a clear keeps them).
 #[derive(Debug, Default)]
 struct Model {
     nodes: BTreeMap<String, Node>,
     leaf: Option<String>,
     next_seq: u64,
+    compactions: Vec<(String, String)>,
+}
+
+/// One element of a path as reads show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Shown {
+    Row(String),
+    /// The summary of the compaction with this index.
+    Summary(usize),
 }
 
 impl Model {
@@ -189,8 +206,39 @@ impl Model {
                 self.nodes.clear();
                 self.leaf = None;
             }
+            Op::Compact { from, to } => self.compactions.push((id(*from), id(*to))),
         }
         true
+    }
+
+    /// `path` with the overlays applied, walking from the root: at each row, the newest
+    /// compaction starting there whose end lies further down the path stands for the rows up to
+    /// that end.
+    fn overlaid(&self, path: &[String]) -> Vec<Shown> {
+        let mut shown = Vec::new();
+        let mut i = 0;
+        while i < path.len() {
+            let chosen = self
+                .compactions
+                .iter()
+                .enumerate()
+                .rev()
+                .find_map(|(c, (from, to))| {
+                    let end = path.iter().position(|p| p == to)?;
+                    (*from == path[i] && end >= i).then_some((c, end))
+                });
+            match chosen {
+                Some((c, end)) => {
+                    shown.push(Shown::Summary(c));
+                    i = end + 1;
+                }
+                None => {
+                    shown.push(Shown::Row(path[i].clone()));
+                    i += 1;
+                }
+            }
+        }
+        shown
     }
 
     /// Whether walking parent links from `from` meets `target` (ids may dangle).
@@ -269,20 +317,42 @@ async fn run_op<S: Store>(session: &sessiondb::Session<S>, op: &Op) -> bool {
             };
             session.import(message(*n, text), options).await.is_ok()
         }
+        Op::Compact { from, to } => session
+            .add_compaction("summary".into(), id(*from), id(*to))
+            .await
+            .is_ok(),
     }
 }
 
 async fn compare<S: Store>(
+    db: &Db<S>,
     session: &sessiondb::Session<S>,
     model: &Model,
 ) -> Result<(), TestCaseError> {
+    let compactions = session.compactions().await.unwrap();
+    prop_assert_eq!(compactions.len(), model.compactions.len());
+    let summary_ids: Vec<String> = compactions
+        .iter()
+        .map(|c| format!("compaction_{}", c.id))
+        .collect();
+    let shown_ids = |path: &[String]| -> Vec<String> {
+        model
+            .overlaid(path)
+            .into_iter()
+            .map(|item| match item {
+                Shown::Row(id) => id,
+                Shown::Summary(c) => summary_ids[c].clone(),
+            })
+            .collect()
+    };
     let expected = model.path(model.leaf.as_deref());
+    let shown = shown_ids(&expected);
     let forward = session
         .full_history(HistoryOptions::default())
         .await
         .unwrap();
-    prop_assert_eq!(ids(&forward), expected.clone());
-    for m in &forward {
+    prop_assert_eq!(ids(&forward), shown.clone());
+    for m in forward.iter().filter(|m| model.nodes.contains_key(&m.id)) {
         let node = &model.nodes[&m.id];
         let value = m.to_value();
         prop_assert_eq!(value["parts"][0]["text"].as_str(), Some(node.text.as_str()));
@@ -294,7 +364,7 @@ async fn compare<S: Store>(
         })
         .await
         .unwrap();
-    let mut reversed = expected.clone();
+    let mut reversed = shown.clone();
     reversed.reverse();
     prop_assert_eq!(ids(&newest), reversed);
     let leaf = session.latest_leaf().await.unwrap().map(|m| m.id);
@@ -325,18 +395,21 @@ async fn compare<S: Store>(
     );
 
     // A budget of about half the path: the longest fitting suffix, never less than the leaf.
+    // (Budgets over overlaid paths are checked by the compaction cases.)
     let total: u64 = bytes.iter().sum();
     let budget = total / 2;
-    let recent = session.recent_history(budget, None).await.unwrap();
-    let mut start = bytes.len();
-    let mut used = 0;
-    while start > 0 && (start == bytes.len() || used + bytes[start - 1] <= budget) {
-        used += bytes[start - 1];
-        start -= 1;
+    if model.compactions.is_empty() {
+        let recent = session.recent_history(budget, None).await.unwrap();
+        let mut start = bytes.len();
+        let mut used = 0;
+        while start > 0 && (start == bytes.len() || used + bytes[start - 1] <= budget) {
+            used += bytes[start - 1];
+            start -= 1;
+        }
+        prop_assert_eq!(ids(&recent.messages), expected[start..].to_vec());
+        prop_assert_eq!(recent.truncated, start > 0);
+        prop_assert_eq!(recent.total_bytes, total);
     }
-    prop_assert_eq!(ids(&recent.messages), expected[start..].to_vec());
-    prop_assert_eq!(recent.truncated, start > 0);
-    prop_assert_eq!(recent.total_bytes, total);
 
     for n in 0..ID_POOL {
         let stored = session.message(&id(n)).await.unwrap();
@@ -357,8 +430,23 @@ async fn compare<S: Store>(
                         })
                         .await
                         .unwrap()),
-                    path
+                    shown_ids(&path)
                 );
+                // The runs a backend plans overlays on are the walked path's seqs, and
+                // the rows it locates are the rows there are.
+                let key = session.key();
+                let walked = db.store().path(key, Some(&id(n))).await.unwrap();
+                let runs = db
+                    .store()
+                    .path_runs(key, Some(&id(n)), &[id(n), "ghost".into()])
+                    .await
+                    .unwrap();
+                prop_assert_eq!(
+                    &runs.runs,
+                    &PathRuns::of_seqs(walked.rows.iter().map(|r| r.seq))
+                );
+                prop_assert_eq!(runs.capped, walked.capped);
+                prop_assert_eq!(&runs.located, &vec![Some(stored.seq), None]);
             }
             None => prop_assert!(stored.is_none()),
         }
@@ -382,7 +470,7 @@ pub fn check_against_model<S: Store, G>(open: impl Fn() -> (Db<S>, G), cases: u3
                 for op in &ops {
                     let accepted = model.apply(op);
                     prop_assert_eq!(run_op(&session, op).await, accepted, "op {:?}", op);
-                    compare(&session, &model).await?;
+                    compare(&db, &session, &model).await?;
                 }
                 Ok(())
             })

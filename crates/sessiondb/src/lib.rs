@@ -60,9 +60,9 @@ pub use sessiondb_core::compaction::CompactOptions;
 pub use sessiondb_core::convert;
 pub use sessiondb_core::tokens::{HeuristicCounter, TokenCounter};
 pub use sessiondb_core::{
-    Change, ChangeEvent, FeedFilter, FeedItem, MAX_PATH_ROWS, Message, Parent, PathRows, RowStat,
-    SearchHit, SessionKey, SessionStats, Source, Store, StoreError, StoredMessage, Subscription,
-    ValidationError, ValidationErrorKind,
+    Change, ChangeEvent, FeedFilter, FeedItem, MAX_PATH_ROWS, Message, Parent, PathRows, PathRuns,
+    RowStat, SearchHit, SessionKey, SessionStats, Source, Store, StoreError, StoredMessage,
+    Subscription, ValidationError, ValidationErrorKind,
 };
 #[cfg(feature = "sqlite")]
 pub use sessiondb_sqlite::{BATCH_BUCKETS, SqliteConfig, SqliteStore, Synchronous, WriteStats};

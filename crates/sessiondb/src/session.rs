@@ -9,14 +9,15 @@ use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use serde_json::Value;
 use sessiondb_core::attachments;
 use sessiondb_core::overlay::{
-    PathItem, is_hidden, may_be_hidden, overlay_path, summary_message_id,
+    Endpoints, PathItem, PathSpan, is_hidden, may_be_hidden, overlay_path, overlay_spans,
+    summary_message_id,
 };
 use sessiondb_core::plan::{Batcher, content_windows};
 use sessiondb_core::{
-    MAX_PATH_ROWS, Message, Parent, PathPlan, PlanRow, PreparedMessage, RowStat, SearchHit,
-    SessionKey, SessionStats, Source, Store, StoredMessage, UpdateOutcome, ValidationError,
-    ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome, WriteRequest,
-    search,
+    Compaction, MAX_PATH_ROWS, Message, Parent, PathPlan, PathRuns, PlanRow, PreparedMessage,
+    RowStat, SearchHit, SessionKey, SessionStats, Source, Store, StoredMessage, UpdateOutcome,
+    ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome,
+    WriteRequest, search,
 };
 
 use crate::compact::SessionCaches;
@@ -605,9 +606,19 @@ impl<S: Store> Session<S> {
         let path = self.store.path(&self.key, leaf).await?;
         let ids: Vec<&str> = path.rows.iter().map(|r| r.id.as_str()).collect();
         let items = overlay_path(&ids, &compactions);
+        Ok(Some(Overlaid {
+            rows: path.rows,
+            capped: path.capped,
+            items,
+            summaries: self.summaries(&compactions).await?,
+        }))
+    }
+
+    /// The synthetic message of each compaction, in the compactions' order.
+    async fn summaries(&self, compactions: &[Compaction]) -> Result<Vec<StoredMessage>, Error> {
         let now = now_ms();
         let counter = self.counter().await?;
-        let summaries = compactions
+        Ok(compactions
             .iter()
             .map(|c| {
                 Message::text("assistant", c.summary.clone())
@@ -615,12 +626,43 @@ impl<S: Store> Session<S> {
                     .prepare(counter.as_ref())
                     .stored(0, None, now, None)
             })
+            .collect())
+    }
+
+    /// A compacted path as a history read shows it, planned from where the compactions'
+    /// endpoints (and their hidden echoes) sit on the path's runs, so no row is read to plan;
+    /// `None` when the session has no compactions.
+    async fn overlaid_runs(&self, leaf: Option<&str>) -> Result<Option<OverlaidRuns>, Error> {
+        let compactions = self.store.compactions(&self.key).await?;
+        if compactions.is_empty() {
+            return Ok(None);
+        }
+        let locate: Vec<String> = compactions
+            .iter()
+            .flat_map(|c| {
+                [
+                    c.from_message_id.clone(),
+                    c.to_message_id.clone(),
+                    summary_message_id(c),
+                ]
+            })
             .collect();
-        Ok(Some(Overlaid {
-            rows: path.rows,
-            capped: path.capped,
-            items,
-            summaries,
+        let runs = self.store.path_runs(&self.key, leaf, &locate).await?;
+        let at = |i: usize| runs.located[i].and_then(|seq| runs.position(seq));
+        let ends: Vec<Endpoints> = (0..compactions.len())
+            .map(|c| Endpoints {
+                from: at(3 * c),
+                to: at(3 * c + 1),
+            })
+            .collect();
+        let hidden: Vec<usize> = (0..compactions.len())
+            .filter_map(|c| at(3 * c + 2))
+            .collect();
+        let spans = overlay_spans(runs.len(), &ends, &hidden);
+        Ok(Some(OverlaidRuns {
+            runs,
+            spans,
+            summaries: self.summaries(&compactions).await?,
         }))
     }
 
@@ -655,7 +697,7 @@ impl<S: Store> Session<S> {
                 if !stats.has_compactions {
                     let active = options.leaf.is_none() || options.leaf == stats.leaf_id;
                     if let (true, Some((first, last))) = (active, stats.linear_range) {
-                        return Ok(session.range_down(first, last).boxed());
+                        return Ok(range_down(store, key, first, last).boxed());
                     }
                     return Ok(session.walk_up(options.leaf.or(stats.leaf_id)).boxed());
                 }
@@ -666,14 +708,10 @@ impl<S: Store> Session<S> {
                 }
             }
             // Compactions go only with their session, so none left means no messages either.
-            let Some(mut overlaid) = session.overlaid(options.leaf.as_deref()).await? else {
+            let Some(overlaid) = session.overlaid_runs(options.leaf.as_deref()).await? else {
                 return Ok(stream::empty().boxed());
             };
-            let mut items = std::mem::take(&mut overlaid.items);
-            if options.newest_first {
-                items.reverse();
-            }
-            Ok::<_, Error>(overlaid.read(store, key, items))
+            Ok::<_, Error>(overlaid.read(store, key, options.newest_first))
         })
         .try_flatten();
         let resolver = self.clone();
@@ -686,29 +724,6 @@ impl<S: Store> Session<S> {
             .try_flatten()
             // Boxed so the stream is `Unpin`: callers can use `next()` without pinning it.
             .boxed()
-    }
-
-    /// A linear path newest first: range reads of growing windows from `last` down to `first`.
-    fn range_down(
-        &self,
-        first: i64,
-        last: i64,
-    ) -> impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static {
-        let (store, key) = (self.store.clone(), self.key.clone());
-        stream::try_unfold((last, 0), move |(last, windows)| {
-            let (store, key) = (store.clone(), key.clone());
-            async move {
-                if last < first {
-                    return Ok(None);
-                }
-                let limit = walk_window(windows);
-                let batch = store.fetch_range_newest(&key, first, last, limit).await?;
-                let Some(oldest) = batch.last().map(|m| m.seq) else {
-                    return Ok(None);
-                };
-                Ok::<_, Error>(Some((batch, (oldest - 1, windows + 1))))
-            }
-        })
     }
 
     /// Walks from `leaf` towards the root in growing windows.
@@ -924,6 +939,51 @@ impl Overlaid {
     }
 }
 
+/// A compacted path planned on its runs (see [`Session::overlaid_runs`]).
+struct OverlaidRuns {
+    runs: PathRuns,
+    /// Root first.
+    spans: Vec<PathSpan>,
+    /// The synthetic message of each compaction, by the compaction's index.
+    summaries: Vec<StoredMessage>,
+}
+
+impl OverlaidRuns {
+    /// The path in either direction: each stretch of shown rows with range reads, each summary
+    /// as it is. Nothing is read before the consumer asks for it.
+    fn read<S: Store>(
+        self,
+        store: Arc<S>,
+        key: SessionKey,
+        newest_first: bool,
+    ) -> BoxStream<'static, Result<Vec<StoredMessage>, Error>> {
+        let mut pieces: Vec<Result<(i64, i64), StoredMessage>> = Vec::new();
+        for span in self.spans {
+            match span {
+                PathSpan::Rows { first, last } => {
+                    pieces.extend(self.runs.seq_ranges(first, last).into_iter().map(Ok));
+                }
+                PathSpan::Summary { compaction, .. } => {
+                    pieces.push(Err(self.summaries[compaction].clone()));
+                }
+            }
+        }
+        if newest_first {
+            pieces.reverse();
+        }
+        stream::iter(pieces)
+            .map(move |piece| match piece {
+                Ok((first, last)) if newest_first => {
+                    range_down(store.clone(), key.clone(), first, last).boxed()
+                }
+                Ok((first, last)) => range_up(store.clone(), key.clone(), first, last).boxed(),
+                Err(summary) => stream::once(async move { Ok(vec![summary]) }).boxed(),
+            })
+            .flatten()
+            .boxed()
+    }
+}
+
 fn append_result(outcome: WriteOutcome) -> AppendResult {
     match outcome {
         WriteOutcome::Appended { message, inserted } => AppendResult {
@@ -944,22 +1004,52 @@ fn read_plan<S: Store>(
     match plan {
         PathPlan::Overlaid => unreachable!("overlaid paths are read through `Overlaid`"),
         PathPlan::Rows(rows) => fetch_windows(store, key, rows).boxed(),
-        PathPlan::Range { first, last } => {
-            stream::try_unfold((store, key, first), move |(store, key, from)| async move {
-                if from > last {
-                    return Ok(None);
-                }
-                let batch = store
-                    .fetch_range(&key, from, last, WINDOW_MAX_ROWS, WINDOW_MAX_BYTES)
-                    .await?;
-                let Some(next) = batch.last().map(|m| m.seq + 1) else {
-                    return Ok(None);
-                };
-                Ok::<_, Error>(Some((batch, (store, key, next))))
-            })
-            .boxed()
-        }
+        PathPlan::Range { first, last } => range_up(store, key, first, last).boxed(),
     }
+}
+
+/// Rows with seqs `first..=last` in seq order, window by window.
+fn range_up<S: Store>(
+    store: Arc<S>,
+    key: SessionKey,
+    first: i64,
+    last: i64,
+) -> impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static {
+    stream::try_unfold((store, key, first), move |(store, key, from)| async move {
+        if from > last {
+            return Ok(None);
+        }
+        let batch = store
+            .fetch_range(&key, from, last, WINDOW_MAX_ROWS, WINDOW_MAX_BYTES)
+            .await?;
+        let Some(next) = batch.last().map(|m| m.seq + 1) else {
+            return Ok(None);
+        };
+        Ok::<_, Error>(Some((batch, (store, key, next))))
+    })
+}
+
+/// Rows with seqs `first..=last` newest first, in growing windows.
+fn range_down<S: Store>(
+    store: Arc<S>,
+    key: SessionKey,
+    first: i64,
+    last: i64,
+) -> impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static {
+    stream::try_unfold(
+        (store, key, last, 0),
+        move |(store, key, last, windows)| async move {
+            if last < first {
+                return Ok(None);
+            }
+            let limit = walk_window(windows);
+            let batch = store.fetch_range_newest(&key, first, last, limit).await?;
+            let Some(oldest) = batch.last().map(|m| m.seq) else {
+                return Ok(None);
+            };
+            Ok::<_, Error>(Some((batch, (store, key, oldest - 1, windows + 1))))
+        },
+    )
 }
 
 /// Fetches the content of `rows` window by window; earlier windows are not retained.

@@ -1,7 +1,7 @@
 //! Read paths: history both ways, batches, recent windows, row stats, branches, the path cap.
 
 use futures::{StreamExt, TryStreamExt};
-use sessiondb::{AppendOptions, Db, HistoryOptions, MAX_PATH_ROWS, Message, Store};
+use sessiondb::{AppendOptions, Db, HistoryOptions, MAX_PATH_ROWS, Message, PathRuns, Store};
 
 use crate::*;
 
@@ -187,6 +187,42 @@ pub async fn paths_are_capped_at_ten_thousand_and_one_rows<S: Store>(db: Db<S>) 
         s.stats().await.unwrap().message_count as usize,
         MAX_PATH_ROWS
     );
+
+    // Runs of a capped path, and of a branch off it, are the walked paths' seqs.
+    s.append(text("fork", "user", "fork"), under(&names[5000]))
+        .await
+        .unwrap();
+    let store = db.store();
+    for leaf in [Some("over"), Some("fork")] {
+        let walked = store.path(s.key(), leaf).await.unwrap();
+        let runs = store.path_runs(s.key(), leaf, &[]).await.unwrap();
+        assert_eq!(
+            runs.runs,
+            PathRuns::of_seqs(walked.rows.iter().map(|r| r.seq))
+        );
+        assert_eq!(runs.capped, walked.capped);
+    }
+    assert_eq!(
+        store
+            .path_runs(s.key(), Some("fork"), &[])
+            .await
+            .unwrap()
+            .runs
+            .len(),
+        2
+    );
+
+    // An overlay on the capped path: planned and read from the runs, both ways.
+    let c = s
+        .add_compaction("early".into(), names[2].clone(), names[10].clone())
+        .await
+        .unwrap();
+    let mut expected = vec![names[1].clone(), format!("compaction_{}", c.id)];
+    expected.extend(names[11..].iter().cloned());
+    expected.push("over".into());
+    assert_eq!(history_ids(&s, Some("over")).await, expected);
+    expected.reverse();
+    assert_eq!(newest_first_ids(&s, Some("over")).await, expected);
 }
 
 pub async fn imported_rows_move_the_leaf_even_off_branch<S: Store>(db: Db<S>) {
