@@ -54,8 +54,9 @@ use sessiondb_core::attachments::Payload;
 use sessiondb_core::message::JsonMap;
 use sessiondb_core::{
     Change, ChangeFeed, Compaction, ContextEntry, FeedFilter, FrozenPrompt, PathPlan, PathRows,
-    PathSuffix, ScopedBlock, SearchHit, SessionInfo, SessionKey, SessionQuery, SessionStats, Store,
-    StoreError, StoredMessage, Subscription, WriteOutcome, WriteRequest, search,
+    PathRuns, PathSuffix, ScopedBlock, SearchHit, SessionInfo, SessionKey, SessionQuery,
+    SessionStats, Store, StoreError, StoredMessage, Subscription, WriteOutcome, WriteRequest,
+    search,
 };
 
 use crate::durability::{Committed, Durability};
@@ -680,6 +681,16 @@ impl Store for SqliteStore {
                 None => Ok(PathRows::default()),
             },
         )
+    }
+
+    fn path_runs(
+        &self,
+        key: &SessionKey,
+        leaf: Option<&str>,
+        locate: &[String],
+    ) -> impl Future<Output = Result<PathRuns, StoreError>> + Send {
+        let (key, leaf, ids) = (key.clone(), leaf.map(str::to_owned), locate.to_vec());
+        self.read(move |c| queries::path_runs(c, &key, leaf.as_deref(), &ids))
     }
 
     fn path_plan(

@@ -10,8 +10,8 @@ use sessiondb_core::message::{StoredRow, role_of};
 pub(crate) use sessiondb_core::plan::PathTotals;
 use sessiondb_core::plan::{SuffixBudget, linear_range};
 use sessiondb_core::{
-    MAX_PATH_ROWS, PathPlan, PathRows, PathSuffix, PlanRow, RowStat, SearchHit, SessionKey,
-    SessionStats, StoreError, StoredMessage,
+    MAX_PATH_ROWS, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow, RowStat, SearchHit,
+    SessionKey, SessionStats, StoreError, StoredMessage,
 };
 
 use crate::backend_error;
@@ -397,6 +397,79 @@ pub(crate) fn path(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<Pat
     })?;
     rows.reverse();
     Ok(PathRows { rows, capped })
+}
+
+/// The path ending at `leaf` as runs of consecutive seqs (see [`PathRuns`]), found with one seek
+/// of `messages_detached` per run: every row between a detached row and the next one continues
+/// the row before it.
+pub(crate) fn path_runs(
+    conn: &Connection,
+    key: &SessionKey,
+    leaf: Option<&str>,
+    ids: &[String],
+) -> Result<PathRuns> {
+    let located = ids
+        .iter()
+        .map(|id| Ok(locate(conn, key, id)?.map(|(seq, _, _)| seq)))
+        .collect::<Result<_>>()?;
+    let active = match leaf {
+        None => active_leaf(conn, key)?,
+        Some(_) => None,
+    };
+    if let Some(a) = &active
+        && let Some(first) = a.dense_from
+    {
+        return Ok(PathRuns {
+            runs: vec![(first, a.seq)],
+            capped: a.capped,
+            located,
+        });
+    }
+    let start = match leaf {
+        None => active.map(|a| a.seq),
+        Some(id) => locate(conn, key, id)?.map(|(seq, _, _)| seq),
+    };
+    let mut runs = Vec::new();
+    let mut capped = false;
+    if let Some(mut top) = start {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT seq, parent_seq FROM messages INDEXED BY messages_detached
+                  WHERE namespace = ?1 AND session_id = ?2 AND seq <= ?3
+                    AND (parent_seq IS NULL OR parent_seq <> seq - 1)
+                  ORDER BY seq DESC LIMIT 1",
+            )
+            .map_err(backend_error)?;
+        let mut room = MAX_PATH_ROWS as i64;
+        loop {
+            let (head, parent): (i64, Option<i64>) = stmt
+                .query_row(params![key.namespace, key.session_id, top], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()
+                .map_err(backend_error)?
+                .ok_or_else(|| {
+                    StoreError::Corrupt(format!("no row starts the path run ending at seq {top}"))
+                })?;
+            if top - head + 1 >= room {
+                runs.push((top - room + 1, top));
+                capped = top - head + 1 > room || parent.is_some();
+                break;
+            }
+            runs.push((head, top));
+            room -= top - head + 1;
+            match parent {
+                Some(parent) => top = parent,
+                None => break,
+            }
+        }
+        runs.reverse();
+    }
+    Ok(PathRuns {
+        runs,
+        capped,
+        located,
+    })
 }
 
 /// How to read the path ending at `leaf` (the active leaf when `None`) forward.

@@ -15,6 +15,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0005_context.sql"),
     include_str!("../migrations/0006_detached_children.sql"),
     include_str!("../migrations/0007_no_path_index.sql"),
+    include_str!("../migrations/0008_branch_points.sql"),
 ];
 
 /// The schema version this build creates and reads.
