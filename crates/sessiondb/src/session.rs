@@ -14,8 +14,8 @@ use sessiondb_core::overlay::{
 };
 use sessiondb_core::plan::{Batcher, content_windows};
 use sessiondb_core::{
-    Compaction, MAX_PATH_ROWS, Message, Parent, PathPlan, PathRuns, PlanRow, PreparedMessage,
-    RowStat, SearchHit, SessionKey, SessionStats, Source, Store, StoredMessage, UpdateOutcome,
+    Compaction, MAX_PATH_ROWS, Message, Parent, PathRuns, PlanRow, PreparedMessage, RowStat,
+    SearchHit, SessionKey, SessionStats, Source, Store, StoredMessage, UpdateOutcome,
     ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome,
     WriteRequest, search,
 };
@@ -629,14 +629,11 @@ impl<S: Store> Session<S> {
             .collect())
     }
 
-    /// A compacted path as a history read shows it, planned from where the compactions'
-    /// endpoints (and their hidden echoes) sit on the path's runs, so no row is read to plan;
-    /// `None` when the session has no compactions.
-    async fn overlaid_runs(&self, leaf: Option<&str>) -> Result<Option<OverlaidRuns>, Error> {
+    /// The path as a history read shows it, planned on its runs of consecutive seqs and on where
+    /// the compactions' endpoints (and their hidden echoes) sit on them, so no row is read to
+    /// plan.
+    async fn plan_on_runs(&self, leaf: Option<&str>) -> Result<RunPlan, Error> {
         let compactions = self.store.compactions(&self.key).await?;
-        if compactions.is_empty() {
-            return Ok(None);
-        }
         let locate: Vec<String> = compactions
             .iter()
             .flat_map(|c| {
@@ -659,11 +656,16 @@ impl<S: Store> Session<S> {
             .filter_map(|c| at(3 * c + 2))
             .collect();
         let spans = overlay_spans(runs.len(), &ends, &hidden);
-        Ok(Some(OverlaidRuns {
+        let summaries = if compactions.is_empty() {
+            Vec::new()
+        } else {
+            self.summaries(&compactions).await?
+        };
+        Ok(RunPlan {
             runs,
             spans,
-            summaries: self.summaries(&compactions).await?,
-        }))
+            summaries,
+        })
     }
 
     /// The active path's token estimate with compaction summaries in place of the rows they
@@ -690,28 +692,27 @@ impl<S: Store> Session<S> {
         let session = self.clone();
         let batches = stream::once(async move {
             let (store, key) = (session.store.clone(), session.key.clone());
-            // One read decides how to go: the stats (newest first) or the plan (forward) say
-            // whether compaction overlays apply.
-            if options.newest_first {
-                let stats = store.stats(&key).await?;
-                if !stats.has_compactions {
-                    let active = options.leaf.is_none() || options.leaf == stats.leaf_id;
-                    if let (true, Some((first, last))) = (active, stats.linear_range) {
+            // One O(1) read decides how to go: a linear active path is a seq range; a branched
+            // one is walked up lazily when read newest first; anything else (a branched path
+            // read forward, any path of a compacted session) is read along its runs.
+            let stats = store.stats(&key).await?;
+            if !stats.has_compactions {
+                let active = options.leaf.is_none() || options.leaf == stats.leaf_id;
+                match (active, stats.linear_range) {
+                    (true, Some((first, last))) if options.newest_first => {
                         return Ok(range_down(store, key, first, last).boxed());
                     }
-                    return Ok(session.walk_up(options.leaf.or(stats.leaf_id)).boxed());
-                }
-            } else {
-                let plan = store.path_plan(&key, options.leaf.as_deref()).await?;
-                if plan != PathPlan::Overlaid {
-                    return Ok(read_plan(store, key, plan));
+                    (true, Some((first, last))) => {
+                        return Ok(range_up(store, key, first, last).boxed());
+                    }
+                    _ if options.newest_first => {
+                        return Ok(session.walk_up(options.leaf.or(stats.leaf_id)).boxed());
+                    }
+                    _ => {}
                 }
             }
-            // Compactions go only with their session, so none left means no messages either.
-            let Some(overlaid) = session.overlaid_runs(options.leaf.as_deref()).await? else {
-                return Ok(stream::empty().boxed());
-            };
-            Ok::<_, Error>(overlaid.read(store, key, options.newest_first))
+            let planned = session.plan_on_runs(options.leaf.as_deref()).await?;
+            Ok::<_, Error>(planned.read(store, key, options.newest_first))
         })
         .try_flatten();
         let resolver = self.clone();
@@ -939,8 +940,8 @@ impl Overlaid {
     }
 }
 
-/// A compacted path planned on its runs (see [`Session::overlaid_runs`]).
-struct OverlaidRuns {
+/// A path planned on its runs (see [`Session::plan_on_runs`]).
+struct RunPlan {
     runs: PathRuns,
     /// Root first.
     spans: Vec<PathSpan>,
@@ -948,7 +949,7 @@ struct OverlaidRuns {
     summaries: Vec<StoredMessage>,
 }
 
-impl OverlaidRuns {
+impl RunPlan {
     /// The path in either direction: each stretch of shown rows with range reads, each summary
     /// as it is. Nothing is read before the consumer asks for it.
     fn read<S: Store>(
@@ -992,19 +993,6 @@ fn append_result(outcome: WriteOutcome) -> AppendResult {
             message,
         },
         other => unreachable!("append answered with {other:?}"),
-    }
-}
-
-/// Reads a planned path forward, window by window.
-fn read_plan<S: Store>(
-    store: Arc<S>,
-    key: SessionKey,
-    plan: PathPlan,
-) -> BoxStream<'static, Result<Vec<StoredMessage>, Error>> {
-    match plan {
-        PathPlan::Overlaid => unreachable!("overlaid paths are read through `Overlaid`"),
-        PathPlan::Rows(rows) => fetch_windows(store, key, rows).boxed(),
-        PathPlan::Range { first, last } => range_up(store, key, first, last).boxed(),
     }
 }
 
