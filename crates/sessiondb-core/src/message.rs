@@ -7,6 +7,7 @@
 //! is that body with the store-owned `createdAt` (and `updatedAt`) added.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -484,7 +485,8 @@ pub struct StoredMessage {
     /// Bytes the message is charged: its stored body (without the store-owned timestamps)
     /// plus its referenced media at base64 size.
     pub bytes: u64,
-    json: String,
+    /// Shared: copies of a message (a cached row and the reads it answers) hold one text.
+    json: Arc<str>,
 }
 
 /// A message role: the common ones are static, others owned.
@@ -522,9 +524,9 @@ impl StoredMessage {
 
     /// A row as stored: `json` already carries the timestamps (backends store exactly what
     /// [`StoredMessage::json`] returns, so a read copies nothing more); `bytes` is the body size.
-    pub fn from_stored(row: StoredRow, json: String, bytes: u64) -> Self {
+    pub fn from_stored(row: StoredRow, json: impl Into<Arc<str>>, bytes: u64) -> Self {
         Self {
-            json,
+            json: json.into(),
             bytes,
             id: row.id,
             role: row.role,
@@ -539,7 +541,7 @@ impl StoredMessage {
     /// Replaces the JSON text (e.g. media put back in place of pointers); `bytes` stays the
     /// stored charge.
     pub fn set_json(&mut self, json: String) {
-        self.json = json;
+        self.json = json.into();
     }
 
     /// The message as compact JSON text, `createdAt` (and `updatedAt`) included.
@@ -548,7 +550,7 @@ impl StoredMessage {
     }
 
     pub fn into_json(self) -> String {
-        self.json
+        self.json.to_string()
     }
 
     /// The message as a JSON value.

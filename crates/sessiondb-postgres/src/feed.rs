@@ -417,8 +417,7 @@ mod tests {
             updated_at: Some(1_700_000_000_500),
             token_estimate: 12,
         };
-        let message =
-            StoredMessage::from_stored(row, r#"{"id":"m1","role":"assistant"}"#.into(), 30);
+        let message = StoredMessage::from_stored(row, r#"{"id":"m1","role":"assistant"}"#, 30);
         let compaction = Compaction {
             id: "compaction_1".into(),
             summary: "s \"quoted\"".into(),

@@ -68,8 +68,15 @@ fn row_fields(row: &Row<'_>) -> rusqlite::Result<(StoredRow, i64, u64)> {
 /// Builds the message of a row: the stored text is already the message's JSON.
 fn read_message(conn: &Connection, key: &SessionKey, row: &Row<'_>) -> Result<StoredMessage> {
     let (fields, chunks, bytes) = row_fields(row).map_err(backend_error)?;
-    let slice0: String = row.get(7).map_err(backend_error)?;
-    let json = reassemble(conn, key, &fields.id, slice0, chunks)?;
+    let slice0 = row
+        .get_ref(7)
+        .and_then(|v| v.as_str().map_err(Into::into))
+        .map_err(backend_error)?;
+    if chunks == 0 {
+        // The one copy of the text, straight into the message's shared buffer.
+        return Ok(StoredMessage::from_stored(fields, slice0, bytes));
+    }
+    let json = reassemble(conn, key, &fields.id, slice0.to_owned(), chunks)?;
     Ok(StoredMessage::from_stored(fields, json, bytes))
 }
 
