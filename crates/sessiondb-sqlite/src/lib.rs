@@ -33,6 +33,7 @@
 #![forbid(unsafe_code)]
 
 mod attachments;
+mod cache;
 mod context;
 mod durability;
 mod queries;
@@ -59,6 +60,7 @@ use sessiondb_core::{
     search,
 };
 
+use crate::cache::RowCache;
 use crate::durability::{Committed, Durability};
 use crate::write::WriteContext;
 
@@ -114,6 +116,9 @@ pub struct SqliteConfig {
     pub feed_buffer: usize,
     /// Newest change events kept for subscribers that resume from a position.
     pub feed_retain: usize,
+    /// Memory for decoded rows of recently read or written sessions, so that reading a hot
+    /// conversation again skips the database (0 turns the cache off).
+    pub row_cache_bytes: usize,
 }
 
 impl Default for SqliteConfig {
@@ -124,6 +129,7 @@ impl Default for SqliteConfig {
             max_batch: 256,
             feed_buffer: 1024,
             feed_retain: 4096,
+            row_cache_bytes: 32 << 20,
         }
     }
 }
@@ -148,6 +154,7 @@ pub struct SqliteStore {
     feed: ChangeFeed,
     search_index: Arc<AtomicBool>,
     write_stats: Arc<WriteStats>,
+    rows: Arc<RowCache>,
     path: PathBuf,
     // Declared last: fields drop in order, so the directory lock is released only after every
     // connection above is closed.
@@ -214,6 +221,7 @@ impl SqliteStore {
         // Open one reader now so a database that cannot be read fails at open, not later.
         readers.checkin(readers.checkout()?);
         let write_stats = Arc::new(WriteStats::default());
+        let rows = Arc::new(RowCache::new(config.row_cache_bytes));
         let durability = Durability::start(
             dir.join(format!("{DATABASE_FILE}-wal")),
             config.synchronous == Synchronous::Full,
@@ -225,6 +233,7 @@ impl SqliteStore {
                 conn: writer,
                 search_index: search_index.clone(),
                 stats: write_stats.clone(),
+                rows: rows.clone(),
             }),
             durability,
             max_batch: config.max_batch.max(1),
@@ -235,6 +244,7 @@ impl SqliteStore {
             feed,
             search_index,
             write_stats,
+            rows,
             path,
             _lock: lock,
         })
@@ -447,6 +457,7 @@ struct Writer {
     conn: Connection,
     search_index: Arc<AtomicBool>,
     stats: Arc<WriteStats>,
+    rows: Arc<RowCache>,
 }
 
 type Applied = Result<(Vec<WriteOutcome>, Vec<Change>), StoreError>;
@@ -554,6 +565,8 @@ impl Writer {
             .zip(results)
             .map(|((request, reply), result)| {
                 let outcomes = result.map(|(outcomes, changes)| {
+                    // Before the acknowledgement: a caller that heard back reads no stale row.
+                    self.rows.committed(&request.key, &outcomes);
                     events.extend(changes.into_iter().map(|c| (request.key.clone(), c)));
                     outcomes
                 });
@@ -710,8 +723,14 @@ impl Store for SqliteStore {
         max_rows: usize,
         max_bytes: u64,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
-        let key = key.clone();
-        self.read(move |c| queries::fetch_range(c, &key, from, last, max_rows, max_bytes))
+        let (key, rows) = (key.clone(), self.rows.clone());
+        let cached = rows.range(&key, from, last, max_rows, max_bytes);
+        let generation = rows.generation();
+        let read = {
+            let key = key.clone();
+            self.read(move |c| queries::fetch_range(c, &key, from, last, max_rows, max_bytes))
+        };
+        async move { rows.answer(&key, cached, generation, read).await }
     }
 
     fn fetch_range_newest(
@@ -721,8 +740,14 @@ impl Store for SqliteStore {
         last: i64,
         max_rows: usize,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
-        let key = key.clone();
-        self.read(move |c| queries::fetch_range_newest(c, &key, first, last, max_rows))
+        let (key, rows) = (key.clone(), self.rows.clone());
+        let cached = rows.range_newest(&key, first, last, max_rows);
+        let generation = rows.generation();
+        let read = {
+            let key = key.clone();
+            self.read(move |c| queries::fetch_range_newest(c, &key, first, last, max_rows))
+        };
+        async move { rows.answer(&key, cached, generation, read).await }
     }
 
     fn path_suffix(
