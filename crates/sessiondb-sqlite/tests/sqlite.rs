@@ -675,3 +675,59 @@ fn loaded_skills_and_the_frozen_prompt_survive_a_restart() {
         );
     });
 }
+
+/// The row cache never answers with a row older than an acknowledged write: readers keep filling
+/// it from snapshots that may predate each update while the writer, after every acknowledgement,
+/// reads the history back and must find its own version.
+#[test]
+fn history_reads_after_an_acknowledged_update_never_see_the_old_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    let s = db.session("s").unwrap();
+    let messages: Vec<Message> = (0..120)
+        .map(|i| Message::text("user", format!("v0 of {i}")).with_id(format!("m{i}")))
+        .collect();
+    block_on(s.append_all(messages, AppendOptions::default())).unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|r| {
+            let (s, done) = (s.clone(), done.clone());
+            std::thread::spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    let options = HistoryOptions {
+                        leaf: None,
+                        newest_first: r % 2 == 1,
+                    };
+                    assert_eq!(block_on(s.full_history(options)).unwrap().len(), 120);
+                }
+            })
+        })
+        .collect();
+    let text_of = |m: &sessiondb::StoredMessage| m.to_value()["parts"][0]["text"].clone();
+    for version in 1..=150 {
+        let id = format!("m{}", (version * 37) % 120);
+        let text = format!("v{version} of {id}");
+        block_on(s.update(
+            Message::text("user", text.clone()).with_id(&id),
+            Source::Server,
+        ))
+        .unwrap();
+        for newest_first in [false, true] {
+            let options = HistoryOptions {
+                leaf: None,
+                newest_first,
+            };
+            let history = block_on(s.full_history(options)).unwrap();
+            let read = history.iter().find(|m| m.id == id).unwrap();
+            assert_eq!(
+                text_of(read),
+                text,
+                "version {version}, newest first {newest_first}"
+            );
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    for reader in readers {
+        reader.join().unwrap();
+    }
+}
