@@ -35,9 +35,16 @@ fn config() -> SqliteConfig {
         Ok("normal") => Synchronous::Normal,
         _ => Synchronous::Full,
     };
+    let defaults = SqliteConfig::default();
+    // `ROW_CACHE_MIB=0` measures every read from the database.
+    let row_cache_bytes = std::env::var("ROW_CACHE_MIB")
+        .ok()
+        .and_then(|mib| mib.parse::<usize>().ok())
+        .map_or(defaults.row_cache_bytes, |mib| mib << 20);
     SqliteConfig {
         synchronous,
-        ..SqliteConfig::default()
+        row_cache_bytes,
+        ..defaults
     }
 }
 
@@ -88,12 +95,19 @@ fn main() {
         }
         report("recent_history(20 KB budget)", ms(t0), 200);
 
-        let t0 = Instant::now();
-        for _ in 0..5 {
+        // The first read comes from the database and fills the row cache; the next ones are
+        // answered from it (the median of five).
+        let mut reads = Vec::new();
+        for _ in 0..6 {
+            let t0 = Instant::now();
             let all = s.full_history(HistoryOptions::default()).await.unwrap();
             assert_eq!(all.len(), n.min(sessiondb::MAX_PATH_ROWS));
+            drop(all);
+            reads.push(ms(t0));
         }
-        report("full_history() whole path", ms(t0), 5);
+        report("full_history() whole path, first read", reads[0], 1);
+        reads[1..].sort_by(f64::total_cmp);
+        report("full_history() whole path, again (median)", reads[3], 1);
         let t0 = Instant::now();
         for _ in 0..5 {
             assert_eq!(
