@@ -51,8 +51,8 @@ pub use registry::{
 };
 pub use store::{
     ContextEntry, FrozenPrompt, Parent, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow, RowStat,
-    ScopedBlock, SearchHit, SessionKey, SessionStats, Store, StoreError, UpdateOutcome, WriteOp,
-    WriteOutcome, WriteRequest,
+    RunsFromLeaf, ScopedBlock, SearchHit, SessionKey, SessionStats, Store, StoreError,
+    UpdateOutcome, WriteOp, WriteOutcome, WriteRequest,
 };
 
 /// Maximum depth walked from a leaf towards the root; a path holds at most `MAX_PATH_DEPTH + 1`

@@ -335,6 +335,55 @@ impl PathRuns {
     }
 }
 
+/// Collects a path's runs from its branch points, leaf side first: each step names the top seq
+/// of a run, the detached row that heads it (the nearest row at or below the top that does not
+/// continue the row before it) and that row's parent. Every row between a head and its top
+/// continues the row before it, so the run is exactly `head..=top`; the path is capped at
+/// [`crate::MAX_PATH_ROWS`] rows like a walk.
+#[derive(Debug)]
+pub struct RunsFromLeaf {
+    runs: Vec<(i64, i64)>,
+    room: i64,
+    capped: bool,
+}
+
+impl Default for RunsFromLeaf {
+    fn default() -> Self {
+        Self {
+            runs: Vec::new(),
+            room: crate::MAX_PATH_ROWS as i64,
+            capped: false,
+        }
+    }
+}
+
+impl RunsFromLeaf {
+    /// Adds the run `head..=top`; returns the top of the next run (the head's parent), or
+    /// `None` once the path is complete (a root, or the cap).
+    pub fn push(&mut self, top: i64, head: i64, parent: Option<i64>) -> Option<i64> {
+        let len = top - head + 1;
+        if len >= self.room {
+            self.runs.push((top - self.room + 1, top));
+            self.capped = len > self.room || parent.is_some();
+            self.room = 0;
+            return None;
+        }
+        self.runs.push((head, top));
+        self.room -= len;
+        parent
+    }
+
+    /// The path, root side first, with the seqs located beside it.
+    pub fn finish(mut self, located: Vec<Option<i64>>) -> PathRuns {
+        self.runs.reverse();
+        PathRuns {
+            runs: self.runs,
+            capped: self.capped,
+            located,
+        }
+    }
+}
+
 /// The newest rows of a path that fit a byte budget.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PathSuffix {

@@ -10,8 +10,8 @@ use sessiondb_core::message::{StoredRow, role_of};
 pub(crate) use sessiondb_core::plan::PathTotals;
 use sessiondb_core::plan::{SuffixBudget, linear_range};
 use sessiondb_core::{
-    MAX_PATH_ROWS, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow, RowStat, SearchHit,
-    SessionKey, SessionStats, StoreError, StoredMessage,
+    MAX_PATH_ROWS, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow, RowStat, RunsFromLeaf,
+    SearchHit, SessionKey, SessionStats, StoreError, StoredMessage,
 };
 
 use crate::backend_error;
@@ -436,9 +436,9 @@ pub(crate) fn path_runs(
         None => active.map(|a| a.seq),
         Some(id) => locate(conn, key, id)?.map(|(seq, _, _)| seq),
     };
-    let mut runs = Vec::new();
-    let mut capped = false;
-    if let Some(mut top) = start {
+    let mut runs = RunsFromLeaf::default();
+    let mut next = start;
+    if next.is_some() {
         let mut stmt = conn
             .prepare_cached(
                 "SELECT seq, parent_seq FROM messages INDEXED BY messages_detached
@@ -447,8 +447,7 @@ pub(crate) fn path_runs(
                   ORDER BY seq DESC LIMIT 1",
             )
             .map_err(backend_error)?;
-        let mut room = MAX_PATH_ROWS as i64;
-        loop {
+        while let Some(top) = next {
             let (head, parent): (i64, Option<i64>) = stmt
                 .query_row(params![key.namespace, key.session_id, top], |r| {
                     Ok((r.get(0)?, r.get(1)?))
@@ -458,25 +457,10 @@ pub(crate) fn path_runs(
                 .ok_or_else(|| {
                     StoreError::Corrupt(format!("no row starts the path run ending at seq {top}"))
                 })?;
-            if top - head + 1 >= room {
-                runs.push((top - room + 1, top));
-                capped = top - head + 1 > room || parent.is_some();
-                break;
-            }
-            runs.push((head, top));
-            room -= top - head + 1;
-            match parent {
-                Some(parent) => top = parent,
-                None => break,
-            }
+            next = runs.push(top, head, parent);
         }
-        runs.reverse();
     }
-    Ok(PathRuns {
-        runs,
-        capped,
-        located,
-    })
+    Ok(runs.finish(located))
 }
 
 /// How to read the path ending at `leaf` (the active leaf when `None`) forward.
