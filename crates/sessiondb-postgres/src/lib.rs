@@ -38,8 +38,8 @@ use deadpool_postgres::Pool;
 use sessiondb_core::attachments::Payload;
 use sessiondb_core::{
     Change, ChangeFeed, Compaction, ContextEntry, FeedFilter, FrozenPrompt, PathPlan, PathRows,
-    PathSuffix, ScopedBlock, SearchHit, SessionInfo, SessionKey, SessionQuery, SessionStats, Store,
-    StoreError, StoredMessage, Subscription, WriteOutcome, WriteRequest,
+    PathRuns, PathSuffix, ScopedBlock, SearchHit, SessionInfo, SessionKey, SessionQuery,
+    SessionStats, Store, StoreError, StoredMessage, Subscription, WriteOutcome, WriteRequest,
 };
 use tokio::runtime::{Handle, Runtime};
 
@@ -397,6 +397,16 @@ impl Store for PgStore {
     ) -> impl Future<Output = Result<PathRows, StoreError>> + Send {
         let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
         snapshot!(self, |c| queries::path(c, &key, leaf.as_deref()))
+    }
+
+    fn path_runs(
+        &self,
+        key: &SessionKey,
+        leaf: Option<&str>,
+        locate: &[String],
+    ) -> impl Future<Output = Result<PathRuns, StoreError>> + Send {
+        let (key, leaf, ids) = (key.clone(), leaf.map(str::to_owned), locate.to_vec());
+        snapshot!(self, |c| queries::path_runs(c, &key, leaf.as_deref(), &ids))
     }
 
     /// A linear conversation's plan comes from one statement; a walk runs in a snapshot.

@@ -9,8 +9,8 @@ use deadpool_postgres::GenericClient;
 pub(crate) use sessiondb_core::plan::PathTotals;
 use sessiondb_core::plan::{SuffixBudget, linear_range};
 use sessiondb_core::{
-    MAX_PATH_ROWS, PathPlan, PathRows, PathSuffix, PlanRow, RowStat, SearchHit, SessionKey,
-    SessionStats, StoredMessage,
+    MAX_PATH_ROWS, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow, RowStat, RunsFromLeaf,
+    SearchHit, SessionKey, SessionStats, StoreError, StoredMessage,
 };
 
 use crate::sql::{Result, exec, get, messages, pairs, row, rows, search_words};
@@ -241,6 +241,67 @@ pub(crate) async fn walk<C: GenericClient>(
         })
     })
     .collect()
+}
+
+/// The path ending at `leaf` as runs of consecutive seqs, and the seqs of `ids`: one recursive
+/// statement steps from branch point to branch point (`messages_detached`), so a linear
+/// conversation costs one index probe however long it is.
+pub(crate) async fn path_runs<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    leaf: Option<&str>,
+    ids: &[String],
+) -> Result<PathRuns> {
+    let mut located = Vec::with_capacity(ids.len());
+    for id in ids {
+        located.push(locate(c, key, id).await?.map(|(seq, _, _)| seq));
+    }
+    let mut runs = RunsFromLeaf::default();
+    let Some(start) = leaf_seq(c, key, leaf).await? else {
+        return Ok(runs.finish(located));
+    };
+    let heads = rows(
+        c,
+        "WITH RECURSIVE runs (top, head, parent, path_rows) AS (
+             SELECT $3::BIGINT, d.seq, d.parent_seq, $3 - d.seq + 1
+               FROM (SELECT seq, parent_seq FROM messages
+                      WHERE namespace = $1 AND session_id = $2 AND seq <= $3
+                        AND (parent_seq IS NULL OR parent_seq <> seq - 1)
+                      ORDER BY seq DESC LIMIT 1) d
+           UNION ALL
+             SELECT r.parent, d.seq, d.parent_seq, r.path_rows + r.parent - d.seq + 1
+               FROM runs r
+               CROSS JOIN LATERAL (
+                   SELECT seq, parent_seq FROM messages
+                    WHERE namespace = $1 AND session_id = $2 AND seq <= r.parent
+                      AND (parent_seq IS NULL OR parent_seq <> seq - 1)
+                    ORDER BY seq DESC LIMIT 1
+               ) d
+              WHERE r.path_rows < $4
+         )
+         SELECT top, head, parent FROM runs",
+        &[
+            &key.namespace,
+            &key.session_id,
+            &start,
+            &(MAX_PATH_ROWS as i64),
+        ],
+    )
+    .await?;
+    let mut expected = Some(start);
+    for r in &heads {
+        let (top, head, parent): (i64, i64, Option<i64>) = (get(r, 0)?, get(r, 1)?, get(r, 2)?);
+        if expected != Some(top) {
+            break;
+        }
+        expected = runs.push(top, head, parent);
+    }
+    if let Some(top) = expected {
+        return Err(StoreError::Corrupt(format!(
+            "no row starts the path run ending at seq {top}"
+        )));
+    }
+    Ok(runs.finish(located))
 }
 
 /// Whether a full-length walk stopped while its oldest row still had a parent.
