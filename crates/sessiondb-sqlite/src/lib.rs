@@ -765,8 +765,21 @@ impl Store for SqliteStore {
         key: &SessionKey,
         seqs: &[i64],
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
-        let (key, seqs) = (key.clone(), seqs.to_vec());
-        self.read(move |c| queries::fetch(c, &key, &seqs))
+        let (key, seqs, rows) = (key.clone(), seqs.to_vec(), self.rows.clone());
+        // Consecutive seqs are a range the cache can answer.
+        let consecutive = seqs.windows(2).all(|w| w[1] == w[0] + 1);
+        let cached = match (seqs.first(), seqs.last()) {
+            (Some(&first), Some(&last)) if consecutive => {
+                rows.range(&key, first, last, seqs.len(), u64::MAX)
+            }
+            _ => None,
+        };
+        let generation = rows.generation();
+        let read = {
+            let key = key.clone();
+            self.read(move |c| queries::fetch(c, &key, &seqs))
+        };
+        async move { rows.answer(&key, cached, generation, read).await }
     }
 
     fn ancestors(
