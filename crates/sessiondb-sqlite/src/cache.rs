@@ -149,34 +149,23 @@ impl RowCache {
         max_rows: usize,
         max_bytes: u64,
     ) -> Option<Vec<StoredMessage>> {
-        let hits = {
-            let mut state = lock(&self.state);
-            state.clock += 1;
-            let clock = state.clock;
-            let session = state.sessions.get_mut(key)?;
+        self.answered(key, |session| {
             let (first, run) = session.containing(from)?;
             let mut hits = Vec::with_capacity(max_rows.min(64));
             let mut used = 0u64;
-            let mut limited = false;
             for row in run.range((from - first) as usize..) {
                 if row.seq > last {
-                    break;
+                    return Some(hits);
                 }
                 if hits.len() == max_rows || (!hits.is_empty() && used + row.bytes > max_bytes) {
-                    limited = true;
-                    break;
+                    return Some(hits);
                 }
                 used += row.bytes;
                 hits.push(row.clone());
             }
-            let run_end = first + run.len() as i64 - 1;
-            if !limited && run_end < last && hits.len() < max_rows {
-                return None;
-            }
-            session.used = clock;
-            hits
-        };
-        Some(hits.iter().map(|row| StoredMessage::clone(row)).collect())
+            // The run ended first: what follows it is unknown, unless nothing more was wanted.
+            (hits.len() == max_rows || first + run.len() as i64 > last).then_some(hits)
+        })
     }
 
     /// Rows `first..=last` newest first, at most `max_rows`; `None` when the cache cannot tell.
@@ -187,19 +176,27 @@ impl RowCache {
         last: i64,
         max_rows: usize,
     ) -> Option<Vec<StoredMessage>> {
+        self.answered(key, |session| {
+            let (start, run) = session.containing(last)?;
+            let take = ((last - first + 1).max(0) as usize).min(max_rows);
+            let end = (last - start) as usize;
+            (end + 1 >= take).then(|| (0..take).map(|i| run[end - i].clone()).collect())
+        })
+    }
+
+    /// Runs `find` on the session's cached rows; when it answers, marks the session used and
+    /// hands back copies (made after the lock is released: only `Arc`s are cloned under it).
+    fn answered(
+        &self,
+        key: &SessionKey,
+        find: impl FnOnce(&SessionRows) -> Option<Vec<Arc<StoredMessage>>>,
+    ) -> Option<Vec<StoredMessage>> {
         let hits = {
             let mut state = lock(&self.state);
             state.clock += 1;
             let clock = state.clock;
             let session = state.sessions.get_mut(key)?;
-            let (start, run) = session.containing(last)?;
-            let take = ((last - first + 1).max(0) as usize).min(max_rows);
-            let available = (last - start + 1) as usize;
-            if available < take {
-                return None;
-            }
-            let end = (last - start) as usize;
-            let hits: Vec<Arc<StoredMessage>> = (0..take).map(|i| run[end - i].clone()).collect();
+            let hits = find(session)?;
             session.used = clock;
             hits
         };
