@@ -339,18 +339,25 @@ impl State {
         self.bytes = self.bytes - before + session.bytes;
     }
 
-    /// Drops least recently used sessions until the cache fits `max_bytes`.
+    /// Once the cache outgrows `max_bytes`, drops least recently used sessions until it is a
+    /// tenth below: one pass over the sessions frees room for many fills, so a cache of many
+    /// small sessions does not scan them all on every fill.
     fn evict(&mut self, max_bytes: usize) {
-        while self.bytes > max_bytes {
-            let Some(oldest) = self
-                .sessions
-                .iter()
-                .min_by_key(|(_, s)| s.used)
-                .map(|(k, _)| k.clone())
-            else {
+        if self.bytes <= max_bytes {
+            return;
+        }
+        let target = max_bytes - max_bytes / 10;
+        let mut by_age: Vec<(u64, SessionKey)> = self
+            .sessions
+            .iter()
+            .map(|(key, s)| (s.used, key.clone()))
+            .collect();
+        by_age.sort_unstable_by_key(|(used, _)| *used);
+        for (_, key) in by_age {
+            if self.bytes <= target {
                 break;
-            };
-            let dropped = self.sessions.remove(&oldest).expect("just found");
+            }
+            let dropped = self.sessions.remove(&key).expect("listed above");
             self.bytes -= dropped.bytes;
         }
     }
