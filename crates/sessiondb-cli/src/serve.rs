@@ -58,6 +58,10 @@ pub struct ServeArgs {
     /// process, may lose the last writes on power loss) [default: full].
     #[arg(long, env = "SESSIONDB_SYNCHRONOUS")]
     synchronous: Option<String>,
+    /// Memory in MiB for decoded rows of recently used sessions, so that re-reading a hot
+    /// conversation skips the database; 0 turns it off (embedded store only) [default: 32].
+    #[arg(long, env = "SESSIONDB_ROW_CACHE_MIB")]
+    row_cache_mib: Option<usize>,
     /// Log filter: a level (`info`) or `target=level` pairs [default: info].
     #[arg(long, env = "SESSIONDB_LOG")]
     log: Option<String>,
@@ -91,6 +95,7 @@ struct FileConfig {
     database_pool: Option<usize>,
     insecure: Option<bool>,
     synchronous: Option<String>,
+    row_cache_mib: Option<usize>,
     log: Option<String>,
     #[serde(default)]
     keys: HashMap<String, String>,
@@ -189,6 +194,7 @@ pub struct Resolved {
     pub backend: Backend,
     pub insecure: bool,
     pub synchronous: Synchronous,
+    pub row_cache_bytes: usize,
     pub log: String,
     pub server: ServerConfig,
     pub summarizer: SummarizerChoice,
@@ -264,6 +270,10 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
         },
         insecure: args.insecure || file.insecure.unwrap_or(false),
         synchronous,
+        row_cache_bytes: args
+            .row_cache_mib
+            .or(file.row_cache_mib)
+            .map_or(SqliteConfig::default().row_cache_bytes, |mib| mib << 20),
         log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
         server: ServerConfig { api_keys, limits },
         summarizer,
@@ -368,7 +378,7 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
     runtime.block_on(async move {
         match &config.backend {
             Backend::Embedded { data } => {
-                let store = open_store(data, config.synchronous)?;
+                let store = open_store(data, config.synchronous, config.row_cache_bytes)?;
                 let metrics = Metrics::with_backend(sqlite_metrics(&store));
                 let app = App::new(Db::with_options(store, options), config.server, metrics);
                 listen(config.listen, app, &data.display().to_string()).await
@@ -410,9 +420,14 @@ async fn listen<S: sessiondb::Store>(
     Ok(())
 }
 
-fn open_store(data: &Path, synchronous: Synchronous) -> anyhow::Result<SqliteStore> {
+fn open_store(
+    data: &Path,
+    synchronous: Synchronous,
+    row_cache_bytes: usize,
+) -> anyhow::Result<SqliteStore> {
     let config = SqliteConfig {
         synchronous,
+        row_cache_bytes,
         ..SqliteConfig::default()
     };
     SqliteStore::open_with(data, config).with_context(|| format!("opening {}", data.display()))
@@ -449,6 +464,7 @@ mod tests {
         assert_eq!(r.server.limits, Limits::default());
         assert!(r.server.api_keys.is_empty() && !r.insecure);
         assert_eq!(r.synchronous, Synchronous::Full);
+        assert_eq!(r.row_cache_bytes, SqliteConfig::default().row_cache_bytes);
     }
 
     #[test]
@@ -457,7 +473,7 @@ mod tests {
         let file = dir.path().join("c.toml");
         std::fs::write(
             &file,
-            "data = \"/from/file\"\nsynchronous = \"normal\"\n[limits]\nmax_body_bytes = 10\nmax_message_bytes = 5\n",
+            "data = \"/from/file\"\nsynchronous = \"normal\"\nrow_cache_mib = 3\n[limits]\nmax_body_bytes = 10\nmax_message_bytes = 5\n",
         )
         .unwrap();
         let path = file.to_str().unwrap();
@@ -471,6 +487,9 @@ mod tests {
             }
         );
         assert_eq!(r.synchronous, Synchronous::Normal);
+        assert_eq!(r.row_cache_bytes, 3 << 20);
+        let r = resolved(&["--config", path, "--row-cache-mib", "0"], None).unwrap();
+        assert_eq!(r.row_cache_bytes, 0);
         let r = resolved(&["--config", path], Some(PathBuf::from("/flag"))).unwrap();
         assert_eq!(
             r.backend,
