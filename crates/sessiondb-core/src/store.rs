@@ -286,18 +286,6 @@ pub struct PathRuns {
 }
 
 impl PathRuns {
-    /// Runs of a path given by its seqs, root first.
-    pub fn of_seqs(seqs: impl IntoIterator<Item = i64>) -> Vec<(i64, i64)> {
-        let mut runs: Vec<(i64, i64)> = Vec::new();
-        for seq in seqs {
-            match runs.last_mut() {
-                Some((_, last)) if *last + 1 == seq => *last = seq,
-                _ => runs.push((seq, seq)),
-            }
-        }
-        runs
-    }
-
     /// Rows on the path.
     pub fn len(&self) -> usize {
         self.runs.iter().map(|&(a, b)| (b - a + 1) as usize).sum()
@@ -491,28 +479,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// The path ending at `leaf` (the active leaf when `None`) as runs of consecutive seqs,
     /// capped like [`Store::path`] (empty when the leaf does not exist), and the seqs of the
-    /// rows with ids `locate`. This default walks the path and reads the rows one after another;
-    /// a backend that can find the path's branch points without reading its rows overrides it
-    /// and reads everything in one snapshot.
+    /// rows with ids `locate`, read in one snapshot. Backends find the path's branch points
+    /// without reading its rows (see [`RunsFromLeaf`]).
     fn path_runs(
         &self,
         key: &SessionKey,
         leaf: Option<&str>,
         locate: &[String],
-    ) -> impl Future<Output = Result<PathRuns, StoreError>> + Send {
-        async move {
-            let path = self.path(key, leaf).await?;
-            let mut located = Vec::with_capacity(locate.len());
-            for id in locate {
-                located.push(self.message(key, id).await?.map(|m| m.seq));
-            }
-            Ok(PathRuns {
-                runs: PathRuns::of_seqs(path.rows.iter().map(|r| r.seq)),
-                capped: path.capped,
-                located,
-            })
-        }
-    }
+    ) -> impl Future<Output = Result<PathRuns, StoreError>> + Send;
 
     /// How to read the path ending at `leaf` (the active leaf when `None`) forward, capped like
     /// [`Store::path`]; [`PathPlan::Overlaid`] whenever the session has compactions.

@@ -89,6 +89,18 @@ pub async fn chain<S: Store>(session: &Session<S>, ids: &[&str]) {
     }
 }
 
+/// The runs of consecutive seqs of a walked path (what [`Store::path_runs`] must return).
+pub fn runs_of(rows: &[sessiondb::RowStat]) -> Vec<(i64, i64)> {
+    let mut runs: Vec<(i64, i64)> = Vec::new();
+    for seq in rows.iter().map(|r| r.seq) {
+        match runs.last_mut() {
+            Some((_, last)) if *last + 1 == seq => *last = seq,
+            _ => runs.push((seq, seq)),
+        }
+    }
+    runs
+}
+
 pub fn ids(messages: &[StoredMessage]) -> Vec<String> {
     messages.iter().map(|m| m.id.clone()).collect()
 }

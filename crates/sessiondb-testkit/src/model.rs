@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use sessiondb::{
-    AppendOptions, Db, HeuristicCounter, HistoryOptions, ImportOptions, Message, Parent, PathRuns,
-    Source, Store,
+    AppendOptions, Db, HeuristicCounter, HistoryOptions, ImportOptions, Message, Parent, Source,
+    Store,
 };
 
 use crate::{block_on, ids};
@@ -441,10 +441,7 @@ async fn compare<S: Store>(
                     .path_runs(key, Some(&id(n)), &[id(n), "ghost".into()])
                     .await
                     .unwrap();
-                prop_assert_eq!(
-                    &runs.runs,
-                    &PathRuns::of_seqs(walked.rows.iter().map(|r| r.seq))
-                );
+                prop_assert_eq!(&runs.runs, &crate::runs_of(&walked.rows));
                 prop_assert_eq!(runs.capped, walked.capped);
                 prop_assert_eq!(&runs.located, &vec![Some(stored.seq), None]);
             }

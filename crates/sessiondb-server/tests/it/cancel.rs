@@ -8,8 +8,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use sessiondb::{Db, SqliteStore, Store};
 use sessiondb_core::{
-    Compaction, FeedFilter, PathPlan, PathRows, PathSuffix, SearchHit, SessionInfo, SessionKey,
-    SessionQuery, SessionStats, StoreError, StoredMessage, Subscription, WriteOutcome,
+    Compaction, FeedFilter, PathPlan, PathRows, PathRuns, PathSuffix, SearchHit, SessionInfo,
+    SessionKey, SessionQuery, SessionStats, StoreError, StoredMessage, Subscription, WriteOutcome,
     WriteRequest,
 };
 use sessiondb_server::{App, Metrics, ServerConfig};
@@ -59,6 +59,14 @@ impl Store for CountingStore {
         leaf: Option<&str>,
     ) -> impl Future<Output = Result<PathRows, StoreError>> + Send {
         self.inner.path(key, leaf)
+    }
+    fn path_runs(
+        &self,
+        key: &SessionKey,
+        leaf: Option<&str>,
+        locate: &[String],
+    ) -> impl Future<Output = Result<PathRuns, StoreError>> + Send {
+        self.inner.path_runs(key, leaf, locate)
     }
     fn path_plan(
         &self,

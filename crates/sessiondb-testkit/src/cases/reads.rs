@@ -1,7 +1,7 @@
 //! Read paths: history both ways, batches, recent windows, row stats, branches, the path cap.
 
 use futures::{StreamExt, TryStreamExt};
-use sessiondb::{AppendOptions, Db, HistoryOptions, MAX_PATH_ROWS, Message, PathRuns, Store};
+use sessiondb::{AppendOptions, Db, HistoryOptions, MAX_PATH_ROWS, Message, Store};
 
 use crate::*;
 
@@ -196,10 +196,7 @@ pub async fn paths_are_capped_at_ten_thousand_and_one_rows<S: Store>(db: Db<S>) 
     for leaf in [Some("over"), Some("fork")] {
         let walked = store.path(s.key(), leaf).await.unwrap();
         let runs = store.path_runs(s.key(), leaf, &[]).await.unwrap();
-        assert_eq!(
-            runs.runs,
-            PathRuns::of_seqs(walked.rows.iter().map(|r| r.seq))
-        );
+        assert_eq!(runs.runs, crate::runs_of(&walked.rows));
         assert_eq!(runs.capped, walked.capped);
     }
     assert_eq!(
