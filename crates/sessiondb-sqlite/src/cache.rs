@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use sessiondb_core::{SessionKey, StoreError, StoredMessage, UpdateOutcome, WriteOutcome};
+use sessiondb_core::{SessionKey, StoredMessage, UpdateOutcome, WriteOutcome};
 
 use crate::lock;
 
@@ -201,24 +201,6 @@ impl RowCache {
             hits
         };
         Some(hits.iter().map(|row| StoredMessage::clone(row)).collect())
-    }
-
-    /// The rows of a range read: the cached ones when the cache could answer, else what `read`
-    /// returns from the database, which fill the cache. `read` does nothing until awaited, so
-    /// its snapshot begins after `generation` was taken.
-    pub(crate) async fn answer(
-        &self,
-        key: &SessionKey,
-        cached: Option<Vec<StoredMessage>>,
-        generation: u64,
-        read: impl Future<Output = Result<Vec<StoredMessage>, StoreError>>,
-    ) -> Result<Vec<StoredMessage>, StoreError> {
-        if let Some(rows) = cached {
-            return Ok(rows);
-        }
-        let rows = read.await?;
-        self.fill(key, generation, &rows);
-        Ok(rows)
     }
 
     /// Adds rows a read returned (in any order) if no row-changing write committed since the

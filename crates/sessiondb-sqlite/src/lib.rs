@@ -286,6 +286,35 @@ impl SqliteStore {
         }
     }
 
+    /// A read of message rows the row cache may answer (`cached`); otherwise `query` runs and
+    /// its rows fill the cache. The generation is taken before the query's snapshot begins
+    /// (`read` does nothing until awaited), so a write that commits in between keeps the rows
+    /// out.
+    fn read_rows(
+        &self,
+        key: &SessionKey,
+        cached: impl FnOnce(&RowCache, &SessionKey) -> Option<Vec<StoredMessage>>,
+        query: impl FnOnce(&Connection, &SessionKey) -> Result<Vec<StoredMessage>, StoreError>
+        + Send
+        + 'static,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send + 'static {
+        let (key, rows) = (key.clone(), self.rows.clone());
+        let hit = cached(&rows, &key);
+        let read = {
+            let key = key.clone();
+            self.read(move |c| query(c, &key))
+        };
+        async move {
+            if let Some(hit) = hit {
+                return Ok(hit);
+            }
+            let generation = rows.generation();
+            let found = read.await?;
+            rows.fill(&key, generation, &found);
+            Ok(found)
+        }
+    }
+
     fn submit<T>(
         &self,
         make: impl FnOnce(Reply<T>) -> WriteJob + Send + 'static,
@@ -723,14 +752,11 @@ impl Store for SqliteStore {
         max_rows: usize,
         max_bytes: u64,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
-        let (key, rows) = (key.clone(), self.rows.clone());
-        let cached = rows.range(&key, from, last, max_rows, max_bytes);
-        let generation = rows.generation();
-        let read = {
-            let key = key.clone();
-            self.read(move |c| queries::fetch_range(c, &key, from, last, max_rows, max_bytes))
-        };
-        async move { rows.answer(&key, cached, generation, read).await }
+        self.read_rows(
+            key,
+            move |rows, key| rows.range(key, from, last, max_rows, max_bytes),
+            move |c, key| queries::fetch_range(c, key, from, last, max_rows, max_bytes),
+        )
     }
 
     fn fetch_range_newest(
@@ -740,14 +766,11 @@ impl Store for SqliteStore {
         last: i64,
         max_rows: usize,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
-        let (key, rows) = (key.clone(), self.rows.clone());
-        let cached = rows.range_newest(&key, first, last, max_rows);
-        let generation = rows.generation();
-        let read = {
-            let key = key.clone();
-            self.read(move |c| queries::fetch_range_newest(c, &key, first, last, max_rows))
-        };
-        async move { rows.answer(&key, cached, generation, read).await }
+        self.read_rows(
+            key,
+            move |rows, key| rows.range_newest(key, first, last, max_rows),
+            move |c, key| queries::fetch_range_newest(c, key, first, last, max_rows),
+        )
     }
 
     fn path_suffix(
@@ -765,21 +788,22 @@ impl Store for SqliteStore {
         key: &SessionKey,
         seqs: &[i64],
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
-        let (key, seqs, rows) = (key.clone(), seqs.to_vec(), self.rows.clone());
+        let seqs = seqs.to_vec();
         // Consecutive seqs are a range the cache can answer.
-        let consecutive = seqs.windows(2).all(|w| w[1] == w[0] + 1);
-        let cached = match (seqs.first(), seqs.last()) {
-            (Some(&first), Some(&last)) if consecutive => {
-                rows.range(&key, first, last, seqs.len(), u64::MAX)
+        let range = match (seqs.first(), seqs.last()) {
+            (Some(&first), Some(&last)) if seqs.windows(2).all(|w| w[1] == w[0] + 1) => {
+                Some((first, last))
             }
             _ => None,
         };
-        let generation = rows.generation();
-        let read = {
-            let key = key.clone();
-            self.read(move |c| queries::fetch(c, &key, &seqs))
-        };
-        async move { rows.answer(&key, cached, generation, read).await }
+        self.read_rows(
+            key,
+            move |rows, key| {
+                let (first, last) = range?;
+                rows.range(key, first, last, (last - first + 1) as usize, u64::MAX)
+            },
+            move |c, key| queries::fetch(c, key, &seqs),
+        )
     }
 
     fn ancestors(
