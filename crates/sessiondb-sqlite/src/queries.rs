@@ -419,46 +419,29 @@ pub(crate) fn path_runs(
         .iter()
         .map(|id| Ok(locate(conn, key, id)?.map(|(seq, _, _)| seq)))
         .collect::<Result<_>>()?;
-    let active = match leaf {
-        None => active_leaf(conn, key)?,
-        Some(_) => None,
-    };
-    if let Some(a) = &active
-        && let Some(first) = a.dense_from
-    {
-        return Ok(PathRuns {
-            runs: vec![(first, a.seq)],
-            capped: a.capped,
-            located,
-        });
-    }
-    let start = match leaf {
-        None => active.map(|a| a.seq),
-        Some(id) => locate(conn, key, id)?.map(|(seq, _, _)| seq),
-    };
+    // No shortcut through the session row's dense range: it may hold gaps left by deletes,
+    // while runs are consecutive seqs (positions count rows).
     let mut runs = RunsFromLeaf::default();
-    let mut next = start;
-    if next.is_some() {
-        let mut stmt = conn
-            .prepare_cached(
-                "SELECT seq, parent_seq FROM messages INDEXED BY messages_detached
-                  WHERE namespace = ?1 AND session_id = ?2 AND seq <= ?3
-                    AND (parent_seq IS NULL OR parent_seq <> seq - 1)
-                  ORDER BY seq DESC LIMIT 1",
-            )
-            .map_err(backend_error)?;
-        while let Some(top) = next {
-            let (head, parent): (i64, Option<i64>) = stmt
-                .query_row(params![key.namespace, key.session_id, top], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })
-                .optional()
-                .map_err(backend_error)?
-                .ok_or_else(|| {
-                    StoreError::Corrupt(format!("no row starts the path run ending at seq {top}"))
-                })?;
-            next = runs.push(top, head, parent);
-        }
+    let mut next = leaf_seq(conn, key, leaf)?;
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT seq, parent_seq FROM messages INDEXED BY messages_detached
+              WHERE namespace = ?1 AND session_id = ?2 AND seq <= ?3
+                AND (parent_seq IS NULL OR parent_seq <> seq - 1)
+              ORDER BY seq DESC LIMIT 1",
+        )
+        .map_err(backend_error)?;
+    while let Some(top) = next {
+        let (head, parent): (i64, Option<i64>) = stmt
+            .query_row(params![key.namespace, key.session_id, top], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()
+            .map_err(backend_error)?
+            .ok_or_else(|| {
+                StoreError::Corrupt(format!("no row starts the path run ending at seq {top}"))
+            })?;
+        next = runs.push(top, head, parent);
     }
     Ok(runs.finish(located))
 }

@@ -367,6 +367,12 @@ async fn compare<S: Store>(
     let mut reversed = shown.clone();
     reversed.reverse();
     prop_assert_eq!(ids(&newest), reversed);
+    // The active path's runs are its walked seqs too (the session row's dense range may hold
+    // gaps left by deletes; runs never do).
+    let key = session.key();
+    let walked = db.store().path(key, None).await.unwrap();
+    let runs = db.store().path_runs(key, None, &[]).await.unwrap();
+    prop_assert_eq!(&runs.runs, &crate::runs_of(&walked.rows));
     let leaf = session.latest_leaf().await.unwrap().map(|m| m.id);
     prop_assert_eq!(&leaf, &model.leaf);
 
