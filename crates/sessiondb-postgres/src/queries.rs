@@ -243,19 +243,25 @@ pub(crate) async fn walk<C: GenericClient>(
     .collect()
 }
 
-/// The path ending at `leaf` as runs of consecutive seqs, and the seqs of `ids`: one recursive
-/// statement steps from branch point to branch point (`messages_detached`), so a linear
-/// conversation costs one index probe however long it is.
+/// The path ending at `leaf` as runs of consecutive seqs, and the seqs of `ids` (one look-up
+/// for all): one recursive statement steps from branch point to branch point
+/// (`messages_detached`), so a linear conversation costs one index probe however long it is.
 pub(crate) async fn path_runs<C: GenericClient>(
     c: &C,
     key: &SessionKey,
     leaf: Option<&str>,
     ids: &[String],
 ) -> Result<PathRuns> {
-    let mut located = Vec::with_capacity(ids.len());
-    for id in ids {
-        located.push(locate(c, key, id).await?.map(|(seq, _, _)| seq));
-    }
+    let found: std::collections::HashMap<String, i64> = rows(
+        c,
+        "SELECT id, seq FROM messages WHERE namespace = $1 AND session_id = $2 AND id = ANY($3)",
+        &[&key.namespace, &key.session_id, &ids],
+    )
+    .await?
+    .iter()
+    .map(|r| Ok((get(r, 0)?, get(r, 1)?)))
+    .collect::<Result<_>>()?;
+    let located = ids.iter().map(|id| found.get(id).copied()).collect();
     let mut runs = RunsFromLeaf::default();
     let Some(start) = leaf_seq(c, key, leaf).await? else {
         return Ok(runs.finish(located));
@@ -279,7 +285,7 @@ pub(crate) async fn path_runs<C: GenericClient>(
                ) d
               WHERE r.path_rows < $4
          )
-         SELECT top, head, parent FROM runs",
+         SELECT top, head, parent FROM runs ORDER BY path_rows",
         &[
             &key.namespace,
             &key.session_id,
