@@ -879,38 +879,30 @@ impl Overlaid {
         }
     }
 
-    /// Reads `items` in the order given: runs of rows window by window, summaries as they are.
+    /// Reads `items`, root first: runs of consecutive rows with range reads, summaries as they
+    /// are.
     fn read<S: Store>(
         &self,
         store: Arc<S>,
         key: SessionKey,
         items: Vec<PathItem>,
     ) -> BoxStream<'static, Result<Vec<StoredMessage>, Error>> {
-        let mut segments: Vec<Result<Vec<PlanRow>, StoredMessage>> = Vec::new();
+        let mut pieces: Vec<Piece> = Vec::new();
         for item in items {
             match item {
                 PathItem::Row(i) => {
-                    let row = PlanRow {
-                        seq: self.rows[i].seq,
-                        bytes: self.rows[i].bytes,
-                    };
-                    match segments.last_mut() {
-                        Some(Ok(run)) => run.push(row),
-                        _ => segments.push(Ok(vec![row])),
+                    let seq = self.rows[i].seq;
+                    match pieces.last_mut() {
+                        Some(Piece::Rows(_, last)) if *last + 1 == seq => *last = seq,
+                        _ => pieces.push(Piece::Rows(seq, seq)),
                     }
                 }
                 PathItem::Summary { compaction, .. } => {
-                    segments.push(Err(self.summaries[compaction].clone()));
+                    pieces.push(Piece::Summary(self.summaries[compaction].clone()));
                 }
             }
         }
-        stream::iter(segments)
-            .map(move |segment| match segment {
-                Ok(rows) => fetch_windows(store.clone(), key.clone(), rows).boxed(),
-                Err(summary) => stream::once(async move { Ok(vec![summary]) }).boxed(),
-            })
-            .flatten()
-            .boxed()
+        read_pieces(store, key, pieces, false)
     }
 
     /// The longest suffix of the overlaid path that fits `max_bytes` (at least its last item).
@@ -958,31 +950,52 @@ impl RunPlan {
         key: SessionKey,
         newest_first: bool,
     ) -> BoxStream<'static, Result<Vec<StoredMessage>, Error>> {
-        let mut pieces: Vec<Result<(i64, i64), StoredMessage>> = Vec::new();
+        let mut pieces: Vec<Piece> = Vec::new();
         for span in self.spans {
             match span {
-                PathSpan::Rows { first, last } => {
-                    pieces.extend(self.runs.seq_ranges(first, last).into_iter().map(Ok));
-                }
+                PathSpan::Rows { first, last } => pieces.extend(
+                    self.runs
+                        .seq_ranges(first, last)
+                        .into_iter()
+                        .map(|(a, b)| Piece::Rows(a, b)),
+                ),
                 PathSpan::Summary { compaction, .. } => {
-                    pieces.push(Err(self.summaries[compaction].clone()));
+                    pieces.push(Piece::Summary(self.summaries[compaction].clone()));
                 }
             }
         }
         if newest_first {
             pieces.reverse();
         }
-        stream::iter(pieces)
-            .map(move |piece| match piece {
-                Ok((first, last)) if newest_first => {
-                    range_down(store.clone(), key.clone(), first, last).boxed()
-                }
-                Ok((first, last)) => range_up(store.clone(), key.clone(), first, last).boxed(),
-                Err(summary) => stream::once(async move { Ok(vec![summary]) }).boxed(),
-            })
-            .flatten()
-            .boxed()
+        read_pieces(store, key, pieces, newest_first)
     }
+}
+
+/// One stretch of a planned read.
+enum Piece {
+    /// Rows with the consecutive seqs `first..=last`, read with range reads.
+    Rows(i64, i64),
+    /// A compaction's summary, standing for the rows it covers.
+    Summary(StoredMessage),
+}
+
+/// Reads `pieces` in the order given, each run of rows in windows in the read's direction.
+fn read_pieces<S: Store>(
+    store: Arc<S>,
+    key: SessionKey,
+    pieces: Vec<Piece>,
+    newest_first: bool,
+) -> BoxStream<'static, Result<Vec<StoredMessage>, Error>> {
+    stream::iter(pieces)
+        .map(move |piece| match piece {
+            Piece::Rows(first, last) if newest_first => {
+                range_down(store.clone(), key.clone(), first, last).boxed()
+            }
+            Piece::Rows(first, last) => range_up(store.clone(), key.clone(), first, last).boxed(),
+            Piece::Summary(summary) => stream::once(async move { Ok(vec![summary]) }).boxed(),
+        })
+        .flatten()
+        .boxed()
 }
 
 fn append_result(outcome: WriteOutcome) -> AppendResult {
