@@ -616,6 +616,10 @@ impl<S: Store> Session<S> {
 
     /// The synthetic message of each compaction, in the compactions' order.
     async fn summaries(&self, compactions: &[Compaction]) -> Result<Vec<StoredMessage>, Error> {
+        // Without compactions there is nothing to count, so no tokenizer is loaded.
+        if compactions.is_empty() {
+            return Ok(Vec::new());
+        }
         let now = now_ms();
         let counter = self.counter().await?;
         Ok(compactions
@@ -656,15 +660,10 @@ impl<S: Store> Session<S> {
             .filter_map(|c| at(3 * c + 2))
             .collect();
         let spans = overlay_spans(runs.len(), &ends, &hidden);
-        let summaries = if compactions.is_empty() {
-            Vec::new()
-        } else {
-            self.summaries(&compactions).await?
-        };
         Ok(RunPlan {
             runs,
             spans,
-            summaries,
+            summaries: self.summaries(&compactions).await?,
         })
     }
 
