@@ -51,7 +51,7 @@ pub async fn draw(session: &Session<SqliteStore>, out: &mut impl Write) -> anyho
         stack.push((root, String::new(), String::new()));
     }
     while let Some((message, line_prefix, child_prefix)) = stack.pop() {
-        let mark = if active.contains(&message.id) {
+        let mark = if active.contains(message.id.as_str()) {
             " *"
         } else {
             ""

@@ -42,7 +42,7 @@ pub use feed::{
     Change, ChangeEvent, ChangeFeed, FeedFilter, FeedItem, SessionAction, Subscription,
 };
 pub use message::{
-    ContentHash, Message, PreparedMessage, Source, StoredMessage, ValidationError,
+    ContentHash, Message, MessageId, PreparedMessage, Source, StoredMessage, ValidationError,
     ValidationErrorKind,
 };
 pub use registry::{

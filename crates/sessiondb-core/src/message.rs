@@ -451,12 +451,12 @@ impl PreparedMessage {
     pub fn stored(
         &self,
         seq: i64,
-        parent_id: Option<String>,
+        parent_id: Option<MessageId>,
         created_at: i64,
         updated_at: Option<i64>,
     ) -> StoredMessage {
         let row = StoredRow {
-            id: self.id.clone(),
+            id: MessageId::from(&self.id),
             role: role_of(&self.role),
             parent_id,
             seq,
@@ -469,13 +469,122 @@ impl PreparedMessage {
     }
 }
 
+/// A stored message's id. Shared text: copies of a message (a cached row and every read it
+/// answers) share one allocation. Reads as a `&str` (it derefs to one) and compares with strings.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MessageId(Arc<str>);
+
+impl MessageId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for MessageId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for MessageId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<str> for MessageId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for MessageId {
+    fn from(id: &str) -> Self {
+        Self(id.into())
+    }
+}
+
+impl From<String> for MessageId {
+    fn from(id: String) -> Self {
+        Self(id.into())
+    }
+}
+
+impl From<&String> for MessageId {
+    fn from(id: &String) -> Self {
+        Self(id.as_str().into())
+    }
+}
+
+impl From<MessageId> for String {
+    fn from(id: MessageId) -> Self {
+        id.0.to_string()
+    }
+}
+
+impl PartialEq<str> for MessageId {
+    fn eq(&self, other: &str) -> bool {
+        *self.0 == *other
+    }
+}
+
+impl PartialEq<&str> for MessageId {
+    fn eq(&self, other: &&str) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl PartialEq<String> for MessageId {
+    fn eq(&self, other: &String) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl PartialEq<MessageId> for str {
+    fn eq(&self, other: &MessageId) -> bool {
+        *self == *other.0
+    }
+}
+
+impl PartialEq<MessageId> for &str {
+    fn eq(&self, other: &MessageId) -> bool {
+        **self == *other.0
+    }
+}
+
+impl PartialEq<MessageId> for String {
+    fn eq(&self, other: &MessageId) -> bool {
+        **self == *other.0
+    }
+}
+
+/// Serialises as the plain string.
+impl serde::Serialize for MessageId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
 /// A message as reads return it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredMessage {
-    pub id: String,
+    pub id: MessageId,
     /// Common roles are shared static strings: a long read allocates nothing for them.
     pub role: Role,
-    pub parent_id: Option<String>,
+    pub parent_id: Option<MessageId>,
     /// Insertion order within the session; strictly increasing, never reused.
     pub seq: i64,
     /// Epoch milliseconds.
@@ -487,6 +596,9 @@ pub struct StoredMessage {
     pub bytes: u64,
     /// Shared: copies of a message (a cached row and the reads it answers) hold one text.
     json: Arc<str>,
+    /// Whether `json` may hold attachment pointers, decided once per text: a copy of a cached
+    /// row is not scanned again on every read.
+    may_hold_pointers: bool,
 }
 
 /// A message role: the common ones are static, others owned.
@@ -506,9 +618,9 @@ pub fn role_of(text: &str) -> Role {
 /// Row fields of a stored message, as a backend reads them.
 #[derive(Debug, Clone)]
 pub struct StoredRow {
-    pub id: String,
+    pub id: MessageId,
     pub role: Role,
-    pub parent_id: Option<String>,
+    pub parent_id: Option<MessageId>,
     pub seq: i64,
     pub created_at: i64,
     pub updated_at: Option<i64>,
@@ -525,8 +637,10 @@ impl StoredMessage {
     /// A row as stored: `json` already carries the timestamps (backends store exactly what
     /// [`StoredMessage::json`] returns, so a read copies nothing more); `bytes` is the body size.
     pub fn from_stored(row: StoredRow, json: impl Into<Arc<str>>, bytes: u64) -> Self {
+        let json: Arc<str> = json.into();
         Self {
-            json: json.into(),
+            may_hold_pointers: attachments::may_hold_pointers(&json),
+            json,
             bytes,
             id: row.id,
             role: row.role,
@@ -541,7 +655,13 @@ impl StoredMessage {
     /// Replaces the JSON text (e.g. media put back in place of pointers); `bytes` stays the
     /// stored charge.
     pub fn set_json(&mut self, json: String) {
+        self.may_hold_pointers = attachments::may_hold_pointers(&json);
         self.json = json.into();
+    }
+
+    /// False when the JSON text holds no attachment pointer (true may be a false alarm).
+    pub fn may_hold_pointers(&self) -> bool {
+        self.may_hold_pointers
     }
 
     /// The message as compact JSON text, `createdAt` (and `updatedAt`) included.
@@ -604,6 +724,24 @@ mod tests {
 
     fn invalid(v: Value) -> ValidationError {
         Message::from_value(v).unwrap_err()
+    }
+
+    #[test]
+    fn message_ids_are_shared_and_read_as_plain_strings() {
+        let id = MessageId::from("m-1");
+        let copy = id.clone();
+        assert!(
+            std::ptr::eq(id.as_str(), copy.as_str()),
+            "a copy shares the text"
+        );
+        let owned = String::from("m-1");
+        assert_eq!(id, "m-1");
+        assert_eq!(*"m-1", id);
+        assert_eq!(id, owned);
+        assert_ne!(id, "m-2");
+        assert_eq!(serde_json::to_string(&id).unwrap(), r#""m-1""#);
+        assert_eq!(format!("{id} {id:?}"), r#"m-1 "m-1""#);
+        assert_eq!(String::from(id), "m-1");
     }
 
     #[test]

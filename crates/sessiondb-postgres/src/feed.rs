@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use deadpool_postgres::GenericClient;
 use serde_json::{Value, json};
-use sessiondb_core::message::{StoredRow, role_of};
+use sessiondb_core::message::{MessageId, StoredRow, role_of};
 use sessiondb_core::{
     Change, ChangeFeed, Compaction, Parent, SessionAction, SessionKey, StoreError, StoredMessage,
 };
@@ -110,9 +110,9 @@ fn int(v: &Value, field: &str) -> Result<i64> {
 fn decode_message(meta: &Value, json: Option<String>) -> Result<StoredMessage> {
     let r = &meta["row"];
     let row = StoredRow {
-        id: text(r, "id")?,
+        id: text(r, "id")?.into(),
         role: role_of(&text(r, "role")?),
-        parent_id: r["parentId"].as_str().map(str::to_owned),
+        parent_id: r["parentId"].as_str().map(MessageId::from),
         seq: int(r, "seq")?,
         created_at: int(r, "createdAt")?,
         updated_at: r["updatedAt"].as_i64(),

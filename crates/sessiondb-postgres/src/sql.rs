@@ -2,7 +2,7 @@
 //! connection (deadpool's statement cache) and runs on a pooled client or inside a transaction.
 
 use deadpool_postgres::GenericClient;
-use sessiondb_core::message::{StoredRow, role_of};
+use sessiondb_core::message::{MessageId, StoredRow, role_of};
 use sessiondb_core::{StoreError, StoredMessage};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
@@ -74,9 +74,9 @@ pub(crate) fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
 /// updated_at, token_estimate, content, content_chunks, bytes, and the continuation slices).
 pub(crate) fn message_from_row(row: &Row) -> Result<StoredMessage> {
     let fields = StoredRow {
-        id: get(row, 0)?,
+        id: get::<&str>(row, 0)?.into(),
         role: role_of(get::<&str>(row, 1)?),
-        parent_id: get(row, 2)?,
+        parent_id: get::<Option<&str>>(row, 2)?.map(MessageId::from),
         seq: get(row, 3)?,
         created_at: get(row, 4)?,
         updated_at: get(row, 5)?,

@@ -11,9 +11,9 @@ use deadpool_postgres::GenericClient;
 use sessiondb_core::chunk::split_slices;
 use sessiondb_core::plan::splice_rewires;
 use sessiondb_core::{
-    Change, MAX_PATH_DEPTH, MAX_PATH_ROWS, MAX_SLICE_BYTES, Parent, PreparedMessage, SessionAction,
-    SessionKey, SessionPatch, SessionRecord, StoreError, StoredMessage, UpdateOutcome, WriteOp,
-    WriteOutcome, WriteRequest,
+    Change, MAX_PATH_DEPTH, MAX_PATH_ROWS, MAX_SLICE_BYTES, MessageId, Parent, PreparedMessage,
+    SessionAction, SessionKey, SessionPatch, SessionRecord, StoreError, StoredMessage,
+    UpdateOutcome, WriteOp, WriteOutcome, WriteRequest,
 };
 
 use crate::queries::{self, Location, PathTotals};
@@ -735,12 +735,18 @@ impl<C: GenericClient> RequestTx<'_, C> {
         let (seq, parent_id, created_at, updated_at): (i64, Option<String>, i64, Option<i64>) =
             (get(&r, 0)?, get(&r, 1)?, get(&r, 4)?, get(&r, 5)?);
         if get::<&[u8]>(&r, 2)? == message.content_hash.0 {
+            let parent_id = parent_id.map(MessageId::from);
             let unchanged = message.stored(seq, parent_id, created_at, updated_at);
             return Ok(UpdateOutcome::Unchanged(unchanged));
         }
         let old_chunks: i32 = get(&r, 3)?;
         let (old_tokens, old_bytes) = (get::<i64>(&r, 6)?, get::<i64>(&r, 7)?);
-        let stored = message.stored(seq, parent_id, created_at, Some(self.now));
+        let stored = message.stored(
+            seq,
+            parent_id.map(MessageId::from),
+            created_at,
+            Some(self.now),
+        );
         let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
         let chunks = slices.len() as i32 - 1;
         let (tokens, bytes) = (message.token_estimate as i64, message.bytes() as i64);
@@ -969,7 +975,12 @@ impl<C: GenericClient> RequestTx<'_, C> {
         let seq = self.session.next_seq;
         let (parent_id, parent_seq) = parent.map_or((None, None), |(id, seq)| (Some(id), seq));
         // The stored text is exactly what reads return.
-        let stored = message.stored(seq, parent_id.clone(), created_at, updated_at);
+        let stored = message.stored(
+            seq,
+            parent_id.as_deref().map(MessageId::from),
+            created_at,
+            updated_at,
+        );
         let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
         let chunks = slices.len() as i32 - 1;
         let (bytes, tokens) = (message.bytes() as i64, message.token_estimate as i64);

@@ -53,7 +53,7 @@ struct SessionRows {
 fn charge(message: &StoredMessage) -> usize {
     message.json().len()
         + message.id.len()
-        + message.parent_id.as_ref().map_or(0, String::len)
+        + message.parent_id.as_ref().map_or(0, |id| id.len())
         + ROW_OVERHEAD
 }
 

@@ -6,7 +6,7 @@
 //! linear conversation is one range scan and a branch point costs at most one extra seek.
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
-use sessiondb_core::message::{StoredRow, role_of};
+use sessiondb_core::message::{MessageId, StoredRow, role_of};
 pub(crate) use sessiondb_core::plan::PathTotals;
 use sessiondb_core::plan::{SuffixBudget, linear_range};
 use sessiondb_core::{
@@ -52,9 +52,9 @@ const MAX_SKIPPED_ROWS: usize = 32;
 fn row_fields(row: &Row<'_>) -> rusqlite::Result<(StoredRow, i64, u64)> {
     Ok((
         StoredRow {
-            id: row.get(0)?,
+            id: row.get_ref(0)?.as_str()?.into(),
             role: role_of(row.get_ref(1)?.as_str()?),
-            parent_id: row.get(2)?,
+            parent_id: row.get_ref(2)?.as_str_or_null()?.map(MessageId::from),
             seq: row.get(3)?,
             created_at: row.get(4)?,
             updated_at: row.get(5)?,

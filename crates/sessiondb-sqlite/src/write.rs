@@ -8,9 +8,9 @@ use rusqlite::{Connection, OptionalExtension, params};
 use sessiondb_core::chunk::split_slices;
 use sessiondb_core::plan::splice_rewires;
 use sessiondb_core::{
-    Change, MAX_PATH_DEPTH, MAX_PATH_ROWS, MAX_SLICE_BYTES, Parent, PreparedMessage, SessionAction,
-    SessionKey, SessionPatch, SessionRecord, StoreError, StoredMessage, UpdateOutcome, WriteOp,
-    WriteOutcome, WriteRequest,
+    Change, MAX_PATH_DEPTH, MAX_PATH_ROWS, MAX_SLICE_BYTES, MessageId, Parent, PreparedMessage,
+    SessionAction, SessionKey, SessionPatch, SessionRecord, StoreError, StoredMessage,
+    UpdateOutcome, WriteOp, WriteOutcome, WriteRequest,
 };
 
 use crate::queries::{self, PathTotals};
@@ -459,10 +459,16 @@ impl RequestTx<'_> {
         let (seq, parent_id, created_at, updated_at): (i64, Option<String>, i64, Option<i64>) =
             position;
         if hash == message.content_hash.0 {
+            let parent_id = parent_id.map(MessageId::from);
             let unchanged = message.stored(seq, parent_id, created_at, updated_at);
             return Ok(UpdateOutcome::Unchanged(unchanged));
         }
-        let stored = message.stored(seq, parent_id, created_at, Some(self.now));
+        let stored = message.stored(
+            seq,
+            parent_id.map(MessageId::from),
+            created_at,
+            Some(self.now),
+        );
         let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
         let chunks = slices.len() as i64 - 1;
         exec(
@@ -740,7 +746,12 @@ impl RequestTx<'_> {
             dense: parent_seq.is_none(),
         });
         // The stored text is exactly what reads return.
-        let stored = message.stored(seq, parent_id.clone(), created_at, updated_at);
+        let stored = message.stored(
+            seq,
+            parent_id.as_deref().map(MessageId::from),
+            created_at,
+            updated_at,
+        );
         let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
         exec(
             self.conn,

@@ -501,7 +501,7 @@ fn linear_paths_are_read_by_range_and_branches_by_rows() {
     let ids: Vec<String> = block_on(s.full_history(HistoryOptions::default()))
         .unwrap()
         .into_iter()
-        .map(|m| m.id)
+        .map(|m| m.id.into())
         .collect();
     assert_eq!(ids, ["a", "x"]);
 }
@@ -535,7 +535,7 @@ fn only_detached_children_enter_the_parent_index() {
     };
     let children = |id: &str| -> Vec<String> {
         let rows = block_on(s.branches(id)).unwrap();
-        rows.into_iter().map(|m| m.id).collect()
+        rows.into_iter().map(|m| m.id.into()).collect()
     };
     for id in ["a", "b", "c"] {
         append(id, Parent::ActiveLeaf);

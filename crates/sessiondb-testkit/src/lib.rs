@@ -102,7 +102,7 @@ pub fn runs_of(rows: &[sessiondb::RowStat]) -> Vec<(i64, i64)> {
 }
 
 pub fn ids(messages: &[StoredMessage]) -> Vec<String> {
-    messages.iter().map(|m| m.id.clone()).collect()
+    messages.iter().map(|m| m.id.to_string()).collect()
 }
 
 pub async fn history_ids<S: Store>(session: &Session<S>, leaf: Option<&str>) -> Vec<String> {

@@ -329,7 +329,7 @@ impl<S: Store> Session<S> {
             self.caches.remember(
                 self.key(),
                 Memo {
-                    leaf: appended.id.clone(),
+                    leaf: appended.id.to_string(),
                     adjustment,
                 },
             );

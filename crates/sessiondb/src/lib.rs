@@ -20,7 +20,7 @@
 //! let retry = AppendOptions { parent: Parent::Id("q1".into()), ..Default::default() };
 //! chat.append(Message::text("assistant", "A self-balancing tree with wide nodes.").with_id("a2"), retry).await?;
 //!
-//! let ids: Vec<String> = chat.full_history(Default::default()).await?.into_iter().map(|m| m.id).collect();
+//! let ids: Vec<_> = chat.full_history(Default::default()).await?.into_iter().map(|m| m.id).collect();
 //! assert_eq!(ids, ["q1", "a2"]);
 //! assert_eq!(chat.branches("q1").await?.len(), 2);
 //! assert_eq!(chat.search("balanced", 10).await?[0].id, "a1");
@@ -60,9 +60,9 @@ pub use sessiondb_core::compaction::CompactOptions;
 pub use sessiondb_core::convert;
 pub use sessiondb_core::tokens::{HeuristicCounter, TokenCounter};
 pub use sessiondb_core::{
-    Change, ChangeEvent, FeedFilter, FeedItem, MAX_PATH_ROWS, Message, Parent, PathRows, PathRuns,
-    RowStat, SearchHit, SessionKey, SessionStats, Source, Store, StoreError, StoredMessage,
-    Subscription, ValidationError, ValidationErrorKind,
+    Change, ChangeEvent, FeedFilter, FeedItem, MAX_PATH_ROWS, Message, MessageId, Parent, PathRows,
+    PathRuns, RowStat, SearchHit, SessionKey, SessionStats, Source, Store, StoreError,
+    StoredMessage, Subscription, ValidationError, ValidationErrorKind,
 };
 #[cfg(feature = "sqlite")]
 pub use sessiondb_sqlite::{BATCH_BUCKETS, SqliteConfig, SqliteStore, Synchronous, WriteStats};

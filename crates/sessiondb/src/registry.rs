@@ -274,7 +274,7 @@ impl<S: Store> Session<S> {
             }
         };
         let read = self.resolved(read).await?;
-        Ok(assemble(read, limit, &direction, |m| m.id.clone()))
+        Ok(assemble(read, limit, &direction, |m| m.id.to_string()))
     }
 
     /// The seq of a cursor message when it lies within `first..=last`.

@@ -125,6 +125,34 @@ fn walk_window(windows_read: usize) -> usize {
     }
 }
 
+/// How a path read is cut into store reads.
+#[derive(Debug, Clone, Copy)]
+enum Windows {
+    /// Bounded memory: forward windows of at most 50 rows and 4 MiB, newest-first ones that
+    /// grow as in [`walk_window`].
+    Streamed,
+    /// The whole path is kept anyway ([`Session::full_history`]): one read per stretch.
+    Whole,
+}
+
+impl Windows {
+    /// Row and byte limits of one forward read.
+    fn forward(self) -> (usize, u64) {
+        match self {
+            Windows::Streamed => (WINDOW_MAX_ROWS, WINDOW_MAX_BYTES),
+            Windows::Whole => (MAX_PATH_ROWS, u64::MAX),
+        }
+    }
+
+    /// Rows of the next newest-first read after `windows_read` of them.
+    fn newest(self, windows_read: usize) -> usize {
+        match self {
+            Windows::Streamed => walk_window(windows_read),
+            Windows::Whole => MAX_PATH_ROWS,
+        }
+    }
+}
+
 impl<S: Store> Session<S> {
     pub(crate) fn new(
         store: Arc<S>,
@@ -178,9 +206,8 @@ impl<S: Store> Session<S> {
         if self.pointers {
             return Ok(());
         }
-        let mut pointing: Vec<&mut StoredMessage> = messages
-            .filter(|m| attachments::may_hold_pointers(m.json()))
-            .collect();
+        let mut pointing: Vec<&mut StoredMessage> =
+            messages.filter(|m| m.may_hold_pointers()).collect();
         let mut hashes: Vec<String> = Vec::new();
         for hash in pointing
             .iter()
@@ -688,6 +715,19 @@ impl<S: Store> Session<S> {
         &self,
         options: HistoryOptions,
     ) -> impl Stream<Item = Result<StoredMessage, Error>> + Send + 'static {
+        self.history_windows(options, Windows::Streamed)
+            .map_ok(|batch| stream::iter(batch.into_iter().map(Ok)))
+            .try_flatten()
+            // Boxed so the stream is `Unpin`: callers can use `next()` without pinning it.
+            .boxed()
+    }
+
+    /// The path as the store reads it, window by window, attachments resolved.
+    fn history_windows(
+        &self,
+        options: HistoryOptions,
+        windows: Windows,
+    ) -> impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static {
         let session = self.clone();
         let batches = stream::once(async move {
             let (store, key) = (session.store.clone(), session.key.clone());
@@ -699,37 +739,34 @@ impl<S: Store> Session<S> {
                 let active = options.leaf.is_none() || options.leaf == stats.leaf_id;
                 match (active, stats.linear_range) {
                     (true, Some((first, last))) if options.newest_first => {
-                        return Ok(range_down(store, key, first, last).boxed());
+                        return Ok(range_down(store, key, first, last, windows).boxed());
                     }
                     (true, Some((first, last))) => {
-                        return Ok(range_up(store, key, first, last).boxed());
+                        return Ok(range_up(store, key, first, last, windows).boxed());
                     }
                     _ if options.newest_first => {
-                        return Ok(session.walk_up(options.leaf.or(stats.leaf_id)).boxed());
+                        let leaf = options.leaf.or(stats.leaf_id);
+                        return Ok(session.walk_up(leaf, windows).boxed());
                     }
                     _ => {}
                 }
             }
             let planned = session.plan_on_runs(options.leaf.as_deref()).await?;
-            Ok::<_, Error>(planned.read(store, key, options.newest_first))
+            Ok::<_, Error>(planned.read(store, key, options.newest_first, windows))
         })
         .try_flatten();
         let resolver = self.clone();
-        batches
-            .and_then(move |batch| {
-                let resolver = resolver.clone();
-                async move { resolver.resolved(batch).await }
-            })
-            .map_ok(|batch| stream::iter(batch.into_iter().map(Ok)))
-            .try_flatten()
-            // Boxed so the stream is `Unpin`: callers can use `next()` without pinning it.
-            .boxed()
+        batches.and_then(move |batch| {
+            let resolver = resolver.clone();
+            async move { resolver.resolved(batch).await }
+        })
     }
 
     /// Walks from `leaf` towards the root in growing windows.
     fn walk_up(
         &self,
         leaf: Option<String>,
+        windows: Windows,
     ) -> impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static {
         struct Walk<S> {
             store: Arc<S>,
@@ -745,20 +782,22 @@ impl<S: Store> Session<S> {
             remaining: MAX_PATH_ROWS,
             windows: 0,
         };
-        stream::try_unfold(walk, |mut walk| async move {
+        stream::try_unfold(walk, move |mut walk| async move {
             let Some(from) = walk.next.take() else {
                 return Ok(None);
             };
             if walk.remaining == 0 {
                 return Ok(None);
             }
-            let limit = walk_window(walk.windows).min(walk.remaining);
+            let limit = windows.newest(walk.windows).min(walk.remaining);
             let batch = walk.store.ancestors(&walk.key, &from, limit).await?;
             if batch.is_empty() {
                 return Ok(None);
             }
             walk.remaining -= batch.len();
-            walk.next = batch.last().and_then(|m| m.parent_id.clone());
+            walk.next = batch
+                .last()
+                .and_then(|m| m.parent_id.as_deref().map(str::to_owned));
             walk.windows += 1;
             Ok::<_, Error>(Some((batch, walk)))
         })
@@ -793,7 +832,16 @@ impl<S: Store> Session<S> {
 
     /// The whole path in memory.
     pub async fn full_history(&self, options: HistoryOptions) -> Result<Vec<StoredMessage>, Error> {
-        self.history(options).try_collect().await
+        let mut windows = self.history_windows(options, Windows::Whole).boxed();
+        let mut all = Vec::new();
+        while let Some(batch) = windows.try_next().await? {
+            if all.is_empty() {
+                all = batch;
+            } else {
+                all.extend(batch);
+            }
+        }
+        Ok(all)
     }
 
     /// The most recent messages whose stored bytes (media counted at base64 size) fit
@@ -878,8 +926,8 @@ impl Overlaid {
         }
     }
 
-    /// Reads `items`, root first: runs of consecutive rows with range reads, summaries as they
-    /// are.
+    /// Reads `items`, root first, for a caller that keeps them all: runs of consecutive rows
+    /// with one range read each, summaries as they are.
     fn read<S: Store>(
         &self,
         store: Arc<S>,
@@ -901,7 +949,7 @@ impl Overlaid {
                 }
             }
         }
-        read_pieces(store, key, pieces, false)
+        read_pieces(store, key, pieces, false, Windows::Whole)
     }
 
     /// The longest suffix of the overlaid path that fits `max_bytes` (at least its last item).
@@ -948,6 +996,7 @@ impl RunPlan {
         store: Arc<S>,
         key: SessionKey,
         newest_first: bool,
+        windows: Windows,
     ) -> BoxStream<'static, Result<Vec<StoredMessage>, Error>> {
         let mut pieces: Vec<Piece> = Vec::new();
         for span in self.spans {
@@ -966,7 +1015,7 @@ impl RunPlan {
         if newest_first {
             pieces.reverse();
         }
-        read_pieces(store, key, pieces, newest_first)
+        read_pieces(store, key, pieces, newest_first, windows)
     }
 }
 
@@ -984,13 +1033,16 @@ fn read_pieces<S: Store>(
     key: SessionKey,
     pieces: Vec<Piece>,
     newest_first: bool,
+    windows: Windows,
 ) -> BoxStream<'static, Result<Vec<StoredMessage>, Error>> {
     stream::iter(pieces)
         .map(move |piece| match piece {
             Piece::Rows(first, last) if newest_first => {
-                range_down(store.clone(), key.clone(), first, last).boxed()
+                range_down(store.clone(), key.clone(), first, last, windows).boxed()
             }
-            Piece::Rows(first, last) => range_up(store.clone(), key.clone(), first, last).boxed(),
+            Piece::Rows(first, last) => {
+                range_up(store.clone(), key.clone(), first, last, windows).boxed()
+            }
             Piece::Summary(summary) => stream::once(async move { Ok(vec![summary]) }).boxed(),
         })
         .flatten()
@@ -1014,13 +1066,15 @@ fn range_up<S: Store>(
     key: SessionKey,
     first: i64,
     last: i64,
+    windows: Windows,
 ) -> impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static {
+    let (max_rows, max_bytes) = windows.forward();
     stream::try_unfold((store, key, first), move |(store, key, from)| async move {
         if from > last {
             return Ok(None);
         }
         let batch = store
-            .fetch_range(&key, from, last, WINDOW_MAX_ROWS, WINDOW_MAX_BYTES)
+            .fetch_range(&key, from, last, max_rows, max_bytes)
             .await?;
         let Some(next) = batch.last().map(|m| m.seq + 1) else {
             return Ok(None);
@@ -1035,19 +1089,20 @@ fn range_down<S: Store>(
     key: SessionKey,
     first: i64,
     last: i64,
+    windows: Windows,
 ) -> impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static {
     stream::try_unfold(
         (store, key, last, 0),
-        move |(store, key, last, windows)| async move {
+        move |(store, key, last, windows_read)| async move {
             if last < first {
                 return Ok(None);
             }
-            let limit = walk_window(windows);
+            let limit = windows.newest(windows_read);
             let batch = store.fetch_range_newest(&key, first, last, limit).await?;
             let Some(oldest) = batch.last().map(|m| m.seq) else {
                 return Ok(None);
             };
-            Ok::<_, Error>(Some((batch, (store, key, oldest - 1, windows + 1))))
+            Ok::<_, Error>(Some((batch, (store, key, oldest - 1, windows_read + 1))))
         },
     )
 }

@@ -80,7 +80,7 @@ pub async fn conversation_messages_round_trip<S: Store>(db: Db<S>) {
         .unwrap();
     assert_eq!(
         ids(&all.items),
-        [&first.id, &array.id, &object_content.id, &system.id].map(String::clone)
+        [&first.id, &array.id, &object_content.id, &system.id].map(|id| id.to_string())
     );
     assert_eq!(all.items[1].to_value()["content"], json!(["a", "b"]));
     assert_eq!(all.items[2].to_value()["content"], json!({"result": 42}));
