@@ -5,8 +5,10 @@
 //! exactly the cached content; a read is answered from it only when one run covers everything
 //! the database would return, and goes to the database otherwise. It stays coherent because this
 //! process is the database's only writer (the directory lock):
-//! - an inserted append extends the run that ends right before its seq (appends never change
-//!   stored rows: adopting orphans sets `parent_seq`, which messages do not carry);
+//! - an inserted append is cached as it commits (write-through): it extends the run that ends
+//!   right before its seq, or starts one, so a conversation this process writes is read back
+//!   from memory (appends never change stored rows: adopting orphans sets `parent_seq`, which
+//!   messages do not carry);
 //! - every other write that may change a session's rows (update, import, delete, clear, session
 //!   delete) drops the session's runs right after its commit, before it is acknowledged;
 //! - a read fills the cache only if no such write committed since the read took its
@@ -240,7 +242,7 @@ impl RowCache {
         state.evict(self.max_bytes);
     }
 
-    /// Applies a committed request's outcomes: inserted appends extend their session's runs,
+    /// Applies a committed request's outcomes: inserted appends join their session's runs,
     /// anything that may have changed stored rows drops them.
     pub(crate) fn committed(&self, key: &SessionKey, outcomes: &[WriteOutcome]) {
         let mut state = lock(&self.state);
@@ -250,20 +252,13 @@ impl RowCache {
                     message,
                     inserted: true,
                 } => {
-                    let extends = state
-                        .sessions
-                        .get(key)
-                        .and_then(|s| s.containing(message.seq - 1))
-                        .is_some_and(|(first, run)| first + run.len() as i64 == message.seq);
-                    if extends {
-                        let session_max = self.session_max();
-                        state.insert(
-                            key,
-                            message.seq,
-                            vec![Arc::new(message.clone())],
-                            session_max,
-                        );
-                    }
+                    let session_max = self.session_max();
+                    state.insert(
+                        key,
+                        message.seq,
+                        vec![Arc::new(message.clone())],
+                        session_max,
+                    );
                 }
                 WriteOutcome::Appended {
                     inserted: false, ..
@@ -449,9 +444,17 @@ mod tests {
             seqs(&cache.range(&k, 1, 4, 50, u64::MAX).unwrap()),
             [1, 2, 3, 4]
         );
-        // A seq after a gap is not known to follow the run: nothing is cached for it.
+        // A seq after a gap starts a run of its own: what lies between is unknown.
         cache.committed(&k, &[appended(6)]);
-        assert!(cache.range(&k, 6, 6, 50, u64::MAX).is_none());
+        assert_eq!(seqs(&cache.range(&k, 6, 6, 50, u64::MAX).unwrap()), [6]);
+        assert!(cache.range(&k, 1, 6, 50, u64::MAX).is_none());
+        // A session nothing was read from is cached from its first append on.
+        let fresh = key("u");
+        cache.committed(&fresh, &[appended(1), appended(2)]);
+        assert_eq!(
+            seqs(&cache.range(&fresh, 1, 2, 50, u64::MAX).unwrap()),
+            [1, 2]
+        );
 
         let before = cache.generation();
         cache.committed(&k, &[WriteOutcome::Updated(UpdateOutcome::Changed(row(2)))]);
