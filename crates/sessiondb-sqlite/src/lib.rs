@@ -187,7 +187,9 @@ impl SqliteStore {
             Err(std::fs::TryLockError::Error(e)) => return Err(io_error(&lock_path, e)),
         }
         let path = dir.join(DATABASE_FILE);
-        let mut writer = Connection::open(&path).map_err(backend_error)?;
+        let mut writer =
+            Connection::open_with_flags_and_vfs(&path, OpenFlags::default(), schema::VFS)
+                .map_err(backend_error)?;
         schema::configure(&writer, config.synchronous, false)?;
         schema::migrate(&mut writer)?;
         // Commits no longer fsync inside SQLite: the write queue syncs the WAL itself, outside
@@ -407,9 +409,10 @@ impl ReaderPool {
     }
 
     fn open(&self) -> Result<Connection, StoreError> {
-        let conn = Connection::open_with_flags(
+        let conn = Connection::open_with_flags_and_vfs(
             &self.path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            schema::VFS,
         )
         .map_err(backend_error)?;
         schema::configure(&conn, self.synchronous, true)?;

@@ -114,6 +114,21 @@ fn a_second_process_gets_a_clear_error() {
     let err = SqliteStore::open(dir.path()).unwrap_err();
     assert!(matches!(err, StoreError::Locked { .. }), "{err}");
     assert!(err.to_string().contains("already open in another process"));
+    // The database file itself is the process's alone (SQLite's `unix-excl`): its connections
+    // share the WAL index in memory, no `-shm` file exists, and another program is refused.
+    let shm = dir.path().join(format!("{DATABASE_FILE}-shm"));
+    assert!(!shm.exists(), "{} exists", shm.display());
+    let outside = raw(dir.path());
+    outside.busy_timeout(Duration::ZERO).unwrap();
+    let outside = outside.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
+        r.get::<_, i64>(0)
+    });
+    let refused = outside.unwrap_err();
+    assert_eq!(
+        refused.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy),
+        "{refused}"
+    );
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(
