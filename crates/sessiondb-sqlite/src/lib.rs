@@ -187,10 +187,7 @@ impl SqliteStore {
             Err(std::fs::TryLockError::Error(e)) => return Err(io_error(&lock_path, e)),
         }
         let path = dir.join(DATABASE_FILE);
-        let mut writer =
-            Connection::open_with_flags_and_vfs(&path, OpenFlags::default(), schema::VFS)
-                .map_err(backend_error)?;
-        schema::configure(&writer, config.synchronous, false)?;
+        let mut writer = open_writer(&path, config.synchronous)?;
         schema::migrate(&mut writer)?;
         // Commits no longer fsync inside SQLite: the write queue syncs the WAL itself, outside
         // the writer, so the next group applies while this one reaches the disk (see
@@ -233,6 +230,7 @@ impl SqliteStore {
             jobs: Mutex::new(VecDeque::new()),
             writer: Mutex::new(Writer {
                 conn: writer,
+                path: path.clone(),
                 search_index: search_index.clone(),
                 stats: write_stats.clone(),
                 rows: rows.clone(),
@@ -346,6 +344,14 @@ impl SqliteStore {
     pub fn has_search_index(&self) -> bool {
         self.search_index.load(Ordering::Acquire)
     }
+}
+
+/// The writer connection (`synchronous` applies to migrations; commits then run `NORMAL`).
+fn open_writer(path: &Path, synchronous: Synchronous) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags_and_vfs(path, OpenFlags::default(), schema::VFS)
+        .map_err(backend_error)?;
+    schema::configure(&conn, synchronous, false)?;
+    Ok(conn)
 }
 
 fn io_error(path: &Path, e: std::io::Error) -> StoreError {
@@ -487,6 +493,7 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 struct Writer {
     conn: Connection,
+    path: PathBuf,
     search_index: Arc<AtomicBool>,
     stats: Arc<WriteStats>,
     rows: Arc<RowCache>,
@@ -668,6 +675,10 @@ impl Writer {
         .map_err(backend_error)?;
         tx.commit().map_err(backend_error)?;
         self.search_index.store(true, Ordering::Release);
+        // The rebuild grew FTS5's pending-terms hash to the terms of a whole flush, and a
+        // connection keeps it: every later commit walks all its slots twice (sorting, then
+        // clearing), a quarter of a branch append in `perf`. A fresh connection starts small.
+        self.conn = open_writer(&self.path, Synchronous::Normal)?;
         Ok(())
     }
 }
