@@ -131,7 +131,7 @@ async fn library(n: usize, writers: &[usize]) {
         assert!(all.len() >= n / 8);
     };
     emit("whole", timed_median(WHOLE_READS, whole).await);
-    // `PROFILE=last50|whole|reopen|append|concurrent` repeats one operation for a profiler (`perf record -g`).
+    // `PROFILE=last50|whole|branch|reopen|append|concurrent` repeats one operation for a profiler (`perf record -g`).
     match std::env::var("PROFILE").as_deref() {
         Ok("last50") => drop(timed_median(20_000, last50).await),
         Ok("whole") => drop(timed_median(300, whole).await),
@@ -145,8 +145,12 @@ async fn library(n: usize, writers: &[usize]) {
         timed_median(SEARCHES, || chat.search(NEEDLE, 10)).await,
     );
     let mut branches = Vec::new();
-    for k in 0..BRANCHES {
-        let parent = Parent::Id(format!("m{}", n / 4 + k));
+    let profiled_branches = match std::env::var("PROFILE").as_deref() {
+        Ok("branch") => 3000,
+        _ => 0,
+    };
+    for k in 0..BRANCHES + profiled_branches {
+        let parent = Parent::Id(format!("m{}", n / 4 + k % BRANCHES));
         let fork = Message::text("user", "forked question").with_id(format!("fork{k}"));
         let options = AppendOptions {
             parent,
@@ -154,6 +158,7 @@ async fn library(n: usize, writers: &[usize]) {
         };
         branches.push(time(chat.append(fork, options)).await.0);
     }
+    branches.truncate(BRANCHES);
     emit("branch", median(branches));
     emit("branch_read", timed_median(WHOLE_READS, whole).await);
     let overlay = chat.add_compaction(
