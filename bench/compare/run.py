@@ -222,12 +222,16 @@ def labels(lg_n):
             "langgraph": f"LangGraph SqliteSaver (N={lg_n})"}
 
 
+# Operations that write: compared in the peer's durability mode.
+WRITES = ("append", "branch", "compact")
+
+
 def baseline(peer, op):
-    """The sessiondb run a peer's figure is divided by: the same N for LangGraph, and the
-    no-fsync run for Pi's appends (Pi never fsyncs)."""
+    """The sessiondb run a peer's figure is divided by: the same N for LangGraph, and for Pi's
+    writes the no-fsync run (Pi never fsyncs, so that is the same durability mode)."""
     if peer == "langgraph":
         return "sessiondb-1k"
-    return "sessiondb-normal" if (peer, op) == ("pi", "append") else "sessiondb"
+    return "sessiondb-normal" if peer == "pi" and op in WRITES else "sessiondb"
 
 
 def ratios(medians):
@@ -292,12 +296,13 @@ def report(results, lg_python, no_readme):
 
     log("drawing the chart")
     sh([lg_python, os.path.join(HERE, "chart.py"), RESULTS, os.path.join(HERE, "chart.png")])
-    normal_append = medians["sessiondb-normal"]["append"]
+    normal = medians["sessiondb-normal"]
     section = f"""Latest run: {results['date']}, `python3 bench/compare/run.py` (N = {n:,}; LangGraph at
 N = {lg_n:,} against sessiondb at the same N), {results['rounds']} rounds, medians. Machine:
 {results['machine']}; fsync of 4 KiB on the benchmark's file system: median {results['fsync_ms']:.3f} ms.
-Ratios are peer ÷ sessiondb (library): above 1, sessiondb is faster; † compares Pi's appends,
-which are never fsynced, with sessiondb without fsync (`SYNC=normal`: {fmt_ms(normal_append)} ms);
+Ratios are peer ÷ sessiondb (library): above 1, sessiondb is faster; † compares Pi's writes,
+which are never fsynced, with sessiondb without fsync (`SYNC=normal`: append
+{fmt_ms(normal["append"])}, branch {fmt_ms(normal["branch"])}, compact {fmt_ms(normal["compact"])} ms);
 concurrent rows are wall time per append with 8 or 32 writers on their own sessions (peers
 without concurrent writers show —).
 
