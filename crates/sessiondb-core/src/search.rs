@@ -4,6 +4,9 @@
 //! and digits) and each backend matches those words literally. So quotes, `*`, `NEAR`, `-`, `:`,
 //! parentheses or NUL bytes can never raise a syntax error or widen a search.
 
+use std::borrow::Cow;
+
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::message::JsonMap;
@@ -12,6 +15,80 @@ use crate::message::JsonMap;
 /// single spaces. Reasoning, tool payloads and files are not indexed.
 pub fn search_text(message: &JsonMap) -> String {
     text_pieces(message).join(" ")
+}
+
+/// [`search_text`] of a message's JSON text. Only `parts` and `content` are decoded (the rest is
+/// skipped, and strings without escapes are borrowed), which is most of the cost of building the
+/// index over stored messages; a shape the fast reading does not expect (a `text` that is not a
+/// string, `content` that is neither a string nor an array, a duplicate key) is read the full way,
+/// so the result is always exactly [`search_text`]'s.
+pub fn search_text_of_json(json: &str) -> Result<String, serde_json::Error> {
+    if let Ok(indexed) = serde_json::from_str::<Indexed<'_>>(json) {
+        return Ok(indexed.pieces().join(" "));
+    }
+    let fields: JsonMap = serde_json::from_str(json)?;
+    Ok(search_text(&fields))
+}
+
+/// The fields of a message [`search_text`] reads.
+#[derive(Deserialize)]
+struct Indexed<'a> {
+    #[serde(borrow, default)]
+    parts: Option<Vec<IndexedPart<'a>>>,
+    #[serde(borrow, default)]
+    content: Option<IndexedContent<'a>>,
+}
+
+#[derive(Deserialize)]
+struct IndexedPart<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum IndexedContent<'a> {
+    Text(#[serde(borrow)] Cow<'a, str>),
+    Items(#[serde(borrow)] Vec<ContentItem<'a>>),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ContentItem<'a> {
+    Text(#[serde(borrow)] Cow<'a, str>),
+    Part(#[serde(borrow)] IndexedPart<'a>),
+}
+
+impl IndexedPart<'_> {
+    fn text(&self) -> Option<&str> {
+        (self.kind.as_deref() == Some("text"))
+            .then_some(self.text.as_deref())
+            .flatten()
+    }
+}
+
+impl Indexed<'_> {
+    /// [`text_pieces`] of these fields.
+    fn pieces(&self) -> Vec<&str> {
+        let parts = self.parts.iter().flatten().filter_map(IndexedPart::text);
+        let content: Vec<&str> = match &self.content {
+            Some(IndexedContent::Text(text)) => vec![text],
+            Some(IndexedContent::Items(items)) => items
+                .iter()
+                .filter_map(|item| match item {
+                    ContentItem::Text(text) => Some(&**text),
+                    ContentItem::Part(part) => part.text(),
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        parts
+            .chain(content)
+            .filter(|text| !text.is_empty())
+            .collect()
+    }
 }
 
 /// The non-empty texts of a message, in order: its `text` parts, then its string `content` or
@@ -77,6 +154,7 @@ pub fn query_words(query: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
 
     #[test]
@@ -88,6 +166,73 @@ mod tests {
             {"type": "tool-x", "input": "no"}],
             "content": [{"type": "text", "text": "fox"}, "jumps", {"type": "image_url"}]});
         assert_eq!(search_text(m.as_object().unwrap()), "quick brown fox jumps");
+    }
+
+    /// Message JSON of many shapes, including the ones the fast reading hands to the full one.
+    fn message_json() -> impl Strategy<Value = String> {
+        let text = prop_oneof![
+            Just(json!("")),
+            Just(json!("plain words")),
+            Just(json!("esc\"aped \n line é")),
+            Just(json!(7)),
+            Just(json!(null)),
+        ];
+        let kind = prop_oneof![
+            Just(json!("text")),
+            Just(json!("reasoning")),
+            Just(json!(3)),
+        ];
+        let part = (kind, text.clone(), any::<bool>()).prop_map(|(kind, text, extra)| {
+            let mut part = json!({"type": kind, "text": text});
+            if extra {
+                part["input"] = json!({"nested": ["x", 1]});
+            }
+            part
+        });
+        let item = prop_oneof![
+            text.clone(),
+            part.clone(),
+            Just(json!({"type": "image_url", "image_url": {"url": "u"}})),
+        ];
+        let content = prop_oneof![
+            text,
+            prop::collection::vec(item, 0..4).prop_map(Value::from),
+            Just(json!({"type": "text", "text": "object content"})),
+        ];
+        let parts = prop_oneof![
+            prop::collection::vec(part, 0..4).prop_map(Value::from),
+            Just(json!("not a list")),
+            Just(json!([1, "x"])),
+        ];
+        (
+            proptest::option::of(parts),
+            proptest::option::of(content),
+            any::<bool>(),
+        )
+            .prop_map(|(parts, content, duplicate)| {
+                let mut m = json!({"id": "m", "role": "user", "metadata": {"parts": "no"}});
+                if let Some(parts) = parts {
+                    m["parts"] = parts;
+                }
+                if let Some(content) = content {
+                    m["content"] = content;
+                }
+                let json = m.to_string();
+                if duplicate {
+                    // A repeated key: the last one counts, as in the full parse.
+                    format!(r#"{}, "content": "again"}}"#, &json[..json.len() - 1])
+                } else {
+                    json
+                }
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn the_fast_reading_of_stored_json_indexes_what_the_full_one_does(json in message_json()) {
+            let fields: JsonMap = serde_json::from_str(&json).unwrap();
+            prop_assert_eq!(search_text_of_json(&json).unwrap(), search_text(&fields));
+        }
     }
 
     #[test]

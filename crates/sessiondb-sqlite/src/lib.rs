@@ -52,7 +52,6 @@ use std::sync::{Arc, Condvar, Mutex, TryLockError};
 use futures::channel::oneshot;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
 use sessiondb_core::attachments::Payload;
-use sessiondb_core::message::JsonMap;
 use sessiondb_core::{
     Change, ChangeFeed, Compaction, ContextEntry, FeedFilter, FrozenPrompt, PathPlan, PathRows,
     PathRuns, PathSuffix, ScopedBlock, SearchHit, SessionInfo, SessionKey, SessionQuery,
@@ -653,9 +652,8 @@ impl Writer {
                     row.get(4).map_err(backend_error)?,
                     row.get(5).map_err(backend_error)?,
                 )?;
-                let fields: JsonMap = serde_json::from_str(&body)
+                let text = search::search_text_of_json(&body)
                     .map_err(|e| StoreError::Corrupt(format!("message `{id}`: {e}")))?;
-                let text = search::search_text(&fields);
                 if !text.is_empty() {
                     insert
                         .execute(params![key.namespace, key.session_id, id, role, text])
