@@ -295,6 +295,7 @@ impl Message {
         let fields = media.as_ref().map_or(&self.fields, |(fields, _)| fields);
         let reported = crate::tokens::reported_tokens(fields);
         let mut prepared = PreparedMessage {
+            fresh_id: false,
             content_hash: ContentHash::of(body.as_bytes()),
             token_estimate: reported.unwrap_or_else(|| counter.count_message(fields)),
             tokens_reported: reported.is_some(),
@@ -392,6 +393,9 @@ impl fmt::Debug for ContentHash {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PreparedMessage {
     pub id: String,
+    /// The id was generated for this write: no stored message has it and none names it as its
+    /// parent, so a backend need not look.
+    pub fresh_id: bool,
     pub role: String,
     /// Compact JSON with media replaced by pointers.
     pub body: String,

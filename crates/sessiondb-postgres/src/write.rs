@@ -502,8 +502,12 @@ impl<C: GenericClient> RequestTx<'_, C> {
         queries::locate(self.c, self.key, id).await
     }
 
-    /// Whether a row with `id` exists, and whether rows name `id` as their parent.
-    async fn id_status(&mut self, id: &str) -> Result<(bool, bool)> {
+    /// Whether a row with the message's id exists, and whether rows name it as their parent.
+    async fn id_status(&mut self, message: &PreparedMessage) -> Result<(bool, bool)> {
+        if message.fresh_id {
+            return Ok((false, false));
+        }
+        let id = message.id.as_str();
         if let Some(known) = self.known.as_ref().filter(|k| k.covered.contains(id)) {
             return Ok((
                 known.rows.contains_key(id),
@@ -671,7 +675,7 @@ impl<C: GenericClient> RequestTx<'_, C> {
 
     async fn append(&mut self, message: &PreparedMessage, parent: &Parent) -> Result<WriteOutcome> {
         let (c, key) = (self.c, self.key);
-        let (exists, orphans) = self.id_status(&message.id).await?;
+        let (exists, orphans) = self.id_status(message).await?;
         if exists {
             self.flush().await?;
             let stored = queries::message(c, key, &message.id)
@@ -805,7 +809,7 @@ impl<C: GenericClient> RequestTx<'_, C> {
         created_at: i64,
         updated_at: Option<i64>,
     ) -> Result<WriteOutcome> {
-        let (exists, orphans) = self.id_status(&message.id).await?;
+        let (exists, orphans) = self.id_status(message).await?;
         if exists {
             return Ok(WriteOutcome::Imported(None));
         }

@@ -384,8 +384,16 @@ impl RequestTx<'_> {
         Ok(WriteOutcome::Existed(existed))
     }
 
+    /// Whether a row with the message's id exists, and whether rows name it as their parent.
+    fn id_status(&self, message: &PreparedMessage) -> Result<(bool, bool)> {
+        if message.fresh_id {
+            return Ok((false, false));
+        }
+        queries::id_status(self.conn, self.key, &message.id)
+    }
+
     fn append(&mut self, message: &PreparedMessage, parent: &Parent) -> Result<WriteOutcome> {
-        let (exists, orphans) = queries::id_status(self.conn, self.key, &message.id)?;
+        let (exists, orphans) = self.id_status(message)?;
         if exists {
             let stored = queries::message(self.conn, self.key, &message.id)?
                 .ok_or_else(|| StoreError::Corrupt(format!("message `{}` vanished", message.id)))?;
@@ -546,7 +554,7 @@ impl RequestTx<'_> {
         created_at: i64,
         updated_at: Option<i64>,
     ) -> Result<WriteOutcome> {
-        let (exists, orphans) = queries::id_status(self.conn, self.key, &message.id)?;
+        let (exists, orphans) = self.id_status(message)?;
         if exists {
             return Ok(WriteOutcome::Imported(None));
         }

@@ -262,7 +262,6 @@ impl<S: Store> Session<S> {
         mut message: Message,
         source: Source,
     ) -> Result<PreparedMessage, Error> {
-        message.ensure_id(generate_id);
         message.sanitize(source, &self.options.reserved_metadata_keys);
         self.prepare_verbatim(message).await
     }
@@ -273,10 +272,12 @@ impl<S: Store> Session<S> {
         &self,
         mut message: Message,
     ) -> Result<PreparedMessage, Error> {
+        let fresh_id = message.id().is_none();
         message.ensure_id(generate_id);
         message.drop_store_owned_fields();
         let counter = self.counter().await?;
         let mut prepared = message.prepare(counter.as_ref());
+        prepared.fresh_id = fresh_id;
         let unmeasured: Vec<String> = prepared
             .unmeasured_references()
             .iter()
