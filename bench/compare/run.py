@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """sessiondb against the session stores people use today, on one machine, in one run.
 
-    python3 bench/compare/run.py [--n 10000] [--rounds 3] [--no-readme]
+    python3 bench/compare/run.py [--n 10000] [--rounds 5] [--no-readme]
 
 Installs the peers into bench/.peers/ (cached: the first run downloads and builds them), builds
 the sessiondb driver, measures the disk's fsync time, then runs every store's workload once per
@@ -148,7 +148,7 @@ def fmt_ms(ms):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=10000)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--no-readme", action="store_true", help="leave bench/README.md as it is")
     p.add_argument("--report", action="store_true",
                    help="measure nothing: redo the table, chart and README section from results.json")
