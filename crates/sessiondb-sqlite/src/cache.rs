@@ -324,19 +324,25 @@ impl State {
             return;
         }
         let target = max_bytes - max_bytes / 10;
-        let mut by_age: Vec<(u64, SessionKey)> = self
-            .sessions
-            .iter()
-            .map(|(key, s)| (s.used, key.clone()))
-            .collect();
-        by_age.sort_unstable_by_key(|(used, _)| *used);
-        for (_, key) in by_age {
-            if self.bytes <= target {
+        // Appends fill the cache from the writer's commit path, so no key is copied here: find
+        // the use-clock at or below which sessions go, then drop them in one pass.
+        let mut by_age: Vec<(u64, usize)> =
+            self.sessions.values().map(|s| (s.used, s.bytes)).collect();
+        by_age.sort_unstable_by_key(|&(used, _)| used);
+        let mut bytes = self.bytes;
+        let mut cutoff = None;
+        for (used, session_bytes) in by_age {
+            if bytes <= target {
                 break;
             }
-            let dropped = self.sessions.remove(&key).expect("listed above");
-            self.bytes -= dropped.bytes;
+            bytes -= session_bytes;
+            cutoff = Some(used);
         }
+        let Some(cutoff) = cutoff else {
+            return;
+        };
+        self.sessions.retain(|_, s| s.used > cutoff);
+        self.bytes = self.sessions.values().map(|s| s.bytes).sum();
     }
 }
 
