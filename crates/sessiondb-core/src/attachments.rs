@@ -307,11 +307,21 @@ impl Encoded {
 /// bare canonical base64. A pointer to none of `stored` stays as it is. Works on the text, so a
 /// read copies each message once instead of parsing and re-serialising it.
 pub fn resolve(json: &str, stored: &[Encoded]) -> String {
-    let mut out = String::with_capacity(json.len());
+    // Sized first: a message grows from its pointer form to megabytes of base64, and growing a
+    // buffer that large step by step copies it several times.
+    let mut len = 0;
+    resolved_pieces(json, stored, |piece| len += piece.len());
+    let mut out = String::with_capacity(len);
+    resolved_pieces(json, stored, |piece| out.push_str(piece));
+    out
+}
+
+/// The pieces of [`resolve`]'s text, in order.
+fn resolved_pieces<'a>(json: &'a str, stored: &'a [Encoded], mut emit: impl FnMut(&'a str)) {
     let mut rest = json;
     while let Some(at) = rest.find(POINTER_PREFIX) {
         let (before, from_pointer) = rest.split_at(at);
-        out.push_str(before);
+        emit(before);
         // The whole string value: the pointer and its closing quote.
         let end = POINTER_PREFIX.len() + 64;
         let hash = from_pointer
@@ -333,21 +343,20 @@ pub fn resolve(json: &str, stored: &[Encoded]) -> String {
             Some((field, index)) => {
                 let media = &stored[index];
                 if field == "url" {
-                    out.push_str("data:");
-                    out.push_str(&media.media_type);
-                    out.push_str(";base64,");
+                    emit("data:");
+                    emit(&media.media_type);
+                    emit(";base64,");
                 }
-                out.push_str(&media.base64);
+                emit(&media.base64);
                 rest = &from_pointer[end..];
             }
             None => {
-                out.push_str(POINTER_PREFIX);
+                emit(POINTER_PREFIX);
                 rest = &from_pointer[POINTER_PREFIX.len()..];
             }
         }
     }
-    out.push_str(rest);
-    out
+    emit(rest);
 }
 
 #[cfg(test)]

@@ -582,6 +582,38 @@ impl serde::Serialize for MessageId {
     }
 }
 
+/// A message's JSON text.
+#[derive(Clone)]
+enum Text {
+    /// A row as stored: copies of a message (a cached row and the reads it answers) hold one text.
+    Shared(Arc<str>),
+    /// A read's own rewrite (media put back): megabytes not worth copying into a shared buffer.
+    Owned(String),
+}
+
+impl Text {
+    fn as_str(&self) -> &str {
+        match self {
+            Text::Shared(text) => text,
+            Text::Owned(text) => text,
+        }
+    }
+}
+
+impl PartialEq for Text {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Text {}
+
+impl fmt::Debug for Text {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
 /// A message as reads return it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredMessage {
@@ -598,8 +630,7 @@ pub struct StoredMessage {
     /// Bytes the message is charged: its stored body (without the store-owned timestamps)
     /// plus its referenced media at base64 size.
     pub bytes: u64,
-    /// Shared: copies of a message (a cached row and the reads it answers) hold one text.
-    json: Arc<str>,
+    json: Text,
     /// Whether `json` may hold attachment pointers, decided once per text: a copy of a cached
     /// row is not scanned again on every read.
     may_hold_pointers: bool,
@@ -644,7 +675,7 @@ impl StoredMessage {
         let json: Arc<str> = json.into();
         Self {
             may_hold_pointers: attachments::may_hold_pointers(&json),
-            json,
+            json: Text::Shared(json),
             bytes,
             id: row.id,
             role: row.role,
@@ -657,10 +688,11 @@ impl StoredMessage {
     }
 
     /// Replaces the JSON text (e.g. media put back in place of pointers); `bytes` stays the
-    /// stored charge.
+    /// stored charge. The new text, which may be megabytes of media, is not scanned: the
+    /// message counts as one that may hold pointers.
     pub fn set_json(&mut self, json: String) {
-        self.may_hold_pointers = attachments::may_hold_pointers(&json);
-        self.json = json.into();
+        self.may_hold_pointers = true;
+        self.json = Text::Owned(json);
     }
 
     /// False when the JSON text holds no attachment pointer (true may be a false alarm).
@@ -670,16 +702,19 @@ impl StoredMessage {
 
     /// The message as compact JSON text, `createdAt` (and `updatedAt`) included.
     pub fn json(&self) -> &str {
-        &self.json
+        self.json.as_str()
     }
 
     pub fn into_json(self) -> String {
-        self.json.to_string()
+        match self.json {
+            Text::Shared(text) => text.to_string(),
+            Text::Owned(text) => text,
+        }
     }
 
     /// The message as a JSON value.
     pub fn to_value(&self) -> Value {
-        serde_json::from_str(&self.json).expect("stored JSON is valid by construction")
+        serde_json::from_str(self.json()).expect("stored JSON is valid by construction")
     }
 
     /// The body as stored (without the store-owned timestamps).

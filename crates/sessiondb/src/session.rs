@@ -131,7 +131,9 @@ enum Windows {
     /// Bounded memory: forward windows of at most 50 rows and 4 MiB, newest-first ones that
     /// grow as in [`walk_window`].
     Streamed,
-    /// The whole path is kept anyway ([`Session::full_history`]): one read per stretch.
+    /// The whole path is kept anyway ([`Session::full_history`]): no row limit, so a stretch
+    /// of ordinary messages is one read; the 4 MiB bound stays, so messages with media are
+    /// still resolved a few megabytes at a time.
     Whole,
 }
 
@@ -140,7 +142,7 @@ impl Windows {
     fn forward(self) -> (usize, u64) {
         match self {
             Windows::Streamed => (WINDOW_MAX_ROWS, WINDOW_MAX_BYTES),
-            Windows::Whole => (MAX_PATH_ROWS, u64::MAX),
+            Windows::Whole => (MAX_PATH_ROWS, WINDOW_MAX_BYTES),
         }
     }
 
