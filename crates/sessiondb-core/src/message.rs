@@ -615,7 +615,7 @@ impl fmt::Debug for Text {
 }
 
 /// A message as reads return it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct StoredMessage {
     pub id: MessageId,
     /// Common roles are shared static strings: a long read allocates nothing for them.
@@ -635,6 +635,23 @@ pub struct StoredMessage {
     /// row is not scanned again on every read.
     may_hold_pointers: bool,
 }
+
+/// Equal messages have equal fields and text (`may_hold_pointers` is derived from the text).
+impl PartialEq for StoredMessage {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+            && self.role == other.role
+            && self.parent_id == other.parent_id
+            && self.seq == other.seq
+            && self.created_at == other.created_at
+            && self.updated_at == other.updated_at
+            && self.token_estimate == other.token_estimate
+            && self.bytes == other.bytes
+            && self.json == other.json
+    }
+}
+
+impl Eq for StoredMessage {}
 
 /// A message role: the common ones are static, others owned.
 pub type Role = std::borrow::Cow<'static, str>;
