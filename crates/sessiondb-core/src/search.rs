@@ -4,8 +4,6 @@
 //! and digits) and each backend matches those words literally. So quotes, `*`, `NEAR`, `-`, `:`,
 //! parentheses or NUL bytes can never raise a syntax error or widen a search.
 
-use std::borrow::Cow;
-
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -17,76 +15,31 @@ pub fn search_text(message: &JsonMap) -> String {
     text_pieces(message).join(" ")
 }
 
-/// [`search_text`] of a message's JSON text. Only `parts` and `content` are decoded (the rest is
-/// skipped, and strings without escapes are borrowed), which is most of the cost of building the
-/// index over stored messages; a shape the fast reading does not expect (a `text` that is not a
-/// string, `content` that is neither a string nor an array, a duplicate key) is read the full way,
-/// so the result is always exactly [`search_text`]'s.
+/// [`search_text`] of a message's JSON text. Only `parts` and `content` are decoded (the rest
+/// of the message is skipped), which is most of the cost of building the index over stored
+/// messages; a repeated key, which the short reading refuses, is read the full way.
 pub fn search_text_of_json(json: &str) -> Result<String, serde_json::Error> {
-    if let Ok(indexed) = serde_json::from_str::<Indexed<'_>>(json) {
-        return Ok(indexed.pieces().join(" "));
-    }
-    let fields: JsonMap = serde_json::from_str(json)?;
+    let fields = match serde_json::from_str::<Indexed>(json) {
+        Ok(indexed) => indexed.into_fields(),
+        Err(_) => serde_json::from_str(json)?,
+    };
     Ok(search_text(&fields))
 }
 
 /// The fields of a message [`search_text`] reads.
 #[derive(Deserialize)]
-struct Indexed<'a> {
-    #[serde(borrow, default)]
-    parts: Option<Vec<IndexedPart<'a>>>,
-    #[serde(borrow, default)]
-    content: Option<IndexedContent<'a>>,
+struct Indexed {
+    #[serde(default)]
+    parts: Option<Value>,
+    #[serde(default)]
+    content: Option<Value>,
 }
 
-#[derive(Deserialize)]
-struct IndexedPart<'a> {
-    #[serde(rename = "type", borrow, default)]
-    kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    text: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum IndexedContent<'a> {
-    Text(#[serde(borrow)] Cow<'a, str>),
-    Items(#[serde(borrow)] Vec<ContentItem<'a>>),
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum ContentItem<'a> {
-    Text(#[serde(borrow)] Cow<'a, str>),
-    Part(#[serde(borrow)] IndexedPart<'a>),
-}
-
-impl IndexedPart<'_> {
-    fn text(&self) -> Option<&str> {
-        (self.kind.as_deref() == Some("text"))
-            .then_some(self.text.as_deref())
-            .flatten()
-    }
-}
-
-impl Indexed<'_> {
-    /// [`text_pieces`] of these fields.
-    fn pieces(&self) -> Vec<&str> {
-        let parts = self.parts.iter().flatten().filter_map(IndexedPart::text);
-        let content: Vec<&str> = match &self.content {
-            Some(IndexedContent::Text(text)) => vec![text],
-            Some(IndexedContent::Items(items)) => items
-                .iter()
-                .filter_map(|item| match item {
-                    ContentItem::Text(text) => Some(&**text),
-                    ContentItem::Part(part) => part.text(),
-                })
-                .collect(),
-            None => Vec::new(),
-        };
-        parts
-            .chain(content)
-            .filter(|text| !text.is_empty())
+impl Indexed {
+    fn into_fields(self) -> JsonMap {
+        [("parts", self.parts), ("content", self.content)]
+            .into_iter()
+            .filter_map(|(name, value)| Some((name.to_owned(), value?)))
             .collect()
     }
 }
