@@ -296,7 +296,11 @@ impl State {
     ) {
         self.clock += 1;
         let clock = self.clock;
-        let session = self.sessions.entry(key.clone()).or_default();
+        // Every append lands here: the key is copied only for a session not cached yet.
+        if !self.sessions.contains_key(key) {
+            self.sessions.insert(key.clone(), SessionRows::default());
+        }
+        let session = self.sessions.get_mut(key).expect("inserted above");
         let before = session.bytes;
         session.insert(first, rows);
         session.used = clock;
@@ -342,7 +346,7 @@ impl State {
             return;
         };
         self.sessions.retain(|_, s| s.used > cutoff);
-        self.bytes = self.sessions.values().map(|s| s.bytes).sum();
+        self.bytes = bytes;
     }
 }
 

@@ -49,6 +49,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, TryLockError};
 
+use futures::FutureExt;
 use futures::channel::oneshot;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
 use sessiondb_core::attachments::Payload;
@@ -297,21 +298,21 @@ impl SqliteStore {
         + Send
         + 'static,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send + 'static {
+        if let Some(hit) = cached(&self.rows, key) {
+            return futures::future::ready(Ok(hit)).left_future();
+        }
         let (key, rows) = (key.clone(), self.rows.clone());
-        let hit = cached(&rows, &key);
         let read = {
             let key = key.clone();
             self.read(move |c| query(c, &key))
         };
         async move {
-            if let Some(hit) = hit {
-                return Ok(hit);
-            }
             let generation = rows.generation();
             let found = read.await?;
             rows.fill(&key, generation, &found);
             Ok(found)
         }
+        .right_future()
     }
 
     fn submit<T>(
