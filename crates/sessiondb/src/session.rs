@@ -14,8 +14,8 @@ use sessiondb_core::overlay::{
 };
 use sessiondb_core::plan::{Batcher, content_windows};
 use sessiondb_core::{
-    Compaction, MAX_PATH_ROWS, Message, Parent, PathRuns, PlanRow, PreparedMessage, RowStat,
-    SearchHit, SessionKey, SessionStats, Source, Store, StoredMessage, UpdateOutcome,
+    Compaction, MAX_PATH_ROWS, Message, MessageId, Parent, PathRuns, PlanRow, PreparedMessage,
+    RowStat, SearchHit, SessionKey, SessionStats, Source, Store, StoredMessage, UpdateOutcome,
     ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome,
     WriteRequest, search,
 };
@@ -774,14 +774,14 @@ impl<S: Store> Session<S> {
         struct Walk<S> {
             store: Arc<S>,
             key: SessionKey,
-            next: Option<String>,
+            next: Option<MessageId>,
             remaining: usize,
             windows: usize,
         }
         let walk = Walk {
             store: self.store.clone(),
             key: self.key.clone(),
-            next: leaf,
+            next: leaf.map(MessageId::from),
             remaining: MAX_PATH_ROWS,
             windows: 0,
         };
@@ -798,9 +798,7 @@ impl<S: Store> Session<S> {
                 return Ok(None);
             }
             walk.remaining -= batch.len();
-            walk.next = batch
-                .last()
-                .and_then(|m| m.parent_id.as_deref().map(str::to_owned));
+            walk.next = batch.last().and_then(|m| m.parent_id.clone());
             walk.windows += 1;
             Ok::<_, Error>(Some((batch, walk)))
         })
