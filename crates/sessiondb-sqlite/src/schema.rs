@@ -16,6 +16,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0006_detached_children.sql"),
     include_str!("../migrations/0007_no_path_index.sql"),
     include_str!("../migrations/0008_branch_points.sql"),
+    include_str!("../migrations/0009_ids_first.sql"),
 ];
 
 /// The schema version this build creates and reads.

@@ -162,6 +162,53 @@ fn migrations_stamp_the_schema_version_and_refuse_newer_files() {
     );
 }
 
+/// Schema 9 re-keys the id index; a file of schema 8 (with that index as it was) opens, gets the
+/// new key, and still finds its messages by id.
+#[test]
+fn a_schema_8_file_migrates_to_the_id_first_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let add = |s: &sessiondb::Session<SqliteStore>, id: &str| {
+        block_on(s.append(Message::text("user", id).with_id(id), AppendOptions::default()))
+            .unwrap()
+    };
+    {
+        let db = open(dir.path());
+        let (a, b) = (db.session("a").unwrap(), db.session("b").unwrap());
+        for id in ["m1", "m2", "m3"] {
+            add(&a, id);
+        }
+        add(&b, "m1");
+    }
+    let index_columns = |conn: &Connection| -> Vec<String> {
+        let mut stmt = conn
+            .prepare("SELECT name FROM pragma_index_info('messages_by_id') ORDER BY seqno")
+            .unwrap();
+        stmt.query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let conn = raw(dir.path());
+    conn.execute_batch(
+        "DROP INDEX messages_by_id;
+         CREATE UNIQUE INDEX messages_by_id ON messages (namespace, session_id, id);
+         PRAGMA user_version = 8;",
+    )
+    .unwrap();
+    drop(conn);
+
+    let db = open(dir.path());
+    let conn = raw(dir.path());
+    assert_eq!(index_columns(&conn), ["id", "namespace", "session_id"]);
+    assert_eq!(count(&conn, "PRAGMA user_version"), SCHEMA_VERSION);
+    drop(conn);
+    let (a, b) = (db.session("a").unwrap(), db.session("b").unwrap());
+    assert!(!add(&a, "m2").inserted, "an existing id is found again");
+    assert!(add(&b, "m2").inserted, "ids stay per session");
+    let m3 = block_on(a.message("m3")).unwrap().unwrap();
+    assert_eq!(m3.parent_id.as_deref(), Some("m2"));
+}
+
 #[test]
 fn chunk_rows_follow_the_message_size() {
     let dir = tempfile::tempdir().unwrap();
