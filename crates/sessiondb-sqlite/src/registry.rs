@@ -174,21 +174,47 @@ pub(crate) fn delete_session_rows(
     key: &SessionKey,
     search_index: bool,
 ) -> Result<()> {
-    let mut tables = vec![
-        "DELETE FROM messages WHERE namespace = ?1 AND session_id = ?2",
-        "DELETE FROM message_chunks WHERE namespace = ?1 AND session_id = ?2",
+    delete_messages(conn, key, search_index)?;
+    for sql in [
         "DELETE FROM compactions WHERE namespace = ?1 AND session_id = ?2",
         "DELETE FROM session_state WHERE namespace = ?1 AND session_id = ?2",
         "DELETE FROM sessions WHERE namespace = ?1 AND id = ?2",
-    ];
+    ] {
+        execute_for_session(conn, key, sql)?;
+    }
+    Ok(())
+}
+
+/// Removes a session's messages, their chunks and their search entries.
+pub(crate) fn delete_messages(
+    conn: &Connection,
+    key: &SessionKey,
+    search_index: bool,
+) -> Result<()> {
     if search_index {
-        tables.push("DELETE FROM message_search WHERE namespace = ?1 AND session_id = ?2");
+        // The search table's key leads with the message id (see `schema::SEARCH_TABLES`), so a
+        // session's entries are found through its message ids, before the messages go.
+        execute_for_session(
+            conn,
+            key,
+            "DELETE FROM message_search
+              WHERE namespace = ?1 AND session_id = ?2
+                AND message_id IN (SELECT id FROM messages WHERE namespace = ?1 AND session_id = ?2)",
+        )?;
     }
-    for sql in tables {
-        conn.prepare_cached(sql)
-            .and_then(|mut stmt| stmt.execute(params![key.namespace, key.session_id]))
-            .map_err(backend_error)?;
+    for sql in [
+        "DELETE FROM messages WHERE namespace = ?1 AND session_id = ?2",
+        "DELETE FROM message_chunks WHERE namespace = ?1 AND session_id = ?2",
+    ] {
+        execute_for_session(conn, key, sql)?;
     }
+    Ok(())
+}
+
+fn execute_for_session(conn: &Connection, key: &SessionKey, sql: &str) -> Result<()> {
+    conn.prepare_cached(sql)
+        .and_then(|mut stmt| stmt.execute(params![key.namespace, key.session_id]))
+        .map_err(backend_error)?;
     Ok(())
 }
 

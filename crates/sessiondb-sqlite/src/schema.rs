@@ -17,13 +17,17 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0007_no_path_index.sql"),
     include_str!("../migrations/0008_branch_points.sql"),
     include_str!("../migrations/0009_ids_first.sql"),
+    include_str!("../migrations/0010_search_ids_first.sql"),
 ];
 
 /// The schema version this build creates and reads.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Tables of the full-text index, created by the first search. `message_search` holds the
-/// indexed text; `message_fts` indexes it as external content.
+/// indexed text; `message_fts` indexes it as external content. Its key leads with the message
+/// id for the reason the id index does (schema 9): generated ids are time-ordered, so the entries
+/// of a group commit's appends to many sessions share a page. Schema 10 drops an index built with
+/// the earlier key `(namespace, session_id, message_id)`; the next search builds it again.
 pub(crate) const SEARCH_TABLES: &str = r#"
 CREATE TABLE IF NOT EXISTS message_search (
     rowid      INTEGER PRIMARY KEY,
@@ -32,7 +36,7 @@ CREATE TABLE IF NOT EXISTS message_search (
     message_id TEXT NOT NULL,
     role       TEXT NOT NULL,
     text       TEXT NOT NULL,
-    UNIQUE (namespace, session_id, message_id)
+    UNIQUE (message_id, namespace, session_id)
 );
 CREATE VIRTUAL TABLE IF NOT EXISTS message_fts USING fts5(
     text, content='message_search', content_rowid='rowid', tokenize='porter unicode61'

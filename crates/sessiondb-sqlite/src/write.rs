@@ -684,27 +684,7 @@ impl RequestTx<'_> {
 
     fn clear(&mut self) -> Result<WriteOutcome> {
         attachments::drop_session_refs(self.conn, self.key)?;
-        let key = [
-            &self.key.namespace as &dyn rusqlite::ToSql,
-            &self.key.session_id,
-        ];
-        exec(
-            self.conn,
-            "DELETE FROM messages WHERE namespace = ?1 AND session_id = ?2",
-            &key,
-        )?;
-        exec(
-            self.conn,
-            "DELETE FROM message_chunks WHERE namespace = ?1 AND session_id = ?2",
-            &key,
-        )?;
-        if self.ctx.search_index {
-            exec(
-                self.conn,
-                "DELETE FROM message_search WHERE namespace = ?1 AND session_id = ?2",
-                &key,
-            )?;
-        }
+        registry::delete_messages(self.conn, self.key, self.ctx.search_index)?;
         self.changes.push(Change::Clear);
         if !self.session.stored {
             return Ok(WriteOutcome::Cleared);

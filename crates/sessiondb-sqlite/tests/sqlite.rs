@@ -162,14 +162,18 @@ fn migrations_stamp_the_schema_version_and_refuse_newer_files() {
     );
 }
 
-/// Schema 9 re-keys the id index; a file of schema 8 (with that index as it was) opens, gets the
-/// new key, and still finds its messages by id.
+/// Schemas 9 and 10 re-key the id index and the search table; a file of schema 8 (with a search
+/// index) opens, gets the new id index, drops its search index (derived data), and still finds
+/// its messages by id and, after the next search builds the index again, by text.
 #[test]
-fn a_schema_8_file_migrates_to_the_id_first_index() {
+fn a_schema_8_file_migrates_to_the_id_first_indexes() {
     let dir = tempfile::tempdir().unwrap();
     let add = |s: &sessiondb::Session<SqliteStore>, id: &str| {
-        block_on(s.append(Message::text("user", id).with_id(id), AppendOptions::default()))
-            .unwrap()
+        block_on(s.append(
+            Message::text("user", id).with_id(id),
+            AppendOptions::default(),
+        ))
+        .unwrap()
     };
     {
         let db = open(dir.path());
@@ -178,6 +182,7 @@ fn a_schema_8_file_migrates_to_the_id_first_index() {
             add(&a, id);
         }
         add(&b, "m1");
+        assert_eq!(block_on(a.search("m2", 5)).unwrap().len(), 1);
     }
     let index_columns = |conn: &Connection| -> Vec<String> {
         let mut stmt = conn
@@ -201,12 +206,55 @@ fn a_schema_8_file_migrates_to_the_id_first_index() {
     let conn = raw(dir.path());
     assert_eq!(index_columns(&conn), ["id", "namespace", "session_id"]);
     assert_eq!(count(&conn, "PRAGMA user_version"), SCHEMA_VERSION);
+    assert!(!table_exists(&conn, "message_search"));
     drop(conn);
+    assert!(!db.store().has_search_index());
     let (a, b) = (db.session("a").unwrap(), db.session("b").unwrap());
+    let found = block_on(a.search("m3", 5)).unwrap();
+    assert_eq!(
+        found.iter().map(|h| h.id.as_str()).collect::<Vec<_>>(),
+        ["m3"]
+    );
     assert!(!add(&a, "m2").inserted, "an existing id is found again");
     assert!(add(&b, "m2").inserted, "ids stay per session");
     let m3 = block_on(a.message("m3")).unwrap().unwrap();
     assert_eq!(m3.parent_id.as_deref(), Some("m2"));
+}
+
+/// The search table is keyed by message id first; clearing a session and deleting one still
+/// remove exactly that session's entries.
+#[test]
+fn clear_and_session_delete_remove_their_search_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = open(dir.path());
+        let sessions: Vec<_> = ["kept", "cleared", "deleted"]
+            .iter()
+            .map(|name| db.session(name).unwrap())
+            .collect();
+        block_on(async {
+            for s in &sessions {
+                for i in 0..3 {
+                    let m = Message::text("user", format!("word{i}")).with_id(format!("m{i}"));
+                    s.append(m, AppendOptions::default()).await.unwrap();
+                }
+            }
+            assert_eq!(sessions[0].search("word1", 5).await.unwrap().len(), 1);
+            sessions[1].clear().await.unwrap();
+            assert!(sessions[2].delete_session().await.unwrap());
+        });
+    }
+    let conn = raw(dir.path());
+    let entries = |session: &str| {
+        count(
+            &conn,
+            &format!("SELECT count(*) FROM message_search WHERE session_id = '{session}'"),
+        )
+    };
+    assert_eq!(
+        [entries("kept"), entries("cleared"), entries("deleted")],
+        [3, 0, 0]
+    );
 }
 
 #[test]
