@@ -2,6 +2,8 @@
 //! session than in a short one? Appends to sessions of 100 and 10,000 messages, without a
 //! threshold, with `compactAfter` set (checked on every append, never exceeded) and with
 //! `compactAfter` on a session that already has a compaction (the overlaid estimate), durably.
+//! Then the reads that show a compacted session's overlaid size: `info` (its token estimate) and
+//! `recent_history` (total bytes and the fitting suffix), at 100 and 10,000 messages.
 //!
 //! `cargo run --release -p sessiondb-bench --bin sessiondb-compaction-bench`
 #![forbid(unsafe_code)]
@@ -84,6 +86,49 @@ fn main() {
             println!("{label:<44} {size:>6} messages: median {median:.3} ms, p99 {p99:.3} ms");
         }
         let medians: Vec<f64> = results.iter().map(|(median, _)| *median).collect();
+        println!("{label:<44} 10,000 / 100 = {:.2}×", medians[1] / medians[0]);
+    }
+    compacted_reads(&db);
+}
+
+const READS: usize = 200;
+
+/// Median milliseconds of `info` and of `recent_history(20 KB)` on compacted sessions of 100 and
+/// 10,000 messages, the sessions taking turns.
+fn compacted_reads(db: &Db<SqliteStore>) {
+    println!("--- reads of a compacted session, {READS} each, taking turns");
+    let sessions: Vec<(usize, Session<SqliteStore>)> = [100, 10_000]
+        .into_iter()
+        .map(|size| {
+            let session = db.session(&format!("compacted-reads-{size}")).unwrap();
+            fill(&session, size);
+            block_on(session.add_compaction("summary".into(), "m3".into(), "m50".into())).unwrap();
+            (size, session)
+        })
+        .collect();
+    let time = |read: &dyn Fn(&Session<SqliteStore>)| -> Vec<f64> {
+        let mut times = vec![Vec::with_capacity(READS); sessions.len()];
+        for _ in 0..READS {
+            for ((_, session), times) in sessions.iter().zip(&mut times) {
+                let started = Instant::now();
+                read(session);
+                times.push(started.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        times
+            .into_iter()
+            .map(|mut t| {
+                t.sort_by(f64::total_cmp);
+                t[READS / 2]
+            })
+            .collect()
+    };
+    let info = time(&|s| drop(block_on(s.info()).unwrap().unwrap()));
+    let recent = time(&|s| drop(block_on(s.recent_history(20_000, None)).unwrap()));
+    for (label, medians) in [("info", info), ("recent_history(20 KB)", recent)] {
+        for ((size, _), median) in sessions.iter().zip(&medians) {
+            println!("{label:<44} {size:>6} messages: median {median:.3} ms");
+        }
         println!("{label:<44} 10,000 / 100 = {:.2}×", medians[1] / medians[0]);
     }
 }

@@ -50,9 +50,9 @@ pub use registry::{
     Usage,
 };
 pub use store::{
-    ContextEntry, FrozenPrompt, Parent, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow, RowStat,
-    RunsFromLeaf, ScopedBlock, SearchHit, SessionKey, SessionStats, Store, StoreError,
-    UpdateOutcome, WriteOp, WriteOutcome, WriteRequest,
+    ContextEntry, FrozenPrompt, Parent, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow,
+    RangeTotals, RowStat, RunsFromLeaf, ScopedBlock, SearchHit, SessionKey, SessionStats, Store,
+    StoreError, UpdateOutcome, WriteOp, WriteOutcome, WriteRequest,
 };
 
 /// Maximum depth walked from a leaf towards the root; a path holds at most `MAX_PATH_DEPTH + 1`

@@ -1,23 +1,8 @@
 //! Compaction overlays on a path: which rows a read shows, and where a summary stands in for a
 //! span of rows.
 
-use std::collections::HashMap;
-
 use crate::COMPACTION_PREFIX;
 use crate::registry::Compaction;
-
-/// One element of an overlaid path, root first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PathItem {
-    /// The path row at this index, shown as stored.
-    Row(usize),
-    /// The summary of `compactions[index]`, standing for the rows `first..=last` of the path.
-    Summary {
-        compaction: usize,
-        first: usize,
-        last: usize,
-    },
-}
 
 /// A stretch of an overlaid path, root first; `first..=last` are path positions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,46 +76,6 @@ pub fn overlay_spans(len: usize, ends: &[Endpoints], hidden: &[usize]) -> Vec<Pa
     spans
 }
 
-/// [`overlay_spans`] for a path given by its ids, root first, with one item per shown row.
-/// Stored rows that are echoes of this session's own overlays (`compaction_<id>`) are hidden.
-pub fn overlay_path(path_ids: &[&str], compactions: &[Compaction]) -> Vec<PathItem> {
-    let position: HashMap<&str, usize> = path_ids
-        .iter()
-        .enumerate()
-        .map(|(i, id)| (*id, i))
-        .collect();
-    let at = |id: &str| position.get(id).copied();
-    let ends: Vec<Endpoints> = compactions
-        .iter()
-        .map(|c| Endpoints {
-            from: at(&c.from_message_id),
-            to: at(&c.to_message_id),
-        })
-        .collect();
-    let hidden: Vec<usize> = path_ids
-        .iter()
-        .enumerate()
-        .filter(|(_, id)| is_hidden(id, compactions))
-        .map(|(i, _)| i)
-        .collect();
-    let mut items = Vec::with_capacity(path_ids.len());
-    for span in overlay_spans(path_ids.len(), &ends, &hidden) {
-        match span {
-            PathSpan::Rows { first, last } => items.extend((first..=last).map(PathItem::Row)),
-            PathSpan::Summary {
-                compaction,
-                first,
-                last,
-            } => items.push(PathItem::Summary {
-                compaction,
-                first,
-                last,
-            }),
-        }
-    }
-    items
-}
-
 /// True when `id` has the synthetic prefix, so it could be hidden (a cheap check before reading a
 /// session's compactions).
 pub fn may_be_hidden(id: &str) -> bool {
@@ -162,6 +107,18 @@ mod tests {
         }
     }
 
+    /// Endpoints of `compactions` on a path given by its ids, root first.
+    fn ends_on(path: &[&str], compactions: &[Compaction]) -> Vec<Endpoints> {
+        let at = |id: &str| path.iter().position(|p| *p == id);
+        compactions
+            .iter()
+            .map(|c| Endpoints {
+                from: at(&c.from_message_id),
+                to: at(&c.to_message_id),
+            })
+            .collect()
+    }
+
     #[test]
     fn newest_overlay_at_a_row_wins_and_overlaps_inside_are_skipped() {
         let path = ["a", "b", "c", "d", "e"];
@@ -172,15 +129,14 @@ mod tests {
             compaction("4", "d", "elsewhere"),
         ];
         assert_eq!(
-            overlay_path(&path, &cs),
+            overlay_spans(path.len(), &ends_on(&path, &cs), &[]),
             [
-                PathItem::Summary {
+                PathSpan::Summary {
                     compaction: 1,
                     first: 0,
                     last: 2
                 },
-                PathItem::Row(3),
-                PathItem::Row(4)
+                PathSpan::Rows { first: 3, last: 4 },
             ]
         );
     }
@@ -220,9 +176,16 @@ mod tests {
     fn an_end_above_the_start_never_applies_and_echoes_are_hidden() {
         let path = ["a", "compaction_1", "b", "compaction_other"];
         let cs = [compaction("1", "b", "a")];
+        let hidden: Vec<usize> = (0..path.len())
+            .filter(|&i| is_hidden(path[i], &cs))
+            .collect();
+        assert_eq!(hidden, [1]);
         assert_eq!(
-            overlay_path(&path, &cs),
-            [PathItem::Row(0), PathItem::Row(2), PathItem::Row(3)]
+            overlay_spans(path.len(), &ends_on(&path, &cs), &hidden),
+            [
+                PathSpan::Rows { first: 0, last: 0 },
+                PathSpan::Rows { first: 2, last: 3 },
+            ]
         );
     }
 }

@@ -285,6 +285,13 @@ pub struct PathRuns {
     pub located: Vec<Option<i64>>,
 }
 
+/// Token estimate and bytes summed over a stretch of rows ([`Store::range_totals`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RangeTotals {
+    pub tokens: u64,
+    pub bytes: u64,
+}
+
 impl PathRuns {
     /// Rows on the path.
     pub fn len(&self) -> usize {
@@ -487,6 +494,16 @@ pub trait Store: Send + Sync + 'static {
         leaf: Option<&str>,
         locate: &[String],
     ) -> impl Future<Output = Result<PathRuns, StoreError>> + Send;
+
+    /// The token estimates and bytes of the rows with seqs in each inclusive range, summed per
+    /// range, in the order given; rows that do not exist count nothing. Each range lies within
+    /// one run of a path (see [`PathRuns`]), so a backend that keeps running totals along paths
+    /// can answer without reading the rows in between.
+    fn range_totals(
+        &self,
+        key: &SessionKey,
+        ranges: &[(i64, i64)],
+    ) -> impl Future<Output = Result<Vec<RangeTotals>, StoreError>> + Send;
 
     /// How to read the path ending at `leaf` (the active leaf when `None`) forward, capped like
     /// [`Store::path`]; [`PathPlan::Overlaid`] whenever the session has compactions.

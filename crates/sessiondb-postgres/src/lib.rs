@@ -38,8 +38,9 @@ use deadpool_postgres::Pool;
 use sessiondb_core::attachments::Payload;
 use sessiondb_core::{
     Change, ChangeFeed, Compaction, ContextEntry, FeedFilter, FrozenPrompt, PathPlan, PathRows,
-    PathRuns, PathSuffix, ScopedBlock, SearchHit, SessionInfo, SessionKey, SessionQuery,
-    SessionStats, Store, StoreError, StoredMessage, Subscription, WriteOutcome, WriteRequest,
+    PathRuns, PathSuffix, RangeTotals, ScopedBlock, SearchHit, SessionInfo, SessionKey,
+    SessionQuery, SessionStats, Store, StoreError, StoredMessage, Subscription, WriteOutcome,
+    WriteRequest,
 };
 use tokio::runtime::{Handle, Runtime};
 
@@ -407,6 +408,15 @@ impl Store for PgStore {
     ) -> impl Future<Output = Result<PathRuns, StoreError>> + Send {
         let (key, leaf, ids) = (key.clone(), leaf.map(str::to_owned), locate.to_vec());
         snapshot!(self, |c| queries::path_runs(c, &key, leaf.as_deref(), &ids))
+    }
+
+    fn range_totals(
+        &self,
+        key: &SessionKey,
+        ranges: &[(i64, i64)],
+    ) -> impl Future<Output = Result<Vec<RangeTotals>, StoreError>> + Send {
+        let (key, ranges) = (key.clone(), ranges.to_vec());
+        read!(self, |c| queries::range_totals(c, &key, &ranges))
     }
 
     /// A linear conversation's plan comes from one statement; a walk runs in a snapshot.

@@ -9,8 +9,8 @@ use deadpool_postgres::GenericClient;
 pub(crate) use sessiondb_core::plan::PathTotals;
 use sessiondb_core::plan::{SuffixBudget, linear_range};
 use sessiondb_core::{
-    MAX_PATH_ROWS, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow, RowStat, RunsFromLeaf,
-    SearchHit, SessionKey, SessionStats, StoreError, StoredMessage,
+    MAX_PATH_ROWS, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow, RangeTotals, RowStat,
+    RunsFromLeaf, SearchHit, SessionKey, SessionStats, StoreError, StoredMessage,
 };
 
 use crate::sql::{Result, exec, get, messages, pairs, row, rows, search_words};
@@ -238,6 +238,33 @@ pub(crate) async fn walk<C: GenericClient>(
             role: get(r, 3)?,
             bytes: get::<i64>(r, 4)? as u64,
             token_estimate: get::<i64>(r, 5)? as u64,
+        })
+    })
+    .collect()
+}
+
+/// Token estimates and bytes summed over each seq range, in one statement.
+pub(crate) async fn range_totals<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    ranges: &[(i64, i64)],
+) -> Result<Vec<RangeTotals>> {
+    let (firsts, lasts): (Vec<i64>, Vec<i64>) = ranges.iter().copied().unzip();
+    rows(
+        c,
+        "SELECT coalesce(sum(m.token_estimate), 0)::BIGINT, coalesce(sum(m.bytes), 0)::BIGINT
+           FROM unnest($3::BIGINT[], $4::BIGINT[]) WITH ORDINALITY AS r (first, last, i)
+           LEFT JOIN messages m
+             ON m.namespace = $1 AND m.session_id = $2 AND m.seq BETWEEN r.first AND r.last
+          GROUP BY r.i ORDER BY r.i",
+        &[&key.namespace, &key.session_id, &firsts, &lasts],
+    )
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(RangeTotals {
+            tokens: get::<i64>(r, 0)? as u64,
+            bytes: get::<i64>(r, 1)? as u64,
         })
     })
     .collect()

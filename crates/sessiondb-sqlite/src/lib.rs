@@ -55,9 +55,9 @@ use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
 use sessiondb_core::attachments::Payload;
 use sessiondb_core::{
     Change, ChangeFeed, Compaction, ContextEntry, FeedFilter, FrozenPrompt, PathPlan, PathRows,
-    PathRuns, PathSuffix, ScopedBlock, SearchHit, SessionInfo, SessionKey, SessionQuery,
-    SessionStats, Store, StoreError, StoredMessage, Subscription, WriteOutcome, WriteRequest,
-    search,
+    PathRuns, PathSuffix, RangeTotals, ScopedBlock, SearchHit, SessionInfo, SessionKey,
+    SessionQuery, SessionStats, Store, StoreError, StoredMessage, Subscription, WriteOutcome,
+    WriteRequest, search,
 };
 
 use crate::cache::RowCache;
@@ -749,6 +749,15 @@ impl Store for SqliteStore {
     ) -> impl Future<Output = Result<PathRuns, StoreError>> + Send {
         let (key, leaf, ids) = (key.clone(), leaf.map(str::to_owned), locate.to_vec());
         self.read(move |c| queries::path_runs(c, &key, leaf.as_deref(), &ids))
+    }
+
+    fn range_totals(
+        &self,
+        key: &SessionKey,
+        ranges: &[(i64, i64)],
+    ) -> impl Future<Output = Result<Vec<RangeTotals>, StoreError>> + Send {
+        let (key, ranges) = (key.clone(), ranges.to_vec());
+        self.read(move |c| queries::range_totals(c, &key, &ranges))
     }
 
     fn path_plan(

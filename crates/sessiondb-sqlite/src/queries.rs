@@ -10,8 +10,8 @@ use sessiondb_core::message::{MessageId, StoredRow, role_of};
 pub(crate) use sessiondb_core::plan::PathTotals;
 use sessiondb_core::plan::{SuffixBudget, linear_range};
 use sessiondb_core::{
-    MAX_PATH_ROWS, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow, RowStat, RunsFromLeaf,
-    SearchHit, SessionKey, SessionStats, StoreError, StoredMessage,
+    MAX_PATH_ROWS, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow, RangeTotals, RowStat,
+    RunsFromLeaf, SearchHit, SessionKey, SessionStats, StoreError, StoredMessage,
 };
 
 use crate::backend_error;
@@ -539,6 +539,80 @@ pub(crate) fn stored_path_totals(
     })
     .optional()
     .map_err(backend_error)
+}
+
+/// Token estimates and bytes summed over each seq range (each within one run of a path). A
+/// range whose end rows still carry the session's path epoch is answered from the root → row
+/// totals stored on them (two look-ups however long it is); any other range sums its rows.
+pub(crate) fn range_totals(
+    conn: &Connection,
+    key: &SessionKey,
+    ranges: &[(i64, i64)],
+) -> Result<Vec<RangeTotals>> {
+    let epoch: Option<i64> = conn
+        .prepare_cached("SELECT path_epoch FROM sessions WHERE namespace = ?1 AND id = ?2")
+        .and_then(|mut stmt| {
+            stmt.query_row(params![key.namespace, key.session_id], |r| r.get(0))
+                .optional()
+        })
+        .map_err(backend_error)?;
+    let mut running = conn
+        .prepare_cached(
+            "SELECT path_tokens, path_bytes, token_estimate, bytes FROM messages
+              WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3 AND path_epoch = ?4",
+        )
+        .map_err(backend_error)?;
+    // (root → row totals, the row's own size) of a row whose stored totals are current.
+    let mut current = |seq: i64, epoch: i64| -> Result<Option<(RangeTotals, RangeTotals)>> {
+        running
+            .query_row(params![key.namespace, key.session_id, seq, epoch], |r| {
+                let size = |tokens: usize, bytes: usize| -> rusqlite::Result<RangeTotals> {
+                    Ok(RangeTotals {
+                        tokens: r.get::<_, i64>(tokens)? as u64,
+                        bytes: r.get::<_, i64>(bytes)? as u64,
+                    })
+                };
+                Ok((size(0, 1)?, size(2, 3)?))
+            })
+            .optional()
+            .map_err(backend_error)
+    };
+    let mut summed = conn
+        .prepare_cached(
+            "SELECT coalesce(sum(token_estimate), 0), coalesce(sum(bytes), 0) FROM messages
+              WHERE namespace = ?1 AND session_id = ?2 AND seq BETWEEN ?3 AND ?4",
+        )
+        .map_err(backend_error)?;
+    let mut totals = Vec::with_capacity(ranges.len());
+    for &(first, last) in ranges {
+        let running = match epoch {
+            Some(epoch) if first <= last => match (current(first, epoch)?, current(last, epoch)?) {
+                // The range is what the path gains from before its first row to its last.
+                (Some((to_first, first_row)), Some((to_last, _))) => {
+                    let gained = |to_last: u64, own: u64, to_first: u64| {
+                        (to_last + own).checked_sub(to_first)
+                    };
+                    gained(to_last.tokens, first_row.tokens, to_first.tokens)
+                        .zip(gained(to_last.bytes, first_row.bytes, to_first.bytes))
+                        .map(|(tokens, bytes)| RangeTotals { tokens, bytes })
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        totals.push(match running {
+            Some(found) => found,
+            None => summed
+                .query_row(params![key.namespace, key.session_id, first, last], |r| {
+                    Ok(RangeTotals {
+                        tokens: r.get::<_, i64>(0)? as u64,
+                        bytes: r.get::<_, i64>(1)? as u64,
+                    })
+                })
+                .map_err(backend_error)?,
+        });
+    }
+    Ok(totals)
 }
 
 /// `(id, token_estimate, bytes)` of the row with `seq`.

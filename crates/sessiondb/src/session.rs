@@ -9,15 +9,14 @@ use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use serde_json::Value;
 use sessiondb_core::attachments;
 use sessiondb_core::overlay::{
-    Endpoints, PathItem, PathSpan, is_hidden, may_be_hidden, overlay_path, overlay_spans,
-    summary_message_id,
+    Endpoints, PathSpan, is_hidden, may_be_hidden, overlay_spans, summary_message_id,
 };
 use sessiondb_core::plan::{Batcher, content_windows};
 use sessiondb_core::{
     Compaction, MAX_PATH_ROWS, Message, MessageId, Parent, PathRuns, PlanRow, PreparedMessage,
-    RowStat, SearchHit, SessionKey, SessionStats, Source, Store, StoredMessage, UpdateOutcome,
-    ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome,
-    WriteRequest, search,
+    RangeTotals, RowStat, SearchHit, SessionKey, SessionStats, Source, Store, StoredMessage,
+    UpdateOutcome, ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS,
+    WriteOp, WriteOutcome, WriteRequest, search,
 };
 
 use crate::compact::SessionCaches;
@@ -626,24 +625,6 @@ impl<S: Store> Session<S> {
         Ok(rows)
     }
 
-    /// The active path as reads show it once compaction overlays apply; `None` when the
-    /// session has no compactions (reads then take their direct paths).
-    async fn overlaid(&self, leaf: Option<&str>) -> Result<Option<Overlaid>, Error> {
-        let compactions = self.store.compactions(&self.key).await?;
-        if compactions.is_empty() {
-            return Ok(None);
-        }
-        let path = self.store.path(&self.key, leaf).await?;
-        let ids: Vec<&str> = path.rows.iter().map(|r| r.id.as_str()).collect();
-        let items = overlay_path(&ids, &compactions);
-        Ok(Some(Overlaid {
-            rows: path.rows,
-            capped: path.capped,
-            items,
-            summaries: self.summaries(&compactions).await?,
-        }))
-    }
-
     /// The synthetic message of each compaction, in the compactions' order.
     async fn summaries(&self, compactions: &[Compaction]) -> Result<Vec<StoredMessage>, Error> {
         // Without compactions there is nothing to count, so no tokenizer is loaded.
@@ -668,6 +649,14 @@ impl<S: Store> Session<S> {
     /// plan.
     async fn plan_on_runs(&self, leaf: Option<&str>) -> Result<RunPlan, Error> {
         let compactions = self.store.compactions(&self.key).await?;
+        self.plan_runs(leaf, &compactions).await
+    }
+
+    async fn plan_runs(
+        &self,
+        leaf: Option<&str>,
+        compactions: &[Compaction],
+    ) -> Result<RunPlan, Error> {
         let locate: Vec<String> = compactions
             .iter()
             .flat_map(|c| {
@@ -693,22 +682,20 @@ impl<S: Store> Session<S> {
         Ok(RunPlan {
             runs,
             spans,
-            summaries: self.summaries(&compactions).await?,
+            summaries: self.summaries(compactions).await?,
         })
     }
 
     /// The active path's token estimate with compaction summaries in place of the rows they
     /// cover; `None` when no overlay exists (the O(1) aggregate is exact then).
     pub(crate) async fn overlaid_token_estimate(&self) -> Result<Option<u64>, Error> {
-        Ok(self.overlaid(None).await?.map(|o| {
-            o.items
-                .iter()
-                .map(|item| match *item {
-                    PathItem::Row(i) => o.rows[i].token_estimate,
-                    PathItem::Summary { compaction, .. } => o.summaries[compaction].token_estimate,
-                })
-                .sum()
-        }))
+        let compactions = self.store.compactions(&self.key).await?;
+        if compactions.is_empty() {
+            return Ok(None);
+        }
+        let pieces = self.plan_runs(None, &compactions).await?.pieces();
+        let sizes = piece_sizes(self.store.as_ref(), &self.key, &pieces).await?;
+        Ok(Some(sizes.iter().map(|size| size.tokens).sum()))
     }
 
     /// The path root → leaf (or leaf → root) as a stream. Forward reads fetch content in windows
@@ -864,15 +851,10 @@ impl<S: Store> Session<S> {
     ) -> Result<RecentHistory, Error> {
         let suffix = self.store.path_suffix(&self.key, leaf, max_bytes).await?;
         if suffix.overlaid {
-            return match self.overlaid(leaf).await? {
-                Some(overlaid) => {
-                    overlaid
-                        .recent(self.store.clone(), self.key.clone(), max_bytes)
-                        .await
-                }
-                // Compactions go only with their session (and its messages).
-                None => Ok(RecentHistory::default()),
-            };
+            let plan = self.plan_on_runs(leaf).await?;
+            return plan
+                .recent(self.store.clone(), self.key.clone(), max_bytes)
+                .await;
         }
         let batches: Vec<Vec<StoredMessage>> =
             fetch_windows(self.store.clone(), self.key.clone(), suffix.rows)
@@ -909,77 +891,6 @@ impl<S: Store> Session<S> {
     }
 }
 
-/// A path with compaction overlays planned on it.
-struct Overlaid {
-    rows: Vec<RowStat>,
-    capped: bool,
-    /// Root first.
-    items: Vec<PathItem>,
-    /// The synthetic message of each compaction, by the compaction's index.
-    summaries: Vec<StoredMessage>,
-}
-
-impl Overlaid {
-    fn bytes_of(&self, item: PathItem) -> u64 {
-        match item {
-            PathItem::Row(i) => self.rows[i].bytes,
-            PathItem::Summary { compaction, .. } => self.summaries[compaction].bytes,
-        }
-    }
-
-    /// Reads `items`, root first, for a caller that keeps them all: runs of consecutive rows
-    /// with one range read each, summaries as they are.
-    fn read<S: Store>(
-        &self,
-        store: Arc<S>,
-        key: SessionKey,
-        items: Vec<PathItem>,
-    ) -> BoxStream<'static, Result<Vec<StoredMessage>, Error>> {
-        let mut pieces: Vec<Piece> = Vec::new();
-        for item in items {
-            match item {
-                PathItem::Row(i) => {
-                    let seq = self.rows[i].seq;
-                    match pieces.last_mut() {
-                        Some(Piece::Rows(_, last)) if *last + 1 == seq => *last = seq,
-                        _ => pieces.push(Piece::Rows(seq, seq)),
-                    }
-                }
-                PathItem::Summary { compaction, .. } => {
-                    pieces.push(Piece::Summary(self.summaries[compaction].clone()));
-                }
-            }
-        }
-        read_pieces(store, key, pieces, false, Windows::Whole)
-    }
-
-    /// The longest suffix of the overlaid path that fits `max_bytes` (at least its last item).
-    async fn recent<S: Store>(
-        self,
-        store: Arc<S>,
-        key: SessionKey,
-        max_bytes: u64,
-    ) -> Result<RecentHistory, Error> {
-        let total_bytes: u64 = self.items.iter().map(|&i| self.bytes_of(i)).sum();
-        let (mut used, mut first) = (0u64, self.items.len());
-        while first > 0 {
-            let bytes = self.bytes_of(self.items[first - 1]);
-            if first < self.items.len() && used + bytes > max_bytes {
-                break;
-            }
-            used += bytes;
-            first -= 1;
-        }
-        let items = self.items[first..].to_vec();
-        let messages: Vec<Vec<StoredMessage>> = self.read(store, key, items).try_collect().await?;
-        Ok(RecentHistory {
-            messages: messages.into_iter().flatten().collect(),
-            truncated: first > 0 || self.capped,
-            total_bytes,
-        })
-    }
-}
-
 /// A path planned on its runs (see [`Session::plan_on_runs`]).
 struct RunPlan {
     runs: PathRuns,
@@ -990,15 +901,8 @@ struct RunPlan {
 }
 
 impl RunPlan {
-    /// The path in either direction: each stretch of shown rows with range reads, each summary
-    /// as it is. Nothing is read before the consumer asks for it.
-    fn read<S: Store>(
-        self,
-        store: Arc<S>,
-        key: SessionKey,
-        newest_first: bool,
-        windows: Windows,
-    ) -> BoxStream<'static, Result<Vec<StoredMessage>, Error>> {
+    /// The path as it is shown, root first: stretches of consecutive rows and summaries.
+    fn pieces(self) -> Vec<Piece> {
         let mut pieces: Vec<Piece> = Vec::new();
         for span in self.spans {
             match span {
@@ -1013,11 +917,113 @@ impl RunPlan {
                 }
             }
         }
+        pieces
+    }
+
+    /// The path in either direction: each stretch of shown rows with range reads, each summary
+    /// as it is. Nothing is read before the consumer asks for it.
+    fn read<S: Store>(
+        self,
+        store: Arc<S>,
+        key: SessionKey,
+        newest_first: bool,
+        windows: Windows,
+    ) -> BoxStream<'static, Result<Vec<StoredMessage>, Error>> {
+        let mut pieces = self.pieces();
         if newest_first {
             pieces.reverse();
         }
         read_pieces(store, key, pieces, newest_first, windows)
     }
+
+    /// The longest suffix of the shown path that fits `max_bytes` (at least its last item), and
+    /// the bytes of the whole shown path. Sizes come from [`Store::range_totals`], so only the
+    /// rows of the suffix are read, newest first within the stretch where the budget runs out.
+    async fn recent<S: Store>(
+        self,
+        store: Arc<S>,
+        key: SessionKey,
+        max_bytes: u64,
+    ) -> Result<RecentHistory, Error> {
+        let capped = self.runs.capped;
+        let mut pieces = self.pieces();
+        let sizes = piece_sizes(store.as_ref(), &key, &pieces).await?;
+        let total_bytes = sizes.iter().map(|size| size.bytes).sum();
+        let (mut used, mut first) = (0u64, pieces.len());
+        while first > 0 && used + sizes[first - 1].bytes <= max_bytes {
+            used += sizes[first - 1].bytes;
+            first -= 1;
+        }
+        // The piece where the budget runs out gives the items from its end that still fit; the
+        // path's last item is shown whatever its size.
+        let mut partial = Vec::new();
+        let mut cut = first > 0;
+        if first > 0 {
+            let is_last = first == pieces.len();
+            match &pieces[first - 1] {
+                Piece::Rows(a, b) => {
+                    let mut newest =
+                        range_down(store.clone(), key.clone(), *a, *b, Windows::Streamed).boxed();
+                    cut = false;
+                    'fill: while let Some(batch) = newest.try_next().await? {
+                        for message in batch {
+                            let always = is_last && partial.is_empty();
+                            if !always && used + message.bytes > max_bytes {
+                                cut = true;
+                                break 'fill;
+                            }
+                            used += message.bytes;
+                            partial.push(message);
+                        }
+                    }
+                    partial.reverse();
+                }
+                Piece::Summary(summary) if is_last => {
+                    partial.push(summary.clone());
+                    cut = false;
+                }
+                Piece::Summary(_) => {}
+            }
+        }
+        let truncated = cut || first > 1 || capped;
+        let rest = pieces.split_off(first);
+        let whole: Vec<Vec<StoredMessage>> = read_pieces(store, key, rest, false, Windows::Whole)
+            .try_collect()
+            .await?;
+        partial.extend(whole.into_iter().flatten());
+        Ok(RecentHistory {
+            messages: partial,
+            truncated,
+            total_bytes,
+        })
+    }
+}
+
+/// The token estimate and bytes of each piece: rows from the store's running totals, summaries
+/// as they are.
+async fn piece_sizes<S: Store>(
+    store: &S,
+    key: &SessionKey,
+    pieces: &[Piece],
+) -> Result<Vec<RangeTotals>, Error> {
+    let ranges: Vec<(i64, i64)> = pieces
+        .iter()
+        .filter_map(|piece| match piece {
+            Piece::Rows(first, last) => Some((*first, *last)),
+            Piece::Summary(_) => None,
+        })
+        .collect();
+    let mut rows = store.range_totals(key, &ranges).await?.into_iter();
+    Ok(pieces
+        .iter()
+        .map(|piece| match piece {
+            Piece::Rows(..) => rows.next().unwrap_or_default(),
+            Piece::Summary(summary) => RangeTotals {
+                tokens: summary.token_estimate,
+                bytes: summary.bytes,
+            },
+        })
+        .collect())
 }
 
 /// One stretch of a planned read.

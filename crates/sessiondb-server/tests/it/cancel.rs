@@ -8,9 +8,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use sessiondb::{Db, SqliteStore, Store};
 use sessiondb_core::{
-    Compaction, FeedFilter, PathPlan, PathRows, PathRuns, PathSuffix, SearchHit, SessionInfo,
-    SessionKey, SessionQuery, SessionStats, StoreError, StoredMessage, Subscription, WriteOutcome,
-    WriteRequest,
+    Compaction, FeedFilter, PathPlan, PathRows, PathRuns, PathSuffix, RangeTotals, SearchHit,
+    SessionInfo, SessionKey, SessionQuery, SessionStats, StoreError, StoredMessage, Subscription,
+    WriteOutcome, WriteRequest,
 };
 use sessiondb_server::{App, Metrics, ServerConfig};
 
@@ -67,6 +67,13 @@ impl Store for CountingStore {
         locate: &[String],
     ) -> impl Future<Output = Result<PathRuns, StoreError>> + Send {
         self.inner.path_runs(key, leaf, locate)
+    }
+    fn range_totals(
+        &self,
+        key: &SessionKey,
+        ranges: &[(i64, i64)],
+    ) -> impl Future<Output = Result<Vec<RangeTotals>, StoreError>> + Send {
+        self.inner.range_totals(key, ranges)
     }
     fn path_plan(
         &self,

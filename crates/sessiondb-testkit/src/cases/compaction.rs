@@ -7,7 +7,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use sessiondb::{
     AppendOptions, Change, Db, Error, FeedFilter, FeedItem, Message, Options, SPLIT_PREFIX,
-    SessionPatch, Store, SummarizeError, Summarizer, SummaryRequest,
+    SessionPatch, Source, Store, SummarizeError, Summarizer, SummaryRequest,
 };
 
 use crate::*;
@@ -490,4 +490,91 @@ pub async fn hidden_rows_count_for_the_cap_not_the_estimate<S: Store>(db: Db<S>)
     fill_range(&s, 10_002..10_003, 1).await;
     assert_eq!(s.compactions().await.unwrap().len(), 1, "no compaction ran");
     assert_eq!(s.row_stats(None).await.unwrap().len(), 10_000);
+}
+
+/// The overlaid token estimate (`info`) and recent history (its total and the suffix that fits)
+/// agree with the path a read shows, as interior updates, deletes, branches and further
+/// compactions change the rows under the overlays.
+pub async fn overlaid_sizes_follow_the_shown_path<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    for i in 0..30 {
+        let body = "word ".repeat(1 + i % 7);
+        s.append(
+            text(&format!("m{i}"), "user", &body),
+            AppendOptions::default(),
+        )
+        .await
+        .unwrap();
+    }
+    s.add_compaction("summary of the start".into(), "m2".into(), "m9".into())
+        .await
+        .unwrap();
+    sizes_agree(&s, None).await;
+    s.update(text("m15", "user", &"grown ".repeat(40)), Source::Server)
+        .await
+        .unwrap();
+    sizes_agree(&s, None).await;
+    s.delete(&["m20".into()]).await.unwrap();
+    sizes_agree(&s, None).await;
+    s.append(text("b1", "user", "a branch"), under("m25"))
+        .await
+        .unwrap();
+    sizes_agree(&s, None).await;
+    sizes_agree(&s, Some("m29")).await;
+    s.add_compaction("summary of the middle".into(), "m12".into(), "m18".into())
+        .await
+        .unwrap();
+    s.update(
+        text("m5", "user", "under the first summary"),
+        Source::Server,
+    )
+    .await
+    .unwrap();
+    sizes_agree(&s, None).await;
+    sizes_agree(&s, Some("m29")).await;
+}
+
+/// Checks `info` (active path only) and `recent_history` at several budgets against the
+/// messages `full_history` shows for `leaf`.
+async fn sizes_agree<S: Store>(s: &Session<S>, leaf: Option<&str>) {
+    let options = HistoryOptions {
+        leaf: leaf.map(str::to_owned),
+        newest_first: false,
+    };
+    let shown = s.full_history(options).await.unwrap();
+    if leaf.is_none() {
+        let tokens: u64 = shown.iter().map(|m| m.token_estimate).sum();
+        let info = s.info().await.unwrap().unwrap();
+        assert_eq!(info.stats.token_estimate, tokens, "overlaid estimate");
+    }
+    let total: u64 = shown.iter().map(|m| m.bytes).sum();
+    let last_bytes = shown.last().unwrap().bytes;
+    for budget in [
+        0,
+        1,
+        last_bytes,
+        500,
+        total / 3,
+        total / 2,
+        total - 1,
+        total,
+        u64::MAX,
+    ] {
+        let (mut used, mut fitting) = (0u64, 0usize);
+        for m in shown.iter().rev() {
+            if fitting > 0 && used + m.bytes > budget {
+                break;
+            }
+            used += m.bytes;
+            fitting += 1;
+        }
+        let recent = s.recent_history(budget, leaf).await.unwrap();
+        assert_eq!(
+            ids(&recent.messages),
+            ids(&shown[shown.len() - fitting..]),
+            "budget {budget}, leaf {leaf:?}"
+        );
+        assert_eq!(recent.total_bytes, total, "budget {budget}, leaf {leaf:?}");
+        assert_eq!(recent.truncated, fitting < shown.len(), "budget {budget}");
+    }
 }

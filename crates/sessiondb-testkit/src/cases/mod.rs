@@ -39,6 +39,7 @@ macro_rules! for_each_case {
             compaction::failed_auto_compaction_is_reported_not_raised,
             compaction::auto_compaction_estimate_is_capped_with_the_path,
             compaction::hidden_rows_count_for_the_cap_not_the_estimate,
+            compaction::overlaid_sizes_follow_the_shown_path,
             context::stored_blocks_render_the_golden_prompt,
             context::prompt_is_frozen_until_refreshed,
             context::readonly_blocks_and_max_tokens_refuse_writes,
