@@ -331,13 +331,28 @@ impl SqliteStore {
         }
     }
 
-    /// Creates and back-fills the full-text index unless it exists. The first search does this;
-    /// from then on every write maintains the index.
-    async fn ensure_search_index(&self) -> Result<(), StoreError> {
+    /// Runs a full-text `query` against an index that holds every message committed before the
+    /// call: the first search creates and back-fills the index; a search that finds messages
+    /// written since the last one first has the writer index them (see
+    /// `schema::SEARCH_TABLES`), then queries a fresh snapshot.
+    async fn with_search_index<T: Send + 'static>(
+        &self,
+        query: impl Fn(&Connection) -> Result<T, StoreError> + Clone + Send + 'static,
+    ) -> Result<T, StoreError> {
         if self.search_index.load(Ordering::Acquire) {
-            return Ok(());
+            let current = query.clone();
+            let found = self
+                .read(move |c| match queries::search_behind(c)? {
+                    true => Ok(None),
+                    false => current(c).map(Some),
+                })
+                .await?;
+            if let Some(found) = found {
+                return Ok(found);
+            }
         }
-        self.submit(WriteJob::EnsureSearchIndex).await
+        self.submit(WriteJob::EnsureSearchIndex).await?;
+        self.read(query).await
     }
 
     /// Whether the full-text index exists yet.
@@ -615,9 +630,30 @@ impl Writer {
         durability.push(Committed { events, replies });
     }
 
+    /// Brings the full-text index up to date: creates and back-fills it on first use, and
+    /// otherwise indexes the `message_search` rows above the mark in one statement (one FTS5
+    /// flush for all the messages written since the last search).
     fn ensure_search_index(&mut self) -> Result<(), StoreError> {
         if self.search_index.load(Ordering::Acquire) {
-            return Ok(());
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend_error)?;
+            let indexed = tx
+                .execute(
+                    concat!(
+                        "INSERT INTO message_fts (rowid, text)
+                         SELECT rowid, text FROM message_search WHERE rowid > ",
+                        schema::search_indexed_mark!()
+                    ),
+                    [],
+                )
+                .map_err(backend_error)?;
+            if indexed > 0 {
+                tx.execute(SET_SEARCH_INDEXED_MARK, [])
+                    .map_err(backend_error)?;
+            }
+            return tx.commit().map_err(backend_error);
         }
         let tx = self
             .conn
@@ -672,6 +708,8 @@ impl Writer {
             [],
         )
         .map_err(backend_error)?;
+        tx.execute(SET_SEARCH_INDEXED_MARK, [])
+            .map_err(backend_error)?;
         tx.commit().map_err(backend_error)?;
         self.search_index.store(true, Ordering::Release);
         // The rebuild grew FTS5's pending-terms hash to the terms of a whole flush, and a
@@ -684,6 +722,10 @@ impl Writer {
         Ok(())
     }
 }
+
+/// Records that `message_fts` holds every `message_search` row there is.
+const SET_SEARCH_INDEXED_MARK: &str = "INSERT OR REPLACE INTO store_meta (key, value)
+     VALUES ('search_indexed', (SELECT coalesce(max(rowid), 0) FROM message_search))";
 
 impl Store for SqliteStore {
     fn write(
@@ -848,16 +890,12 @@ impl Store for SqliteStore {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send {
         let (key, words) = (key.clone(), words.to_vec());
-        async move {
-            self.ensure_search_index().await?;
-            self.read(move |c| {
-                if words.is_empty() || limit == 0 {
-                    return Ok(Vec::new());
-                }
-                queries::search(c, &key, &words, limit)
-            })
-            .await
-        }
+        self.with_search_index(move |c| {
+            if words.is_empty() || limit == 0 {
+                return Ok(Vec::new());
+            }
+            queries::search(c, &key, &words, limit)
+        })
     }
 
     fn session(
@@ -960,16 +998,12 @@ impl Store for SqliteStore {
             user_id.map(str::to_owned),
             words.to_vec(),
         );
-        async move {
-            self.ensure_search_index().await?;
-            self.read(move |c| {
-                if words.is_empty() || limit == 0 {
-                    return Ok(Vec::new());
-                }
-                registry::search_namespace(c, &namespace, user_id.as_deref(), &words, limit)
-            })
-            .await
-        }
+        self.with_search_index(move |c| {
+            if words.is_empty() || limit == 0 {
+                return Ok(Vec::new());
+            }
+            registry::search_namespace(c, &namespace, user_id.as_deref(), &words, limit)
+        })
     }
 
     fn subscribe(&self, filter: FeedFilter) -> Subscription {

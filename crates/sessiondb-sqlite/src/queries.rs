@@ -615,6 +615,17 @@ pub(crate) fn range_totals(
     Ok(totals)
 }
 
+/// True when `message_search` has rows the full-text index does not hold yet (written since the
+/// last search).
+pub(crate) fn search_behind(conn: &Connection) -> Result<bool> {
+    conn.prepare_cached(concat!(
+        "SELECT coalesce((SELECT max(rowid) FROM message_search), 0) > ",
+        crate::schema::search_indexed_mark!()
+    ))
+    .and_then(|mut stmt| stmt.query_row([], |r| r.get(0)))
+    .map_err(backend_error)
+}
+
 /// `(id, token_estimate, bytes)` of the row with `seq`.
 pub(crate) fn row_size(
     conn: &Connection,

@@ -28,6 +28,12 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// id for the reason the id index does (schema 9): generated ids are time-ordered, so the entries
 /// of a group commit's appends to many sessions share a page. Schema 10 drops an index built with
 /// the earlier key `(namespace, session_id, message_id)`; the next search builds it again.
+///
+/// Writes only insert and delete `message_search` rows (a changed text is a new row), each new
+/// row with a rowid above every earlier one and above the mark ([`search_indexed_mark`]).
+/// `message_fts` holds exactly the rows at or below the mark: a search first indexes the rows
+/// above it in one statement and moves the mark (`Writer::ensure_search_index`), so appends
+/// never write the full-text index themselves.
 pub(crate) const SEARCH_TABLES: &str = r#"
 CREATE TABLE IF NOT EXISTS message_search (
     rowid      INTEGER PRIMARY KEY,
@@ -43,19 +49,24 @@ CREATE VIRTUAL TABLE IF NOT EXISTS message_fts USING fts5(
 );
 "#;
 
-/// Keep `message_fts` in step with `message_search` once the index is built.
-pub(crate) const SEARCH_TRIGGERS: &str = r#"
-CREATE TRIGGER IF NOT EXISTS message_search_ai AFTER INSERT ON message_search BEGIN
-    INSERT INTO message_fts (rowid, text) VALUES (new.rowid, new.text);
-END;
-CREATE TRIGGER IF NOT EXISTS message_search_ad AFTER DELETE ON message_search BEGIN
-    INSERT INTO message_fts (message_fts, rowid, text) VALUES ('delete', old.rowid, old.text);
-END;
-CREATE TRIGGER IF NOT EXISTS message_search_au AFTER UPDATE ON message_search BEGIN
-    INSERT INTO message_fts (message_fts, rowid, text) VALUES ('delete', old.rowid, old.text);
-    INSERT INTO message_fts (rowid, text) VALUES (new.rowid, new.text);
-END;
-"#;
+/// The highest `message_search` rowid that `message_fts` holds, as an SQL expression.
+macro_rules! search_indexed_mark {
+    () => {
+        "coalesce((SELECT CAST(value AS INTEGER) FROM store_meta WHERE key = 'search_indexed'), 0)"
+    };
+}
+pub(crate) use search_indexed_mark;
+
+/// A deleted row leaves `message_fts` if it was indexed; removing terms of a row the index does
+/// not hold would corrupt it.
+pub(crate) const SEARCH_TRIGGERS: &str = concat!(
+    "CREATE TRIGGER IF NOT EXISTS message_search_ad AFTER DELETE ON message_search
+     WHEN old.rowid <= ",
+    search_indexed_mark!(),
+    " BEGIN
+         INSERT INTO message_fts (message_fts, rowid, text) VALUES ('delete', old.rowid, old.text);
+     END;"
+);
 
 /// WAL pages after which a commit checkpoints (SQLite's default is 1,000). A checkpoint writes
 /// each page once however often the WAL changed it, and a session's newest pages change with

@@ -831,11 +831,17 @@ impl RequestTx<'_> {
         Ok(())
     }
 
+    /// Adds a row for the next search to index: its rowid is above the mark and every other
+    /// row's, even when the newest indexed rows were deleted (see `schema::SEARCH_TABLES`).
     fn index(&self, id: &str, role: &str, text: &str) -> Result<()> {
         exec(
             self.conn,
-            "INSERT INTO message_search (namespace, session_id, message_id, role, text)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
+            concat!(
+                "INSERT INTO message_search (rowid, namespace, session_id, message_id, role, text)
+                 VALUES (max(coalesce((SELECT max(rowid) FROM message_search), 0), ",
+                crate::schema::search_indexed_mark!(),
+                ") + 1, ?1, ?2, ?3, ?4, ?5)"
+            ),
             params![self.key.namespace, self.key.session_id, id, role, text],
         )?;
         Ok(())

@@ -257,6 +257,73 @@ fn clear_and_session_delete_remove_their_search_entries() {
     );
 }
 
+/// After the first search, writes leave the full-text index alone: the next search indexes what
+/// they added. Deleting rows the index holds and rows it does not yet hold keeps it intact.
+#[test]
+fn searches_index_what_was_written_since_the_last_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let fts_matches = |conn: &Connection, word: &str| {
+        count(
+            conn,
+            &format!("SELECT count(*) FROM message_fts WHERE message_fts MATCH '{word}'"),
+        )
+    };
+    let say = |id: &str, text: &str| Message::text("user", text).with_id(id);
+    {
+        let db = open(dir.path());
+        let s = db.session("s").unwrap();
+        block_on(async {
+            s.append(say("a", "alpha"), AppendOptions::default())
+                .await
+                .unwrap();
+            assert_eq!(s.search("alpha", 5).await.unwrap().len(), 1);
+            for (id, text) in [("b", "bravo"), ("c", "charlie"), ("d", "delta")] {
+                s.append(say(id, text), AppendOptions::default())
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    let conn = raw(dir.path());
+    assert_eq!(fts_matches(&conn, "alpha"), 1);
+    assert_eq!(fts_matches(&conn, "bravo"), 0, "appends do not index");
+    drop(conn);
+    {
+        let db = open(dir.path());
+        let s = db.session("s").unwrap();
+        block_on(async {
+            // The next search, even after a reopen, finds what was appended since the last one.
+            assert_eq!(ids_of(&s.search("bravo", 5).await.unwrap()), ["b"]);
+            s.append(say("e", "echo"), AppendOptions::default())
+                .await
+                .unwrap();
+            // An indexed row and a row not indexed yet are deleted; an update re-adds its text.
+            s.delete(&["a".into(), "e".into()]).await.unwrap();
+            s.update(say("c", "changed"), Source::Server).await.unwrap();
+            assert!(s.search("alpha", 5).await.unwrap().is_empty());
+            assert!(s.search("echo", 5).await.unwrap().is_empty());
+            assert!(s.search("charlie", 5).await.unwrap().is_empty());
+            assert_eq!(ids_of(&s.search("changed", 5).await.unwrap()), ["c"]);
+            // A row written after the newest indexed row was deleted is still indexed.
+            s.delete(&["c".into()]).await.unwrap();
+            s.append(say("f", "foxtrot"), AppendOptions::default())
+                .await
+                .unwrap();
+            assert_eq!(ids_of(&s.search("foxtrot", 5).await.unwrap()), ["f"]);
+        });
+    }
+    let conn = raw(dir.path());
+    // With rank 1 the check also compares the index with its content table.
+    conn.execute_batch("INSERT INTO message_fts (message_fts, rank) VALUES ('integrity-check', 1)")
+        .unwrap();
+    assert_eq!(fts_matches(&conn, "bravo OR delta OR foxtrot"), 3);
+    assert_eq!(fts_matches(&conn, "alpha OR echo OR charlie OR changed"), 0);
+}
+
+fn ids_of(hits: &[sessiondb::SearchHit]) -> Vec<&str> {
+    hits.iter().map(|h| h.id.as_str()).collect()
+}
+
 #[test]
 fn chunk_rows_follow_the_message_size() {
     let dir = tempfile::tempdir().unwrap();
