@@ -148,6 +148,16 @@ fn main() {
         report("full_history() on new branch", ms(t0), 1);
         println!("   branch length: {}", branch.len());
         let t0 = Instant::now();
+        for _ in 0..200 {
+            let newest = HistoryOptions {
+                leaf: None,
+                newest_first: true,
+            };
+            let last: Vec<_> = s.history(newest).take(50).collect().await;
+            assert_eq!(last.len(), 50);
+        }
+        report("history(newest_first) take 50 on the branch", ms(t0), 200);
+        let t0 = Instant::now();
         for k in 0..100 {
             let at = AppendOptions {
                 parent: Parent::Id(format!("m{}", (k * 97) % n)),
