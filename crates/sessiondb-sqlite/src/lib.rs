@@ -335,20 +335,23 @@ impl SqliteStore {
     /// call: the first search creates and back-fills the index; a search that finds messages
     /// written since the last one first has the writer index them (see
     /// `schema::SEARCH_TABLES`), then queries a fresh snapshot.
-    async fn with_search_index<T: Send + 'static>(
-        &self,
-        query: impl Fn(&Connection) -> Result<T, StoreError> + Clone + Send + 'static,
-    ) -> Result<T, StoreError> {
+    async fn with_search_index<T, Q>(&self, mut query: Q) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        Q: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
         if self.search_index.load(Ordering::Acquire) {
-            let current = query.clone();
-            let found = self
+            // A snapshot with nothing left to index answers at once; otherwise the query comes
+            // back unrun.
+            let answered = self
                 .read(move |c| match queries::search_behind(c)? {
-                    true => Ok(None),
-                    false => current(c).map(Some),
+                    true => Ok(Err(query)),
+                    false => query(c).map(Ok),
                 })
                 .await?;
-            if let Some(found) = found {
-                return Ok(found);
+            match answered {
+                Ok(found) => return Ok(found),
+                Err(unrun) => query = unrun,
             }
         }
         self.submit(WriteJob::EnsureSearchIndex).await?;
@@ -635,26 +638,35 @@ impl Writer {
     /// flush for all the messages written since the last search).
     fn ensure_search_index(&mut self) -> Result<(), StoreError> {
         if self.search_index.load(Ordering::Acquire) {
-            let tx = self
-                .conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(backend_error)?;
-            let indexed = tx
-                .execute(
-                    concat!(
-                        "INSERT INTO message_fts (rowid, text)
-                         SELECT rowid, text FROM message_search WHERE rowid > ",
-                        schema::search_indexed_mark!()
-                    ),
-                    [],
-                )
-                .map_err(backend_error)?;
-            if indexed > 0 {
-                tx.execute(SET_SEARCH_INDEXED_MARK, [])
-                    .map_err(backend_error)?;
-            }
-            return tx.commit().map_err(backend_error);
+            self.index_rows_since_last_search()
+        } else {
+            self.build_search_index()
         }
+    }
+
+    fn index_rows_since_last_search(&mut self) -> Result<(), StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(backend_error)?;
+        let indexed = tx
+            .execute(
+                concat!(
+                    "INSERT INTO message_fts (rowid, text)
+                     SELECT rowid, text FROM message_search WHERE rowid > ",
+                    schema::search_indexed_mark!()
+                ),
+                [],
+            )
+            .map_err(backend_error)?;
+        if indexed > 0 {
+            tx.execute(SET_SEARCH_INDEXED_MARK, [])
+                .map_err(backend_error)?;
+        }
+        tx.commit().map_err(backend_error)
+    }
+
+    fn build_search_index(&mut self) -> Result<(), StoreError> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)

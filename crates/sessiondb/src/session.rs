@@ -956,20 +956,19 @@ impl RunPlan {
         }
         // The piece where the budget runs out gives the items from its end that still fit; the
         // path's last item is shown whatever its size.
+        let mut truncated = capped || first > 1;
         let mut partial = Vec::new();
-        let mut cut = first > 0;
         if first > 0 {
             let is_last = first == pieces.len();
             match &pieces[first - 1] {
                 Piece::Rows(a, b) => {
                     let mut newest =
                         range_down(store.clone(), key.clone(), *a, *b, Windows::Streamed).boxed();
-                    cut = false;
                     'fill: while let Some(batch) = newest.try_next().await? {
                         for message in batch {
-                            let always = is_last && partial.is_empty();
-                            if !always && used + message.bytes > max_bytes {
-                                cut = true;
+                            let forced = is_last && partial.is_empty();
+                            if !forced && used + message.bytes > max_bytes {
+                                truncated = true;
                                 break 'fill;
                             }
                             used += message.bytes;
@@ -978,14 +977,10 @@ impl RunPlan {
                     }
                     partial.reverse();
                 }
-                Piece::Summary(summary) if is_last => {
-                    partial.push(summary.clone());
-                    cut = false;
-                }
-                Piece::Summary(_) => {}
+                Piece::Summary(summary) if is_last => partial.push(summary.clone()),
+                Piece::Summary(_) => truncated = true,
             }
         }
-        let truncated = cut || first > 1 || capped;
         let rest = pieces.split_off(first);
         let whole: Vec<Vec<StoredMessage>> = read_pieces(store, key, rest, false, Windows::Whole)
             .try_collect()
