@@ -618,8 +618,14 @@ pub(crate) fn range_totals(
 /// True when `message_search` has rows the full-text index does not hold yet (written since the
 /// last search).
 pub(crate) fn search_behind(conn: &Connection) -> Result<bool> {
+    Ok(search_backlog(conn)? > 0)
+}
+
+/// How far `message_search` runs ahead of the full-text index, in rowids (rows written since the
+/// last search, give or take deleted ones).
+pub(crate) fn search_backlog(conn: &Connection) -> Result<i64> {
     conn.prepare_cached(concat!(
-        "SELECT coalesce((SELECT max(rowid) FROM message_search), 0) > ",
+        "SELECT coalesce((SELECT max(rowid) FROM message_search), 0) - ",
         crate::schema::search_indexed_mark!()
     ))
     .and_then(|mut stmt| stmt.query_row([], |r| r.get(0)))

@@ -32,8 +32,9 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// Writes only insert and delete `message_search` rows (a changed text is a new row), each new
 /// row with a rowid above every earlier one and above the mark ([`search_indexed_mark`]).
 /// `message_fts` holds exactly the rows at or below the mark: a search first indexes the rows
-/// above it in one statement and moves the mark (`Writer::index_rows_since_last_search`), so appends
-/// never write the full-text index themselves.
+/// above it in one statement and moves the mark (`Writer::index_rows_since_last_search`; the
+/// writer does so itself past `SEARCH_BACKLOG_ROWS`), so appends never write the full-text index
+/// themselves.
 pub(crate) const SEARCH_TABLES: &str = r#"
 CREATE TABLE IF NOT EXISTS message_search (
     rowid      INTEGER PRIMARY KEY,

@@ -10,7 +10,7 @@ use futures::executor::block_on;
 use rusqlite::Connection;
 use sessiondb::{AppendOptions, Db, Error, HistoryOptions, ImportOptions, Message, Source};
 use sessiondb_core::StoreError;
-use sessiondb_sqlite::{DATABASE_FILE, SCHEMA_VERSION, SqliteStore};
+use sessiondb_sqlite::{DATABASE_FILE, SCHEMA_VERSION, SEARCH_BACKLOG_ROWS, SqliteStore};
 
 fn open(dir: &std::path::Path) -> Db<SqliteStore> {
     Db::new(SqliteStore::open(dir).unwrap())
@@ -318,6 +318,44 @@ fn searches_index_what_was_written_since_the_last_one() {
         .unwrap();
     assert_eq!(fts_matches(&conn, "bravo OR delta OR foxtrot"), 3);
     assert_eq!(fts_matches(&conn, "alpha OR echo OR charlie OR changed"), 0);
+}
+
+/// Writes never leave more than `SEARCH_BACKLOG_ROWS` rows for a search to index: past that the
+/// writer indexes them itself, without a search.
+#[test]
+fn the_writer_indexes_a_long_backlog_without_a_search() {
+    let dir = tempfile::tempdir().unwrap();
+    let bound = SEARCH_BACKLOG_ROWS as usize;
+    let append = |range: std::ops::Range<usize>, search_first: bool| {
+        let db = open(dir.path());
+        let s = db.session("s").unwrap();
+        block_on(async {
+            if search_first {
+                s.search("anything", 5).await.unwrap();
+            }
+            let messages = range
+                .map(|i| Message::text("user", format!("word{i}")))
+                .collect();
+            s.append_all(messages, AppendOptions::default())
+                .await
+                .unwrap();
+        });
+    };
+    let indexed = |word: &str| {
+        count(
+            &raw(dir.path()),
+            &format!("SELECT count(*) FROM message_fts WHERE message_fts MATCH '{word}'"),
+        )
+    };
+    append(0..bound, true);
+    assert_eq!(
+        indexed("word0"),
+        0,
+        "a backlog of the bound waits for a search"
+    );
+    append(bound..bound + 1, false);
+    assert_eq!(indexed("word0"), 1);
+    assert_eq!(indexed(&format!("word{bound}")), 1);
 }
 
 fn ids_of(hits: &[sessiondb::SearchHit]) -> Vec<&str> {
