@@ -204,6 +204,10 @@ impl SqliteStore {
             .map_err(backend_error)?
             > 0;
         let search_index = Arc::new(AtomicBool::new(search_ready));
+        let search_backlog = match search_ready {
+            true => queries::search_backlog(&writer)?.max(0) as usize,
+            false => 0,
+        };
         // Positions restart with each open; the open time tells them apart.
         let epoch = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -234,6 +238,7 @@ impl SqliteStore {
                 search_index: search_index.clone(),
                 stats: write_stats.clone(),
                 rows: rows.clone(),
+                changes_since_backlog: search_backlog,
             }),
             durability,
             max_batch: config.max_batch.max(1),
@@ -515,6 +520,10 @@ struct Writer {
     search_index: Arc<AtomicBool>,
     stats: Arc<WriteStats>,
     rows: Arc<RowCache>,
+    /// Change events committed since the search backlog was last measured: at least the rows
+    /// added to `message_search` since then (each comes with one), so the backlog is only
+    /// measured once this passes [`SEARCH_BACKLOG_ROWS`].
+    changes_since_backlog: usize,
 }
 
 type Applied = Result<(Vec<WriteOutcome>, Vec<Change>), StoreError>;
@@ -551,12 +560,17 @@ impl Writer {
     /// [`SEARCH_BACKLOG_ROWS`] of them, so that no search waits for an unbounded catch-up.
     /// Derived data: should it fail, the next search indexes the rows instead.
     fn bound_search_backlog(&mut self) {
-        if !self.search_index.load(Ordering::Acquire) {
+        if self.changes_since_backlog <= SEARCH_BACKLOG_ROWS
+            || !self.search_index.load(Ordering::Acquire)
+        {
             return;
         }
+        self.changes_since_backlog = 0;
         let backlog = queries::search_backlog(&self.conn).unwrap_or(0);
-        if backlog > SEARCH_BACKLOG_ROWS {
+        if backlog > SEARCH_BACKLOG_ROWS as i64 {
             let _ = self.index_rows_since_last_search();
+        } else {
+            self.changes_since_backlog = backlog.max(0) as usize;
         }
     }
 
@@ -644,6 +658,7 @@ impl Writer {
                 (reply, outcomes)
             })
             .collect();
+        self.changes_since_backlog += events.len();
         durability.push(Committed { events, replies });
     }
 
@@ -659,6 +674,7 @@ impl Writer {
     }
 
     fn index_rows_since_last_search(&mut self) -> Result<(), StoreError> {
+        self.changes_since_backlog = 0;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -751,7 +767,7 @@ impl Writer {
 
 /// Rows written since the last search past which the writer indexes them itself (about 1 ms
 /// for 1,000 short messages here, once per 1,000 appends), so a search waits for at most that.
-pub const SEARCH_BACKLOG_ROWS: i64 = 1_000;
+pub const SEARCH_BACKLOG_ROWS: usize = 1_000;
 
 /// Records that `message_fts` holds every `message_search` row there is.
 const SET_SEARCH_INDEXED_MARK: &str = "INSERT OR REPLACE INTO store_meta (key, value)

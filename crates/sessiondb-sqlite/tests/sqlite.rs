@@ -325,7 +325,7 @@ fn searches_index_what_was_written_since_the_last_one() {
 #[test]
 fn the_writer_indexes_a_long_backlog_without_a_search() {
     let dir = tempfile::tempdir().unwrap();
-    let bound = SEARCH_BACKLOG_ROWS as usize;
+    let bound = SEARCH_BACKLOG_ROWS;
     let append = |range: std::ops::Range<usize>, search_first: bool| {
         let db = open(dir.path());
         let s = db.session("s").unwrap();
