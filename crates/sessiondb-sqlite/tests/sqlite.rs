@@ -358,6 +358,46 @@ fn the_writer_indexes_a_long_backlog_without_a_search() {
     assert_eq!(indexed(&format!("word{bound}")), 1);
 }
 
+/// Searches racing appends on other threads: every append acknowledged before a search began is
+/// found by it (the search indexes what was written since the last one first).
+#[test]
+fn a_search_finds_every_append_acknowledged_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    let s = db.session("s").unwrap();
+    block_on(s.search("warm", 5)).unwrap();
+    let acknowledged = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (s, acknowledged) = (db.session("s").unwrap(), acknowledged.clone());
+            std::thread::spawn(move || {
+                for i in 0..150 {
+                    let n = w * 1_000 + i;
+                    let m = Message::text("user", format!("token{n}")).with_id(format!("m{n}"));
+                    block_on(s.append(m, AppendOptions::default())).unwrap();
+                    acknowledged.fetch_max(n + 1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    let mut checked = 0;
+    while writers.iter().any(|w| !w.is_finished()) {
+        // Any id below the mark of one writer was acknowledged before this search began.
+        let n = acknowledged.load(Ordering::SeqCst);
+        if n == 0 {
+            continue;
+        }
+        let latest = n - 1;
+        let hits = block_on(s.search(&format!("token{latest}"), 5)).unwrap();
+        assert_eq!(ids_of(&hits), [format!("m{latest}").as_str()]);
+        checked += 1;
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    assert!(checked > 10, "only {checked} searches raced the appends");
+}
+
 fn ids_of(hits: &[sessiondb::SearchHit]) -> Vec<&str> {
     hits.iter().map(|h| h.id.as_str()).collect()
 }
