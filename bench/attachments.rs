@@ -71,7 +71,8 @@ fn run(label: &str, media_type: &str, repeated: bool) {
     let history = block_on(pointers.full_history(HistoryOptions::default())).unwrap();
     let pointer_ms = started.elapsed().as_secs_f64() * 1000.0;
     let pointer_bytes: usize = history.iter().map(|m| m.json().len()).sum();
-    drop(db);
+    // Sessions hold the store: all of them go, so the store closes and checkpoints its WAL.
+    drop((pointers, s, db));
     println!(
         "{label:<44} append {append_ms:>6.2} ms   read all {:>7.1} ms   pointer-form read {pointer_ms:>6.1} ms ({:.0} KB)   on disk {:>6.1} MB",
         reads[2],
