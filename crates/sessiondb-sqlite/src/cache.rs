@@ -226,6 +226,15 @@ impl RowCache {
         for end in 1..=sorted.len() {
             if end == sorted.len() || sorted[end].seq != sorted[end - 1].seq + 1 {
                 let run = &sorted[start..end];
+                let (first, last) = (run[0].seq, run[run.len() - 1].seq);
+                // Cached rows are the stored rows: a read of rows the cache already holds
+                // (part of what it asked for was cached) adds nothing, and re-inserting them
+                // would rebuild the whole run they sit in.
+                let held = state.sessions.get(key).and_then(|s| s.containing(first));
+                if held.is_some_and(|(at, rows)| at + rows.len() as i64 > last) {
+                    start = end;
+                    continue;
+                }
                 let bytes: usize = run.iter().map(|r| charge(r)).sum();
                 if bytes > room {
                     break;

@@ -902,18 +902,21 @@ impl Store for SqliteStore {
         seqs: &[i64],
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
         let seqs = seqs.to_vec();
-        // Consecutive seqs are a range the cache can answer.
-        let range = match (seqs.first(), seqs.last()) {
-            (Some(&first), Some(&last)) if seqs.windows(2).all(|w| w[1] == w[0] + 1) => {
-                Some((first, last))
-            }
-            _ => None,
-        };
+        // Each stretch of consecutive seqs is a range the cache can answer (a walk up a branched
+        // path asks for a few such stretches).
+        let ranges: Vec<(i64, i64)> = seqs
+            .chunk_by(|a, b| *b == *a + 1)
+            .map(|run| (run[0], run[run.len() - 1]))
+            .collect();
         self.read_rows(
             key,
             move |rows, key| {
-                let (first, last) = range?;
-                rows.range(key, first, last, (last - first + 1) as usize, u64::MAX)
+                let mut found = Vec::new();
+                for (first, last) in ranges {
+                    let n = (last - first + 1) as usize;
+                    found.extend(rows.range(key, first, last, n, u64::MAX)?);
+                }
+                Some(found)
             },
             move |c, key| queries::fetch(c, key, &seqs),
         )
@@ -926,7 +929,17 @@ impl Store for SqliteStore {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
         let (key, from) = (key.clone(), from.to_owned());
-        self.read(move |c| queries::ancestors(c, &key, &from, limit))
+        async move {
+            // The walk reads only parent links; the rows themselves (consecutive seqs, as long as
+            // the path does not branch) usually come from the row cache.
+            let walk_key = key.clone();
+            let walked = self
+                .read(move |c| queries::ancestor_seqs(c, &walk_key, &from, limit))
+                .await?;
+            let mut messages = self.fetch(&key, &walked).await?;
+            messages.reverse();
+            Ok(messages)
+        }
     }
 
     fn search(

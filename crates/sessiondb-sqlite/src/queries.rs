@@ -801,12 +801,13 @@ pub(crate) fn fetch_range_newest(
 }
 
 /// `from` and its ancestors, at most `limit` messages.
-pub(crate) fn ancestors(
+/// The seqs of `from` and its ancestors (at most `limit`), oldest first.
+pub(crate) fn ancestor_seqs(
     conn: &Connection,
     key: &SessionKey,
     from: &str,
     limit: usize,
-) -> Result<Vec<StoredMessage>> {
+) -> Result<Vec<i64>> {
     let Some((start, _, _)) = locate(conn, key, from)? else {
         return Ok(Vec::new());
     };
@@ -815,11 +816,8 @@ pub(crate) fn ancestors(
         seqs.push(r.seq);
         Ok(seqs.len() < limit)
     })?;
-    // Read the window oldest first (one range scan), hand it back newest first.
     seqs.reverse();
-    let mut messages = fetch(conn, key, &seqs)?;
-    messages.reverse();
-    Ok(messages)
+    Ok(seqs)
 }
 
 pub(crate) fn stats(conn: &Connection, key: &SessionKey) -> Result<SessionStats> {
