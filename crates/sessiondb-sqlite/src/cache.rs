@@ -421,6 +421,43 @@ mod tests {
     }
 
     #[test]
+    fn rows_already_held_are_not_filled_again_and_overlaps_still_join() {
+        let cache = RowCache::new(usize::MAX);
+        let k = key("s");
+        let g = cache.generation();
+        cache.fill(&k, g, &rows(1..=100));
+        let held = |cache: &RowCache| {
+            let state = lock(&cache.state);
+            let run = &state.sessions[&k].runs[&1];
+            (run.len(), Arc::as_ptr(&run[49]), state.bytes)
+        };
+        let before = held(&cache);
+        // A walk's read: a held stretch and a row beyond the run.
+        cache.fill(&k, g, &rows((40..=60).chain([102])));
+        let state = lock(&cache.state);
+        let runs: Vec<(i64, usize)> = state.sessions[&k]
+            .runs
+            .iter()
+            .map(|(&first, run)| (first, run.len()))
+            .collect();
+        assert_eq!(runs, [(1, 100), (102, 1)]);
+        drop(state);
+        let after = held(&cache);
+        assert_eq!(
+            (after.0, after.1),
+            (before.0, before.1),
+            "the held rows stay as they were"
+        );
+        // A stretch that reaches past the run still joins it.
+        cache.fill(&k, g, &rows(95..=101));
+        let state = lock(&cache.state);
+        assert_eq!(state.sessions[&k].runs.len(), 1);
+        assert_eq!(state.sessions[&k].runs[&1].len(), 102);
+        drop(state);
+        assert_eq!(cached_bytes(&cache), lock(&cache.state).bytes);
+    }
+
+    #[test]
     fn a_range_is_answered_only_when_one_run_covers_what_the_database_would_return() {
         let cache = RowCache::new(usize::MAX);
         let k = key("s");
