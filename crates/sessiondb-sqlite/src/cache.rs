@@ -385,6 +385,15 @@ mod tests {
         rows.iter().map(|r| r.seq).collect()
     }
 
+    /// The session's runs as (first seq, rows).
+    fn runs_of(cache: &RowCache, k: &SessionKey) -> Vec<(i64, usize)> {
+        lock(&cache.state).sessions[k]
+            .runs
+            .iter()
+            .map(|(&first, run)| (first, run.len()))
+            .collect()
+    }
+
     fn cached_bytes(cache: &RowCache) -> usize {
         let state = lock(&cache.state);
         let held: usize = state
@@ -409,14 +418,7 @@ mod tests {
         cache.fill(&k, g, &rows(51..=100));
         cache.fill(&k, g, &rows((197..=200).rev()));
         cache.fill(&k, g, &rows((151..=196).rev()));
-        let state = lock(&cache.state);
-        let runs: Vec<(i64, usize)> = state.sessions[&k]
-            .runs
-            .iter()
-            .map(|(&first, run)| (first, run.len()))
-            .collect();
-        assert_eq!(runs, [(1, 100), (151, 50)]);
-        drop(state);
+        assert_eq!(runs_of(&cache, &k), [(1, 100), (151, 50)]);
         assert_eq!(cached_bytes(&cache), lock(&cache.state).bytes);
     }
 
@@ -434,14 +436,7 @@ mod tests {
         let before = held(&cache);
         // A walk's read: a held stretch and a row beyond the run.
         cache.fill(&k, g, &rows((40..=60).chain([102])));
-        let state = lock(&cache.state);
-        let runs: Vec<(i64, usize)> = state.sessions[&k]
-            .runs
-            .iter()
-            .map(|(&first, run)| (first, run.len()))
-            .collect();
-        assert_eq!(runs, [(1, 100), (102, 1)]);
-        drop(state);
+        assert_eq!(runs_of(&cache, &k), [(1, 100), (102, 1)]);
         let after = held(&cache);
         assert_eq!(
             (after.0, after.1),
@@ -450,10 +445,7 @@ mod tests {
         );
         // A stretch that reaches past the run still joins it.
         cache.fill(&k, g, &rows(95..=101));
-        let state = lock(&cache.state);
-        assert_eq!(state.sessions[&k].runs.len(), 1);
-        assert_eq!(state.sessions[&k].runs[&1].len(), 102);
-        drop(state);
+        assert_eq!(runs_of(&cache, &k), [(1, 102)]);
         assert_eq!(cached_bytes(&cache), lock(&cache.state).bytes);
     }
 
