@@ -649,14 +649,6 @@ impl<S: Store> Session<S> {
     /// plan.
     async fn plan_on_runs(&self, leaf: Option<&str>) -> Result<RunPlan, Error> {
         let compactions = self.store.compactions(&self.key).await?;
-        self.plan_runs(leaf, &compactions).await
-    }
-
-    async fn plan_runs(
-        &self,
-        leaf: Option<&str>,
-        compactions: &[Compaction],
-    ) -> Result<RunPlan, Error> {
         let locate: Vec<String> = compactions
             .iter()
             .flat_map(|c| {
@@ -682,18 +674,19 @@ impl<S: Store> Session<S> {
         Ok(RunPlan {
             runs,
             spans,
-            summaries: self.summaries(compactions).await?,
+            summaries: self.summaries(&compactions).await?,
         })
     }
 
     /// The active path's token estimate with compaction summaries in place of the rows they
-    /// cover; `None` when no overlay exists (the O(1) aggregate is exact then).
+    /// cover; `None` when no overlay exists (the O(1) aggregate is exact then). Callers ask only
+    /// for sessions whose stats report compactions.
     pub(crate) async fn overlaid_token_estimate(&self) -> Result<Option<u64>, Error> {
-        let compactions = self.store.compactions(&self.key).await?;
-        if compactions.is_empty() {
+        let plan = self.plan_on_runs(None).await?;
+        if plan.summaries.is_empty() {
             return Ok(None);
         }
-        let pieces = self.plan_runs(None, &compactions).await?.pieces();
+        let pieces = plan.pieces();
         let sizes = piece_sizes(self.store.as_ref(), &self.key, &pieces).await?;
         Ok(Some(sizes.iter().map(|size| size.tokens).sum()))
     }
