@@ -755,9 +755,9 @@ impl Writer {
         tx.commit().map_err(backend_error)?;
         self.search_index.store(true, Ordering::Release);
         // The rebuild grew FTS5's pending-terms hash to the terms of a whole flush, and a
-        // connection keeps it: every later commit walks all its slots twice (sorting, then
-        // clearing), a quarter of a branch append in `perf`. A fresh connection starts small;
-        // should it fail to open, the old one still works.
+        // connection keeps it: every later commit that writes the index (the searches'
+        // catch-ups) would walk all its slots twice. A fresh connection starts small; should it
+        // fail to open, the old one still works.
         if let Ok(conn) = open_writer(&self.path, Synchronous::Normal) {
             self.conn = conn;
         }
