@@ -29,9 +29,7 @@ pub fn search_text_of_json(json: &str) -> Result<String, serde_json::Error> {
 /// The fields of a message [`search_text`] reads.
 #[derive(Deserialize)]
 struct Indexed {
-    #[serde(default)]
     parts: Option<Value>,
-    #[serde(default)]
     content: Option<Value>,
 }
 
