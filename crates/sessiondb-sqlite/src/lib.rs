@@ -349,7 +349,7 @@ impl SqliteStore {
             // A snapshot with nothing left to index answers at once; otherwise the query comes
             // back unrun.
             let answered = self
-                .read(move |c| match queries::search_behind(c)? {
+                .read(move |c| match queries::search_backlog(c)? > 0 {
                     true => Ok(Err(query)),
                     false => query(c).map(Ok),
                 })
@@ -565,12 +565,11 @@ impl Writer {
         {
             return;
         }
-        self.changes_since_backlog = 0;
-        let backlog = queries::search_backlog(&self.conn).unwrap_or(0);
-        if backlog > SEARCH_BACKLOG_ROWS as i64 {
+        let backlog = queries::search_backlog(&self.conn).unwrap_or(0).max(0) as usize;
+        if backlog > SEARCH_BACKLOG_ROWS {
             let _ = self.index_rows_since_last_search();
         } else {
-            self.changes_since_backlog = backlog.max(0) as usize;
+            self.changes_since_backlog = backlog;
         }
     }
 

@@ -615,12 +615,6 @@ pub(crate) fn range_totals(
     Ok(totals)
 }
 
-/// True when `message_search` has rows the full-text index does not hold yet (written since the
-/// last search).
-pub(crate) fn search_behind(conn: &Connection) -> Result<bool> {
-    Ok(search_backlog(conn)? > 0)
-}
-
 /// How far `message_search` runs ahead of the full-text index, in rowids (rows written since the
 /// last search, give or take deleted ones).
 pub(crate) fn search_backlog(conn: &Connection) -> Result<i64> {
