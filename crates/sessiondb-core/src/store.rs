@@ -441,6 +441,14 @@ pub enum StoreError {
     Corrupt(String),
     #[error("storage failure: {0}")]
     Backend(String),
+    /// Syncing the write-ahead log failed. The writes it covered may not be on disk, and a later
+    /// sync that succeeds would not prove they are (the OS may have dropped the pages it failed
+    /// to write), so the store takes no more writes; reads go on. Reopening the store continues
+    /// from what reached the disk.
+    #[error(
+        "the store stopped taking writes after the disk failed to sync ({0}); reopen it to continue from what reached the disk"
+    )]
+    Halted(String),
 }
 
 /// A storage backend. Every method is atomic; writes are durable when their future resolves and
@@ -682,5 +690,10 @@ pub trait Store: Send + Sync + 'static {
     /// database): callers must then keep nothing derived from reads across requests.
     fn shared(&self) -> bool {
         false
+    }
+
+    /// Why the store takes no more writes, once it has stopped ([`StoreError::Halted`]).
+    fn halted(&self) -> Option<StoreError> {
+        None
     }
 }

@@ -8,11 +8,15 @@
 //! pending at that moment. A leader with only a few requests waits for a sync in flight before
 //! committing ([`Durability::wait_for_flush`]), so small groups merge into one. A committed group
 //! is visible to readers before its sync; it is acknowledged (and published) only after it.
+//!
+//! A failed sync halts the store's writes until it is reopened ([`StoreError::Halted`]): after a failed
+//! `fsync` the kernel may have dropped the pages it could not write and a later sync would
+//! report success without them, so no later acknowledgement could be trusted.
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 use sessiondb_core::{Change, ChangeFeed, SessionKey, StoreError, WriteOutcome};
@@ -47,6 +51,8 @@ struct Shared {
     /// `Full` mode: sync before acknowledging. `Normal`: acknowledge once committed.
     fsync: bool,
     feed: ChangeFeed,
+    /// Why a sync failed; once set, every group is answered with [`StoreError::Halted`].
+    halted: OnceLock<String>,
 }
 
 pub(crate) struct Durability {
@@ -75,6 +81,7 @@ impl Durability {
             wal_path,
             fsync,
             feed,
+            halted: OnceLock::new(),
         });
         let worker = shared.clone();
         let thread = std::thread::Builder::new()
@@ -100,6 +107,11 @@ impl Durability {
     /// Makes every pending group durable on this thread.
     pub(crate) fn flush(&self) {
         self.shared.flush();
+    }
+
+    /// The error every write gets once a sync has failed.
+    pub(crate) fn halted(&self) -> Option<StoreError> {
+        self.shared.halted.get().cloned().map(StoreError::Halted)
     }
 
     /// Returns once no flush is in progress. A group committed while a sync runs cannot become
@@ -135,10 +147,12 @@ impl Shared {
         if groups.is_empty() {
             return;
         }
-        let synced = if self.fsync {
-            self.sync(&mut wal)
-        } else {
-            Ok(())
+        let synced = match self.halted.get() {
+            Some(reason) => Err(reason.clone()),
+            None if self.fsync => self.sync(&mut wal).inspect_err(|reason| {
+                let _ = self.halted.set(reason.clone());
+            }),
+            None => Ok(()),
         };
         for group in groups {
             match &synced {
@@ -148,9 +162,9 @@ impl Shared {
                         let _ = reply.send(outcome);
                     }
                 }
-                Err(message) => {
+                Err(reason) => {
                     for (reply, _) in group.replies {
-                        let _ = reply.send(Err(StoreError::Backend(message.clone())));
+                        let _ = reply.send(Err(StoreError::Halted(reason.clone())));
                     }
                 }
             }
@@ -165,9 +179,8 @@ impl Shared {
                     .map_err(|e| format!("opening {}: {e}", self.wal_path.display()))?,
             ),
         };
-        file.sync_data().map_err(|e| {
-            format!("syncing the write-ahead log failed ({e}); the write may not be durable")
-        })
+        file.sync_data()
+            .map_err(|e| format!("syncing {}: {e}", self.wal_path.display()))
     }
 }
 

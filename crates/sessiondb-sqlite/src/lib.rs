@@ -29,7 +29,8 @@
 //! checkpoints), so it can overlap the next group's work; readers may see a committed group a
 //! moment before it is acknowledged. `Synchronous::Normal` acknowledges at commit: an
 //! acknowledged write then survives a process crash but may be lost on power loss or an OS
-//! crash.
+//! crash. A failed sync halts writes until the store is reopened (`StoreError::Halted`): the
+//! groups it covered are refused, and later writes are refused without being applied.
 #![forbid(unsafe_code)]
 
 mod attachments;
@@ -543,7 +544,11 @@ impl Writer {
         let mut writes = Vec::with_capacity(batch.len());
         for job in batch {
             match job {
-                WriteJob::Write(request, reply) => writes.push((request, reply)),
+                WriteJob::Write(request, reply) => match durability.halted() {
+                    // Not applied: it could never be acknowledged.
+                    Some(halted) => drop(reply.send(Err(halted))),
+                    None => writes.push((request, reply)),
+                },
                 WriteJob::EnsureSearchIndex(reply) => {
                     self.commit_group(&mut writes, durability);
                     // Derived data: an index lost to a power failure is rebuilt by the next
@@ -1096,5 +1101,9 @@ impl Store for SqliteStore {
 
     fn feed_epoch(&self) -> u64 {
         self.feed.epoch()
+    }
+
+    fn halted(&self) -> Option<StoreError> {
+        self.writers.durability.halted()
     }
 }

@@ -721,6 +721,53 @@ fn acknowledged_writes_survive_sigkill() {
     );
 }
 
+/// A failed sync of the write-ahead log (here: its file is gone when the store first syncs it)
+/// halts writes: the writes it covered and every later one get `Halted`, later ones are not
+/// applied, nothing is published, reads go on, and a reopened store takes writes again with every
+/// acknowledged message in place.
+#[test]
+fn a_failed_wal_sync_halts_writes_until_the_store_is_reopened() {
+    let dir = tempfile::tempdir().unwrap();
+    let append = |s: &sessiondb::Session<SqliteStore>, id: &str| {
+        block_on(s.append(
+            Message::text("user", format!("text of {id}")).with_id(id),
+            AppendOptions::default(),
+        ))
+    };
+    {
+        let db = open(dir.path());
+        append(&db.session("s").unwrap(), "kept").unwrap();
+    }
+    {
+        let db = open(dir.path());
+        let s = db.session("s").unwrap();
+        let mut feed = db.subscribe(sessiondb::FeedFilter::All);
+        std::fs::remove_file(dir.path().join(format!("{DATABASE_FILE}-wal"))).unwrap();
+        for id in ["unsynced", "refused"] {
+            let halted = append(&s, id);
+            assert!(
+                matches!(halted, Err(Error::Store(StoreError::Halted(_)))),
+                "{id}: {halted:?}"
+            );
+        }
+        assert!(block_on(s.message("refused")).unwrap().is_none());
+        assert!(feed.try_next().is_none());
+        let history = block_on(s.full_history(HistoryOptions::default())).unwrap();
+        assert_eq!(history[0].id.as_str(), "kept");
+    }
+    let db = open(dir.path());
+    let s = db.session("s").unwrap();
+    append(&s, "after").unwrap();
+    let ids: Vec<String> = block_on(s.full_history(HistoryOptions::default()))
+        .unwrap()
+        .iter()
+        .map(|m| m.id.to_string())
+        .collect();
+    assert_eq!(ids.first().map(String::as_str), Some("kept"));
+    assert_eq!(ids.last().map(String::as_str), Some("after"));
+    assert!(!ids.contains(&"refused".to_owned()));
+}
+
 #[test]
 fn linear_paths_are_read_by_range_and_branches_by_rows() {
     use sessiondb::Store;

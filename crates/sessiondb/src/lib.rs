@@ -65,7 +65,9 @@ pub use sessiondb_core::{
     StoredMessage, Subscription, ValidationError, ValidationErrorKind,
 };
 #[cfg(feature = "sqlite")]
-pub use sessiondb_sqlite::{BATCH_BUCKETS, SqliteConfig, SqliteStore, Synchronous, WriteStats};
+pub use sessiondb_sqlite::{
+    BATCH_BUCKETS, DATABASE_FILE, SqliteConfig, SqliteStore, Synchronous, WriteStats,
+};
 
 pub use compact::{ExtractiveSummarizer, SummarizeError, Summarizer, SummaryRequest};
 pub use context::{

@@ -17,10 +17,13 @@ pub(crate) async fn healthz() -> Response {
     value_response(StatusCode::OK, &json!({"status": "ok"}))
 }
 
-/// Ready while not shutting down and the store answers a read.
+/// Ready while not shutting down, the store takes writes and it answers a read.
 pub(crate) async fn readyz<S: Store>(State(app): State<Arc<App<S>>>) -> Result<Response, ApiError> {
     if app.is_shutting_down() {
         return Err(ApiError::unavailable("shutting down"));
+    }
+    if let Some(halted) = app.db.store().halted() {
+        return Err(ApiError::unavailable(halted.to_string()));
     }
     let probe = SessionKey::new("", "readiness-probe")?;
     app.db

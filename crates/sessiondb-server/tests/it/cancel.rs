@@ -240,6 +240,10 @@ impl Store for CountingStore {
     fn feed_epoch(&self) -> u64 {
         self.inner.feed_epoch()
     }
+
+    fn halted(&self) -> Option<StoreError> {
+        self.inner.halted()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,7 +19,8 @@ pub struct Server {
     pub key: Option<String>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
-    _dir: tempfile::TempDir,
+    /// The store's data directory.
+    pub dir: tempfile::TempDir,
 }
 
 pub async fn start() -> Server {
@@ -55,7 +56,7 @@ pub async fn start_with_options(config: ServerConfig, options: Options) -> Serve
         key: None,
         stop: Some(stop),
         task: Some(task),
-        _dir: dir,
+        dir,
     }
 }
 

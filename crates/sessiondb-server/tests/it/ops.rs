@@ -66,6 +66,43 @@ async fn health_readiness_metrics_and_request_ids() {
     assert_eq!(server.get("/healthz").await.status, StatusCode::OK);
 }
 
+/// Once a sync of the write-ahead log fails (its file is gone when the store first syncs it),
+/// writes answer 500 and readiness fails, so an orchestrator restarts the server; reads go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_sync_fails_writes_and_readiness() {
+    let server = start().await;
+    std::fs::remove_file(
+        server
+            .dir
+            .path()
+            .join(format!("{}-wal", sessiondb::DATABASE_FILE)),
+    )
+    .unwrap();
+    for id in ["a", "b"] {
+        let refused = server
+            .post(
+                "/v1/sessions/s/messages",
+                serde_json::json!({"id": id, "role": "user", "content": "hello"}),
+            )
+            .await;
+        assert_eq!(
+            refused.status,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{refused:?}"
+        );
+        assert_eq!(refused.code(), "internal");
+        assert!(refused.text.contains("reopen"), "{refused:?}");
+    }
+    let ready = server.get("/readyz").await;
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(ready.text.contains("stopped taking writes"), "{ready:?}");
+    assert_eq!(
+        server.get("/v1/sessions/s/messages/b").await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(server.get("/healthz").await.status, StatusCode::OK);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openapi_document_lists_every_route() {
     let server = start().await;
