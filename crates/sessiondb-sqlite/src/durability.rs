@@ -9,9 +9,9 @@
 //! committing ([`Durability::wait_for_flush`]), so small groups merge into one. A committed group
 //! is visible to readers before its sync; it is acknowledged (and published) only after it.
 //!
-//! A failed sync halts the store's writes until it is reopened ([`StoreError::Halted`]): after a failed
-//! `fsync` the kernel may have dropped the pages it could not write and a later sync would
-//! report success without them, so no later acknowledgement could be trusted.
+//! A failed sync halts the store's writes until it is reopened ([`StoreError::Halted`]): after
+//! a failed `fsync` the kernel may have dropped the pages it could not write and a later sync
+//! would report success without them, so no later acknowledgement could be trusted.
 
 use std::collections::VecDeque;
 use std::fs::File;
