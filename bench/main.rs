@@ -198,7 +198,7 @@ fn ms(t0: Instant) -> f64 {
 }
 
 /// Appends/s with 1, 8 and 32 concurrent appenders, durable: each on its own session (many
-/// agents), then all on one session (one busy conversation).
+/// agents), then all on one session (one busy conversation); with the latency of single appends.
 fn concurrency() {
     for shared_session in [false, true] {
         let mut single = 0.0;
@@ -221,17 +221,24 @@ fn concurrency() {
                             seed: 42 + a as u64,
                             n: usize::MAX,
                         };
-                        for i in 0..per_appender {
-                            let message =
-                                Message::text("user", texts.next(i)).with_id(format!("a{a}-{i}"));
-                            block_on(s.append(message, AppendOptions::default())).unwrap();
-                        }
+                        (0..per_appender)
+                            .map(|i| {
+                                let message = Message::text("user", texts.next(i))
+                                    .with_id(format!("a{a}-{i}"));
+                                let started = Instant::now();
+                                block_on(s.append(message, AppendOptions::default())).unwrap();
+                                started.elapsed().as_secs_f64() * 1000.0
+                            })
+                            .collect::<Vec<f64>>()
                     })
                 })
                 .collect();
-            for t in threads {
-                t.join().unwrap();
-            }
+            let mut latencies: Vec<f64> = threads
+                .into_iter()
+                .flat_map(|t| t.join().unwrap())
+                .collect();
+            latencies.sort_by(f64::total_cmp);
+            let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
             let rate = (appenders * per_appender) as f64 / t0.elapsed().as_secs_f64();
             if appenders == 1 {
                 single = rate;
@@ -245,9 +252,13 @@ fn concurrency() {
                 "own sessions"
             };
             println!(
-                "appends/s with {appenders:>2} concurrent appenders ({target}) {rate:>10.0} /s  ({:.1}x one appender, {:.1} appends per commit)",
+                "appends/s with {appenders:>2} concurrent appenders ({target}) {rate:>10.0} /s  ({:.1}x one appender, {:.1} appends per commit; latency ms p50 {:.2}, p99 {:.2}, p99.9 {:.2}, max {:.1})",
                 rate / single,
-                requests as f64 / commits.max(1) as f64
+                requests as f64 / commits.max(1) as f64,
+                at(0.5),
+                at(0.99),
+                at(0.999),
+                at(1.0)
             );
         }
     }
