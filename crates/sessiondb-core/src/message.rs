@@ -614,9 +614,15 @@ impl fmt::Debug for Text {
     }
 }
 
-/// A message as reads return it.
+/// A message as reads return it: a shared handle, so a copy (a cached row and every read it
+/// answers) costs one reference count, not one per text it holds. Its fields read through
+/// [`StoredFields`].
 #[derive(Debug, Clone)]
-pub struct StoredMessage {
+pub struct StoredMessage(Arc<StoredFields>);
+
+/// The fields of a [`StoredMessage`].
+#[derive(Debug, Clone)]
+pub struct StoredFields {
     pub id: MessageId,
     /// Common roles are shared static strings: a long read allocates nothing for them.
     pub role: Role,
@@ -634,6 +640,13 @@ pub struct StoredMessage {
     /// Whether `json` may hold attachment pointers, decided once per text: a copy of a cached
     /// row is not scanned again on every read.
     may_hold_pointers: bool,
+}
+
+impl std::ops::Deref for StoredMessage {
+    type Target = StoredFields;
+    fn deref(&self) -> &StoredFields {
+        &self.0
+    }
 }
 
 /// Equal messages have equal fields and text (`may_hold_pointers` is derived from the text).
@@ -690,7 +703,7 @@ impl StoredMessage {
     /// [`StoredMessage::json`] returns, so a read copies nothing more); `bytes` is the body size.
     pub fn from_stored(row: StoredRow, json: impl Into<Arc<str>>, bytes: u64) -> Self {
         let json: Arc<str> = json.into();
-        Self {
+        Self(Arc::new(StoredFields {
             may_hold_pointers: attachments::may_hold_pointers(&json),
             json: Text::Shared(json),
             bytes,
@@ -701,15 +714,16 @@ impl StoredMessage {
             created_at: row.created_at,
             updated_at: row.updated_at,
             token_estimate: row.token_estimate,
-        }
+        }))
     }
 
     /// Replaces the JSON text (e.g. media put back in place of pointers); `bytes` stays the
     /// stored charge. The new text, which may be megabytes of media, is not scanned: the
     /// message counts as one that may hold pointers.
     pub fn set_json(&mut self, json: String) {
-        self.may_hold_pointers = true;
-        self.json = Text::Owned(json);
+        let fields = Arc::make_mut(&mut self.0);
+        fields.may_hold_pointers = true;
+        fields.json = Text::Owned(json);
     }
 
     /// False when the JSON text holds no attachment pointer (true may be a false alarm).
@@ -723,9 +737,13 @@ impl StoredMessage {
     }
 
     pub fn into_json(self) -> String {
-        match self.json {
-            Text::Shared(text) => text.to_string(),
-            Text::Owned(text) => text,
+        match Arc::try_unwrap(self.0) {
+            Ok(StoredFields {
+                json: Text::Owned(text),
+                ..
+            }) => text,
+            Ok(fields) => fields.json.as_str().to_owned(),
+            Err(shared) => shared.json.as_str().to_owned(),
         }
     }
 

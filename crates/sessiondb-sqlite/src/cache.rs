@@ -19,7 +19,7 @@
 //! least recently used sessions go first.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use sessiondb_core::{SessionKey, StoredMessage, UpdateOutcome, WriteOutcome};
 
@@ -47,7 +47,7 @@ struct State {
 #[derive(Debug, Default)]
 struct SessionRows {
     /// Rows with consecutive seqs, by the first seq; runs never touch or overlap.
-    runs: BTreeMap<i64, VecDeque<Arc<StoredMessage>>>,
+    runs: BTreeMap<i64, VecDeque<StoredMessage>>,
     bytes: usize,
     used: u64,
 }
@@ -61,7 +61,7 @@ fn charge(message: &StoredMessage) -> usize {
 
 impl SessionRows {
     /// The run holding `seq`, as (first seq, rows).
-    fn containing(&self, seq: i64) -> Option<(i64, &VecDeque<Arc<StoredMessage>>)> {
+    fn containing(&self, seq: i64) -> Option<(i64, &VecDeque<StoredMessage>)> {
         let (&first, rows) = self.runs.range(..=seq).next_back()?;
         (seq < first + rows.len() as i64).then_some((first, rows))
     }
@@ -73,7 +73,7 @@ impl SessionRows {
 
     /// Adds rows with consecutive seqs `first..`, merging with the runs they touch or overlap
     /// (a row read now replaces the cached one of its seq).
-    fn insert(&mut self, first: i64, rows: Vec<Arc<StoredMessage>>) {
+    fn insert(&mut self, first: i64, rows: Vec<StoredMessage>) {
         let last = first + rows.len() as i64 - 1;
         let before = self.runs.range(..first).next_back().map(|(&s, _)| s);
         let touches_before = before.is_some_and(|s| self.end_of(s) >= first);
@@ -84,12 +84,12 @@ impl SessionRows {
             if let Some(start) = before.filter(|&s| self.end_of(s) == first)
                 && !after
             {
-                self.bytes += rows.iter().map(|r| charge(r)).sum::<usize>();
+                self.bytes += rows.iter().map(charge).sum::<usize>();
                 self.runs.get_mut(&start).expect("found").extend(rows);
                 return;
             }
             if after && !touches_before {
-                self.bytes += rows.iter().map(|r| charge(r)).sum::<usize>();
+                self.bytes += rows.iter().map(charge).sum::<usize>();
                 let mut run = self.runs.remove(&(last + 1)).expect("found");
                 for row in rows.into_iter().rev() {
                     run.push_front(row);
@@ -105,7 +105,7 @@ impl SessionRows {
             .map(|(&start, _)| start)
             .filter(|&start| self.end_of(start) >= first)
             .collect();
-        let mut merged: BTreeMap<i64, Arc<StoredMessage>> = BTreeMap::new();
+        let mut merged: BTreeMap<i64, StoredMessage> = BTreeMap::new();
         for start in touching {
             let run = self.runs.remove(&start).expect("listed above");
             merged.extend((start..).zip(run));
@@ -187,11 +187,11 @@ impl RowCache {
     }
 
     /// Runs `find` on the session's cached rows; when it answers, marks the session used and
-    /// hands back copies (made after the lock is released: only `Arc`s are cloned under it).
+    /// hands back copies (made after the lock is released: only handles are cloned under it).
     fn answered(
         &self,
         key: &SessionKey,
-        find: impl FnOnce(&SessionRows) -> Option<Vec<Arc<StoredMessage>>>,
+        find: impl FnOnce(&SessionRows) -> Option<Vec<StoredMessage>>,
     ) -> Option<Vec<StoredMessage>> {
         let hits = {
             let mut state = lock(&self.state);
@@ -202,7 +202,7 @@ impl RowCache {
             session.used = clock;
             hits
         };
-        Some(hits.iter().map(|row| StoredMessage::clone(row)).collect())
+        Some(hits.iter().map(StoredMessage::clone).collect())
     }
 
     /// Adds rows a read returned (in any order) if no row-changing write committed since the
@@ -240,10 +240,7 @@ impl RowCache {
                     break;
                 }
                 room -= bytes;
-                let run = run
-                    .iter()
-                    .map(|r| Arc::new(StoredMessage::clone(r)))
-                    .collect();
+                let run = run.iter().copied().cloned().collect();
                 state.insert(key, sorted[start].seq, run, self.session_max());
                 start = end;
             }
@@ -262,12 +259,7 @@ impl RowCache {
                     inserted: true,
                 } => {
                     let session_max = self.session_max();
-                    state.insert(
-                        key,
-                        message.seq,
-                        vec![Arc::new(message.clone())],
-                        session_max,
-                    );
+                    state.insert(key, message.seq, vec![message.clone()], session_max);
                 }
                 WriteOutcome::Appended {
                     inserted: false, ..
@@ -300,7 +292,7 @@ impl State {
         &mut self,
         key: &SessionKey,
         first: i64,
-        rows: Vec<Arc<StoredMessage>>,
+        rows: Vec<StoredMessage>,
         session_max: usize,
     ) {
         self.clock += 1;
@@ -400,7 +392,7 @@ mod tests {
             .sessions
             .values()
             .flat_map(|s| s.runs.values().flatten())
-            .map(|r| charge(r))
+            .map(charge)
             .sum();
         assert_eq!(
             state.bytes,
@@ -431,7 +423,7 @@ mod tests {
         let held = |cache: &RowCache| {
             let state = lock(&cache.state);
             let run = &state.sessions[&k].runs[&1];
-            (run.len(), Arc::as_ptr(&run[49]))
+            (run.len(), std::ptr::from_ref(&*run[49]))
         };
         let before = held(&cache);
         // A walk's read: a held stretch and a row beyond the run.

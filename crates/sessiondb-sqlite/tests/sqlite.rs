@@ -803,7 +803,7 @@ fn linear_paths_are_read_by_range_and_branches_by_rows() {
     let ids: Vec<String> = block_on(s.full_history(HistoryOptions::default()))
         .unwrap()
         .into_iter()
-        .map(|m| m.id.into())
+        .map(|m| m.id.to_string())
         .collect();
     assert_eq!(ids, ["a", "x"]);
 }
@@ -837,7 +837,7 @@ fn only_detached_children_enter_the_parent_index() {
     };
     let children = |id: &str| -> Vec<String> {
         let rows = block_on(s.branches(id)).unwrap();
-        rows.into_iter().map(|m| m.id.into()).collect()
+        rows.into_iter().map(|m| m.id.to_string()).collect()
     };
     for id in ["a", "b", "c"] {
         append(id, Parent::ActiveLeaf);

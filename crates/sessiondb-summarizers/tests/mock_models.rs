@@ -147,7 +147,7 @@ async fn history_ids(session: &sessiondb::Session<SqliteStore>) -> Vec<String> {
         .await
         .unwrap()
         .into_iter()
-        .map(|m| m.id.into())
+        .map(|m| m.id.to_string())
         .collect()
 }
 

@@ -392,7 +392,7 @@ async fn compare<S: Store>(
     let walked = db.store().path(key, None).await.unwrap();
     let runs = db.store().path_runs(key, None, &[]).await.unwrap();
     prop_assert_eq!(&runs.runs, &crate::runs_of(&walked.rows));
-    let leaf = session.latest_leaf().await.unwrap().map(|m| m.id);
+    let leaf = session.latest_leaf().await.unwrap().map(|m| m.id.clone());
     prop_assert_eq!(leaf.as_deref(), model.leaf.as_deref());
 
     let rows = session.row_stats(None).await.unwrap();

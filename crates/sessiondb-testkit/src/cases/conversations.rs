@@ -635,7 +635,8 @@ pub async fn prompt_context_follows_the_summary_convention<S: Store>(db: Db<S>) 
             c.append_message("chat", said("user", &format!("m{i}")))
                 .await
                 .unwrap()
-                .id,
+                .id
+                .clone(),
         );
     }
     let context = c.prompt_context("chat").await.unwrap();

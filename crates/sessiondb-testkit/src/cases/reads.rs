@@ -74,7 +74,7 @@ pub async fn newest_first_stops_when_the_consumer_does<S: Store>(db: Db<S>) {
             newest_first: true,
         })
         .take(3)
-        .map(|m| m.unwrap().id)
+        .map(|m| m.unwrap().id.clone())
         .collect()
         .await;
     assert_eq!(three, ["n19", "n18", "n17"]);

@@ -97,7 +97,10 @@ pub async fn generated_ids_are_unique_and_prefixed<S: Store>(db: Db<S>) {
     assert!(a.message.id.starts_with("msg_"), "{}", a.message.id);
     assert_ne!(a.message.id, b.message.id);
     assert!(b.inserted);
-    assert_eq!(history_ids(&s, None).await, [a.message.id, b.message.id]);
+    assert_eq!(
+        history_ids(&s, None).await,
+        [a.message.id.clone(), b.message.id.clone()]
+    );
 }
 
 pub async fn compaction_ids_are_never_stored<S: Store>(db: Db<S>) {
