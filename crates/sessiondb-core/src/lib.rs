@@ -42,8 +42,8 @@ pub use feed::{
     Change, ChangeEvent, ChangeFeed, FeedFilter, FeedItem, SessionAction, Subscription,
 };
 pub use message::{
-    ContentHash, Message, MessageId, PreparedMessage, Source, StoredMessage, ValidationError,
-    ValidationErrorKind,
+    ContentHash, Message, MessageId, PreparedMessage, Source, StoredFields, StoredMessage,
+    ValidationError, ValidationErrorKind,
 };
 pub use registry::{
     Compaction, SessionCursor, SessionInfo, SessionPatch, SessionQuery, SessionRecord, SessionSort,

@@ -62,7 +62,7 @@ pub use sessiondb_core::tokens::{HeuristicCounter, TokenCounter};
 pub use sessiondb_core::{
     Change, ChangeEvent, FeedFilter, FeedItem, MAX_PATH_ROWS, Message, MessageId, Parent, PathRows,
     PathRuns, RowStat, SearchHit, SessionKey, SessionStats, Source, Store, StoreError,
-    StoredMessage, Subscription, ValidationError, ValidationErrorKind,
+    StoredFields, StoredMessage, Subscription, ValidationError, ValidationErrorKind,
 };
 #[cfg(feature = "sqlite")]
 pub use sessiondb_sqlite::{
