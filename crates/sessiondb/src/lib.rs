@@ -20,7 +20,7 @@
 //! let retry = AppendOptions { parent: Parent::Id("q1".into()), ..Default::default() };
 //! chat.append(Message::text("assistant", "A self-balancing tree with wide nodes.").with_id("a2"), retry).await?;
 //!
-//! let ids: Vec<_> = chat.full_history(Default::default()).await?.into_iter().map(|m| m.id).collect();
+//! let ids: Vec<_> = chat.full_history(Default::default()).await?.into_iter().map(|m| m.id.clone()).collect();
 //! assert_eq!(ids, ["q1", "a2"]);
 //! assert_eq!(chat.branches("q1").await?.len(), 2);
 //! assert_eq!(chat.search("balanced", 10).await?[0].id, "a1");
