@@ -737,13 +737,9 @@ impl StoredMessage {
     }
 
     pub fn into_json(self) -> String {
-        match Arc::try_unwrap(self.0) {
-            Ok(StoredFields {
-                json: Text::Owned(text),
-                ..
-            }) => text,
-            Ok(fields) => fields.json.as_str().to_owned(),
-            Err(shared) => shared.json.as_str().to_owned(),
+        match Arc::unwrap_or_clone(self.0).json {
+            Text::Shared(text) => text.to_string(),
+            Text::Owned(text) => text,
         }
     }
 
