@@ -566,13 +566,7 @@ pub(crate) fn range_totals(
     let mut current = |seq: i64, epoch: i64| -> Result<Option<(RangeTotals, RangeTotals)>> {
         running
             .query_row(params![key.namespace, key.session_id, seq, epoch], |r| {
-                let size = |tokens: usize, bytes: usize| -> rusqlite::Result<RangeTotals> {
-                    Ok(RangeTotals {
-                        tokens: r.get::<_, i64>(tokens)? as u64,
-                        bytes: r.get::<_, i64>(bytes)? as u64,
-                    })
-                };
-                Ok((size(0, 1)?, size(2, 3)?))
+                Ok((totals_at(r, 0)?, totals_at(r, 2)?))
             })
             .optional()
             .map_err(backend_error)
@@ -604,15 +598,20 @@ pub(crate) fn range_totals(
             Some(found) => found,
             None => summed
                 .query_row(params![key.namespace, key.session_id, first, last], |r| {
-                    Ok(RangeTotals {
-                        tokens: r.get::<_, i64>(0)? as u64,
-                        bytes: r.get::<_, i64>(1)? as u64,
-                    })
+                    totals_at(r, 0)
                 })
                 .map_err(backend_error)?,
         });
     }
     Ok(totals)
+}
+
+/// Tokens and bytes from the columns `column` and `column + 1` of `row`.
+fn totals_at(row: &rusqlite::Row<'_>, column: usize) -> rusqlite::Result<RangeTotals> {
+    Ok(RangeTotals {
+        tokens: row.get::<_, i64>(column)? as u64,
+        bytes: row.get::<_, i64>(column + 1)? as u64,
+    })
 }
 
 /// How far `message_search` runs ahead of the full-text index, in rowids (rows written since the
@@ -794,7 +793,6 @@ pub(crate) fn fetch_range_newest(
     )
 }
 
-/// `from` and its ancestors, at most `limit` messages.
 /// The seqs of `from` and its ancestors (at most `limit`), oldest first.
 pub(crate) fn ancestor_seqs(
     conn: &Connection,
