@@ -24,6 +24,14 @@ fn count(conn: &Connection, sql: &str) -> i64 {
     conn.query_row(sql, [], |r| r.get(0)).unwrap()
 }
 
+/// Rows of the full-text index that match `query`.
+fn fts_matches(conn: &Connection, query: &str) -> i64 {
+    count(
+        conn,
+        &format!("SELECT count(*) FROM message_fts WHERE message_fts MATCH '{query}'"),
+    )
+}
+
 fn table_exists(conn: &Connection, name: &str) -> bool {
     count(
         conn,
@@ -262,12 +270,6 @@ fn clear_and_session_delete_remove_their_search_entries() {
 #[test]
 fn searches_index_what_was_written_since_the_last_one() {
     let dir = tempfile::tempdir().unwrap();
-    let fts_matches = |conn: &Connection, word: &str| {
-        count(
-            conn,
-            &format!("SELECT count(*) FROM message_fts WHERE message_fts MATCH '{word}'"),
-        )
-    };
     let say = |id: &str, text: &str| Message::text("user", text).with_id(id);
     {
         let db = open(dir.path());
@@ -341,12 +343,7 @@ fn the_writer_indexes_a_long_backlog_without_a_search() {
                 .unwrap();
         });
     };
-    let indexed = |word: &str| {
-        count(
-            &raw(dir.path()),
-            &format!("SELECT count(*) FROM message_fts WHERE message_fts MATCH '{word}'"),
-        )
-    };
+    let indexed = |word: &str| fts_matches(&raw(dir.path()), word);
     append(0..bound, true);
     assert_eq!(
         indexed("word0"),
