@@ -28,25 +28,36 @@ fn fill(session: &Session<SqliteStore>, count: usize) {
     }
 }
 
-/// Median and p99 of single appends to each session, in milliseconds. The sessions take turns,
-/// so the machine's slow and fast phases hit them alike.
-fn appends(sessions: &[Session<SqliteStore>]) -> Vec<(f64, f64)> {
-    let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(APPENDS); sessions.len()];
-    for i in 0..APPENDS {
-        for (session, times) in sessions.iter().zip(&mut times) {
-            let message = Message::text("user", format!("appended {i} {}", "x ".repeat(80)));
+/// Milliseconds of `calls` runs of `op(i, session)` on each session, sorted, per session. The
+/// sessions take turns, so the machine's slow and fast phases hit them alike.
+fn taking_turns<'a>(
+    sessions: impl Iterator<Item = &'a Session<SqliteStore>> + Clone,
+    calls: usize,
+    op: impl Fn(usize, &Session<SqliteStore>),
+) -> Vec<Vec<f64>> {
+    let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(calls); sessions.clone().count()];
+    for i in 0..calls {
+        for (session, times) in sessions.clone().zip(&mut times) {
             let started = Instant::now();
-            block_on(session.append(message, AppendOptions::default())).unwrap();
+            op(i, session);
             times.push(started.elapsed().as_secs_f64() * 1000.0);
         }
     }
+    for t in &mut times {
+        t.sort_by(f64::total_cmp);
+    }
     times
-        .into_iter()
-        .map(|mut t| {
-            t.sort_by(f64::total_cmp);
-            (t[APPENDS / 2], t[APPENDS * 99 / 100])
-        })
-        .collect()
+}
+
+/// Median and p99 of single appends to each session, in milliseconds.
+fn appends(sessions: &[Session<SqliteStore>]) -> Vec<(f64, f64)> {
+    taking_turns(sessions.iter(), APPENDS, |i, session| {
+        let message = Message::text("user", format!("appended {i} {}", "x ".repeat(80)));
+        block_on(session.append(message, AppendOptions::default())).unwrap();
+    })
+    .into_iter()
+    .map(|t| (t[APPENDS / 2], t[APPENDS * 99 / 100]))
+    .collect()
 }
 
 fn main() {
@@ -107,20 +118,9 @@ fn compacted_reads(db: &Db<SqliteStore>) {
         })
         .collect();
     let time = |read: &dyn Fn(&Session<SqliteStore>)| -> Vec<f64> {
-        let mut times = vec![Vec::with_capacity(READS); sessions.len()];
-        for _ in 0..READS {
-            for ((_, session), times) in sessions.iter().zip(&mut times) {
-                let started = Instant::now();
-                read(session);
-                times.push(started.elapsed().as_secs_f64() * 1000.0);
-            }
-        }
-        times
+        taking_turns(sessions.iter().map(|(_, s)| s), READS, |_, s| read(s))
             .into_iter()
-            .map(|mut t| {
-                t.sort_by(f64::total_cmp);
-                t[READS / 2]
-            })
+            .map(|t| t[READS / 2])
             .collect()
     };
     let info = time(&|s| drop(block_on(s.info()).unwrap().unwrap()));
