@@ -100,6 +100,7 @@ async fn library(n: usize, writers: &[usize]) {
     let db = open(dir.path());
     let profiled_writers = match std::env::var("PROFILE").as_deref() {
         Ok("append") => Some(1),
+        Ok("concurrent8") => Some(8),
         Ok("concurrent") => Some(32),
         _ => None,
     };
@@ -131,7 +132,7 @@ async fn library(n: usize, writers: &[usize]) {
         assert!(all.len() >= n / 8);
     };
     emit("whole", timed_median(WHOLE_READS, whole).await);
-    // `PROFILE=last50|whole|branch|reopen|append|concurrent` repeats one operation for a profiler (`perf record -g`).
+    // `PROFILE=last50|whole|branch|reopen|append|concurrent8|concurrent` repeats one operation for a profiler (`perf record -g`).
     match std::env::var("PROFILE").as_deref() {
         Ok("last50") => drop(timed_median(20_000, last50).await),
         Ok("whole") => drop(timed_median(300, whole).await),
