@@ -7,7 +7,7 @@
 
 mod texts;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use texts::{NEEDLE, Texts};
 
 use futures::StreamExt;
@@ -199,67 +199,116 @@ fn ms(t0: Instant) -> f64 {
 
 /// Appends/s with 1, 8 and 32 concurrent appenders, durable: each on its own session (many
 /// agents), then all on one session (one busy conversation); with the latency of single appends.
+/// Then 8 and 32 appenders on their own sessions without a pause for three seconds, where the
+/// latency's tail shows.
 fn concurrency() {
     for shared_session in [false, true] {
         let mut single = 0.0;
         for appenders in [1usize, 8, 32] {
-            let dir = tempfile::tempdir().unwrap();
-            let db = Db::new(SqliteStore::open_with(dir.path(), config()).unwrap());
-            let per_appender = 4000 / appenders;
-            let t0 = Instant::now();
-            let threads: Vec<_> = (0..appenders)
-                .map(|a| {
-                    let name = if shared_session {
-                        "shared".to_owned()
-                    } else {
-                        format!("agent-{a}")
-                    };
-                    let s = db.session(&name).unwrap();
-                    std::thread::spawn(move || {
-                        // Another stream of texts per appender, without the needle.
-                        let mut texts = Texts {
-                            seed: 42 + a as u64,
-                            n: usize::MAX,
-                        };
-                        (0..per_appender)
-                            .map(|i| {
-                                let message = Message::text("user", texts.next(i))
-                                    .with_id(format!("a{a}-{i}"));
-                                let started = Instant::now();
-                                block_on(s.append(message, AppendOptions::default())).unwrap();
-                                started.elapsed().as_secs_f64() * 1000.0
-                            })
-                            .collect::<Vec<f64>>()
-                    })
-                })
-                .collect();
-            let mut latencies: Vec<f64> = threads
-                .into_iter()
-                .flat_map(|t| t.join().unwrap())
-                .collect();
-            latencies.sort_by(f64::total_cmp);
-            let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
-            let rate = (appenders * per_appender) as f64 / t0.elapsed().as_secs_f64();
-            if appenders == 1 {
-                single = rate;
-            }
-            let stats = db.store().write_stats();
-            let commits = stats.commits.load(std::sync::atomic::Ordering::Relaxed);
-            let requests = stats.requests.load(std::sync::atomic::Ordering::Relaxed);
             let target = if shared_session {
                 "one shared session"
             } else {
                 "own sessions"
             };
+            let run = appenders_run(appenders, shared_session, Until::Appends(4000));
+            if appenders == 1 {
+                single = run.rate;
+            }
             println!(
-                "appends/s with {appenders:>2} concurrent appenders ({target}) {rate:>10.0} /s  ({:.1}x one appender, {:.1} appends per commit; latency ms p50 {:.2}, p99 {:.2}, p99.9 {:.2}, max {:.1})",
-                rate / single,
-                requests as f64 / commits.max(1) as f64,
-                at(0.5),
-                at(0.99),
-                at(0.999),
-                at(1.0)
+                "appends/s with {appenders:>2} concurrent appenders ({target}) {:>10.0} /s  ({:.1}x one appender, {})",
+                run.rate,
+                run.rate / single,
+                run.summary()
             );
         }
+    }
+    for appenders in [8usize, 32] {
+        let run = appenders_run(appenders, false, Until::Elapsed(Duration::from_secs(3)));
+        println!(
+            "3 s of non-stop appends, {appenders:>2} appenders (own sessions) {:>10.0} /s  ({})",
+            run.rate,
+            run.summary()
+        );
+    }
+}
+
+/// When each appender of [`appenders_run`] stops.
+#[derive(Clone, Copy)]
+enum Until {
+    /// This many appends spread over the appenders.
+    Appends(usize),
+    /// Once this much time has passed since the start.
+    Elapsed(Duration),
+}
+
+struct AppendersRun {
+    rate: f64,
+    /// Latency of every append in ms, ascending.
+    latencies: Vec<f64>,
+    appends_per_commit: f64,
+}
+
+impl AppendersRun {
+    fn summary(&self) -> String {
+        let at = |q: f64| self.latencies[((self.latencies.len() - 1) as f64 * q) as usize];
+        format!(
+            "{:.1} appends per commit; latency ms p50 {:.2}, p99 {:.2}, p99.9 {:.2}, max {:.1}",
+            self.appends_per_commit,
+            at(0.5),
+            at(0.99),
+            at(0.999),
+            at(1.0)
+        )
+    }
+}
+
+/// Durable appends from `appenders` threads in a new store, each on its own session or all on
+/// one.
+fn appenders_run(appenders: usize, shared_session: bool, until: Until) -> AppendersRun {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::new(SqliteStore::open_with(dir.path(), config()).unwrap());
+    let t0 = Instant::now();
+    let threads: Vec<_> = (0..appenders)
+        .map(|a| {
+            let name = if shared_session {
+                "shared".to_owned()
+            } else {
+                format!("agent-{a}")
+            };
+            let s = db.session(&name).unwrap();
+            std::thread::spawn(move || {
+                // Another stream of texts per appender, without the needle.
+                let mut texts = Texts {
+                    seed: 42 + a as u64,
+                    n: usize::MAX,
+                };
+                let more = |i: usize| match until {
+                    Until::Appends(total) => i < total / appenders,
+                    Until::Elapsed(limit) => t0.elapsed() < limit,
+                };
+                let mut latencies = Vec::new();
+                for i in (0..).take_while(|&i| more(i)) {
+                    let message = Message::text("user", texts.next(i)).with_id(format!("a{a}-{i}"));
+                    let started = Instant::now();
+                    block_on(s.append(message, AppendOptions::default())).unwrap();
+                    latencies.push(started.elapsed().as_secs_f64() * 1000.0);
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies: Vec<f64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let rate = latencies.len() as f64 / t0.elapsed().as_secs_f64();
+    latencies.sort_by(f64::total_cmp);
+    let stats = db.store().write_stats();
+    let commits = stats.commits.load(std::sync::atomic::Ordering::Relaxed);
+    let requests = stats.requests.load(std::sync::atomic::Ordering::Relaxed);
+    AppendersRun {
+        rate,
+        latencies,
+        appends_per_commit: requests as f64 / commits.max(1) as f64,
     }
 }

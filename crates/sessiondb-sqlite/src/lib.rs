@@ -3,14 +3,15 @@
 //! # Threads
 //! - **One writer connection, led by whoever finds it free.** A write request joins a queue; a
 //!   caller that finds the writer free becomes the leader: it takes every queued request (up to
-//!   `max_batch`), applies them in one transaction and commits once. With
-//!   more requests waiting it hands the group to the flush thread and leads on; otherwise it lets
-//!   the writer go and flushes itself. A flush syncs the WAL once for every group committed
-//!   meanwhile, then publishes the change events in commit order and answers each caller (see
-//!   `durability.rs`). A leader that finds fewer than four requests queued while a sync is in
-//!   flight first waits for that sync, so what queues meanwhile commits as one group (it could
-//!   not be durable sooner). Callers that find a leader at work just wait for their answer. An
-//!   uncontended write thus never changes threads, and contended writes share commits and syncs.
+//!   `max_batch`), applies them in one transaction and commits once. With more requests waiting
+//!   it hands the group to the flush thread and the writer to the relay thread, which leads on
+//!   while work is waiting; otherwise it lets the writer go and flushes itself. A flush syncs the
+//!   WAL once for every group committed meanwhile, then publishes the change events in commit
+//!   order and answers each caller (see `durability.rs`). A leader that finds fewer than four
+//!   requests queued while a sync is in flight first waits for that sync, so what queues
+//!   meanwhile commits as one group (it could not be durable sooner). Callers that find a leader
+//!   at work just wait for their answer. An uncontended write thus never changes threads,
+//!   contended writes share commits and syncs, and no caller waits for more than its own group.
 //!   A request that fails fails alone: its group is rolled back and applied again with each
 //!   request in its own savepoint.
 //! - **Reads run on the caller's thread** with a `query_only` connection checked out of a small
@@ -19,6 +20,7 @@
 //!   Async servers that read large paths should call from a blocking-friendly thread.
 //! - **A flush thread** syncs groups handed off by a busy leader, so the writer never waits for
 //!   the disk while work is queued.
+//! - **A relay thread** leads the writer once a caller hands it over.
 //!
 //! No async runtime is needed: a waiting writer's future resolves through a oneshot channel.
 //!
@@ -49,6 +51,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, TryLockError};
+use std::thread::JoinHandle;
 
 use futures::FutureExt;
 use futures::channel::oneshot;
@@ -151,6 +154,8 @@ enum WriteJob {
 #[derive(Debug)]
 pub struct SqliteStore {
     writers: Arc<WriteQueue>,
+    /// Leads the writer when a caller hands it over; stopped and joined on drop.
+    relay: Option<JoinHandle<()>>,
     readers: Arc<ReaderPool>,
     feed: ChangeFeed,
     search_index: Arc<AtomicBool>,
@@ -243,9 +248,23 @@ impl SqliteStore {
             }),
             durability,
             max_batch: config.max_batch.max(1),
+            relay: Relay::default(),
         });
+        let relay = {
+            let queue = writers.clone();
+            std::thread::Builder::new()
+                .name("sessiondb-relay".into())
+                .spawn(move || {
+                    let _stops = StopsRelay(&queue.relay);
+                    while queue.relay.wait_for_hand_over() {
+                        queue.lead(Leader::Relay);
+                    }
+                })
+                .map_err(|e| StoreError::Backend(format!("starting the relay thread: {e}")))?
+        };
         Ok(Self {
             writers,
+            relay: Some(relay),
             readers,
             feed,
             search_index,
@@ -456,6 +475,7 @@ struct WriteQueue {
     writer: Mutex<Writer>,
     durability: Durability,
     max_batch: usize,
+    relay: Relay,
 }
 
 impl std::fmt::Debug for WriteQueue {
@@ -468,12 +488,22 @@ impl std::fmt::Debug for WriteQueue {
 
 impl WriteQueue {
     /// Queues `job`; leads the writer when it is free. Returns once `job` is committed (when
-    /// leading) or handed to the caller that leads.
-    ///
-    /// No job is ever stranded: a caller that fails to take the writer queued its job before
-    /// trying, and a leader looks at the queue again after letting the writer go and flushing.
+    /// leading) or handed to whoever leads.
     fn submit(&self, job: WriteJob) {
         lock(&self.jobs).push_back(job);
+        self.lead(Leader::Caller);
+    }
+
+    /// Commits queued jobs while the writer is free and work is waiting. A caller leads one
+    /// batch (its own job is in it unless more than `max_batch` were queued ahead): with more
+    /// work waiting it hands the writer to the relay thread and returns. Callers that led on
+    /// instead served 20–45 batches in a row under steady load, and their own call returned
+    /// 10–70 ms late.
+    ///
+    /// No job is ever stranded: a caller that fails to take the writer queued its job before
+    /// trying, a leader looks at the queue again after letting the writer go and flushing, and
+    /// a caller keeps leading once the relay has stopped.
+    fn lead(&self, leader: Leader) {
         loop {
             let mut writer = match self.writer.try_lock() {
                 Ok(writer) => writer,
@@ -492,17 +522,93 @@ impl WriteQueue {
             if !batch.is_empty() {
                 writer.process(batch, &self.durability);
                 if !lock(&self.jobs).is_empty() {
-                    // More work is waiting: the flush thread syncs this group while we lead on.
+                    // More work is waiting: the flush thread syncs this group while the writer
+                    // leads on.
                     self.durability.hand_off();
+                    if leader == Leader::Caller {
+                        drop(writer);
+                        if self.relay.take_over() {
+                            return;
+                        }
+                    }
                     continue;
                 }
             }
             drop(writer);
             // Syncing outside the writer lets the next group apply meanwhile.
             self.durability.flush();
-            if lock(&self.jobs).is_empty() {
+            if lock(&self.jobs).is_empty() || (leader == Leader::Caller && self.relay.take_over()) {
                 return;
             }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leader {
+    /// The thread of a write call: leads one batch, then hands over.
+    Caller,
+    /// The relay thread: leads while work is waiting.
+    Relay,
+}
+
+/// Hand-overs of the writer from a caller to the relay thread.
+#[derive(Default)]
+struct Relay {
+    /// (handed over and not yet taken, stopped)
+    state: Mutex<(bool, bool)>,
+    handed_over: Condvar,
+}
+
+impl Relay {
+    /// Asks the relay thread to lead; false once it has stopped (the caller then leads on).
+    fn take_over(&self) -> bool {
+        let mut state = lock(&self.state);
+        if state.1 {
+            return false;
+        }
+        state.0 = true;
+        self.handed_over.notify_one();
+        true
+    }
+
+    /// Waits for a hand-over; false once stopped with none left to take.
+    fn wait_for_hand_over(&self) -> bool {
+        let mut state = lock(&self.state);
+        loop {
+            if std::mem::take(&mut state.0) {
+                return true;
+            }
+            if state.1 {
+                return false;
+            }
+            state = self
+                .handed_over
+                .wait(state)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn stop(&self) {
+        lock(&self.state).1 = true;
+        self.handed_over.notify_one();
+    }
+}
+
+/// Stops the relay when its thread ends, also by a panic, so callers lead again.
+struct StopsRelay<'a>(&'a Relay);
+
+impl Drop for StopsRelay<'_> {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        self.writers.relay.stop();
+        if let Some(relay) = self.relay.take() {
+            let _ = relay.join();
         }
     }
 }
