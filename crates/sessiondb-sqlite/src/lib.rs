@@ -555,19 +555,25 @@ enum Leader {
 /// Hand-overs of the writer from a caller to the relay thread.
 #[derive(Default)]
 struct Relay {
-    /// (handed over and not yet taken, stopped)
-    state: Mutex<(bool, bool)>,
+    state: Mutex<RelayState>,
     handed_over: Condvar,
+}
+
+#[derive(Default)]
+struct RelayState {
+    /// A caller handed the writer over and the relay has not taken it yet.
+    pending: bool,
+    stopped: bool,
 }
 
 impl Relay {
     /// Asks the relay thread to lead; false once it has stopped (the caller then leads on).
     fn take_over(&self) -> bool {
         let mut state = lock(&self.state);
-        if state.1 {
+        if state.stopped {
             return false;
         }
-        state.0 = true;
+        state.pending = true;
         self.handed_over.notify_one();
         true
     }
@@ -576,10 +582,10 @@ impl Relay {
     fn wait_for_hand_over(&self) -> bool {
         let mut state = lock(&self.state);
         loop {
-            if std::mem::take(&mut state.0) {
+            if std::mem::take(&mut state.pending) {
                 return true;
             }
-            if state.1 {
+            if state.stopped {
                 return false;
             }
             state = self
@@ -590,7 +596,7 @@ impl Relay {
     }
 
     fn stop(&self) {
-        lock(&self.state).1 = true;
+        lock(&self.state).stopped = true;
         self.handed_over.notify_one();
     }
 }
