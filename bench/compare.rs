@@ -45,6 +45,14 @@ fn emit(op: &str, ms: f64) {
     println!("{}", json!({"op": op, "ms": ms}));
 }
 
+/// Turns `perf record --control fifo:…` on or off when `PERF_CONTROL` names its fifo, so a
+/// profile of `PROFILE=branch` holds the branch appends alone.
+fn profiler(command: &str) {
+    if let Ok(fifo) = std::env::var("PERF_CONTROL") {
+        std::fs::write(fifo, format!("{command}\n")).unwrap();
+    }
+}
+
 async fn time<T>(f: impl Future<Output = T>) -> (f64, T) {
     let started = Instant::now();
     let value = f.await;
@@ -150,6 +158,7 @@ async fn library(n: usize, writers: &[usize]) {
         Ok("branch") => 3000,
         _ => 0,
     };
+    profiler("enable");
     for k in 0..BRANCHES + profiled_branches {
         let parent = Parent::Id(format!("m{}", n / 4 + k % BRANCHES));
         let fork = Message::text("user", "forked question").with_id(format!("fork{k}"));
@@ -159,6 +168,7 @@ async fn library(n: usize, writers: &[usize]) {
         };
         branches.push(time(chat.append(fork, options)).await.0);
     }
+    profiler("disable");
     branches.truncate(BRANCHES);
     emit("branch", median(branches));
     emit("branch_read", timed_median(WHOLE_READS, whole).await);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Flame graphs of the operations where sessiondb misses a target of the peer comparison.
 
-    python3 bench/profiles/run.py [append-no-fsync|writers8|writers32 ...]
+    python3 bench/profiles/run.py [append-no-fsync|branch-no-fsync|writers8|writers32 ...]
 
 Builds the comparison driver, runs one operation of it under `perf record` (DWARF call graphs)
 and draws bench/profiles/<case>.svg with inferno (installed from crates.io into bench/.tools/ on
@@ -19,13 +19,16 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 TOOLS = os.path.join(ROOT, "bench", ".tools")
 DRIVER = os.path.join(ROOT, "target", "release", "sessiondb-compare")
 
-# name: (title, environment of the driver). Each repeats 4,000 appends ten times
-# (`PROFILE` in bench/compare.rs).
+# name: (title, environment of the driver, whole workload first). `PROFILE` in
+# bench/compare.rs: `append` and `concurrent*` repeat 4,000 appends ten times; `branch` runs the
+# workload of 10,000 messages and then 3,020 branch appends, the only part recorded.
 CASES = {
     "append-no-fsync": ("one appender, SYNC=normal (against Pi's appendFileSync)",
-                        {"PROFILE": "append", "SYNC": "normal"}),
-    "writers8": ("8 writers on their own sessions, durable", {"PROFILE": "concurrent8"}),
-    "writers32": ("32 writers on their own sessions, durable", {"PROFILE": "concurrent"}),
+                        {"PROFILE": "append", "SYNC": "normal"}, False),
+    "branch-no-fsync": ("branch appends under old messages, SYNC=normal (against Pi)",
+                        {"PROFILE": "branch", "SYNC": "normal"}, True),
+    "writers8": ("8 writers on their own sessions, durable", {"PROFILE": "concurrent8"}, False),
+    "writers32": ("32 writers on their own sessions, durable", {"PROFILE": "concurrent"}, False),
 }
 
 # Frames whose inclusive share the excerpt reports, in the order printed.
@@ -67,11 +70,21 @@ def shares(folded):
 
 
 def profile(name):
-    title, env = CASES[name]
+    title, env, workload_first = CASES[name]
     with tempfile.TemporaryDirectory() as scratch:
         data = os.path.join(scratch, "perf.data")
-        run(["perf", "record", "-q", "-F", "499", "--call-graph", "dwarf,32768", "-o", data,
-             DRIVER, "lib", "100", ""], env={**os.environ, **env}, stdout=subprocess.DEVNULL)
+        # The branch appends take a fraction of a second: they are sampled more often.
+        hz = "4999" if workload_first else "499"
+        record = ["perf", "record", "-q", "-F", hz, "--call-graph", "dwarf,32768", "-o", data]
+        if workload_first:
+            # Recording starts when the driver reaches the operation (`PERF_CONTROL`).
+            control = os.path.join(scratch, "control")
+            os.mkfifo(control)
+            record += ["--delay=-1", f"--control=fifo:{control}"]
+            env = {**env, "PERF_CONTROL": control}
+        n = "10000" if workload_first else "100"
+        run(record + [DRIVER, "lib", n, ""], env={**os.environ, **env},
+            stdout=subprocess.DEVNULL)
         script = subprocess.run(["perf", "script", "-i", data], check=True, capture_output=True)
     folded = subprocess.run(["inferno-collapse-perf"], input=script.stdout, check=True,
                             capture_output=True).stdout
