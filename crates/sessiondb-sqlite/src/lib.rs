@@ -11,7 +11,7 @@
 //!   requests queued while a sync is in flight first waits for that sync, so what queues
 //!   meanwhile commits as one group (it could not be durable sooner). Callers that find a leader
 //!   at work just wait for their answer. An uncontended write thus never changes threads,
-//!   contended writes share commits and syncs, and no caller waits for more than its own group.
+//!   contended writes share commits and syncs, and no caller leads more than one group.
 //!   A request that fails fails alone: its group is rolled back and applied again with each
 //!   request in its own savepoint.
 //! - **Reads run on the caller's thread** with a `query_only` connection checked out of a small
