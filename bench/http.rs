@@ -61,10 +61,12 @@ fn main() {
             let commits = stats.commits.load(std::sync::atomic::Ordering::Relaxed) - commits_before;
             let busy = (stats.busy_nanos.load(std::sync::atomic::Ordering::Relaxed) - busy_before) as f64 / 1e9;
             println!(
-                "appends, {concurrency:>2} clients: {:>8.0} appends/s  p50 {:.3} ms  p99 {:.3} ms  ({} appends, {:.1} per commit, writer busy {:.0}%)",
+                "appends, {concurrency:>2} clients: {:>8.0} appends/s  p50 {:.3} ms  p99 {:.3} ms  p99.9 {:.3} ms  max {:.1} ms  ({} appends, {:.1} per commit, writer busy {:.0}%)",
                 latencies.len() as f64 / elapsed,
                 percentile(&latencies, 0.5),
                 percentile(&latencies, 0.99),
+                percentile(&latencies, 0.999),
+                percentile(&latencies, 1.0),
                 latencies.len(),
                 latencies.len() as f64 / commits.max(1) as f64,
                 busy / elapsed * 100.0,
