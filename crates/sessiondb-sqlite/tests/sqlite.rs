@@ -535,7 +535,7 @@ fn concurrent_appends_share_commits() {
 /// at a time and answers in commit order, a call sees the commits of the requests outstanding
 /// when it began, its own, one more per other writer before its sync, and whatever commits
 /// while its thread wakes up: 15–17 in all here. Calls that led while work was waiting saw
-/// 530–854 of the 2,400; the bound leaves room for a thread that waits long to be scheduled.
+/// 530–2,022 of the 2,400; the bound leaves room for a thread that waits long to be scheduled.
 #[test]
 fn a_write_call_does_not_wait_for_the_writes_queued_behind_it() {
     const WRITERS: u64 = 8;
