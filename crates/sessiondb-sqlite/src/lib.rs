@@ -525,11 +525,9 @@ impl WriteQueue {
                     // More work is waiting: the flush thread syncs this group while the writer
                     // leads on.
                     self.durability.hand_off();
-                    if leader == Leader::Caller {
-                        drop(writer);
-                        if self.relay.take_over() {
-                            return;
-                        }
+                    drop(writer);
+                    if self.hands_over(leader) {
+                        return;
                     }
                     continue;
                 }
@@ -537,10 +535,16 @@ impl WriteQueue {
             drop(writer);
             // Syncing outside the writer lets the next group apply meanwhile.
             self.durability.flush();
-            if lock(&self.jobs).is_empty() || (leader == Leader::Caller && self.relay.take_over()) {
+            if lock(&self.jobs).is_empty() || self.hands_over(leader) {
                 return;
             }
         }
+    }
+
+    /// Whether `leader` stops here, work still waiting: a caller hands the writer to the relay
+    /// (unless it has stopped); the relay leads on.
+    fn hands_over(&self, leader: Leader) -> bool {
+        leader == Leader::Caller && self.relay.take_over()
     }
 }
 
