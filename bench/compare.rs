@@ -140,11 +140,18 @@ async fn library(n: usize, writers: &[usize]) {
         assert!(all.len() >= n / 8);
     };
     emit("whole", timed_median(WHOLE_READS, whole).await);
-    // `PROFILE=last50|whole|branch|reopen|append|concurrent8|concurrent` repeats one operation for a profiler (`perf record -g`).
+    // `PROFILE=last50|whole|search_first|branch|reopen|append|concurrent8|concurrent` repeats one operation for a profiler (`perf record -g`).
     match std::env::var("PROFILE").as_deref() {
         Ok("last50") => drop(timed_median(20_000, last50).await),
         Ok("whole") => drop(timed_median(300, whole).await),
         _ => {}
+    }
+    if std::env::var("PROFILE").as_deref() == Ok("search_first") {
+        drop((chat, db));
+        for _ in 0..20 {
+            emit("search_first", first_search_of_a_copy(dir.path()).await);
+        }
+        return;
     }
     let (first, hits) = time(chat.search(NEEDLE, 10)).await;
     assert_eq!(hits.unwrap().len(), 1);
@@ -207,6 +214,23 @@ async fn library(n: usize, writers: &[usize]) {
     for w in writers {
         emit(&format!("concurrent{w}"), concurrent_library(&db, *w).await);
     }
+}
+
+/// Milliseconds of the first search (which builds the full-text index) in a copy of the closed
+/// store in `dir`, so a profiler can see the build many times.
+async fn first_search_of_a_copy(dir: &std::path::Path) -> f64 {
+    let copy = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let db = open(copy.path());
+    let chat = db.session("bench").unwrap();
+    let (ms, hits) = time(chat.search(NEEDLE, 10)).await;
+    assert_eq!(hits.unwrap().len(), 1);
+    ms
 }
 
 /// Prints the data directory's size (the store is closed, so the WAL is checkpointed away);

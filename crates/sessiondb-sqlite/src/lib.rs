@@ -55,7 +55,7 @@ use std::thread::JoinHandle;
 
 use futures::FutureExt;
 use futures::channel::oneshot;
-use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
+use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use sessiondb_core::attachments::Payload;
 use sessiondb_core::{
     Change, ChangeFeed, Compaction, ContextEntry, FeedFilter, FrozenPrompt, PathPlan, PathRows,
@@ -397,6 +397,18 @@ fn open_writer(path: &Path, synchronous: Synchronous) -> Result<Connection, Stor
     Ok(conn)
 }
 
+/// A read-only connection (`synchronous` only matters for the checkpoints it may run).
+fn open_reader(path: &Path, synchronous: Synchronous) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags_and_vfs(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        schema::VFS,
+    )
+    .map_err(backend_error)?;
+    schema::configure(&conn, synchronous, true)?;
+    Ok(conn)
+}
+
 fn io_error(path: &Path, e: std::io::Error) -> StoreError {
     StoreError::Backend(format!("{}: {e}", path.display()))
 }
@@ -458,14 +470,7 @@ impl ReaderPool {
     }
 
     fn open(&self) -> Result<Connection, StoreError> {
-        let conn = Connection::open_with_flags_and_vfs(
-            &self.path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-            schema::VFS,
-        )
-        .map_err(backend_error)?;
-        schema::configure(&conn, self.synchronous, true)?;
-        Ok(conn)
+        open_reader(&self.path, self.synchronous)
     }
 }
 
@@ -823,45 +828,39 @@ impl Writer {
             .map_err(backend_error)?;
         tx.execute_batch(schema::SEARCH_TABLES)
             .map_err(backend_error)?;
-        {
-            let mut rows = tx
-                .prepare(
-                    "SELECT namespace, session_id, id, role, content, content_chunks FROM messages",
-                )
-                .map_err(backend_error)?;
+        // Reading the messages and decoding their texts runs on a thread of its own, alongside
+        // the inserts: its connection sees the last commit, which is what this transaction
+        // started from (the writer is the only one, and it has not changed `messages` here).
+        let reader = open_reader(&self.path, Synchronous::Normal)?;
+        std::thread::scope(|scope| {
+            let (texts, received) = std::sync::mpsc::sync_channel(SEARCH_TEXT_BATCHES_IN_FLIGHT);
+            let extraction = scope.spawn(move || search_texts_of_messages(&reader, &texts));
             let mut insert = tx
                 .prepare(
-                    "INSERT OR REPLACE INTO message_search
+                    "INSERT INTO message_search
                          (namespace, session_id, message_id, role, text)
                      VALUES (?1, ?2, ?3, ?4, ?5)",
                 )
                 .map_err(backend_error)?;
-            let mut cursor = rows.query([]).map_err(backend_error)?;
-            while let Some(row) = cursor.next().map_err(backend_error)? {
-                let key = SessionKey {
-                    namespace: row.get(0).map_err(backend_error)?,
-                    session_id: row.get(1).map_err(backend_error)?,
-                };
-                let id: String = row.get(2).map_err(backend_error)?;
-                let role: String = row.get(3).map_err(backend_error)?;
-                let body = queries::reassemble(
-                    &tx,
-                    &key,
-                    &id,
-                    row.get(4).map_err(backend_error)?,
-                    row.get(5).map_err(backend_error)?,
-                )?;
-                let text = search::search_text_of_json(&body)
-                    .map_err(|e| StoreError::Corrupt(format!("message `{id}`: {e}")))?;
-                if !text.is_empty() {
-                    insert
-                        .execute(params![key.namespace, key.session_id, id, role, text])
+            // Indexing each row as it arrives overlaps the tokenizing with the extraction; a
+            // 'rebuild' after the back-fill would read every text again and overlap nothing.
+            let mut index = tx
+                .prepare("INSERT INTO message_fts (rowid, text) VALUES (?1, ?2)")
+                .map_err(backend_error)?;
+            // Ends after the extraction's last batch, or when it failed (its error is below).
+            for batch in received {
+                for row in batch.rows() {
+                    insert.execute(row).map_err(backend_error)?;
+                    index
+                        .execute(rusqlite::params![tx.last_insert_rowid(), row[4]])
                         .map_err(backend_error)?;
                 }
             }
-        }
-        // One bulk build of the full-text index is much cheaper than a trigger per row.
-        tx.execute_batch("INSERT INTO message_fts (message_fts) VALUES ('rebuild');")
+            extraction
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })?;
+        tx.execute_batch(schema::SEARCH_KEY_INDEX)
             .map_err(backend_error)?;
         tx.execute_batch(schema::SEARCH_TRIGGERS)
             .map_err(backend_error)?;
@@ -874,7 +873,7 @@ impl Writer {
             .map_err(backend_error)?;
         tx.commit().map_err(backend_error)?;
         self.search_index.store(true, Ordering::Release);
-        // The rebuild grew FTS5's pending-terms hash to the terms of a whole flush, and a
+        // The back-fill grew FTS5's pending-terms hash to the terms of a whole flush, and a
         // connection keeps it: every later commit that writes the index (the searches'
         // catch-ups) would walk all its slots twice. A fresh connection starts small; should it
         // fail to open, the old one still works.
@@ -883,6 +882,82 @@ impl Writer {
         }
         Ok(())
     }
+}
+
+/// Rows per batch the extraction of an index build sends, and how many batches it may run
+/// ahead of the inserts.
+const SEARCH_TEXT_BATCH: usize = 256;
+const SEARCH_TEXT_BATCHES_IN_FLIGHT: usize = 4;
+
+/// `message_search` rows (namespace, session id, message id, role, text) packed into one
+/// string: one allocation crosses threads per batch, not five per row (the allocator's arenas
+/// contend when one thread frees many small blocks another allocated).
+#[derive(Default)]
+struct SearchTextBatch {
+    fields: String,
+    /// Where each row's five fields end in `fields`.
+    ends: Vec<[usize; 5]>,
+}
+
+impl SearchTextBatch {
+    fn push(&mut self, fields: [&str; 5]) {
+        self.ends.push(fields.map(|field| {
+            self.fields.push_str(field);
+            self.fields.len()
+        }));
+    }
+
+    fn rows(&self) -> impl Iterator<Item = [&str; 5]> {
+        let mut start = 0;
+        self.ends.iter().map(move |ends| {
+            ends.map(|end| {
+                let field = &self.fields[start..end];
+                start = end;
+                field
+            })
+        })
+    }
+}
+
+/// Sends the indexed text of every stored message with any, in batches; stops early when the
+/// receiver is gone (its inserts failed).
+fn search_texts_of_messages(
+    conn: &Connection,
+    texts: &std::sync::mpsc::SyncSender<SearchTextBatch>,
+) -> Result<(), StoreError> {
+    let mut rows = conn
+        .prepare("SELECT namespace, session_id, id, role, content, content_chunks FROM messages")
+        .map_err(backend_error)?;
+    let mut cursor = rows.query([]).map_err(backend_error)?;
+    let mut batch = SearchTextBatch::default();
+    while let Some(row) = cursor.next().map_err(backend_error)? {
+        let key = SessionKey {
+            namespace: row.get(0).map_err(backend_error)?,
+            session_id: row.get(1).map_err(backend_error)?,
+        };
+        let id: String = row.get(2).map_err(backend_error)?;
+        let body = queries::reassemble(
+            conn,
+            &key,
+            &id,
+            row.get(4).map_err(backend_error)?,
+            row.get(5).map_err(backend_error)?,
+        )?;
+        let text = search::search_text_of_json(&body)
+            .map_err(|e| StoreError::Corrupt(format!("message `{id}`: {e}")))?;
+        if text.is_empty() {
+            continue;
+        }
+        let role: String = row.get(3).map_err(backend_error)?;
+        batch.push([&key.namespace, &key.session_id, &id, &role, &text]);
+        if batch.ends.len() == SEARCH_TEXT_BATCH && texts.send(std::mem::take(&mut batch)).is_err()
+        {
+            return Ok(());
+        }
+    }
+    // A send fails only when the inserts failed, and their error is the one reported.
+    let _ = texts.send(batch);
+    Ok(())
 }
 
 /// Rows written since the last search past which the writer indexes them itself (about 1 ms

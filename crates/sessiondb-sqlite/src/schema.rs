@@ -24,10 +24,12 @@ const MIGRATIONS: &[&str] = &[
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Tables of the full-text index, created by the first search. `message_search` holds the
-/// indexed text; `message_fts` indexes it as external content. Its key leads with the message
-/// id for the reason the id index does (schema 9): generated ids are time-ordered, so the entries
-/// of a group commit's appends to many sessions share a page. Schema 10 drops an index built with
-/// the earlier key `(namespace, session_id, message_id)`; the next search builds it again.
+/// indexed text; `message_fts` indexes it as external content. Its key ([`SEARCH_KEY_INDEX`])
+/// leads with the message id for the reason the id index does (schema 9): generated ids are
+/// time-ordered, so the entries of a group commit's appends to many sessions share a page.
+/// Schema 10 drops an index built with the earlier key `(namespace, session_id, message_id)`; the
+/// next search builds it again. (Indexes built before the key became a separate index hold it as
+/// the table's `UNIQUE` constraint, which serves the same look-ups.)
 ///
 /// Writes only insert and delete `message_search` rows (a changed text is a new row), each new
 /// row with a rowid above every earlier one and above the mark ([`search_indexed_mark`]).
@@ -42,13 +44,17 @@ CREATE TABLE IF NOT EXISTS message_search (
     session_id TEXT NOT NULL,
     message_id TEXT NOT NULL,
     role       TEXT NOT NULL,
-    text       TEXT NOT NULL,
-    UNIQUE (message_id, namespace, session_id)
+    text       TEXT NOT NULL
 );
 CREATE VIRTUAL TABLE IF NOT EXISTS message_fts USING fts5(
     text, content='message_search', content_rowid='rowid', tokenize='porter unicode61'
 );
 "#;
+
+/// Created after the back-fill of a new `message_search` (a sorted bulk build instead of an index
+/// insert per row).
+pub(crate) const SEARCH_KEY_INDEX: &str = "CREATE UNIQUE INDEX IF NOT EXISTS message_search_key
+    ON message_search (message_id, namespace, session_id)";
 
 /// The highest `message_search` rowid that `message_fts` holds, as an SQL expression.
 macro_rules! search_indexed_mark {

@@ -72,6 +72,100 @@ fn search_index_is_built_by_the_first_search_and_back_fills() {
     assert!(db.store().has_search_index(), "the index survives a reopen");
 }
 
+/// The build reads the messages on a thread of its own and hands their texts over in batches:
+/// every one of several batches, from every session, is indexed once and only in its session.
+#[test]
+fn the_first_search_back_fills_every_session_across_many_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    let sessions = ["one", "two", "three"];
+    block_on(async {
+        for name in sessions {
+            let s = db.session(name).unwrap();
+            for i in 0..400 {
+                let text = format!("common word{i}x{name}");
+                let m = Message::text("user", text).with_id(format!("{name}-{i}"));
+                s.append(m, AppendOptions::default()).await.unwrap();
+            }
+            // A message without indexed text gets no row.
+            let tool = Message::from_value(serde_json::json!({
+                "id": format!("{name}-tool"), "role": "assistant",
+                "parts": [{"type": "tool-call", "input": {"q": "common"}}]}))
+            .unwrap();
+            s.append(tool, AppendOptions::default()).await.unwrap();
+        }
+        let two = db.session("two").unwrap();
+        assert_eq!(
+            ids_of(&two.search("word399xtwo", 5).await.unwrap()),
+            ["two-399"]
+        );
+        assert!(two.search("word7xone", 5).await.unwrap().is_empty());
+        for name in sessions {
+            let s = db.session(name).unwrap();
+            for i in [0, 255, 256, 399] {
+                let hits = s.search(&format!("word{i}x{name}"), 5).await.unwrap();
+                assert_eq!(ids_of(&hits), [format!("{name}-{i}")]);
+            }
+            assert_eq!(s.search("common", 500).await.unwrap().len(), 400);
+        }
+    });
+    drop(db);
+    let conn = raw(dir.path());
+    assert_eq!(count(&conn, "SELECT count(*) FROM message_search"), 1200);
+    assert_eq!(fts_matches(&conn, "common"), 1200);
+    assert!(table_exists(&conn, "message_search_key"));
+}
+
+/// A message that cannot be read stops the build with an error naming it, and the build leaves
+/// nothing behind: no index tables, no mark, and the next search tries again.
+#[test]
+fn a_build_that_meets_an_unreadable_message_leaves_no_index() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = open(dir.path());
+        let s = db.session("s").unwrap();
+        block_on(async {
+            for i in 0..700 {
+                let m = Message::text("user", format!("text {i}")).with_id(format!("m{i}"));
+                s.append(m, AppendOptions::default()).await.unwrap();
+            }
+        });
+    }
+    let conn = raw(dir.path());
+    let content: String = conn
+        .query_row("SELECT content FROM messages WHERE id = 'm600'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    conn.execute(
+        "UPDATE messages SET content = '{broken' WHERE id = 'm600'",
+        [],
+    )
+    .unwrap();
+    drop(conn);
+    let db = open(dir.path());
+    let s = db.session("s").unwrap();
+    let err = block_on(s.search("text", 5)).unwrap_err();
+    assert!(
+        matches!(&err, Error::Store(StoreError::Corrupt(m)) if m.contains("m600")),
+        "{err}"
+    );
+    assert!(!db.store().has_search_index());
+    drop((s, db));
+    let conn = raw(dir.path());
+    assert!(!table_exists(&conn, "message_search"));
+    assert!(!table_exists(&conn, "message_fts"));
+    conn.execute(
+        "UPDATE messages SET content = ?1 WHERE id = 'm600'",
+        [content],
+    )
+    .unwrap();
+    drop(conn);
+    let db = open(dir.path());
+    let s = db.session("s").unwrap();
+    assert_eq!(block_on(s.search("text", 1000)).unwrap().len(), 700);
+}
+
 #[test]
 fn a_second_open_of_the_same_directory_is_refused() {
     let dir = tempfile::tempdir().unwrap();
