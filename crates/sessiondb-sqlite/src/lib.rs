@@ -61,7 +61,7 @@ use sessiondb_core::{
     Change, ChangeFeed, Compaction, ContextEntry, FeedFilter, FrozenPrompt, PathPlan, PathRows,
     PathRuns, PathSuffix, RangeTotals, ScopedBlock, SearchHit, SessionInfo, SessionKey,
     SessionQuery, SessionStats, Store, StoreError, StoredMessage, Subscription, WriteOutcome,
-    WriteRequest, search,
+    WriteRequest,
 };
 
 use crate::cache::RowCache;
@@ -808,13 +808,21 @@ impl Writer {
             .execute(
                 concat!(
                     "INSERT INTO message_fts (rowid, text)
-                     SELECT rowid, text FROM message_search WHERE rowid > ",
+                     SELECT rowid, pending_text FROM message_search WHERE rowid > ",
                     schema::search_indexed_mark!()
                 ),
                 [],
             )
             .map_err(backend_error)?;
         if indexed > 0 {
+            tx.execute(
+                concat!(
+                    "UPDATE message_search SET pending_text = NULL WHERE rowid > ",
+                    schema::search_indexed_mark!()
+                ),
+                [],
+            )
+            .map_err(backend_error)?;
             tx.execute(SET_SEARCH_INDEXED_MARK, [])
                 .map_err(backend_error)?;
         }
@@ -837,9 +845,8 @@ impl Writer {
             let extraction = scope.spawn(move || search_texts_of_messages(&reader, &texts));
             let mut insert = tx
                 .prepare(
-                    "INSERT INTO message_search
-                         (namespace, session_id, message_id, role, text)
-                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    "INSERT INTO message_search (namespace, session_id, message_id, role)
+                     VALUES (?1, ?2, ?3, ?4)",
                 )
                 .map_err(backend_error)?;
             // Indexing each row as it arrives overlaps the tokenizing with the extraction; a
@@ -849,10 +856,12 @@ impl Writer {
                 .map_err(backend_error)?;
             // Ends after the extraction's last batch, or when it failed (its error is below).
             for batch in received {
-                for row in batch.rows() {
-                    insert.execute(row).map_err(backend_error)?;
+                for [namespace, session_id, id, role, text] in batch.rows() {
+                    insert
+                        .execute([namespace, session_id, id, role])
+                        .map_err(backend_error)?;
                     index
-                        .execute(rusqlite::params![tx.last_insert_rowid(), row[4]])
+                        .execute(rusqlite::params![tx.last_insert_rowid(), text])
                         .map_err(backend_error)?;
                 }
             }
@@ -936,15 +945,13 @@ fn search_texts_of_messages(
             session_id: row.get(1).map_err(backend_error)?,
         };
         let id: String = row.get(2).map_err(backend_error)?;
-        let body = queries::reassemble(
+        let text = queries::indexed_text(
             conn,
             &key,
             &id,
             row.get(4).map_err(backend_error)?,
             row.get(5).map_err(backend_error)?,
         )?;
-        let text = search::search_text_of_json(&body)
-            .map_err(|e| StoreError::Corrupt(format!("message `{id}`: {e}")))?;
         if text.is_empty() {
             continue;
         }

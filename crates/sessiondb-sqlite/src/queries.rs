@@ -11,7 +11,7 @@ pub(crate) use sessiondb_core::plan::PathTotals;
 use sessiondb_core::plan::{SuffixBudget, linear_range};
 use sessiondb_core::{
     MAX_PATH_ROWS, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow, RangeTotals, RowStat,
-    RunsFromLeaf, SearchHit, SessionKey, SessionStats, StoreError, StoredMessage,
+    RunsFromLeaf, SearchHit, SessionKey, SessionStats, StoreError, StoredMessage, search,
 };
 
 use crate::backend_error;
@@ -78,6 +78,20 @@ fn read_message(conn: &Connection, key: &SessionKey, row: &Row<'_>) -> Result<St
     }
     let json = reassemble(conn, key, &fields.id, slice0.to_owned(), chunks)?;
     Ok(StoredMessage::from_stored(fields, json, bytes))
+}
+
+/// The text the full-text index holds for a stored message ([`search::search_text`]), from its
+/// slice 0 and continuation count.
+pub(crate) fn indexed_text(
+    conn: &Connection,
+    key: &SessionKey,
+    id: &str,
+    slice0: String,
+    chunks: i64,
+) -> Result<String> {
+    let body = reassemble(conn, key, id, slice0, chunks)?;
+    search::search_text_of_json(&body)
+        .map_err(|e| StoreError::Corrupt(format!("message `{id}`: {e}")))
 }
 
 /// Appends the continuation slices of a chunked message to its slice 0.
@@ -857,7 +871,7 @@ pub(crate) fn search(
 ) -> Result<Vec<SearchHit>> {
     let mut stmt = conn
         .prepare_cached(
-            "SELECT s.message_id, s.role, s.text, m.created_at
+            "SELECT s.message_id, s.role, m.content, m.content_chunks, m.created_at
                FROM message_fts
                JOIN message_search s ON s.rowid = message_fts.rowid
                JOIN messages m ON m.namespace = s.namespace AND m.session_id = s.session_id
@@ -867,24 +881,27 @@ pub(crate) fn search(
               LIMIT ?4",
         )
         .map_err(backend_error)?;
-    stmt.query_map(
-        params![
-            match_expression(words),
-            key.namespace,
-            key.session_id,
-            limit as i64
-        ],
-        |r| {
+    let hits: Vec<(String, String, String, i64, i64)> = stmt
+        .query_map(
+            params![
+                match_expression(words),
+                key.namespace,
+                key.session_id,
+                limit as i64
+            ],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+        )
+        .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(backend_error)?;
+    hits.into_iter()
+        .map(|(id, role, slice0, chunks, created_at)| {
             Ok(SearchHit {
-                id: r.get(0)?,
-                role: r.get(1)?,
-                content: r.get(2)?,
+                content: indexed_text(conn, key, &id, slice0, chunks)?,
+                id,
+                role,
                 session_id: key.session_id.clone(),
-                created_at: r.get(3)?,
+                created_at,
             })
-        },
-    )
-    .map_err(backend_error)?
-    .collect::<rusqlite::Result<Vec<_>>>()
-    .map_err(backend_error)
+        })
+        .collect()
 }

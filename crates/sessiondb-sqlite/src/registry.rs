@@ -8,7 +8,7 @@ use sessiondb_core::{
 };
 
 use crate::backend_error;
-use crate::queries::match_expression;
+use crate::queries::{indexed_text, match_expression};
 use sessiondb_core::plan::linear_range;
 
 type Result<T> = std::result::Result<T, StoreError>;
@@ -319,7 +319,7 @@ pub(crate) fn search_namespace(
 ) -> Result<Vec<SearchHit>> {
     let mut stmt = conn
         .prepare_cached(
-            "SELECT s.message_id, s.role, s.text, s.session_id, m.created_at
+            "SELECT s.message_id, s.role, s.session_id, m.content, m.content_chunks, m.created_at
                FROM message_fts
                JOIN message_search s ON s.rowid = message_fts.rowid
                JOIN messages m ON m.namespace = s.namespace AND m.session_id = s.session_id
@@ -331,20 +331,37 @@ pub(crate) fn search_namespace(
               LIMIT ?4",
         )
         .map_err(backend_error)?;
-    stmt.query_map(
-        params![match_expression(words), namespace, user_id, limit as i64],
-        |r| {
+    let hits: Vec<(String, String, String, String, i64, i64)> = stmt
+        .query_map(
+            params![match_expression(words), namespace, user_id, limit as i64],
+            |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
+            },
+        )
+        .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(backend_error)?;
+    hits.into_iter()
+        .map(|(id, role, session_id, slice0, chunks, created_at)| {
+            let key = SessionKey {
+                namespace: namespace.to_owned(),
+                session_id,
+            };
             Ok(SearchHit {
-                id: r.get(0)?,
-                role: r.get(1)?,
-                content: r.get(2)?,
-                session_id: r.get(3)?,
-                created_at: r.get(4)?,
+                content: indexed_text(conn, &key, &id, slice0, chunks)?,
+                id,
+                role,
+                session_id: key.session_id,
+                created_at,
             })
-        },
-    )
-    .and_then(|rows| rows.collect())
-    .map_err(backend_error)
+        })
+        .collect()
 }
 
 #[cfg(test)]

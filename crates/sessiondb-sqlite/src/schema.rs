@@ -18,36 +18,36 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0008_branch_points.sql"),
     include_str!("../migrations/0009_ids_first.sql"),
     include_str!("../migrations/0010_search_ids_first.sql"),
+    include_str!("../migrations/0011_contentless_search.sql"),
 ];
 
 /// The schema version this build creates and reads.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
-/// Tables of the full-text index, created by the first search. `message_search` holds the
-/// indexed text; `message_fts` indexes it as external content. Its key ([`SEARCH_KEY_INDEX`])
-/// leads with the message id for the reason the id index does (schema 9): generated ids are
-/// time-ordered, so the entries of a group commit's appends to many sessions share a page.
-/// Schema 10 drops an index built with the earlier key `(namespace, session_id, message_id)`; the
-/// next search builds it again. (Indexes built before the key became a separate index hold it as
-/// the table's `UNIQUE` constraint, which serves the same look-ups.)
+/// Tables of the full-text index, created by the first search. `message_search` has a row per
+/// indexed message, whose rowid is the message's document in `message_fts`, a contentless FTS5
+/// table: the index keeps no copy of the texts (a search hit reads its text from the message).
+/// Its key ([`SEARCH_KEY_INDEX`]) leads with the message id for the reason the id index does
+/// (schema 9): generated ids are time-ordered, so the entries of a group commit's appends to many
+/// sessions share a page.
 ///
 /// Writes only insert and delete `message_search` rows (a changed text is a new row), each new
-/// row with a rowid above every earlier one and above the mark ([`search_indexed_mark`]).
-/// `message_fts` holds exactly the rows at or below the mark: a search first indexes the rows
-/// above it in one statement and moves the mark (`Writer::index_rows_since_last_search`; the
-/// writer does so itself past `SEARCH_BACKLOG_ROWS`), so appends never write the full-text index
-/// themselves.
+/// row with a rowid above every earlier one and above the mark ([`search_indexed_mark`]), and
+/// with its text in `pending_text`. `message_fts` holds exactly the rows at or below the mark,
+/// whose `pending_text` is NULL: a search first indexes the rows above it in one statement,
+/// clears their texts and moves the mark (`Writer::index_rows_since_last_search`; the writer does
+/// so itself past `SEARCH_BACKLOG_ROWS`), so appends never write the full-text index themselves.
 pub(crate) const SEARCH_TABLES: &str = r#"
 CREATE TABLE IF NOT EXISTS message_search (
-    rowid      INTEGER PRIMARY KEY,
-    namespace  TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    message_id TEXT NOT NULL,
-    role       TEXT NOT NULL,
-    text       TEXT NOT NULL
+    rowid        INTEGER PRIMARY KEY,
+    namespace    TEXT NOT NULL,
+    session_id   TEXT NOT NULL,
+    message_id   TEXT NOT NULL,
+    role         TEXT NOT NULL,
+    pending_text TEXT
 );
 CREATE VIRTUAL TABLE IF NOT EXISTS message_fts USING fts5(
-    text, content='message_search', content_rowid='rowid', tokenize='porter unicode61'
+    text, content='', contentless_delete=1, tokenize='porter unicode61'
 );
 "#;
 
@@ -64,14 +64,14 @@ macro_rules! search_indexed_mark {
 }
 pub(crate) use search_indexed_mark;
 
-/// A deleted row leaves `message_fts` if it was indexed; removing terms of a row the index does
-/// not hold would corrupt it.
+/// A deleted row leaves `message_fts` if it was indexed (a row above the mark has nothing there
+/// to remove).
 pub(crate) const SEARCH_TRIGGERS: &str = concat!(
     "CREATE TRIGGER IF NOT EXISTS message_search_ad AFTER DELETE ON message_search
      WHEN old.rowid <= ",
     search_indexed_mark!(),
     " BEGIN
-         INSERT INTO message_fts (message_fts, rowid, text) VALUES ('delete', old.rowid, old.text);
+         DELETE FROM message_fts WHERE rowid = old.rowid;
      END;"
 );
 

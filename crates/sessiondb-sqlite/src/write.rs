@@ -837,7 +837,8 @@ impl RequestTx<'_> {
         exec(
             self.conn,
             concat!(
-                "INSERT INTO message_search (rowid, namespace, session_id, message_id, role, text)
+                "INSERT INTO message_search
+                     (rowid, namespace, session_id, message_id, role, pending_text)
                  VALUES (max(coalesce((SELECT max(rowid) FROM message_search), 0), ",
                 crate::schema::search_indexed_mark!(),
                 ") + 1, ?1, ?2, ?3, ?4, ?5)"
@@ -859,29 +860,11 @@ impl RequestTx<'_> {
         Ok(())
     }
 
-    /// Replaces a message's index entry, touching the index only when its text or role changed.
+    /// Replaces the index entry of a message whose content changed. (The index keeps no texts to
+    /// compare with, and a changed message mostly has a changed text.)
     fn reindex(&self, message: &PreparedMessage) -> Result<()> {
-        let current: Option<(String, String)> = self
-            .conn
-            .prepare_cached(
-                "SELECT role, text FROM message_search
-                  WHERE namespace = ?1 AND session_id = ?2 AND message_id = ?3",
-            )
-            .and_then(|mut s| {
-                s.query_row(
-                    params![self.key.namespace, self.key.session_id, message.id],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()
-            })
-            .map_err(backend_error)?;
-        let wanted = (!message.search_text.is_empty())
-            .then(|| (message.role.clone(), message.search_text.clone()));
-        if current == wanted {
-            return Ok(());
-        }
         self.unindex(&message.id)?;
-        if wanted.is_some() {
+        if !message.search_text.is_empty() {
             self.index(&message.id, &message.role, &message.search_text)?;
         }
         Ok(())

@@ -34,6 +34,19 @@ fn fts_matches(conn: &Connection, query: &str) -> i64 {
     )
 }
 
+/// Texts of `message_search` rows the full-text index does not hold yet, oldest first.
+fn pending_texts(conn: &Connection) -> Vec<String> {
+    let mut stmt = conn
+        .prepare(
+            "SELECT pending_text FROM message_search WHERE pending_text IS NOT NULL ORDER BY rowid",
+        )
+        .unwrap();
+    stmt.query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
 fn table_exists(conn: &Connection, name: &str) -> bool {
     count(
         conn,
@@ -55,7 +68,7 @@ fn search_index_is_built_by_the_first_search_and_back_fills() {
         .unwrap();
         let big = format!("{} needle", "x ".repeat(1_000_000));
         s.append(
-            Message::text("user", big).with_id("chunked"),
+            Message::text("user", big.clone()).with_id("chunked"),
             AppendOptions::default(),
         )
         .await
@@ -64,8 +77,10 @@ fn search_index_is_built_by_the_first_search_and_back_fills() {
         assert!(!db.store().has_search_index());
         assert_eq!(s.search("quick brown", 5).await.unwrap()[0].id, "a");
         assert!(table_exists(&raw(dir.path()), "message_fts"));
-        // Chunked messages are back-filled from their whole body.
-        assert_eq!(s.search("needle", 5).await.unwrap()[0].id, "chunked");
+        // Chunked messages are back-filled from their whole body, and a hit's text is whole.
+        let hits = s.search("needle", 5).await.unwrap();
+        assert_eq!(hits[0].id, "chunked");
+        assert_eq!(hits[0].content, big);
     });
     drop((s, db));
     let db = open(dir.path());
@@ -113,6 +128,10 @@ fn the_first_search_back_fills_every_session_across_many_batches() {
     let conn = raw(dir.path());
     assert_eq!(count(&conn, "SELECT count(*) FROM message_search"), 1200);
     assert_eq!(fts_matches(&conn, "common"), 1200);
+    assert!(
+        pending_texts(&conn).is_empty(),
+        "the index holds no copies of texts"
+    );
     assert!(table_exists(&conn, "message_search_key"));
 }
 
@@ -325,6 +344,60 @@ fn a_schema_8_file_migrates_to_the_id_first_indexes() {
     assert_eq!(m3.parent_id.as_deref(), Some("m2"));
 }
 
+/// Schema 11 keeps no copies of texts in the search index; a file of schema 10 (whose index kept
+/// them in `message_search`) drops its index, and the next search builds it in the new shape and
+/// answers with each hit's text.
+#[test]
+fn a_schema_10_search_index_is_built_again_without_copies_of_texts() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = open(dir.path());
+        let s = db.session("s").unwrap();
+        block_on(async {
+            for (id, text) in [("a", "alpha one"), ("b", "bravo two")] {
+                let m = Message::text("user", text).with_id(id);
+                s.append(m, AppendOptions::default()).await.unwrap();
+            }
+        });
+    }
+    let conn = raw(dir.path());
+    conn.execute_batch(
+        "CREATE TABLE message_search (
+             rowid INTEGER PRIMARY KEY, namespace TEXT NOT NULL, session_id TEXT NOT NULL,
+             message_id TEXT NOT NULL, role TEXT NOT NULL, text TEXT NOT NULL,
+             UNIQUE (message_id, namespace, session_id));
+         CREATE VIRTUAL TABLE message_fts USING fts5(
+             text, content='message_search', content_rowid='rowid', tokenize='porter unicode61');
+         INSERT INTO message_search (namespace, session_id, message_id, role, text)
+             VALUES ('', 's', 'a', 'user', 'alpha one');
+         INSERT INTO message_fts (message_fts) VALUES ('rebuild');
+         CREATE TRIGGER message_search_ad AFTER DELETE ON message_search BEGIN
+             INSERT INTO message_fts (message_fts, rowid, text)
+             VALUES ('delete', old.rowid, old.text);
+         END;
+         INSERT OR REPLACE INTO store_meta (key, value) VALUES ('search_index', '1');
+         INSERT OR REPLACE INTO store_meta (key, value) VALUES ('search_indexed', '1');
+         PRAGMA user_version = 10;",
+    )
+    .unwrap();
+    drop(conn);
+
+    let db = open(dir.path());
+    assert!(!db.store().has_search_index());
+    let conn = raw(dir.path());
+    assert_eq!(count(&conn, "PRAGMA user_version"), SCHEMA_VERSION);
+    assert!(!table_exists(&conn, "message_search"));
+    drop(conn);
+    let s = db.session("s").unwrap();
+    let hits = block_on(s.search("bravo", 5)).unwrap();
+    assert_eq!(ids_of(&hits), ["b"]);
+    assert_eq!(hits[0].content, "bravo two");
+    assert_eq!(ids_of(&block_on(s.search("alpha", 5)).unwrap()), ["a"]);
+    drop((s, db));
+    let conn = raw(dir.path());
+    assert!(pending_texts(&conn).is_empty());
+}
+
 /// The search table is keyed by message id first; clearing a session and deleting one still
 /// remove exactly that session's entries.
 #[test]
@@ -385,6 +458,7 @@ fn searches_index_what_was_written_since_the_last_one() {
     let conn = raw(dir.path());
     assert_eq!(fts_matches(&conn, "alpha"), 1);
     assert_eq!(fts_matches(&conn, "bravo"), 0, "appends do not index");
+    assert_eq!(pending_texts(&conn), ["bravo", "charlie", "delta"]);
     drop(conn);
     {
         let db = open(dir.path());
@@ -411,9 +485,10 @@ fn searches_index_what_was_written_since_the_last_one() {
         });
     }
     let conn = raw(dir.path());
-    // With rank 1 the check also compares the index with its content table.
-    conn.execute_batch("INSERT INTO message_fts (message_fts, rank) VALUES ('integrity-check', 1)")
+    conn.execute_batch("INSERT INTO message_fts (message_fts) VALUES ('integrity-check')")
         .unwrap();
+    // The index holds every row there is, and no row keeps a copy of its text.
+    assert!(pending_texts(&conn).is_empty());
     assert_eq!(fts_matches(&conn, "bravo OR delta OR foxtrot"), 3);
     assert_eq!(fts_matches(&conn, "alpha OR echo OR charlie OR changed"), 0);
 }
