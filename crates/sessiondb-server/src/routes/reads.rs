@@ -1,13 +1,14 @@
 //! History (NDJSON), branches, row stats and search.
 
 use std::sync::Arc;
+use std::task::Poll;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use serde::Deserialize;
 use serde_json::Value;
 use sessiondb::{HistoryOptions, Store, StoredMessage, convert};
@@ -20,22 +21,51 @@ use crate::wire::{self, json_response, value_response};
 
 pub(crate) const NDJSON: &str = "application/x-ndjson";
 
-/// Messages ready at once are sent as one chunk; this bounds a chunk.
-const LINES_PER_CHUNK: usize = 64;
+/// Lines ready at once go out as one chunk of up to about this many bytes (a longer line is a
+/// chunk of its own). Chunks of 64 lines (~16 KB of short messages) made a 10,000-message history
+/// take 6–9 ms on loopback, most of it per-chunk work; 256 KiB chunks took 4–5 ms.
+const CHUNK_BYTES: usize = 256 * 1024;
 
 /// An NDJSON body pulled from `messages` as the client reads: nothing is read ahead of the
-/// socket, and dropping the body (the client went away) drops the read.
+/// socket, and dropping the body (the client went away) drops the read. A chunk takes what the
+/// stream has ready, so a history served from memory goes out in few chunks and one read from
+/// disk goes out window by window.
 pub(crate) fn ndjson_body<E: std::fmt::Display>(
     messages: impl Stream<Item = Result<StoredMessage, E>> + Send + 'static,
 ) -> Response {
-    let chunks = messages.ready_chunks(LINES_PER_CHUNK).map(|chunk| {
-        let mut text = String::new();
-        for item in chunk {
-            let message = item.map_err(|e| std::io::Error::other(e.to_string()))?;
-            text.push_str(message.json());
-            text.push('\n');
+    let mut messages = Box::pin(messages);
+    let mut ended = false;
+    let chunks = futures::stream::poll_fn(move |cx| {
+        if ended {
+            return Poll::Ready(None);
         }
-        Ok::<_, std::io::Error>(Bytes::from(text))
+        let mut text = String::new();
+        let pending = loop {
+            match messages.as_mut().poll_next(cx) {
+                Poll::Ready(Some(Ok(message))) => {
+                    text.push_str(message.json());
+                    text.push('\n');
+                    if text.len() >= CHUNK_BYTES {
+                        break false;
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    // The response ends here, unfinished, so the client sees the failure.
+                    ended = true;
+                    return Poll::Ready(Some(Err(std::io::Error::other(e.to_string()))));
+                }
+                Poll::Ready(None) => {
+                    ended = true;
+                    break false;
+                }
+                Poll::Pending => break true,
+            }
+        };
+        match (text.is_empty(), pending) {
+            (true, true) => Poll::Pending,
+            (true, false) => Poll::Ready(None),
+            (false, _) => Poll::Ready(Some(Ok(Bytes::from(text)))),
+        }
     });
     ([(CONTENT_TYPE, NDJSON)], Body::from_stream(chunks)).into_response()
 }
