@@ -1,4 +1,5 @@
-//! NDJSON history is pulled as the client reads: a client that goes away stops the reads.
+//! NDJSON history is pulled as the client reads: a client that goes away stops the reads, and a
+//! read that fails midway ends the response unfinished.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -14,10 +15,12 @@ use sessiondb_core::{
 };
 use sessiondb_server::{App, Metrics, ServerConfig};
 
-/// The SQLite store, counting the content windows read.
+/// The SQLite store, counting the content windows read; forward windows from number
+/// `failing_from` on fail.
 struct CountingStore {
     inner: SqliteStore,
     windows: Arc<AtomicUsize>,
+    failing_from: usize,
 }
 
 impl Store for CountingStore {
@@ -90,8 +93,14 @@ impl Store for CountingStore {
         max_rows: usize,
         max_bytes: u64,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
-        self.windows.fetch_add(1, Ordering::SeqCst);
-        self.inner.fetch_range(key, from, last, max_rows, max_bytes)
+        let failing = self.windows.fetch_add(1, Ordering::SeqCst) >= self.failing_from;
+        let read = self.inner.fetch_range(key, from, last, max_rows, max_bytes);
+        async move {
+            if failing {
+                return Err(StoreError::Backend("injected read failure".into()));
+            }
+            read.await
+        }
     }
     fn fetch_range_newest(
         &self,
@@ -253,6 +262,7 @@ async fn a_client_that_goes_away_stops_the_history_reads() {
     let store = CountingStore {
         inner: SqliteStore::open(dir.path()).unwrap(),
         windows: windows.clone(),
+        failing_from: usize::MAX,
     };
     let db = Db::new(store);
     // 10,000 messages of 4 KB: 200 windows of 50, ~40 MB of NDJSON, far more than socket buffers.
@@ -296,4 +306,40 @@ async fn a_client_that_goes_away_stops_the_history_reads() {
         .unwrap();
     assert_eq!(all.iter().filter(|b| **b == b'\n').count(), 10_000);
     assert_eq!(windows.load(Ordering::SeqCst), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_fails_midway_ends_the_history_unfinished() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::new(CountingStore {
+        inner: SqliteStore::open(dir.path()).unwrap(),
+        windows: Arc::new(AtomicUsize::new(0)),
+        failing_from: 20,
+    });
+    // 2,000 messages of 4 KB: 40 windows of 50, of which the 21st fails, after ~4 MB were sent.
+    sessiondb_testkit::fill(&db.session("big").unwrap(), 2_000, 4000).await;
+    let app = App::new(db, ServerConfig::default(), Metrics::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(sessiondb_server::serve(
+        listener,
+        app,
+        std::future::pending(),
+    ));
+
+    let response = reqwest::get(format!("{base}/v1/sessions/big/history"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    let mut lines = 0;
+    let failure = loop {
+        match body.next().await {
+            Some(Ok(chunk)) => lines += chunk.iter().filter(|b| **b == b'\n').count(),
+            Some(Err(e)) => break e,
+            None => panic!("the body ended as if complete after {lines} lines"),
+        }
+    };
+    assert!(failure.is_body() || failure.is_decode(), "{failure}");
+    assert!(lines < 2_000 - 50, "{lines} lines arrived");
 }
