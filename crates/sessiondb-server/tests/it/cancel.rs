@@ -255,6 +255,19 @@ impl Store for CountingStore {
     }
 }
 
+/// Serves `db` on a loopback port until the test ends; returns the base URL.
+async fn serve(db: Db<CountingStore>) -> String {
+    let app = App::new(db, ServerConfig::default(), Metrics::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(sessiondb_server::serve(
+        listener,
+        app,
+        std::future::pending(),
+    ));
+    base
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_stops_the_history_reads() {
     let dir = tempfile::tempdir().unwrap();
@@ -267,14 +280,7 @@ async fn a_client_that_goes_away_stops_the_history_reads() {
     let db = Db::new(store);
     // 10,000 messages of 4 KB: 200 windows of 50, ~40 MB of NDJSON, far more than socket buffers.
     sessiondb_testkit::fill(&db.session("big").unwrap(), 10_000, 4000).await;
-    let app = App::new(db, ServerConfig::default(), Metrics::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(sessiondb_server::serve(
-        listener,
-        app,
-        std::future::pending(),
-    ));
+    let base = serve(db).await;
 
     let response = reqwest::get(format!("{base}/v1/sessions/big/history"))
         .await
@@ -318,14 +324,7 @@ async fn a_read_that_fails_midway_ends_the_history_unfinished() {
     });
     // 2,000 messages of 4 KB: 40 windows of 50, of which the 21st fails, after ~4 MB were sent.
     sessiondb_testkit::fill(&db.session("big").unwrap(), 2_000, 4000).await;
-    let app = App::new(db, ServerConfig::default(), Metrics::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(sessiondb_server::serve(
-        listener,
-        app,
-        std::future::pending(),
-    ));
+    let base = serve(db).await;
 
     let response = reqwest::get(format!("{base}/v1/sessions/big/history"))
         .await
