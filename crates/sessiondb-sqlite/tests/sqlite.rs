@@ -521,9 +521,12 @@ fn the_writer_indexes_a_long_backlog_without_a_search() {
         0,
         "a backlog of the bound waits for a search"
     );
+    assert_eq!(pending_texts(&raw(dir.path())).len(), bound);
     append(bound..bound + 1, false);
     assert_eq!(indexed("word0"), 1);
     assert_eq!(indexed(&format!("word{bound}")), 1);
+    // What the index holds keeps no copy of its text.
+    assert!(pending_texts(&raw(dir.path())).is_empty());
 }
 
 /// Searches racing appends on other threads: every append acknowledged before a search began is
