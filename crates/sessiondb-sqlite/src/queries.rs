@@ -871,7 +871,7 @@ pub(crate) fn search(
 ) -> Result<Vec<SearchHit>> {
     let mut stmt = conn
         .prepare_cached(
-            "SELECT s.message_id, s.role, m.content, m.content_chunks, m.created_at
+            "SELECT s.message_id, s.role, s.session_id, m.content, m.content_chunks, m.created_at
                FROM message_fts
                JOIN message_search s ON s.rowid = message_fts.rowid
                JOIN messages m ON m.namespace = s.namespace AND m.session_id = s.session_id
@@ -881,25 +881,52 @@ pub(crate) fn search(
               LIMIT ?4",
         )
         .map_err(backend_error)?;
-    let hits: Vec<(String, String, String, i64, i64)> = stmt
-        .query_map(
-            params![
-                match_expression(words),
-                key.namespace,
-                key.session_id,
-                limit as i64
-            ],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
-        )
-        .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+    search_hits(
+        conn,
+        &key.namespace,
+        &mut stmt,
+        params![
+            match_expression(words),
+            key.namespace,
+            key.session_id,
+            limit as i64
+        ],
+    )
+}
+
+/// The hits of a full-text query in `namespace` whose rows are (message id, role, session id,
+/// slice 0, continuation count, created at), each with its text decoded from its message (the
+/// index keeps no copy).
+pub(crate) fn search_hits(
+    conn: &Connection,
+    namespace: &str,
+    stmt: &mut rusqlite::Statement<'_>,
+    params: impl rusqlite::Params,
+) -> Result<Vec<SearchHit>> {
+    let rows: Vec<(String, String, String, String, i64, i64)> = stmt
+        .query_map(params, |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        })
+        .and_then(|rows| rows.collect())
         .map_err(backend_error)?;
-    hits.into_iter()
-        .map(|(id, role, slice0, chunks, created_at)| {
+    rows.into_iter()
+        .map(|(id, role, session_id, slice0, chunks, created_at)| {
+            let key = SessionKey {
+                namespace: namespace.to_owned(),
+                session_id,
+            };
             Ok(SearchHit {
-                content: indexed_text(conn, key, &id, slice0, chunks)?,
+                content: indexed_text(conn, &key, &id, slice0, chunks)?,
                 id,
                 role,
-                session_id: key.session_id.clone(),
+                session_id: key.session_id,
                 created_at,
             })
         })

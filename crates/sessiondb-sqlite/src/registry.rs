@@ -8,7 +8,7 @@ use sessiondb_core::{
 };
 
 use crate::backend_error;
-use crate::queries::{indexed_text, match_expression};
+use crate::queries::{match_expression, search_hits};
 use sessiondb_core::plan::linear_range;
 
 type Result<T> = std::result::Result<T, StoreError>;
@@ -331,37 +331,12 @@ pub(crate) fn search_namespace(
               LIMIT ?4",
         )
         .map_err(backend_error)?;
-    let hits: Vec<(String, String, String, String, i64, i64)> = stmt
-        .query_map(
-            params![match_expression(words), namespace, user_id, limit as i64],
-            |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                ))
-            },
-        )
-        .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
-        .map_err(backend_error)?;
-    hits.into_iter()
-        .map(|(id, role, session_id, slice0, chunks, created_at)| {
-            let key = SessionKey {
-                namespace: namespace.to_owned(),
-                session_id,
-            };
-            Ok(SearchHit {
-                content: indexed_text(conn, &key, &id, slice0, chunks)?,
-                id,
-                role,
-                session_id: key.session_id,
-                created_at,
-            })
-        })
-        .collect()
+    search_hits(
+        conn,
+        namespace,
+        &mut stmt,
+        params![match_expression(words), namespace, user_id, limit as i64],
+    )
 }
 
 #[cfg(test)]
