@@ -22,8 +22,9 @@ use crate::wire::{self, json_response, value_response};
 pub(crate) const NDJSON: &str = "application/x-ndjson";
 
 /// Lines ready at once go out as one chunk of up to about this many bytes (a longer line is a
-/// chunk of its own). Chunks of 64 lines (~16 KB of short messages) made a 10,000-message history
-/// take 6–9 ms on loopback, most of it per-chunk work; 256 KiB chunks took 4–5 ms.
+/// chunk of its own). With chunks of 64 lines (~16 KB of short messages) a cached
+/// 10,000-message history took 4.3–5.3 ms on loopback, with 256 KiB chunks 2.2–3.9 ms
+/// (`sessiondb-http-bench`, median): the cost is per chunk, not per byte.
 const CHUNK_BYTES: usize = 256 * 1024;
 
 /// An NDJSON body pulled from `messages` as the client reads: nothing is read ahead of the
