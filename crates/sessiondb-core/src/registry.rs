@@ -134,11 +134,20 @@ impl SessionPatch {
             record.end_reason = Some(reason.clone());
         }
         if let Some(usage) = self.usage {
-            record.input_tokens = record.input_tokens.saturating_add(usage.input_tokens);
-            record.output_tokens = record.output_tokens.saturating_add(usage.output_tokens);
-            record.cost += usage.cost;
+            record.input_tokens = add_to_counter(record.input_tokens, usage.input_tokens);
+            record.output_tokens = add_to_counter(record.output_tokens, usage.output_tokens);
+            // A sum past f64::MAX would be infinite, which JSON cannot carry.
+            record.cost = (record.cost + usage.cost).min(f64::MAX);
         }
     }
+}
+
+/// The largest token count a session keeps: both backends store counters as signed 64-bit
+/// integers, so they saturate there instead of wrapping to negative numbers.
+const MAX_TOKEN_COUNTER: u64 = i64::MAX as u64;
+
+fn add_to_counter(counter: u64, added: u64) -> u64 {
+    counter.saturating_add(added).min(MAX_TOKEN_COUNTER)
 }
 
 /// Shallow merge: each key of `changes` overwrites, `null` deletes.
@@ -244,6 +253,26 @@ mod tests {
         );
         assert_eq!((record.input_tokens, record.output_tokens), (3, 4));
         assert_eq!(record.cost, 0.5);
+    }
+
+    #[test]
+    fn usage_counters_saturate_and_cost_stays_finite() {
+        let mut record = SessionRecord::default();
+        let huge = SessionPatch {
+            usage: Some(Usage {
+                input_tokens: u64::MAX,
+                output_tokens: MAX_TOKEN_COUNTER - 1,
+                cost: f64::MAX,
+            }),
+            ..Default::default()
+        };
+        huge.apply(&mut record);
+        huge.apply(&mut record);
+        assert_eq!(
+            (record.input_tokens, record.output_tokens),
+            (MAX_TOKEN_COUNTER, MAX_TOKEN_COUNTER)
+        );
+        assert_eq!(record.cost, f64::MAX);
     }
 
     #[test]

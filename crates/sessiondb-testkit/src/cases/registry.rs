@@ -117,6 +117,29 @@ pub async fn appending_creates_a_session_with_an_empty_record<S: Store>(db: Db<S
     assert!(info.created_at > 0 && info.updated_at >= info.created_at);
 }
 
+/// Counters are stored as signed 64-bit integers and the cost as a double: a report that
+/// would overflow either leaves the counter at its largest value, never negative or infinite.
+pub async fn usage_counters_saturate_instead_of_overflowing<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "busy");
+    chain(&s, &["m1"]).await;
+    let huge = SessionPatch {
+        usage: Some(Usage {
+            input_tokens: u64::MAX,
+            output_tokens: i64::MAX as u64 - 1,
+            cost: f64::MAX,
+        }),
+        ..Default::default()
+    };
+    s.patch(huge.clone()).await.unwrap();
+    s.patch(huge).await.unwrap();
+    let record = s.info().await.unwrap().unwrap().record;
+    assert_eq!(
+        (record.input_tokens, record.output_tokens),
+        (i64::MAX as u64, i64::MAX as u64)
+    );
+    assert_eq!(record.cost, f64::MAX);
+}
+
 pub async fn listings_page_both_ways_with_cursors<S: Store>(db: Db<S>) {
     for (i, id) in ["a", "b", "c", "d", "e"].iter().enumerate() {
         let record = SessionRecord {
