@@ -142,8 +142,20 @@ fn open(data: &Option<PathBuf>) -> anyhow::Result<Db<SqliteStore>> {
     Db::open(&dir).with_context(|| format!("opening {}", dir.display()))
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+/// Prints a failure as its chain of causes on one line and exits with status 1. anyhow's own
+/// report adds a stack trace whenever `RUST_BACKTRACE` is set, which a user of the tool does not
+/// need to read about a missing session.
+fn main() -> std::process::ExitCode {
+    match run_command(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_command(cli: Cli) -> anyhow::Result<()> {
     if let Command::Serve(args) = cli.command {
         return serve::run(serve::resolve(*args, cli.data)?);
     }

@@ -8,7 +8,8 @@ fn run(data: &std::path::Path, args: &[&str], stdin: Option<&str>) -> Output {
         .arg("--data")
         .arg(data)
         .args(args)
-        .env_remove("RUST_BACKTRACE")
+        // Set as many developers have it: errors must still read as one line.
+        .env("RUST_BACKTRACE", "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -131,7 +132,15 @@ fn bad_input_fails_with_a_message_and_writes_nothing() {
         Some(r#"{"role": 5, "content": "x"}"#),
     );
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid `role`"));
-    assert!(!run(dir.path(), &["stats", "chat"], None).status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "error: reading a JSON message from stdin: invalid `role`: must be a string\n"
+    );
+    let missing = run(dir.path(), &["stats", "chat"], None);
+    assert!(!missing.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&missing.stderr),
+        "error: session chat has no messages\n"
+    );
     assert!(ok(dir.path(), &["history", "chat"], None).is_empty());
 }
