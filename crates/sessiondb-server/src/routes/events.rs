@@ -2,8 +2,8 @@
 //!
 //! Each event's `id` is `<feed epoch>-<position>`. A client that reconnects with `Last-Event-ID`
 //! gets every retained event after that position first; when the position is older than the
-//! retained window, or from another server process, the stream starts with a `reset` event
-//! (re-read what you need, then follow). A subscriber that falls behind gets a `lagged` event
+//! retained window, from another server process or not an id at all, the stream starts with a
+//! `reset` event (re-read what you need, then follow). A subscriber that falls behind gets a `lagged` event
 //! with the number of events it missed.
 
 use std::convert::Infallible;
@@ -42,11 +42,15 @@ pub(crate) async fn namespace<S: Store>(
     Ok(subscribe(app, FeedFilter::Namespace(ns), &headers))
 }
 
-/// `<epoch>-<position>` from a `Last-Event-ID` header.
-fn last_event_id(headers: &HeaderMap) -> Option<(u64, u64)> {
-    let text = headers.get("last-event-id")?.to_str().ok()?;
-    let (epoch, position) = text.trim().split_once('-')?;
-    Some((epoch.parse().ok()?, position.parse().ok()?))
+/// The `Last-Event-ID` header: `None` when absent, `Some(None)` when it is not an id this
+/// server wrote (`<epoch>-<position>`), which cannot be resumed any more than a stale one.
+fn last_event_id(headers: &HeaderMap) -> Option<Option<(u64, u64)>> {
+    let parse = |text: &str| {
+        let (epoch, position) = text.trim().split_once('-')?;
+        Some((epoch.parse().ok()?, position.parse().ok()?))
+    };
+    let header = headers.get("last-event-id")?;
+    Some(header.to_str().ok().and_then(parse))
 }
 
 /// Decrements the live-subscriber gauge when the stream is dropped.
@@ -66,7 +70,7 @@ fn subscribe<S: Store>(app: Arc<App<S>>, filter: FeedFilter, headers: &HeaderMap
     let epoch = store.feed_epoch();
     let (subscription, reset) = match last_event_id(headers) {
         None => (store.subscribe(filter), false),
-        Some((e, position)) if e == epoch => {
+        Some(Some((e, position))) if e == epoch => {
             match store.subscribe_after(filter.clone(), position) {
                 Some(sub) => (sub, false),
                 None => (store.subscribe(filter), true),

@@ -55,6 +55,11 @@ async fn session_events_arrive_in_order_and_resume_from_last_event_id() {
     // A position from another process (or too old) cannot be resumed: the stream says so.
     let mut foreign = SseReader::open(&server, "/v1/sessions/s/events", Some("1-1")).await;
     assert_eq!(foreign.next().await.unwrap().event, "reset");
+    // So can an id this server never wrote: the client believes it has a position.
+    for garbage in ["garbage", "7", "-", "x-1"] {
+        let mut reader = SseReader::open(&server, "/v1/sessions/s/events", Some(garbage)).await;
+        assert_eq!(reader.next().await.unwrap().event, "reset", "{garbage}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
