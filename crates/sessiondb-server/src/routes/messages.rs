@@ -210,12 +210,13 @@ pub(crate) struct PutQuery {
     upsert: Option<bool>,
 }
 
-/// The body's `id` must be absent or equal the path's; the path's id is used.
+/// The body's `id` must be absent or equal the path's; the path's id is used (first, where a
+/// generated id goes too).
 fn with_path_id(mut value: Value, mid: &str) -> Result<Value, ApiError> {
     if let Value::Object(map) = &mut value {
         match map.get("id") {
             None => {
-                map.insert("id".into(), Value::String(mid.to_owned()));
+                map.shift_insert(0, "id".into(), Value::String(mid.to_owned()));
             }
             Some(Value::String(id)) if id == mid => {}
             Some(_) => {

@@ -72,6 +72,11 @@ async fn append_get_put_patch_and_delete() {
         )
         .await;
     assert_eq!(no_id.json["content"], "no id");
+    assert!(
+        no_id.text.starts_with(r#"{"id":"a","role":"user""#),
+        "the path's id comes first, as a generated one does: {}",
+        no_id.text
+    );
     let mismatch = server
         .put("/v1/sessions/s/messages/a", text("other", "x"))
         .await;
