@@ -68,22 +68,27 @@ impl<S: Store> Drop for LiveSubscriber<S> {
 fn subscribe<S: Store>(app: Arc<App<S>>, filter: FeedFilter, headers: &HeaderMap) -> Response {
     let store = app.db.store();
     let epoch = store.feed_epoch();
+    const NOT_RETAINED: &str = "the requested position is no longer retained";
     let (subscription, reset) = match last_event_id(headers) {
-        None => (store.subscribe(filter), false),
+        None => (store.subscribe(filter), None),
         Some(Some((e, position))) if e == epoch => {
             match store.subscribe_after(filter.clone(), position) {
-                Some(sub) => (sub, false),
-                None => (store.subscribe(filter), true),
+                Some(sub) => (sub, None),
+                None => (store.subscribe(filter), Some(NOT_RETAINED)),
             }
         }
-        Some(_) => (store.subscribe(filter), true),
+        Some(Some(_)) => (store.subscribe(filter), Some(NOT_RETAINED)),
+        Some(None) => (
+            store.subscribe(filter),
+            Some("`Last-Event-ID` is not an event id of this server"),
+        ),
     };
     app.metrics.live_subscribers.fetch_add(1, Ordering::Relaxed);
     let guard = LiveSubscriber(app.clone());
-    let first = reset.then(|| {
+    let first = reset.map(|reason| {
         Event::default()
             .event("reset")
-            .data(r#"{"reason":"the requested position is no longer retained"}"#)
+            .data(json!({ "reason": reason }).to_string())
     });
     let events = subscription.map(move |item| {
         let _alive = &guard;

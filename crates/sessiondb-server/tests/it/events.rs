@@ -58,7 +58,12 @@ async fn session_events_arrive_in_order_and_resume_from_last_event_id() {
     // So can an id this server never wrote: the client believes it has a position.
     for garbage in ["garbage", "7", "-", "x-1"] {
         let mut reader = SseReader::open(&server, "/v1/sessions/s/events", Some(garbage)).await;
-        assert_eq!(reader.next().await.unwrap().event, "reset", "{garbage}");
+        let reset = reader.next().await.unwrap();
+        assert_eq!(reset.event, "reset", "{garbage}");
+        assert_eq!(
+            reset.data["reason"],
+            "`Last-Event-ID` is not an event id of this server"
+        );
     }
 }
 
