@@ -3,8 +3,8 @@
 //! Each event's `id` is `<feed epoch>-<position>`. A client that reconnects with `Last-Event-ID`
 //! gets every retained event after that position first; when the position is older than the
 //! retained window, from another server process or not an id at all, the stream starts with a
-//! `reset` event (re-read what you need, then follow). A subscriber that falls behind gets a `lagged` event
-//! with the number of events it missed.
+//! `reset` event (re-read what you need, then follow). A subscriber that falls behind gets a
+//! `lagged` event with the number of events it missed.
 
 use std::convert::Infallible;
 use std::sync::Arc;
