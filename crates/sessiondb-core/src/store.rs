@@ -441,6 +441,10 @@ pub enum StoreError {
     Corrupt(String),
     #[error("storage failure: {0}")]
     Backend(String),
+    /// The disk, or the size limit configured for the store, has no room for the write; nothing
+    /// of it was stored. Reads go on, and writes succeed again once there is room.
+    #[error("storage is full, nothing of the write was stored: {0}")]
+    StorageFull(String),
     /// Syncing the write-ahead log failed. The writes it covered may not be on disk, and a later
     /// sync that succeeds would not prove they are (the OS may have dropped the pages it failed
     /// to write), so the store takes no more writes; reads go on. Reopening the store continues

@@ -11,9 +11,13 @@ pub(crate) type Result<T> = std::result::Result<T, StoreError>;
 pub(crate) type Param<'a> = &'a (dyn ToSql + Sync);
 
 pub(crate) fn backend_error(e: tokio_postgres::Error) -> StoreError {
-    match std::error::Error::source(&e) {
-        Some(cause) => StoreError::Backend(format!("postgres: {e}: {cause}")),
-        None => StoreError::Backend(format!("postgres: {e}")),
+    let message = match std::error::Error::source(&e) {
+        Some(cause) => format!("postgres: {e}: {cause}"),
+        None => format!("postgres: {e}"),
+    };
+    match e.code() {
+        Some(&tokio_postgres::error::SqlState::DISK_FULL) => StoreError::StorageFull(message),
+        _ => StoreError::Backend(message),
     }
 }
 

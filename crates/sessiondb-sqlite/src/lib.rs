@@ -123,6 +123,10 @@ pub struct SqliteConfig {
     /// Memory for decoded rows of recently read or written sessions, so that reading a hot
     /// conversation again skips the database (0 turns the cache off).
     pub row_cache_bytes: usize,
+    /// Largest size of the database file (SQLite's `max_page_count`, never below its size at
+    /// open); a write that needs more fails with `StoreError::StorageFull`, as on a full disk.
+    /// `None`: no limit but the disk's.
+    pub max_database_bytes: Option<u64>,
 }
 
 impl Default for SqliteConfig {
@@ -134,12 +138,20 @@ impl Default for SqliteConfig {
             feed_buffer: 1024,
             feed_retain: 4096,
             row_cache_bytes: 32 << 20,
+            max_database_bytes: None,
         }
     }
 }
 
 pub(crate) fn backend_error(e: rusqlite::Error) -> StoreError {
-    StoreError::Backend(e.to_string())
+    store_error(&e)
+}
+
+fn store_error(e: &rusqlite::Error) -> StoreError {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DiskFull) => StoreError::StorageFull(e.to_string()),
+        _ => StoreError::Backend(e.to_string()),
+    }
 }
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
@@ -201,6 +213,15 @@ impl SqliteStore {
         writer
             .pragma_update(None, "synchronous", "NORMAL")
             .map_err(backend_error)?;
+        if let Some(bytes) = config.max_database_bytes {
+            let page_size: i64 = writer
+                .query_row("PRAGMA page_size", [], |r| r.get(0))
+                .map_err(backend_error)?;
+            let pages = (bytes / page_size.max(1) as u64).clamp(1, i64::MAX as u64) as i64;
+            writer
+                .pragma_update(None, "max_page_count", pages)
+                .map_err(backend_error)?;
+        }
         let search_ready = writer
             .query_row(
                 "SELECT count(*) FROM store_meta WHERE key = 'search_index'",
@@ -761,11 +782,21 @@ impl Writer {
             self.stats.record_commit(writes.len());
         }
         if let Err(e) = committed {
-            // Nothing of this group is committed: every caller learns it, none sees an event.
-            let message = e.to_string();
+            // Nothing of this group is committed: every caller learns it, none sees an event. A
+            // full disk can end the transaction inside a request (SQLite may roll it back
+            // itself), and then that request's error is the group's.
+            let full = results.iter().find_map(|r| match r {
+                Err(StoreError::StorageFull(reason)) => Some(reason.clone()),
+                _ => None,
+            });
             results = writes
                 .iter()
-                .map(|_| Err(StoreError::Backend(message.clone())))
+                .map(|_| {
+                    Err(match &full {
+                        Some(reason) => StoreError::StorageFull(reason.clone()),
+                        None => store_error(&e),
+                    })
+                })
                 .collect();
         }
         // The changes move into the feed; only the outcomes go back to the callers.

@@ -206,6 +206,92 @@ fn a_second_open_of_the_same_directory_is_refused() {
     );
 }
 
+/// A store at its size limit fails writes as on a full disk: a typed error, nothing of the
+/// write stored, including writes that shared a group commit; reads go on, and writes succeed
+/// again once a delete frees pages.
+#[test]
+fn a_full_store_refuses_writes_with_a_typed_error_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = SqliteConfig {
+        max_database_bytes: Some(1 << 20),
+        ..SqliteConfig::default()
+    };
+    let db = Db::new(SqliteStore::open_with(dir.path(), config.clone()).unwrap());
+    let big = |i: usize| {
+        let text = format!("{i} {}", "filler text ".repeat(2_000));
+        Message::text("user", text).with_id(format!("m{i}"))
+    };
+    let is_full = |e: &Error| matches!(e, Error::Store(StoreError::StorageFull(_)));
+    let (mut kept, mut failed) = (Vec::new(), None);
+    for i in 0..200 {
+        let s = db.session(["a", "b"][i % 2]).unwrap();
+        match block_on(s.append(big(i), AppendOptions::default())) {
+            Ok(_) => kept.push(i),
+            Err(e) => {
+                assert!(is_full(&e), "{e}");
+                failed = Some(i);
+                break;
+            }
+        }
+    }
+    let failed = failed.expect("the limit is reached");
+    assert!(kept.len() > 10, "{} appends fit", kept.len());
+
+    // Writers at the limit together: each gets its own outcome, and a refused one left nothing.
+    let outcomes: Vec<_> = std::thread::scope(|scope| {
+        let writers: Vec<_> = (0..8)
+            .map(|w| {
+                let s = db.session(&format!("c{w}")).unwrap();
+                scope.spawn(move || block_on(s.append(big(1000 + w), AppendOptions::default())))
+            })
+            .collect();
+        writers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    for (w, outcome) in outcomes.iter().enumerate() {
+        let stored = block_on(
+            db.session(&format!("c{w}"))
+                .unwrap()
+                .message(&format!("m{}", 1000 + w)),
+        );
+        match outcome {
+            Ok(_) => assert!(stored.unwrap().is_some()),
+            Err(e) => {
+                assert!(is_full(e), "{e}");
+                assert!(stored.unwrap().is_none());
+            }
+        }
+    }
+    assert!(outcomes.iter().any(Result::is_err));
+
+    let a = db.session("a").unwrap();
+    let b = db.session("b").unwrap();
+    let ids = |s: &sessiondb::Session<SqliteStore>| -> Vec<String> {
+        block_on(s.full_history(HistoryOptions::default()))
+            .unwrap()
+            .iter()
+            .map(|m| m.id.to_string())
+            .collect()
+    };
+    let in_b: Vec<String> = kept
+        .iter()
+        .filter(|i| *i % 2 == 1)
+        .map(|i| format!("m{i}"))
+        .collect();
+    assert_eq!(ids(&b), in_b, "reads go on at the limit");
+    assert!(
+        block_on(b.message(&format!("m{failed}")))
+            .unwrap()
+            .is_none()
+    );
+
+    assert!(block_on(a.delete_session()).unwrap());
+    block_on(b.append(big(failed), AppendOptions::default())).unwrap();
+    drop((a, b, db));
+    let db = Db::new(SqliteStore::open_with(dir.path(), config).unwrap());
+    let b = db.session("b").unwrap();
+    assert_eq!(ids(&b).last(), Some(&format!("m{failed}")));
+}
+
 const HOLD_DIR: &str = "SESSIONDB_HOLD_DIR";
 
 #[test]
