@@ -62,6 +62,10 @@ pub struct ServeArgs {
     /// conversation skips the database; 0 turns it off (embedded store only) [default: 32].
     #[arg(long, env = "SESSIONDB_ROW_CACHE_MIB")]
     row_cache_mib: Option<usize>,
+    /// Largest size of the database file in MiB; a write that needs more fails with a clear
+    /// error and stores nothing, as on a full disk (embedded store only) [default: no limit].
+    #[arg(long, env = "SESSIONDB_MAX_DATABASE_MIB")]
+    max_database_mib: Option<u64>,
     /// Log filter: a level (`info`) or `target=level` pairs [default: info].
     #[arg(long, env = "SESSIONDB_LOG")]
     log: Option<String>,
@@ -96,6 +100,7 @@ struct FileConfig {
     insecure: Option<bool>,
     synchronous: Option<String>,
     row_cache_mib: Option<usize>,
+    max_database_mib: Option<u64>,
     log: Option<String>,
     #[serde(default)]
     keys: HashMap<String, String>,
@@ -195,6 +200,7 @@ pub struct Resolved {
     pub insecure: bool,
     pub synchronous: Synchronous,
     pub row_cache_bytes: usize,
+    pub max_database_bytes: Option<u64>,
     pub log: String,
     pub server: ServerConfig,
     pub summarizer: SummarizerChoice,
@@ -274,6 +280,10 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
             .row_cache_mib
             .or(file.row_cache_mib)
             .map_or(SqliteConfig::default().row_cache_bytes, |mib| mib << 20),
+        max_database_bytes: args
+            .max_database_mib
+            .or(file.max_database_mib)
+            .map(|mib| mib.saturating_mul(1 << 20)),
         log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
         server: ServerConfig { api_keys, limits },
         summarizer,
@@ -378,7 +388,7 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
     runtime.block_on(async move {
         match &config.backend {
             Backend::Embedded { data } => {
-                let store = open_store(data, config.synchronous, config.row_cache_bytes)?;
+                let store = open_store(data, &config)?;
                 let metrics = Metrics::with_backend(sqlite_metrics(&store));
                 let app = App::new(Db::with_options(store, options), config.server, metrics);
                 listen(config.listen, app, &data.display().to_string()).await
@@ -420,14 +430,11 @@ async fn listen<S: sessiondb::Store>(
     Ok(())
 }
 
-fn open_store(
-    data: &Path,
-    synchronous: Synchronous,
-    row_cache_bytes: usize,
-) -> anyhow::Result<SqliteStore> {
+fn open_store(data: &Path, resolved: &Resolved) -> anyhow::Result<SqliteStore> {
     let config = SqliteConfig {
-        synchronous,
-        row_cache_bytes,
+        synchronous: resolved.synchronous,
+        row_cache_bytes: resolved.row_cache_bytes,
+        max_database_bytes: resolved.max_database_bytes,
         ..SqliteConfig::default()
     };
     SqliteStore::open_with(data, config).with_context(|| format!("opening {}", data.display()))
@@ -465,6 +472,7 @@ mod tests {
         assert!(r.server.api_keys.is_empty() && !r.insecure);
         assert_eq!(r.synchronous, Synchronous::Full);
         assert_eq!(r.row_cache_bytes, SqliteConfig::default().row_cache_bytes);
+        assert_eq!(r.max_database_bytes, None);
     }
 
     #[test]
@@ -473,7 +481,7 @@ mod tests {
         let file = dir.path().join("c.toml");
         std::fs::write(
             &file,
-            "data = \"/from/file\"\nsynchronous = \"normal\"\nrow_cache_mib = 3\n[limits]\nmax_body_bytes = 10\nmax_message_bytes = 5\n",
+            "data = \"/from/file\"\nsynchronous = \"normal\"\nrow_cache_mib = 3\nmax_database_mib = 7\n[limits]\nmax_body_bytes = 10\nmax_message_bytes = 5\n",
         )
         .unwrap();
         let path = file.to_str().unwrap();
@@ -488,8 +496,21 @@ mod tests {
         );
         assert_eq!(r.synchronous, Synchronous::Normal);
         assert_eq!(r.row_cache_bytes, 3 << 20);
-        let r = resolved(&["--config", path, "--row-cache-mib", "0"], None).unwrap();
+        assert_eq!(r.max_database_bytes, Some(7 << 20));
+        let r = resolved(
+            &[
+                "--config",
+                path,
+                "--row-cache-mib",
+                "0",
+                "--max-database-mib",
+                "2",
+            ],
+            None,
+        )
+        .unwrap();
         assert_eq!(r.row_cache_bytes, 0);
+        assert_eq!(r.max_database_bytes, Some(2 << 20));
         let r = resolved(&["--config", path], Some(PathBuf::from("/flag"))).unwrap();
         assert_eq!(
             r.backend,

@@ -126,6 +126,7 @@ async fn configuration_from_file_environment_and_flags() {
         "SESSIONDB_API_KEYS",
         "SESSIONDB_CONFIG",
         "SESSIONDB_MAX_BODY_BYTES",
+        "SESSIONDB_MAX_DATABASE_MIB",
         "--insecure",
     ] {
         assert!(
@@ -133,6 +134,45 @@ async fn configuration_from_file_environment_and_flags() {
             "{documented} missing from --help"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_database_refuses_writes_and_keeps_serving_reads() {
+    let dir = free_dir();
+    let served = Served::start(&dir.path().join("data"), &["--max-database-mib", "1"], &[]);
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/sessions/s/messages", served.base);
+    let mut stored = 0;
+    let refusal = loop {
+        let text = format!("{stored} {}", "filler text ".repeat(2_000));
+        let body = json!({"id": format!("m{stored}"), "role": "user", "content": text});
+        let answer = client.post(&url).json(&body).send().await.unwrap();
+        if answer.status() != 201 {
+            break answer;
+        }
+        stored += 1;
+        assert!(stored < 200, "a 1 MiB database never filled up");
+    };
+    assert_eq!(refusal.status(), 500);
+    let error: serde_json::Value = refusal.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "internal");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("storage is full, nothing of the write was stored"),
+        "{message}"
+    );
+    let ready = client
+        .get(format!("{}/readyz", served.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200, "a full store still answers reads");
+    let history = client
+        .get(format!("{}/v1/sessions/s/history", served.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(count_lines(history).await, stored);
 }
 
 /// Fills session `big` with `count` messages of about `size` bytes, in the embedded store.
