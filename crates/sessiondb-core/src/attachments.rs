@@ -139,8 +139,10 @@ fn data_url(url: &str) -> Option<(&str, &str)> {
     Some((header.strip_suffix(";base64")?, payload))
 }
 
-fn is_text(media_type: &str) -> bool {
-    media_type.starts_with("text/")
+/// Media that stays in its message: text, which is never extracted, and a type with control
+/// characters, which is no media type (and PostgreSQL's `text` could not store its NUL).
+fn stays_inline(media_type: &str) -> bool {
+    media_type.starts_with("text/") || media_type.contains(char::is_control)
 }
 
 fn hash_hex(bytes: &[u8]) -> String {
@@ -215,7 +217,7 @@ impl Extractor {
                 "" => "application/octet-stream".to_owned(),
                 h => h.to_owned(),
             });
-            if is_text(&media_type) {
+            if stays_inline(&media_type) {
                 return false;
             }
             let Some(bytes) = decode(payload) else {
@@ -224,7 +226,7 @@ impl Extractor {
             self.take(record, "url", media_type, bytes);
             return true;
         }
-        let Some(media_type) = declared.filter(|m| !is_text(m)) else {
+        let Some(media_type) = declared.filter(|m| !stays_inline(m)) else {
             return false;
         };
         let Some(data) = record.get("data").and_then(Value::as_str) else {

@@ -41,6 +41,8 @@ pub enum ValidationErrorKind {
     TooLong { max: usize },
     #[error("must not contain control characters")]
     ControlCharacter,
+    #[error("must not contain NUL characters (U+0000)")]
+    NulCharacter,
     #[error("is not valid JSON: {reason}")]
     NotJson { reason: String },
     #[error("needs `parts` or `content`")]
@@ -80,6 +82,19 @@ pub fn validate_id(field: &str, id: &str) -> Result<(), ValidationError> {
         ));
     }
     Ok(())
+}
+
+/// Checks free text that is stored as it is (names, summaries, context text): no NUL
+/// characters, which PostgreSQL's `text` cannot hold, so that no backend takes what another
+/// refuses. Message bodies are stored as JSON, where U+0000 is an escape, and may hold it.
+pub fn validate_text(field: &str, text: &str) -> Result<(), ValidationError> {
+    match text.contains('\0') {
+        true => Err(ValidationError::new(
+            field,
+            ValidationErrorKind::NulCharacter,
+        )),
+        false => Ok(()),
+    }
 }
 
 /// A validated message as a client writes it. Construct with [`Message::from_value`],

@@ -12,7 +12,12 @@ use crate::message::JsonMap;
 /// The indexed text: `text` parts (non-empty) and string `content` (or its text items), joined by
 /// single spaces. Reasoning, tool payloads and files are not indexed.
 pub fn search_text(message: &JsonMap) -> String {
-    text_pieces(message).join(" ")
+    let text = text_pieces(message).join(" ");
+    // A NUL separates words as a space does, and PostgreSQL's `text` cannot hold it.
+    match text.contains('\0') {
+        true => text.replace('\0', " "),
+        false => text,
+    }
 }
 
 /// [`search_text`] of a message's JSON text. Only `parts` and `content` are decoded (the rest

@@ -261,7 +261,7 @@ impl<S: Store> Session<S> {
         if summary.trim().is_empty() {
             return Ok(None);
         }
-        self.check_size("summary", summary.len() as u64)?;
+        self.check_text("summary", &summary)?;
         let ids: Vec<&str> = history.iter().map(|m| m.id.as_str()).collect();
         let compactions = self.store.compactions(self.key()).await?;
         let compaction = Compaction {

@@ -205,8 +205,8 @@ impl<S: Store> Context<S> {
         &self.session.store
     }
 
-    fn check_size(&self, field: &str, text: &str) -> Result<(), Error> {
-        Ok(self.session.check_size(field, text.len() as u64)?)
+    fn check_text(&self, field: &str, text: &str) -> Result<(), Error> {
+        Ok(self.session.check_text(field, text)?)
     }
 
     fn custom(&self, label: &str) -> Option<&CustomBlock> {
@@ -288,7 +288,10 @@ impl<S: Store> Context<S> {
     /// Defines (or redefines) a stored block in this scope. Text beyond `max_tokens` is refused.
     pub async fn define(&self, label: &str, spec: BlockSpec) -> Result<BlockView, Error> {
         check_label(label)?;
-        self.check_size("content", &spec.content)?;
+        self.check_text("content", &spec.content)?;
+        if let Some(description) = &spec.description {
+            self.check_text("description", description)?;
+        }
         if spec.kind.is_keyed() && !spec.content.is_empty() {
             return Err(ValidationError::new(
                 "content",
@@ -342,7 +345,7 @@ impl<S: Store> Context<S> {
         mode: WriteMode,
     ) -> Result<BlockView, Error> {
         check_label(label)?;
-        self.check_size("content", text)?;
+        self.check_text("content", text)?;
         if let Some(custom) = self.custom(label) {
             return self.write_custom(custom, text, mode).await;
         }
@@ -415,7 +418,10 @@ impl<S: Store> Context<S> {
     ) -> Result<(), Error> {
         check_label(label)?;
         validate_entry_key(key)?;
-        self.check_size("content", content)?;
+        self.check_text("content", content)?;
+        if let Some(description) = description {
+            self.check_text("description", description)?;
+        }
         if let Some(custom) = self.custom(label) {
             let written = match &custom.provider {
                 Provider::Skill(p) => p.set(key, content, description).await,

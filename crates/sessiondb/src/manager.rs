@@ -5,6 +5,8 @@ use sessiondb_core::{
     WriteOp,
 };
 
+use sessiondb_core::message::validate_text;
+
 use crate::session::{Session, unique_id};
 use crate::{Error, Source};
 
@@ -45,6 +47,9 @@ impl<S: Store> Session<S> {
         id: Option<String>,
         name: Option<String>,
     ) -> Result<Option<SessionInfo>, Error> {
+        if let Some(name) = &name {
+            validate_text("name", name)?;
+        }
         let Some(info) = self.store.session(self.key()).await? else {
             return Ok(None);
         };
@@ -86,6 +91,9 @@ impl<S: Store> Session<S> {
         summary: &str,
         name: Option<String>,
     ) -> Result<Option<SessionInfo>, Error> {
+        if let Some(name) = &name {
+            validate_text("name", name)?;
+        }
         let Some(info) = self.store.session(self.key()).await? else {
             return Ok(None);
         };

@@ -2,7 +2,7 @@
 //! lists.
 
 use serde_json::Value;
-use sessiondb_core::message::validate_id;
+use sessiondb_core::message::{validate_id, validate_text};
 use sessiondb_core::registry::{state_text, validate_settings, validate_state_key};
 use sessiondb_core::{
     Compaction, PathPlan, SearchHit, SessionCursor, SessionInfo, SessionPatch, SessionQuery,
@@ -31,6 +31,16 @@ fn check_record(record: &SessionRecord) -> Result<(), ValidationError> {
     }
     if let Some(user) = &record.user_id {
         validate_id("userId", user)?;
+    }
+    for (field, text) in [
+        ("name", &record.name),
+        ("model", &record.model),
+        ("source", &record.source),
+        ("endReason", &record.end_reason),
+    ] {
+        if let Some(text) = text {
+            validate_text(field, text)?;
+        }
     }
     validate_settings(&record.settings)?;
     tokenizers::chosen(&record.settings)?;
@@ -171,7 +181,7 @@ impl<S: Store> Session<S> {
     ) -> Result<Compaction, Error> {
         validate_id("fromMessageId", &from)?;
         validate_id("toMessageId", &to)?;
-        self.check_size("summary", summary.len() as u64)?;
+        self.check_text("summary", &summary)?;
         let compaction = Compaction {
             id: unique_id(""),
             summary,

@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use serde_json::Value;
 use sessiondb_core::attachments;
+use sessiondb_core::message::validate_text;
 use sessiondb_core::overlay::{
     Endpoints, PathSpan, is_hidden, may_be_hidden, overlay_spans, summary_message_id,
 };
@@ -293,6 +294,13 @@ impl<S: Store> Session<S> {
         }
         self.check_size("message", prepared.bytes())?;
         Ok(prepared)
+    }
+
+    /// Refuses free text stored as it is (see [`validate_text`]) or larger than
+    /// [`Options::max_message_bytes`].
+    pub(crate) fn check_text(&self, field: &str, text: &str) -> Result<(), ValidationError> {
+        validate_text(field, text)?;
+        self.check_size(field, text.len() as u64)
     }
 
     /// Refuses a value larger than [`Options::max_message_bytes`].

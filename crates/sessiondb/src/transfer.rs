@@ -196,7 +196,7 @@ impl<S: Store> Session<S> {
                 }
                 ImportLine::Compaction(c) if existing.contains(&c.id) => summary.skipped += 1,
                 ImportLine::Compaction(compaction) => {
-                    self.check_size("summary", compaction.summary.len() as u64)?;
+                    self.check_text("summary", &compaction.summary)?;
                     ops.push(WriteOp::AddCompaction {
                         compaction,
                         by_compact: false,

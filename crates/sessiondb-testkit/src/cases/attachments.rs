@@ -385,7 +385,11 @@ pub async fn malformed_media_stays_inline_and_nothing_breaks<S: Store>(db: Db<S>
     let broken = Message::from_value(json!({"id": "broken", "role": "user", "parts": [
         {"type": "file", "mediaType": "image/png", "url": "data:image/png;base64,@@not base64@@"},
         {"type": "file", "url": "data:image/png;base64,abcde"},
-        {"type": "file", "mediaType": "text/html", "url": "data:image/png;base64,aGk="}]}))
+        {"type": "file", "mediaType": "text/html", "url": "data:image/png;base64,aGk="},
+        // Not a media type (and a NUL that PostgreSQL's text could not store).
+        {"type": "file", "mediaType": "image/png\u{0}", "url": "data:image/png;base64,aGk="},
+        {"type": "file", "url": "data:image/p\u{0}ng;base64,aGk="},
+        {"type": "media", "mediaType": "image/\u{1}png", "data": "aGk="}]}))
     .unwrap();
     let expected = broken.clone().into_value();
     s.append(broken, AppendOptions::default()).await.unwrap();

@@ -64,6 +64,7 @@ macro_rules! for_each_case {
             registry::sessions_are_created_patched_and_deleted,
             registry::appending_creates_a_session_with_an_empty_record,
             registry::usage_counters_saturate_instead_of_overflowing,
+            registry::nul_characters_stay_in_messages_and_are_refused_in_free_text,
             registry::listings_page_both_ways_with_cursors,
             registry::message_lists_page_over_the_active_path,
             registry::compaction_overlays_apply_on_path_reads_only,

@@ -2,8 +2,9 @@
 
 use serde_json::json;
 use sessiondb::{
-    AppendOptions, Db, Error, FeedFilter, HistoryOptions, PageRequest, SessionListing,
-    SessionPatch, SessionRecord, SessionSort, Store, Usage,
+    AppendOptions, BlockKind, BlockSpec, Db, Error, FeedFilter, HistoryOptions, Message,
+    PageRequest, SessionListing, SessionPatch, SessionRecord, SessionSort, Store, Usage,
+    ValidationErrorKind,
 };
 
 use crate::*;
@@ -138,6 +139,77 @@ pub async fn usage_counters_saturate_instead_of_overflowing<S: Store>(db: Db<S>)
         (i64::MAX as u64, i64::MAX as u64)
     );
     assert_eq!(record.cost, f64::MAX);
+}
+
+/// U+0000 is valid JSON and Unicode, and PostgreSQL's `text` cannot hold it: message bodies
+/// (stored as JSON, where it is an escape) keep it byte for byte and stay searchable, while
+/// free text stored as it is (names, summaries, context text) refuses it with a typed error
+/// that names the field, on every backend, storing nothing.
+pub async fn nul_characters_stay_in_messages_and_are_refused_in_free_text<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    let message = Message::from_value(json!({
+        "id": "m1",
+        "role": "user",
+        "content": "alpha\u{0}beta",
+        "metadata": {"k\u{0}": "v\u{0}"}
+    }))
+    .unwrap();
+    s.append(message, AppendOptions::default()).await.unwrap();
+    let stored = s.message("m1").await.unwrap().unwrap();
+    let stored: serde_json::Value = serde_json::from_str(stored.json()).unwrap();
+    assert_eq!(stored["content"], "alpha\u{0}beta");
+    assert_eq!(stored["metadata"]["k\u{0}"], "v\u{0}");
+    let hits = s.search("beta", 10).await.unwrap();
+    assert_eq!(
+        hits.iter().map(|h| h.id.as_str()).collect::<Vec<_>>(),
+        ["m1"]
+    );
+
+    let nul_in = |field: &str, result: Result<_, Error>| match result {
+        Err(Error::Invalid(e)) => {
+            assert_eq!(
+                (e.field.as_str(), &e.kind),
+                (field, &ValidationErrorKind::NulCharacter)
+            )
+        }
+        other => panic!("{field}: {:?}", other.map(|_| ())),
+    };
+    let named = SessionRecord {
+        name: Some("a\u{0}b".into()),
+        ..Default::default()
+    };
+    nul_in(
+        "name",
+        db.create_session("", Some("t".into()), named)
+            .await
+            .map(drop),
+    );
+    assert!(db_session(&db, "t").info().await.unwrap().is_none());
+    let patch = SessionPatch {
+        model: Some("m\u{0}".into()),
+        ..Default::default()
+    };
+    nul_in("model", s.patch(patch).await.map(drop));
+    assert_eq!(s.info().await.unwrap().unwrap().record.model, None);
+    let summary = s.add_compaction("sum\u{0}".into(), "m1".into(), "m1".into());
+    nul_in("summary", summary.await.map(drop));
+    assert!(s.compactions().await.unwrap().is_empty());
+    nul_in(
+        "name",
+        s.fork("m1", None, Some("f\u{0}".into())).await.map(drop),
+    );
+    let context = s.context();
+    let block = BlockSpec {
+        kind: BlockKind::Writable,
+        description: Some("notes\u{0}".into()),
+        max_tokens: None,
+        content: String::new(),
+    };
+    nul_in(
+        "description",
+        context.define("notes", block).await.map(drop),
+    );
+    assert!(context.blocks().await.unwrap().is_empty());
 }
 
 pub async fn listings_page_both_ways_with_cursors<S: Store>(db: Db<S>) {
