@@ -45,7 +45,7 @@ use sessiondb_core::{
 use tokio::runtime::{Handle, Runtime};
 
 use crate::feed::FeedSync;
-use crate::sql::backend_error;
+use crate::sql::{backend_error, lookup};
 
 /// Errors of this backend.
 #[derive(Debug, thiserror::Error)]
@@ -362,7 +362,7 @@ impl Store for PgStore {
         key: &SessionKey,
         id: &str,
     ) -> impl Future<Output = Result<Option<StoredMessage>, StoreError>> + Send {
-        let (key, id) = (key.clone(), id.to_owned());
+        let (key, id) = (key.clone(), lookup(id));
         read!(self, |c| queries::message(c, &key, &id))
     }
 
@@ -371,7 +371,7 @@ impl Store for PgStore {
         key: &SessionKey,
         id: &str,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
-        let (key, id) = (key.clone(), id.to_owned());
+        let (key, id) = (key.clone(), lookup(id));
         read!(self, |c| queries::children(c, &key, &id))
     }
 
@@ -396,7 +396,7 @@ impl Store for PgStore {
         key: &SessionKey,
         leaf: Option<&str>,
     ) -> impl Future<Output = Result<PathRows, StoreError>> + Send {
-        let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
+        let (key, leaf) = (key.clone(), leaf.map(lookup));
         snapshot!(self, |c| queries::path(c, &key, leaf.as_deref()))
     }
 
@@ -406,7 +406,8 @@ impl Store for PgStore {
         leaf: Option<&str>,
         locate: &[String],
     ) -> impl Future<Output = Result<PathRuns, StoreError>> + Send {
-        let (key, leaf, ids) = (key.clone(), leaf.map(str::to_owned), locate.to_vec());
+        let ids: Vec<String> = locate.iter().map(|id| lookup(id)).collect();
+        let (key, leaf) = (key.clone(), leaf.map(lookup));
         snapshot!(self, |c| queries::path_runs(c, &key, leaf.as_deref(), &ids))
     }
 
@@ -425,7 +426,7 @@ impl Store for PgStore {
         key: &SessionKey,
         leaf: Option<&str>,
     ) -> impl Future<Output = Result<PathPlan, StoreError>> + Send {
-        let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
+        let (key, leaf) = (key.clone(), leaf.map(lookup));
         let (quick_key, quick_leaf) = (key.clone(), leaf.clone());
         let quick = read!(self, |c| queries::plan_without_walk(
             c,
@@ -474,7 +475,7 @@ impl Store for PgStore {
         leaf: Option<&str>,
         max_bytes: u64,
     ) -> impl Future<Output = Result<PathSuffix, StoreError>> + Send {
-        let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
+        let (key, leaf) = (key.clone(), leaf.map(lookup));
         snapshot!(self, |c| queries::path_suffix(
             c,
             &key,
@@ -498,7 +499,7 @@ impl Store for PgStore {
         from: &str,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
-        let (key, from) = (key.clone(), from.to_owned());
+        let (key, from) = (key.clone(), lookup(from));
         snapshot!(self, |c| queries::ancestors(c, &key, &from, limit))
     }
 
@@ -530,7 +531,12 @@ impl Store for PgStore {
         namespace: &str,
         query: &SessionQuery,
     ) -> impl Future<Output = Result<Vec<SessionInfo>, StoreError>> + Send {
-        let (namespace, query) = (namespace.to_owned(), query.clone());
+        let mut query = query.clone();
+        query.user_id = query.user_id.as_deref().map(lookup);
+        if let Some(after) = &mut query.after {
+            after.id = lookup(&after.id);
+        }
+        let namespace = namespace.to_owned();
         read!(self, |c| registry::list_sessions(c, &namespace, &query))
     }
 
@@ -547,7 +553,7 @@ impl Store for PgStore {
         key: &SessionKey,
         name: &str,
     ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send {
-        let (key, name) = (key.clone(), name.to_owned());
+        let (key, name) = (key.clone(), lookup(name));
         read!(self, |c| registry::state(c, &key, &name))
     }
 
@@ -566,11 +572,8 @@ impl Store for PgStore {
         words: &[String],
         limit: usize,
     ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send {
-        let (namespace, user_id, words) = (
-            namespace.to_owned(),
-            user_id.map(str::to_owned),
-            words.to_vec(),
-        );
+        let (namespace, user_id, words) =
+            (namespace.to_owned(), user_id.map(lookup), words.to_vec());
         read!(self, |c| async {
             if words.is_empty() || limit == 0 {
                 return Ok(Vec::new());

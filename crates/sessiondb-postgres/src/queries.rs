@@ -13,7 +13,7 @@ use sessiondb_core::{
     RunsFromLeaf, SearchHit, SessionKey, SessionStats, StoreError, StoredMessage,
 };
 
-use crate::sql::{Result, exec, get, messages, pairs, row, rows, search_words};
+use crate::sql::{Result, exec, get, lookup, messages, pairs, row, rows, search_words};
 
 /// `SELECT` of the columns [`crate::sql::message_from_row`] reads, from the session's messages,
 /// and a condition.
@@ -72,7 +72,7 @@ pub(crate) async fn locate<C: GenericClient>(
         c,
         "SELECT seq, parent_id, parent_seq FROM messages
           WHERE namespace = $1 AND session_id = $2 AND id = $3",
-        &[&key.namespace, &key.session_id, &id],
+        &[&key.namespace, &key.session_id, &lookup(id)],
     )
     .await?;
     found

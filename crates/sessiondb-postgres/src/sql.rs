@@ -21,6 +21,13 @@ pub(crate) fn backend_error(e: tokio_postgres::Error) -> StoreError {
     }
 }
 
+/// A string a look-up binds. PostgreSQL's `text` cannot hold U+0000, and no stored id, key or
+/// user contains a control character (the core refuses them), so a look-up with a NUL names
+/// nothing: as U+0001 it still names nothing, where the NUL would fail the statement.
+pub(crate) fn lookup(text: &str) -> String {
+    text.replace('\0', "\u{1}")
+}
+
 pub(crate) async fn rows<C: GenericClient>(
     client: &C,
     sql: &str,

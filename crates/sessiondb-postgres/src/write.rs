@@ -17,7 +17,7 @@ use sessiondb_core::{
 };
 
 use crate::queries::{self, Location, PathTotals};
-use crate::sql::{Result, backend_error, exec, get, row, rows};
+use crate::sql::{Result, backend_error, exec, get, lookup, row, rows};
 use crate::{attachments, context, feed, registry};
 
 // Statements of the two pipelines of a request (see [`commit`]), named so they can be prepared
@@ -459,7 +459,7 @@ impl Known {
                 _ => {}
             }
         }
-        let ids: Vec<&String> = covered.iter().collect();
+        let ids: Vec<String> = covered.iter().map(|id| lookup(id)).collect();
         let found = rows(c, LOAD_KNOWN, &[&key.namespace, &key.session_id, &ids]).await?;
         let mut known = Known::default();
         for r in &found {

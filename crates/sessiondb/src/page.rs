@@ -120,6 +120,8 @@ pub(crate) fn decode_cursor(field: &str, cursor: &str) -> Result<(i64, String), 
     let text = bytes.and_then(|b| String::from_utf8(b).ok());
     text.and_then(|t| {
         let (value, id) = t.split_once(':')?;
+        // Cursors name stored sessions, whose ids never hold control characters.
+        let id = Some(id).filter(|id| !id.contains(char::is_control))?;
         Some((value.parse().ok()?, id.to_owned()))
     })
     .ok_or_else(|| invalid_cursor(field))

@@ -105,6 +105,19 @@ pub(crate) fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// An imported row keeps its parent's id even while that row is missing (it is adopted when the
+/// parent arrives), so the id is stored: like every stored id, without control characters
+/// (empty still means a root).
+pub(crate) fn check_named_parent(field: &str, parent: &str) -> Result<(), ValidationError> {
+    match parent.contains(char::is_control) {
+        true => Err(ValidationError::new(
+            field,
+            ValidationErrorKind::ControlCharacter,
+        )),
+        false => Ok(()),
+    }
+}
+
 /// A time-ordered unique id with a prefix.
 pub(crate) fn unique_id(prefix: &str) -> String {
     format!("{prefix}{}", uuid::Uuid::now_v7().simple())
@@ -522,6 +535,9 @@ impl<S: Store> Session<S> {
         message: Message,
         options: ImportOptions,
     ) -> Result<Option<StoredMessage>, Error> {
+        if let Some(parent) = &options.parent_id {
+            check_named_parent("parentId", parent)?;
+        }
         let op = WriteOp::Import {
             message: self.prepare_verbatim(message).await?,
             parent_id: options.parent_id,

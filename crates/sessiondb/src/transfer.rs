@@ -17,7 +17,7 @@ use sessiondb_core::{
     WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome,
 };
 
-use crate::session::now_ms;
+use crate::session::{check_named_parent, now_ms};
 use crate::{Error, Session};
 
 /// One parsed import line.
@@ -89,6 +89,9 @@ pub fn parse_import_line(number: usize, text: &str) -> Result<ImportLine, Valida
             Some(Value::String(p)) => Some(p.clone()),
             Some(_) => return Err(wrong(format!("{prefix}.parentId"), "a string or null")),
         };
+        if let Some(parent) = &parent_id {
+            check_named_parent(&format!("{prefix}.parentId"), parent)?;
+        }
         let own_time = message.get("createdAt").and_then(Value::as_i64);
         let created_at = time_field(&line, &prefix, "createdAt")?.or(own_time);
         let updated_at = message.get("updatedAt").and_then(Value::as_i64);

@@ -3,7 +3,7 @@
 use serde_json::json;
 use sessiondb::{
     AppendOptions, BlockKind, BlockSpec, Db, Error, FeedFilter, HistoryOptions, Message,
-    PageRequest, SessionListing, SessionPatch, SessionRecord, SessionSort, Store, Usage,
+    PageRequest, Parent, SessionListing, SessionPatch, SessionRecord, SessionSort, Store, Usage,
     ValidationErrorKind,
 };
 
@@ -144,7 +144,8 @@ pub async fn usage_counters_saturate_instead_of_overflowing<S: Store>(db: Db<S>)
 /// U+0000 is valid JSON and Unicode, and PostgreSQL's `text` cannot hold it: message bodies
 /// (stored as JSON, where it is an escape) keep it byte for byte and stay searchable, while
 /// free text stored as it is (names, summaries, context text) refuses it with a typed error
-/// that names the field, on every backend, storing nothing.
+/// that names the field, on every backend, storing nothing; and an id with one, which no
+/// stored row can have, names nothing in every look-up.
 pub async fn nul_characters_stay_in_messages_and_are_refused_in_free_text<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     let message = Message::from_value(json!({
@@ -210,6 +211,74 @@ pub async fn nul_characters_stay_in_messages_and_are_refused_in_free_text<S: Sto
         context.define("notes", block).await.map(drop),
     );
     assert!(context.blocks().await.unwrap().is_empty());
+
+    // A look-up with a NUL names nothing (no stored id holds one), on every backend.
+    let ghost = "m\u{0}1";
+    assert!(s.message(ghost).await.unwrap().is_none());
+    assert!(s.branches(ghost).await.unwrap().is_empty());
+    assert!(s.row_stats(Some(ghost)).await.unwrap().is_empty());
+    let from_ghost = HistoryOptions {
+        leaf: Some(ghost.into()),
+        ..Default::default()
+    };
+    assert!(s.full_history(from_ghost).await.unwrap().is_empty());
+    assert!(
+        s.recent_history(1000, Some(ghost))
+            .await
+            .unwrap()
+            .messages
+            .is_empty()
+    );
+    assert!(s.state(ghost).await.unwrap().is_none());
+    assert_eq!(s.delete(&[ghost.to_owned()]).await.unwrap(), 0);
+    let under_ghost = AppendOptions {
+        parent: Parent::Id(ghost.into()),
+        ..Default::default()
+    };
+    let orphan = Message::text("user", "x").with_id("m2");
+    s.append(orphan, under_ghost).await.unwrap();
+    assert_eq!(
+        s.message("m2").await.unwrap().unwrap().parent_id,
+        None,
+        "unknown ⇒ root"
+    );
+    let by_ghost_user = SessionListing {
+        user_id: Some("u\u{0}".into()),
+        ..Default::default()
+    };
+    assert!(
+        db.list_sessions("", &by_ghost_user)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert!(
+        db.search_all("", Some("u\u{0}"), "beta", 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let after_ghost = PageRequest {
+        after: Some(ghost.into()),
+        ..Default::default()
+    };
+    assert!(matches!(
+        s.list_messages(&after_ghost).await,
+        Err(Error::Invalid(_))
+    ));
+    let forged: String = b"1:s\0".iter().map(|b| format!("{b:02x}")).collect();
+    let after_forged = SessionListing {
+        page: PageRequest {
+            after: Some(forged),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    assert!(matches!(
+        db.list_sessions("", &after_forged).await,
+        Err(Error::Invalid(_))
+    ));
 }
 
 pub async fn listings_page_both_ways_with_cursors<S: Store>(db: Db<S>) {
