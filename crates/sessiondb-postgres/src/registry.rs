@@ -8,7 +8,7 @@ use sessiondb_core::{
 };
 use tokio_postgres::Row;
 
-use crate::sql::{Param, Result, exec, get, pairs, row, rows, search_words};
+use crate::sql::{Param, Result, exec, get, lookup, pairs, row, rows, search_words};
 use sessiondb_core::plan::linear_range;
 
 const INFO_COLUMNS: &str =
@@ -233,7 +233,7 @@ pub(crate) async fn delete_state<C: GenericClient>(
     let deleted = exec(
         c,
         "DELETE FROM session_state WHERE namespace = $1 AND session_id = $2 AND key = $3",
-        &[&key.namespace, &key.session_id, &name],
+        &[&key.namespace, &key.session_id, &lookup(name)],
     )
     .await?;
     Ok(deleted > 0)

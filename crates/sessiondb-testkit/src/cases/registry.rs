@@ -230,6 +230,7 @@ pub async fn nul_characters_stay_in_messages_and_are_refused_in_free_text<S: Sto
             .is_empty()
     );
     assert!(s.state(ghost).await.unwrap().is_none());
+    assert!(!s.delete_state(ghost).await.unwrap());
     assert_eq!(s.delete(&[ghost.to_owned()]).await.unwrap(), 0);
     let under_ghost = AppendOptions {
         parent: Parent::Id(ghost.into()),
