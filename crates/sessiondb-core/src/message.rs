@@ -97,6 +97,16 @@ pub fn validate_text(field: &str, text: &str) -> Result<(), ValidationError> {
     }
 }
 
+/// [`validate_text`] of each field that is given.
+pub fn validate_texts<'a>(
+    fields: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+) -> Result<(), ValidationError> {
+    fields
+        .into_iter()
+        .filter_map(|(field, text)| Some((field, text?)))
+        .try_for_each(|(field, text)| validate_text(field, text))
+}
+
 /// A validated message as a client writes it. Construct with [`Message::from_value`],
 /// [`Message::parse`], or the builder ([`Message::new`] + `with_*`).
 #[derive(Debug, Clone, PartialEq)]

@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use crate::message::{JsonMap, ValidationError, ValidationErrorKind, validate_id, validate_text};
+use crate::message::{JsonMap, ValidationError, ValidationErrorKind, validate_id, validate_texts};
 use crate::store::SessionStats;
 
 /// The registry fields of a session. Everything is optional: a session created by its first
@@ -101,15 +101,11 @@ impl SessionPatch {
         if let Some(user) = &self.user_id {
             validate_id("userId", user)?;
         }
-        for (field, text) in [
-            ("name", &self.name),
-            ("model", &self.model),
-            ("endReason", &self.end_reason),
-        ] {
-            if let Some(text) = text {
-                validate_text(field, text)?;
-            }
-        }
+        validate_texts([
+            ("name", self.name.as_deref()),
+            ("model", self.model.as_deref()),
+            ("endReason", self.end_reason.as_deref()),
+        ])?;
         if let Some(usage) = &self.usage
             && !(usage.cost.is_finite() && usage.cost >= 0.0)
         {

@@ -2,7 +2,7 @@
 //! lists.
 
 use serde_json::Value;
-use sessiondb_core::message::{validate_id, validate_text};
+use sessiondb_core::message::{validate_id, validate_texts};
 use sessiondb_core::registry::{state_text, validate_settings, validate_state_key};
 use sessiondb_core::{
     Compaction, PathPlan, SearchHit, SessionCursor, SessionInfo, SessionPatch, SessionQuery,
@@ -32,16 +32,12 @@ fn check_record(record: &SessionRecord) -> Result<(), ValidationError> {
     if let Some(user) = &record.user_id {
         validate_id("userId", user)?;
     }
-    for (field, text) in [
-        ("name", &record.name),
-        ("model", &record.model),
-        ("source", &record.source),
-        ("endReason", &record.end_reason),
-    ] {
-        if let Some(text) = text {
-            validate_text(field, text)?;
-        }
-    }
+    validate_texts([
+        ("name", record.name.as_deref()),
+        ("model", record.model.as_deref()),
+        ("source", record.source.as_deref()),
+        ("endReason", record.end_reason.as_deref()),
+    ])?;
     validate_settings(&record.settings)?;
     tokenizers::chosen(&record.settings)?;
     if record.settings.values().any(Value::is_null) {
