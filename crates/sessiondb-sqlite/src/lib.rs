@@ -214,10 +214,11 @@ impl SqliteStore {
             .pragma_update(None, "synchronous", "NORMAL")
             .map_err(backend_error)?;
         if let Some(bytes) = config.max_database_bytes {
-            let page_size: i64 = writer
+            let page_size: u32 = writer
                 .query_row("PRAGMA page_size", [], |r| r.get(0))
                 .map_err(backend_error)?;
-            let pages = (bytes / page_size.max(1) as u64).clamp(1, i64::MAX as u64) as i64;
+            // 0 would read the limit instead of setting one.
+            let pages = i64::try_from(bytes / u64::from(page_size)).map_or(i64::MAX, |p| p.max(1));
             writer
                 .pragma_update(None, "max_page_count", pages)
                 .map_err(backend_error)?;

@@ -65,10 +65,13 @@ impl<S: Store> Drop for LiveSubscriber<S> {
     }
 }
 
+/// Why a stream starts with a `reset` event.
+const NOT_RETAINED: &str = "the requested position is no longer retained";
+const NOT_AN_EVENT_ID: &str = "`Last-Event-ID` is not an event id of this server";
+
 fn subscribe<S: Store>(app: Arc<App<S>>, filter: FeedFilter, headers: &HeaderMap) -> Response {
     let store = app.db.store();
     let epoch = store.feed_epoch();
-    const NOT_RETAINED: &str = "the requested position is no longer retained";
     let (subscription, reset) = match last_event_id(headers) {
         None => (store.subscribe(filter), None),
         Some(Some((e, position))) if e == epoch => {
@@ -78,10 +81,7 @@ fn subscribe<S: Store>(app: Arc<App<S>>, filter: FeedFilter, headers: &HeaderMap
             }
         }
         Some(Some(_)) => (store.subscribe(filter), Some(NOT_RETAINED)),
-        Some(None) => (
-            store.subscribe(filter),
-            Some("`Last-Event-ID` is not an event id of this server"),
-        ),
+        Some(None) => (store.subscribe(filter), Some(NOT_AN_EVENT_ID)),
     };
     app.metrics.live_subscribers.fetch_add(1, Ordering::Relaxed);
     let guard = LiveSubscriber(app.clone());
