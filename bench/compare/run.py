@@ -126,8 +126,12 @@ def machine():
 def run_store(store):
     """Runs one store's workload; returns ({op: ms}, {size_bytes, durability})."""
     started = time.perf_counter()
-    done = subprocess.run(store["cmd"], cwd=store.get("cwd"), env=store.get("env"), text=True,
-                          capture_output=True)
+    # The store's files go to a folder of this run's, removed afterwards even when the driver
+    # died without removing them.
+    with tempfile.TemporaryDirectory(prefix="compare-") as scratch:
+        env = dict(store.get("env") or os.environ, TMPDIR=scratch)
+        done = subprocess.run(store["cmd"], cwd=store.get("cwd"), env=env, text=True,
+                              capture_output=True)
     if done.returncode != 0:
         sys.exit(f"{store['name']} failed:\n{done.stdout}\n{done.stderr}")
     ops, info = {}, {}

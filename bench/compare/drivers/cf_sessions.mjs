@@ -4,12 +4,10 @@
 // time, so there is no concurrent-append figure.
 import Database from "better-sqlite3";
 import { Sessions } from "agents/sessions";
-import { mkdtempSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import {
   BRANCHES, LAST_READS, NEEDLE, REOPENS, SEARCHES, WHOLE_READS,
-  dirBytes, emit, finish, median, texts, timed, timedMedian,
+  dirBytes, emit, finish, median, scratchDir, texts, timed, timedMedian,
 } from "./workload.mjs";
 
 /** The Durable Object storage surface Sessions needs, over one better-sqlite3 database. */
@@ -69,7 +67,7 @@ async function last50(session) {
 }
 
 const n = Number(process.argv[2]);
-const dir = mkdtempSync(join(tmpdir(), "compare-cf-"));
+const dir = scratchDir("compare-cf-");
 const path = join(dir, "sessions.db");
 const { db, session } = await open(path);
 const appends = [];

@@ -5,7 +5,6 @@ no concurrent writers (one graph thread)."""
 import os
 import sqlite3
 import sys
-import tempfile
 from typing import Annotated
 
 from typing_extensions import TypedDict
@@ -15,7 +14,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
 from workload import (BRANCHES, LAST_READS, REOPENS, WHOLE_READS, dir_bytes, emit, finish,
-                      median, texts, timed)
+                      median, scratch_dir, texts, timed)
 
 
 class State(TypedDict):
@@ -34,7 +33,7 @@ def graph(path):
 
 def main():
     n = int(sys.argv[1])
-    d = tempfile.mkdtemp(prefix="compare-langgraph-")
+    d = scratch_dir("compare-langgraph-")
     path = os.path.join(d, "checkpoints.db")
     conn, saver, g = graph(path)
     thread = {"configurable": {"thread_id": "bench"}}

@@ -3,12 +3,11 @@ or compaction; concurrency is asyncio tasks, each with its own session on the sa
 import asyncio
 import os
 import sys
-import tempfile
 
 from agents import SQLiteSession
 
 from workload import (CONCURRENT_APPENDS, LAST_READS, REOPENS, WHOLE_READS, dir_bytes, emit,
-                      finish, median, texts, timed_async)
+                      finish, median, scratch_dir, texts, timed_async)
 
 
 async def concurrent(path, writers):
@@ -28,7 +27,7 @@ async def concurrent(path, writers):
 async def main():
     n = int(sys.argv[1])
     writers = [int(w) for w in sys.argv[2].split(",")] if len(sys.argv) > 2 else [8, 32]
-    d = tempfile.mkdtemp(prefix="compare-openai-")
+    d = scratch_dir("compare-openai-")
     path = os.path.join(d, "sessions.db")
     session = SQLiteSession("bench", path)
     appends = []
@@ -58,7 +57,7 @@ async def main():
     emit("reopen_last50", median(reopens))
     finish(dir_bytes(d), "SQLite WAL, synchronous=FULL (Python sqlite3 default), one commit per add_items")
     # Concurrent writers get a file of their own, so the size above is the conversation's.
-    other = os.path.join(tempfile.mkdtemp(prefix="compare-openai-"), "concurrent.db")
+    other = os.path.join(scratch_dir("compare-openai-"), "concurrent.db")
     for w in writers:
         emit(f"concurrent{w}", await concurrent(other, w))
 

@@ -2,10 +2,7 @@
 // appendFileSync (no fsync). The shared workload: the last 50 are a slice of the built context
 // (there is no cheaper read), no search, one writer.
 import { SessionManager } from "@mariozechner/pi-coding-agent";
-import { mkdtempSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
-import { BRANCHES, LAST_READS, REOPENS, WHOLE_READS, dirBytes, emit, finish, median, texts, timed, timedMedian } from "./workload.mjs";
+import { BRANCHES, LAST_READS, REOPENS, WHOLE_READS, dirBytes, emit, finish, median, scratchDir, texts, timed, timedMedian } from "./workload.mjs";
 
 const usage = { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, totalTokens: 0,
   cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, total: 0 } };
@@ -15,7 +12,7 @@ const message = (i, text) => i % 2 === 0
       usage, stopReason: "stop", timestamp: Date.now() };
 
 const n = Number(process.argv[2]);
-const dir = mkdtempSync(join(tmpdir(), "compare-pi-"));
+const dir = scratchDir("compare-pi-");
 const manager = SessionManager.create(dir, dir);
 const ids = [];
 const appends = [];

@@ -1,6 +1,7 @@
 // The shared workload pieces of the Node drivers (see workload.py: the same generator, counts
-// and output).
-import { readdirSync, statSync } from "node:fs";
+// output and scratch folders).
+import { mkdtempSync, readdirSync, rmSync, statSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 
 const WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split(" ");
@@ -46,3 +47,10 @@ export async function timedMedian(times, f) {
 
 export const dirBytes = (dir) =>
   readdirSync(dir).map((f) => statSync(join(dir, f))).filter((s) => s.isFile()).reduce((a, s) => a + s.size, 0);
+
+// A new folder for the store's files, removed when the driver exits.
+export function scratchDir(prefix) {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  process.on("exit", () => rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}

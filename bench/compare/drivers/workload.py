@@ -1,9 +1,12 @@
 """The shared workload pieces of the Python drivers: the text generator every driver (Rust,
-Python, Node) implements identically, medians, and the JSON-lines output."""
+Python, Node) implements identically, medians, scratch folders, and the JSON-lines output."""
+import atexit
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron "
@@ -54,6 +57,14 @@ async def timed_async(awaitable):
 
 def median(samples):
     return statistics.median(samples)
+
+
+def scratch_dir(prefix):
+    """A new folder for the store's files, removed when the driver exits (a LangGraph run
+    leaves about 0.5 GB)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def dir_bytes(path):
