@@ -18,7 +18,7 @@ use sessiondb_core::context::{
 };
 use sessiondb_core::{
     ContextEntry, FrozenPrompt, Message, SessionKey, Source, Store, StoredMessage, ValidationError,
-    ValidationErrorKind, WriteOp, WriteOutcome, search,
+    ValidationErrorKind, WriteOp, WriteOutcome, message::validate_text, search,
 };
 
 use crate::{Db, Error, Session};
@@ -504,6 +504,9 @@ impl<S: Store> Context<S> {
             return Err(ValidationError::new("sessionId", ValidationErrorKind::Missing).into());
         }
         let prompt = self.render().await?;
+        // Stored blocks never hold a NUL (their writes refuse it); a custom provider's text
+        // can, and the frozen prompt is stored free text.
+        validate_text("prompt", &prompt)?;
         match self
             .session
             .write_one(WriteOp::FreezePrompt { prompt, replace })

@@ -8,7 +8,8 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use sessiondb::{
     BlockKind, BlockSpec, Context, ContextError, CustomBlock, Db, Error, Provider, ProviderResult,
-    ReadonlyProvider, SECTION_RULE, SearchProvider, SkillProvider, Store, WritableProvider,
+    ReadonlyProvider, SECTION_RULE, SearchProvider, SkillProvider, Store, ValidationErrorKind,
+    WritableProvider,
 };
 
 use crate::*;
@@ -876,4 +877,22 @@ pub async fn custom_providers_back_blocks<S: Store>(db: Db<S>) {
         .execute("set_context", &json!({"label": "clock", "content": "x"}))
         .await;
     assert_eq!(readonly, "Error: Block \"clock\" is readonly");
+
+    // A provider's text is the application's, so it may hold a NUL: it renders, but the frozen
+    // prompt is stored free text and refuses it, storing nothing.
+    let ticking = Arc::new(Text(Mutex::new(Some("tick\u{0}tock".into()))));
+    let context = db_session(&db, "nul")
+        .context()
+        .with_block(custom("clock", Provider::Readonly(ticking.clone())));
+    assert!(context.render().await.unwrap().contains("tick\u{0}tock"));
+    match context.prompt().await {
+        Err(Error::Invalid(e)) => assert_eq!(
+            (e.field.as_str(), &e.kind),
+            ("prompt", &ValidationErrorKind::NulCharacter)
+        ),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    *ticking.0.lock().unwrap() = Some("tick tock".into());
+    let frozen = context.prompt().await.unwrap();
+    assert!(frozen.prompt.contains("tick tock"), "{}", frozen.prompt);
 }
