@@ -5,7 +5,7 @@ use sessiondb_core::{
     WriteOp,
 };
 
-use sessiondb_core::message::validate_text;
+use sessiondb_core::message::{validate_id, validate_text};
 
 use crate::session::{Session, unique_id};
 use crate::{Error, Source};
@@ -49,6 +49,9 @@ impl<S: Store> Session<S> {
     ) -> Result<Option<SessionInfo>, Error> {
         if let Some(name) = &name {
             validate_text("name", name)?;
+        }
+        if let Some(id) = &id {
+            validate_id("id", id)?;
         }
         let Some(info) = self.store.session(self.key()).await? else {
             return Ok(None);

@@ -61,6 +61,9 @@ impl<S: Store> Db<S> {
         record: SessionRecord,
     ) -> Result<SessionInfo, Error> {
         check_record(&record)?;
+        if let Some(id) = &id {
+            validate_id("id", id)?;
+        }
         let id = id.unwrap_or_else(|| unique_id("ses_"));
         let session = self.session_in(namespace, &id)?;
         match session.write_one(WriteOp::CreateSession { record }).await? {

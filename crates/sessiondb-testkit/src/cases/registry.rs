@@ -199,6 +199,17 @@ pub async fn nul_characters_stay_in_messages_and_are_refused_in_free_text<S: Sto
         "name",
         s.fork("m1", None, Some("f\u{0}".into())).await.map(drop),
     );
+    // A new session's id is an identifier, refused under the name the caller gave it.
+    let bad_id = |result: Result<(), Error>| {
+        matches!(result, Err(Error::Invalid(e))
+            if e.field == "id" && e.kind == ValidationErrorKind::ControlCharacter)
+    };
+    assert!(bad_id(
+        s.fork("m1", Some("f\u{0}".into()), None).await.map(drop)
+    ));
+    let record = SessionRecord::default();
+    let created = db.create_session("", Some("t\u{0}".into()), record).await;
+    assert!(bad_id(created.map(drop)));
     let context = s.context();
     let block = BlockSpec {
         kind: BlockKind::Writable,
