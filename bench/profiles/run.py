@@ -75,7 +75,11 @@ def profile(name):
         data = os.path.join(scratch, "perf.data")
         # The branch appends take a fraction of a second: they are sampled more often.
         hz = "4999" if workload_first else "499"
-        record = ["perf", "record", "-q", "-F", hz, "--call-graph", "dwarf,32768", "-o", data]
+        # The driver is read where it lies right after recording: no copy of it (and of every
+        # library it maps) in perf's build-id cache, ~/.debug, which grew by the driver's size
+        # per run.
+        record = ["perf", "record", "-q", "-N", "-F", hz, "--call-graph", "dwarf,32768",
+                  "-o", data]
         if workload_first:
             # Recording starts when the driver reaches the operation (`PERF_CONTROL`).
             control = os.path.join(scratch, "control")
