@@ -310,8 +310,8 @@ def report(results, lg_python, no_readme):
     section = f"""Latest run: {results['date']}, `python3 bench/compare/run.py` (N = {n:,}; LangGraph at
 N = {lg_n:,} against sessiondb at the same N), {results['rounds']} rounds, medians. Machine:
 {results['machine']}; fsync of 4 KiB on the benchmark's file system: median {results['fsync_ms']:.3f} ms
-appended to a file, {results['fsync_in_place_ms']:.3f} ms rewritten in place (a SQLite WAL is rewritten in
-place once it has reached its size, so a durable append can take less than the first figure).
+appended to a file, {results['fsync_in_place_ms']:.3f} ms rewritten in place (as a SQLite WAL is once it has
+reached its size).
 Ratios are peer ÷ sessiondb (library): above 1, sessiondb is faster; † compares Pi's writes,
 which are never fsynced, with sessiondb without fsync (`SYNC=normal`: append
 {fmt_ms(normal["append"])}, branch {fmt_ms(normal["branch"])}, compact {fmt_ms(normal["compact"])} ms);
