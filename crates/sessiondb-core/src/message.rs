@@ -88,13 +88,13 @@ pub fn validate_id(field: &str, id: &str) -> Result<(), ValidationError> {
 /// characters, which PostgreSQL's `text` cannot hold, so that no backend takes what another
 /// refuses. Message bodies are stored as JSON, where U+0000 is an escape, and may hold it.
 pub fn validate_text(field: &str, text: &str) -> Result<(), ValidationError> {
-    match text.contains('\0') {
-        true => Err(ValidationError::new(
+    if text.contains('\0') {
+        return Err(ValidationError::new(
             field,
             ValidationErrorKind::NulCharacter,
-        )),
-        false => Ok(()),
+        ));
     }
+    Ok(())
 }
 
 /// [`validate_text`] of each field that is given.

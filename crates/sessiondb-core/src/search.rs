@@ -14,10 +14,10 @@ use crate::message::JsonMap;
 pub fn search_text(message: &JsonMap) -> String {
     let text = text_pieces(message).join(" ");
     // A NUL separates words as a space does, and PostgreSQL's `text` cannot hold it.
-    match text.contains('\0') {
-        true => text.replace('\0', " "),
-        false => text,
+    if text.contains('\0') {
+        return text.replace('\0', " ");
     }
+    text
 }
 
 /// [`search_text`] of a message's JSON text. Only `parts` and `content` are decoded (the rest

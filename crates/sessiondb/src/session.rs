@@ -109,13 +109,13 @@ pub(crate) fn now_ms() -> i64 {
 /// parent arrives), so the id is stored: like every stored id, without control characters
 /// (empty still means a root).
 pub(crate) fn check_named_parent(field: &str, parent: &str) -> Result<(), ValidationError> {
-    match parent.contains(char::is_control) {
-        true => Err(ValidationError::new(
+    if parent.contains(char::is_control) {
+        return Err(ValidationError::new(
             field,
             ValidationErrorKind::ControlCharacter,
-        )),
-        false => Ok(()),
+        ));
     }
+    Ok(())
 }
 
 /// A time-ordered unique id with a prefix.
