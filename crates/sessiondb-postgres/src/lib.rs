@@ -45,16 +45,18 @@ use sessiondb_core::{
 use tokio::runtime::{Handle, Runtime};
 
 use crate::feed::FeedSync;
-use crate::sql::{backend_error, lookup};
+use crate::sql::{backend_error, describe, lookup};
 
 /// Errors of this backend.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PgError {
+    /// The driver's error with its causes, each said once.
     #[error("postgres: {0}")]
-    Postgres(#[from] tokio_postgres::Error),
+    Postgres(String),
+    /// The pool's error with its causes.
     #[error("connection pool: {0}")]
-    Pool(#[from] deadpool_postgres::PoolError),
+    Pool(String),
     #[error("bad connection string: {0}")]
     Config(String),
     #[error("the database schema version {found} is newer than this build supports ({supported})")]
@@ -77,8 +79,20 @@ impl From<PgError> for StoreError {
     }
 }
 
+impl From<tokio_postgres::Error> for PgError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        PgError::Postgres(describe(&e))
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for PgError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        PgError::Pool(describe(&e))
+    }
+}
+
 fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
-    StoreError::Backend(format!("connection pool: {e}"))
+    PgError::from(e).into()
 }
 
 #[derive(Debug, Clone)]
@@ -193,12 +207,12 @@ impl PgStore {
     async fn start(url: &str, config: PgConfig, runtime: Handle) -> Result<Self, PgError> {
         let pg_config: tokio_postgres::Config = url
             .parse()
-            .map_err(|e: tokio_postgres::Error| PgError::Config(e.to_string()))?;
+            .map_err(|e: tokio_postgres::Error| PgError::Config(describe(&e)))?;
         let manager = deadpool_postgres::Manager::new(pg_config.clone(), tokio_postgres::NoTls);
         let pool = Pool::builder(manager)
             .max_size(config.max_connections.max(1))
             .build()
-            .map_err(|e| PgError::Config(e.to_string()))?;
+            .map_err(|e| PgError::Config(describe(&e)))?;
         let mut client = pool.get().await?;
         migrate(&mut client).await?;
         let (epoch, position) = feed::counter(&client).await?;

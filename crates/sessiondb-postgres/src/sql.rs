@@ -11,14 +11,28 @@ pub(crate) type Result<T> = std::result::Result<T, StoreError>;
 pub(crate) type Param<'a> = &'a (dyn ToSql + Sync);
 
 pub(crate) fn backend_error(e: tokio_postgres::Error) -> StoreError {
-    let message = match std::error::Error::source(&e) {
-        Some(cause) => format!("postgres: {e}: {cause}"),
-        None => format!("postgres: {e}"),
-    };
+    let message = format!("postgres: {}", describe(&e));
     match e.code() {
         Some(&tokio_postgres::error::SqlState::DISK_FULL) => StoreError::StorageFull(message),
         _ => StoreError::Backend(message),
     }
+}
+
+/// An error and its causes on one line, each said once: the pool's message repeats the driver's,
+/// and the driver's names only its kind ("error connecting to server") and leaves the reason
+/// ("Connection refused") to its source.
+pub(crate) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let part = cause.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// A string a look-up binds. PostgreSQL's `text` cannot hold U+0000, and no stored id, key or

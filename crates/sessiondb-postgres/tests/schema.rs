@@ -82,3 +82,35 @@ async fn a_newer_schema_is_refused() {
     let refused = PgStore::connect(&cluster.url(), 1).await.unwrap_err();
     assert!(refused.to_string().contains("newer"), "{refused}");
 }
+
+#[tokio::test]
+async fn connection_failures_name_their_reason_once() {
+    // A port that was just free: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let refused = PgStore::connect(&format!("postgres://postgres@127.0.0.1:{port}/x"), 1)
+        .await
+        .unwrap_err();
+    // Display alone: the error has no source, so a report that walks sources adds nothing.
+    assert!(std::error::Error::source(&refused).is_none());
+    let text = refused.to_string();
+    assert_eq!(
+        text.matches("error connecting to server").count(),
+        1,
+        "{text}"
+    );
+    assert_eq!(text.matches("Connection refused").count(), 1, "{text}");
+
+    let malformed = PgStore::connect("postgres://127.0.0.1:notaport/x", 1)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        malformed.starts_with("bad connection string: "),
+        "{malformed}"
+    );
+    assert!(malformed.contains("port"), "{malformed}");
+}
