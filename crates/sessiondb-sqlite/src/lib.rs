@@ -187,7 +187,14 @@ impl SqliteStore {
 
     pub fn open_with(dir: impl AsRef<Path>, config: SqliteConfig) -> Result<Self, StoreError> {
         let dir = dir.as_ref();
-        std::fs::create_dir_all(dir).map_err(|e| io_error(dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| {
+            // `create_dir_all` reports a file in the way as "File exists".
+            if dir.exists() && !dir.is_dir() {
+                StoreError::Backend(format!("{}: not a directory", dir.display()))
+            } else {
+                io_error(dir, e)
+            }
+        })?;
         let lock_path = dir.join(LOCK_FILE);
         let lock = File::options()
             .create(true)

@@ -206,6 +206,16 @@ fn a_second_open_of_the_same_directory_is_refused() {
     );
 }
 
+#[test]
+fn a_data_directory_that_is_a_file_is_named_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("data");
+    std::fs::write(&file, "not a directory").unwrap();
+    let err = SqliteStore::open(&file).unwrap_err().to_string();
+    assert!(err.ends_with("data: not a directory"), "{err}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a directory");
+}
+
 /// A store at its size limit fails writes as on a full disk: a typed error, nothing of the
 /// write stored, including writes that shared a group commit; reads go on, and writes succeed
 /// again once a delete frees pages.
