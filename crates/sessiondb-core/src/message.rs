@@ -84,6 +84,25 @@ pub fn validate_id(field: &str, id: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// The latest time a client may give (epoch milliseconds): JavaScript's last `Date`, in the year
+/// 275760. Every JSON client reads such a number exactly (it is below 2^53), every date library
+/// can show it, and a session's listing times stay within it.
+pub const MAX_TIME_MS: i64 = 8_640_000_000_000_000;
+
+/// Checks a time a client gives (an imported `createdAt`): `0..=MAX_TIME_MS`.
+pub fn validate_time(field: &str, ms: i64) -> Result<(), ValidationError> {
+    if (0..=MAX_TIME_MS).contains(&ms) {
+        return Ok(());
+    }
+    Err(ValidationError::new(
+        field,
+        ValidationErrorKind::OutOfRange {
+            min: 0,
+            max: MAX_TIME_MS as u64,
+        },
+    ))
+}
+
 /// Checks free text that is stored as it is (names, summaries, context text): no NUL
 /// characters, which PostgreSQL's `text` cannot hold, so that no backend takes what another
 /// refuses. Message bodies are stored as JSON, where U+0000 is an escape, and may hold it.

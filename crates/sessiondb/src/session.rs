@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use serde_json::Value;
 use sessiondb_core::attachments;
-use sessiondb_core::message::validate_text;
+use sessiondb_core::message::{validate_text, validate_time};
 use sessiondb_core::overlay::{
     Endpoints, PathSpan, is_hidden, may_be_hidden, overlay_spans, summary_message_id,
 };
@@ -53,7 +53,7 @@ pub struct MessagePatch {
 pub struct ImportOptions {
     /// Stored as given, not validated (history may arrive out of order).
     pub parent_id: Option<String>,
-    /// Epoch milliseconds.
+    /// Epoch milliseconds, from 0 to 8,640,000,000,000,000 (JavaScript's date range).
     pub created_at: i64,
 }
 
@@ -538,6 +538,7 @@ impl<S: Store> Session<S> {
         if let Some(parent) = &options.parent_id {
             check_named_parent("parentId", parent)?;
         }
+        validate_time("createdAt", options.created_at)?;
         let op = WriteOp::Import {
             message: self.prepare_verbatim(message).await?,
             parent_id: options.parent_id,

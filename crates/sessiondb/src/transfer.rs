@@ -10,7 +10,7 @@
 
 use futures::stream::{self, Stream, StreamExt, TryStreamExt};
 use serde_json::Value;
-use sessiondb_core::message::{JsonMap, validate_id};
+use sessiondb_core::message::{JsonMap, MAX_TIME_MS, validate_id, validate_time};
 use sessiondb_core::registry::validate_state_key;
 use sessiondb_core::{
     Compaction, Message, Store, StoredMessage, ValidationError, ValidationErrorKind,
@@ -92,9 +92,16 @@ pub fn parse_import_line(number: usize, text: &str) -> Result<ImportLine, Valida
         if let Some(parent) = &parent_id {
             check_named_parent(&format!("{prefix}.parentId"), parent)?;
         }
-        let own_time = message.get("createdAt").and_then(Value::as_i64);
-        let created_at = time_field(&line, &prefix, "createdAt")?.or(own_time);
-        let updated_at = message.get("updatedAt").and_then(Value::as_i64);
+        // A message's own times are store-owned fields: used when they are times a line could
+        // give, ignored (like an ISO string) otherwise.
+        let own_time = |name| {
+            message
+                .get(name)
+                .and_then(Value::as_i64)
+                .filter(|ms| (0..=MAX_TIME_MS).contains(ms))
+        };
+        let created_at = time_field(&line, &prefix, "createdAt")?.or(own_time("createdAt"));
+        let updated_at = own_time("updatedAt");
         let message = Message::from_value(message).map_err(|e| ValidationError {
             field: format!("{prefix}.message.{}", e.field),
             kind: e.kind,
@@ -182,7 +189,7 @@ impl<S: Store> Session<S> {
         let mut summary = ImportSummary::default();
         let mut ops = Vec::with_capacity(lines.len());
         let now = now_ms();
-        for line in lines {
+        for (number, line) in lines.into_iter().enumerate() {
             match line {
                 ImportLine::Message {
                     message,
@@ -190,6 +197,12 @@ impl<S: Store> Session<S> {
                     created_at,
                     updated_at,
                 } => {
+                    let times = [("createdAt", created_at), ("message.updatedAt", updated_at)];
+                    for (name, ms) in times {
+                        if let Some(ms) = ms {
+                            validate_time(&format!("lines[{number}].{name}"), ms)?;
+                        }
+                    }
                     ops.push(WriteOp::Import {
                         message: self.prepare_verbatim(message).await?,
                         parent_id,
@@ -200,6 +213,8 @@ impl<S: Store> Session<S> {
                 ImportLine::Compaction(c) if existing.contains(&c.id) => summary.skipped += 1,
                 ImportLine::Compaction(compaction) => {
                     self.check_text("summary", &compaction.summary)?;
+                    let field = format!("lines[{number}].compaction.createdAt");
+                    validate_time(&field, compaction.created_at)?;
                     ops.push(WriteOp::AddCompaction {
                         compaction,
                         by_compact: false,

@@ -307,6 +307,56 @@ async fn export_then_import_reproduces_the_session() {
         StatusCode::NOT_FOUND,
         "nothing stored"
     );
+    // Times a JSON client cannot read exactly, or before 1970, are refused; a message's own
+    // out-of-range time is ignored, as a non-numeric one is.
+    for (line, field) in [
+        (
+            r#"{"message": {"id": "t", "role": "user", "content": "x"}, "createdAt": 4611686018427387904}"#,
+            Some("lines[1].createdAt"),
+        ),
+        (
+            r#"{"message": {"id": "t", "role": "user", "content": "x"}, "createdAt": -1}"#,
+            Some("lines[1].createdAt"),
+        ),
+        (
+            r#"{"compaction": {"id": "c", "summary": "s", "fromMessageId": "p1", "toMessageId": "p2", "createdAt": 8640000000000001}}"#,
+            Some("lines[1].compaction.createdAt"),
+        ),
+        (
+            r#"{"message": {"id": "t", "role": "user", "content": "x", "createdAt": 4611686018427387904, "updatedAt": -5}}"#,
+            None,
+        ),
+    ] {
+        let body = format!("{}\n{line}\n", plain.lines().next().unwrap());
+        let answer = server
+            .send(
+                server
+                    .request(Method::POST, "/v1/sessions/timed/import")
+                    .body(body),
+            )
+            .await;
+        match field {
+            Some(field) => {
+                assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{line}");
+                let message = answer.json["error"]["message"].as_str().unwrap();
+                assert!(
+                    message.contains(field) && message.contains("8640000000000000"),
+                    "{message}"
+                );
+                assert_eq!(
+                    server.get("/v1/sessions/timed").await.status,
+                    StatusCode::NOT_FOUND
+                );
+            }
+            None => {
+                assert_eq!(answer.status, StatusCode::OK, "{line}");
+                let stored = server.get("/v1/sessions/timed/messages/t").await.json;
+                let created = stored["createdAt"].as_i64().unwrap();
+                assert!((1..=8_640_000_000_000_000).contains(&created), "{stored}");
+                assert_eq!(stored.get("updatedAt"), None, "{stored}");
+            }
+        }
+    }
     let cycle = "{\"message\": {\"id\": \"x\", \"role\": \"user\", \"content\": \"x\"}, \"parentId\": \"x\"}\n";
     let refused = server
         .send(

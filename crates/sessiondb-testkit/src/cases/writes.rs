@@ -2,7 +2,8 @@
 
 use serde_json::json;
 use sessiondb::{
-    AppendOptions, Db, Error, FeedFilter, Message, Source, Store, StoreError, ValidationErrorKind,
+    AppendOptions, Compaction, Db, Error, FeedFilter, ImportLine, Message, Source, Store,
+    StoreError, ValidationErrorKind,
 };
 
 use crate::*;
@@ -116,6 +117,38 @@ pub async fn import_is_verbatim_with_explicit_parent_and_time<S: Store>(db: Db<S
     assert_eq!(s.latest_leaf().await.unwrap().unwrap().id, "i2");
     assert_eq!(history_ids(&s, None).await, ["i1", "i2"]);
     assert_eq!(second.parent_id.as_deref(), Some("i1"));
+
+    // A time no JSON client reads exactly, or before 1970, is refused and stores nothing.
+    let out_of_range = |err: &Error, field: &str| {
+        matches!(err, Error::Invalid(e) if e.field == field
+            && matches!(e.kind, ValidationErrorKind::OutOfRange { min: 0, max: 8_640_000_000_000_000 }))
+    };
+    for time in [-1, 8_640_000_000_000_001, i64::MAX] {
+        let err = s
+            .import(text("i3", "user", "late"), imported(None, time))
+            .await
+            .unwrap_err();
+        assert!(out_of_range(&err, "createdAt"), "{err}");
+    }
+    let lines = vec![
+        ImportLine::Message {
+            message: text("i4", "user", "kept out"),
+            parent_id: None,
+            created_at: Some(7),
+            updated_at: None,
+        },
+        ImportLine::Compaction(Compaction {
+            id: "c".into(),
+            summary: "s".into(),
+            from_message_id: "i1".into(),
+            to_message_id: "i2".into(),
+            created_at: 1 << 62,
+        }),
+    ];
+    let err = s.import_lines(lines).await.unwrap_err();
+    assert!(out_of_range(&err, "lines[1].compaction.createdAt"), "{err}");
+    assert_eq!(history_ids(&s, None).await, ["i1", "i2"], "nothing stored");
+    assert!(s.compactions().await.unwrap().is_empty());
 }
 
 pub async fn import_of_existing_id_is_ignored<S: Store>(db: Db<S>) {
