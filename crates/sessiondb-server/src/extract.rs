@@ -61,14 +61,15 @@ impl<S: Send + Sync> FromRequestParts<S> for ConversationHeader {
         let Some(value) = parts.headers.get(crate::CONVERSATION_ID) else {
             return Ok(ConversationHeader(None));
         };
-        let id = value.to_str().map_err(|_| {
-            ApiError::invalid(format!(
-                "`{}` must be visible ASCII",
-                crate::CONVERSATION_ID
-            ))
+        // UTF-8, so the header reaches every session a percent-encoded path segment does.
+        let id = std::str::from_utf8(value.as_bytes()).map_err(|_| {
+            ApiError::invalid(format!("`{}` must be UTF-8", crate::CONVERSATION_ID))
         })?;
-        // Checked as the session id it stands for (1..=256 characters).
-        sessiondb::SessionKey::new("", id)?;
+        // Checked as the session id it stands for (1..=256 characters), named as the header.
+        sessiondb::SessionKey::new("", id).map_err(|mut e| {
+            e.field = crate::CONVERSATION_ID.to_owned();
+            e
+        })?;
         Ok(ConversationHeader(Some(id.to_owned())))
     }
 }

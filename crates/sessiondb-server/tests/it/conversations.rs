@@ -63,6 +63,54 @@ async fn the_conversation_id_header_names_the_conversation_and_is_echoed() {
         )
         .await;
     assert_eq!(too_long.status, StatusCode::BAD_REQUEST);
+    // Errors name the header the client sent, not the session id it stands for.
+    assert!(
+        too_long.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(HEADER),
+        "{too_long:?}"
+    );
+    // A UTF-8 id reaches the session its percent-encoded path names; other bytes are refused.
+    let utf8 = server
+        .send(
+            server
+                .request(Method::POST, "/v1/messages")
+                .header(
+                    HEADER,
+                    reqwest::header::HeaderValue::from_bytes("café".as_bytes()).unwrap(),
+                )
+                .json(&message),
+        )
+        .await;
+    assert_eq!(utf8.status, StatusCode::CREATED, "{utf8:?}");
+    assert_eq!(utf8.headers[HEADER].as_bytes(), "café".as_bytes());
+    assert_eq!(
+        server
+            .get("/v1/sessions/caf%C3%A9/messages")
+            .await
+            .ids()
+            .len(),
+        1
+    );
+    let latin1 = server
+        .send(
+            server
+                .request(Method::POST, "/v1/messages")
+                .header(
+                    HEADER,
+                    reqwest::header::HeaderValue::from_bytes(b"caf\xe9").unwrap(),
+                )
+                .json(&message),
+        )
+        .await;
+    assert_eq!(latin1.status, StatusCode::BAD_REQUEST);
+    assert!(
+        latin1.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("UTF-8")
+    );
     // Any route echoes the header.
     let read = server
         .send(
