@@ -9,6 +9,7 @@
 mod texts;
 
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 use texts::{NEEDLE, Texts};
 
@@ -113,8 +114,31 @@ async fn library(n: usize, writers: &[usize]) {
         _ => None,
     };
     if let Some(writers) = profiled_writers {
+        // Each round also reports how busy the writer was and what it spent per append (stderr),
+        // which tells a writer-bound round from one that waits on syncs and wake-ups.
+        let stats = db.store().write_stats();
+        let counters = || {
+            let read = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed) as f64;
+            (
+                read(&stats.busy_nanos),
+                read(&stats.commits),
+                read(&stats.requests),
+            )
+        };
         for _ in 0..10 {
+            let ((busy, commits, requests), started) = (counters(), Instant::now());
             emit("appends", concurrent_library(&db, writers).await);
+            let wall = started.elapsed().as_nanos() as f64;
+            let (busy, commits, requests) = {
+                let now = counters();
+                (now.0 - busy, now.1 - commits, now.2 - requests)
+            };
+            eprintln!(
+                "writer busy {:.0}% of the round, {:.1} appends per commit, {:.1} µs per append",
+                busy / wall * 100.0,
+                requests / commits,
+                busy / requests / 1000.0
+            );
         }
         return;
     }
