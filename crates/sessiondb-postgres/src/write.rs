@@ -259,12 +259,7 @@ pub(crate) struct Committed {
 /// rows, the session row, the feed events and `COMMIT`. A lone append costs two round trips.
 pub(crate) async fn commit<C: GenericClient>(c: &C, request: &WriteRequest) -> Result<Committed> {
     let key = &request.key;
-    let names_messages = request.ops.iter().any(|op| {
-        matches!(
-            op,
-            WriteOp::Append { .. } | WriteOp::Upsert { .. } | WriteOp::Import { .. }
-        )
-    });
+    let named = Known::named_ids(&request.ops);
     // A pipeline is only in order if each statement goes out on its first poll: prepared ones do
     // (a connection prepares each statement once, here).
     prepare(c, &[LOCK_SESSION, LOAD_SESSION, LOAD_KNOWN]).await?;
@@ -274,9 +269,9 @@ pub(crate) async fn commit<C: GenericClient>(c: &C, request: &WriteRequest) -> R
         lock_session(c, key),
         SessionRow::load(c, key, request.now_ms),
         async {
-            match names_messages {
-                true => Known::load(c, key, &request.ops).await.map(Some),
-                false => Ok(None),
+            match named.is_empty() {
+                true => Ok(None),
+                false => Known::load(c, key, named).await.map(Some),
             }
         },
     );
@@ -440,25 +435,37 @@ struct Known {
 }
 
 impl Known {
-    async fn load<C: GenericClient>(c: &C, key: &SessionKey, ops: &[WriteOp]) -> Result<Self> {
-        let mut covered = HashSet::new();
+    /// The ids a request's messages name that a look-up could find: their own (unless generated
+    /// here, which no row can hold yet; an upsert looks its id up anyway) and their parents'.
+    fn named_ids(ops: &[WriteOp]) -> HashSet<String> {
+        let mut named = HashSet::new();
         for op in ops {
             match op {
                 WriteOp::Append { message, parent } | WriteOp::Upsert { message, parent } => {
-                    covered.insert(message.id.clone());
+                    if !message.fresh_id || matches!(op, WriteOp::Upsert { .. }) {
+                        named.insert(message.id.clone());
+                    }
                     if let Parent::Id(id) = parent {
-                        covered.insert(id.clone());
+                        named.insert(id.clone());
                     }
                 }
                 WriteOp::Import {
                     message, parent_id, ..
                 } => {
-                    covered.insert(message.id.clone());
-                    covered.extend(parent_id.clone());
+                    named.insert(message.id.clone());
+                    named.extend(parent_id.clone());
                 }
                 _ => {}
             }
         }
+        named
+    }
+
+    async fn load<C: GenericClient>(
+        c: &C,
+        key: &SessionKey,
+        covered: HashSet<String>,
+    ) -> Result<Self> {
         let ids: Vec<String> = covered.iter().map(|id| lookup(id)).collect();
         let found = rows(c, LOAD_KNOWN, &[&key.namespace, &key.session_id, &ids]).await?;
         let mut known = Known::default();
