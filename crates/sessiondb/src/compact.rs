@@ -183,7 +183,7 @@ impl<S: Store> Session<S> {
     /// What this session's settings decide for writes, read once per process (and again after
     /// this process changes them; every time on a shared store). A `tokenizer` this build cannot
     /// honour falls back to the default counter.
-    async fn write_settings(&self) -> Result<WriteSettings, Error> {
+    pub(crate) async fn write_settings(&self) -> Result<WriteSettings, Error> {
         if let Some(cached) = self.caches.settings(self.key()) {
             return Ok(cached);
         }
@@ -204,8 +204,16 @@ impl<S: Store> Session<S> {
     /// The token counter for this session's writes: its `tokenizer` setting's, else the
     /// store's default.
     pub(crate) async fn counter(&self) -> Result<Arc<dyn TokenCounter>, Error> {
-        let chosen = self.write_settings().await?.counter;
-        Ok(chosen.unwrap_or_else(|| self.options.token_counter.clone()))
+        Ok(self.counter_of(&self.write_settings().await?))
+    }
+
+    /// The counter `settings` choose. A write call reads its settings once (on a shared store
+    /// that is a read of the session row) and prepares every message with this.
+    pub(crate) fn counter_of(&self, settings: &WriteSettings) -> Arc<dyn TokenCounter> {
+        settings
+            .counter
+            .clone()
+            .unwrap_or_else(|| self.options.token_counter.clone())
     }
 
     /// Summarises the branch ending at `leaf` (the active one when `None`) with the configured
@@ -284,8 +292,9 @@ impl<S: Store> Session<S> {
     /// with it, one O(1) session read, and the overlaid total costs a path walk only when the
     /// path is not the one last measured (a branch, another process's write, a compaction). A failure never fails the append: it is logged, counted and
     /// published as an `error` event.
-    pub(crate) async fn after_insert(&self, appended: &StoredMessage) {
-        if let Err(error) = self.auto_compact(appended).await {
+    /// Runs auto-compaction after an inserted append, with the settings its write call read.
+    pub(crate) async fn after_insert(&self, settings: &WriteSettings, appended: &StoredMessage) {
+        if let Err(error) = self.auto_compact(settings, appended).await {
             self.caches.failures.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 session = %self.id(),
@@ -301,8 +310,12 @@ impl<S: Store> Session<S> {
         }
     }
 
-    async fn auto_compact(&self, appended: &StoredMessage) -> Result<(), Error> {
-        let Some(threshold) = self.write_settings().await?.compact_after else {
+    async fn auto_compact(
+        &self,
+        settings: &WriteSettings,
+        appended: &StoredMessage,
+    ) -> Result<(), Error> {
+        let Some(threshold) = settings.compact_after else {
             return Ok(());
         };
         if self.options.summarizer.is_none() {

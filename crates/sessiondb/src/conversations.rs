@@ -284,14 +284,18 @@ impl<S: Store> Conversations<S> {
             validate_id("userId", &user)?;
             ops.extend(self.claim_op(&session, user).await?);
         }
+        let settings = session.write_settings().await?;
+        let counter = session.counter_of(&settings);
         ops.push(WriteOp::Append {
-            message: session.prepare(built, Source::Server).await?,
+            message: session
+                .prepare(built, Source::Server, counter.as_ref())
+                .await?,
             parent: Parent::ActiveLeaf,
         });
         match session.write(ops).await?.pop() {
             Some(WriteOutcome::Appended { message, inserted }) => {
                 if inserted {
-                    session.after_insert(&message).await;
+                    session.after_insert(&settings, &message).await;
                 }
                 session.resolved_message(message).await
             }

@@ -67,6 +67,7 @@ impl<S: Store> Session<S> {
             record: self.derived_record(&info, name.or(info.record.name.clone())),
         }];
         let mut parent = Parent::Root;
+        let counter = target.counter().await?;
         for window in rows.chunks(WINDOW_MAX_ROWS) {
             let seqs: Vec<i64> = window.iter().map(|r| r.seq).collect();
             for stored in self.store.fetch(self.key(), &seqs).await? {
@@ -76,7 +77,11 @@ impl<S: Store> Session<S> {
                 }
                 ops.push(WriteOp::Append {
                     message: target
-                        .prepare(Message::from_value(message)?, Source::Server)
+                        .prepare(
+                            Message::from_value(message)?,
+                            Source::Server,
+                            counter.as_ref(),
+                        )
                         .await?,
                     parent: std::mem::replace(&mut parent, Parent::ActiveLeaf),
                 });
@@ -105,13 +110,16 @@ impl<S: Store> Session<S> {
             .or_else(|| info.record.name.clone())
             .unwrap_or_else(|| "Compacted".to_owned());
         let opening = Message::text("assistant", format!("{SPLIT_PREFIX}{summary}"));
+        let counter = target.counter().await?;
         target
             .write(vec![
                 WriteOp::CreateSession {
                     record: self.derived_record(&info, Some(name)),
                 },
                 WriteOp::Append {
-                    message: target.prepare(opening, Source::Server).await?,
+                    message: target
+                        .prepare(opening, Source::Server, counter.as_ref())
+                        .await?,
                     parent: Parent::Root,
                 },
             ])

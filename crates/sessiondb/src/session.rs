@@ -13,6 +13,7 @@ use sessiondb_core::overlay::{
     Endpoints, PathSpan, is_hidden, may_be_hidden, overlay_spans, summary_message_id,
 };
 use sessiondb_core::plan::{Batcher, content_windows};
+use sessiondb_core::tokens::TokenCounter;
 use sessiondb_core::{
     Compaction, MAX_PATH_ROWS, Message, MessageId, Parent, PathRuns, PlanRow, PreparedMessage,
     RangeTotals, RowStat, SearchHit, SessionKey, SessionStats, Source, Store, StoredMessage,
@@ -276,9 +277,10 @@ impl<S: Store> Session<S> {
         &self,
         mut message: Message,
         source: Source,
+        counter: &dyn TokenCounter,
     ) -> Result<PreparedMessage, Error> {
         message.sanitize(source, &self.options.reserved_metadata_keys);
-        self.prepare_verbatim(message).await
+        self.prepare_verbatim(message, counter).await
     }
 
     /// Prepares a historical message as it is (store-owned fields dropped, an id generated when
@@ -286,12 +288,12 @@ impl<S: Store> Session<S> {
     pub(crate) async fn prepare_verbatim(
         &self,
         mut message: Message,
+        counter: &dyn TokenCounter,
     ) -> Result<PreparedMessage, Error> {
         let fresh_id = message.id().is_none();
         message.ensure_id(generate_id);
         message.drop_store_owned_fields();
-        let counter = self.counter().await?;
-        let mut prepared = message.prepare(counter.as_ref());
+        let mut prepared = message.prepare(counter);
         prepared.fresh_id = fresh_id;
         let unmeasured: Vec<String> = prepared
             .unmeasured_references()
@@ -377,7 +379,11 @@ impl<S: Store> Session<S> {
         options: AppendOptions,
     ) -> Result<AppendResult, Error> {
         let refused = message.is_compaction_overlay();
-        let prepared = self.prepare(message, options.source).await?;
+        let settings = self.write_settings().await?;
+        let counter = self.counter_of(&settings);
+        let prepared = self
+            .prepare(message, options.source, counter.as_ref())
+            .await?;
         if refused {
             return Ok(AppendResult {
                 inserted: false,
@@ -391,7 +397,7 @@ impl<S: Store> Session<S> {
         };
         let mut result = append_result(self.write_one(op).await?);
         if result.inserted {
-            self.after_insert(&result.message).await;
+            self.after_insert(&settings, &result.message).await;
         }
         result.message = self.resolved_message(result.message).await?;
         Ok(result)
@@ -407,9 +413,13 @@ impl<S: Store> Session<S> {
         let mut parent = Some(options.parent);
         let mut ops = Vec::with_capacity(messages.len());
         let mut slots = Vec::with_capacity(messages.len());
+        let settings = self.write_settings().await?;
+        let counter = self.counter_of(&settings);
         for message in messages {
             let refused = message.is_compaction_overlay();
-            let prepared = self.prepare(message, options.source).await?;
+            let prepared = self
+                .prepare(message, options.source, counter.as_ref())
+                .await?;
             if refused {
                 slots.push(Err(Self::unstored(&prepared)));
                 continue;
@@ -433,7 +443,7 @@ impl<S: Store> Session<S> {
             })
             .collect();
         if let Some(last) = results.iter().rev().find(|r| r.inserted) {
-            self.after_insert(&last.message).await;
+            self.after_insert(&settings, &last.message).await;
         }
         self.resolve_in_place(results.iter_mut().map(|r| &mut r.message))
             .await?;
@@ -449,8 +459,11 @@ impl<S: Store> Session<S> {
         if message.is_compaction_overlay() {
             return self.append(message, options).await;
         }
+        let counter = self.counter().await?;
         let op = WriteOp::Upsert {
-            message: self.prepare(message, options.source).await?,
+            message: self
+                .prepare(message, options.source, counter.as_ref())
+                .await?,
             parent: options.parent,
         };
         let mut result = match self.write_one(op).await? {
@@ -480,8 +493,9 @@ impl<S: Store> Session<S> {
         if message.is_compaction_overlay() {
             return Ok(None);
         }
+        let counter = self.counter().await?;
         let op = WriteOp::Update {
-            message: self.prepare(message, source).await?,
+            message: self.prepare(message, source, counter.as_ref()).await?,
         };
         match self.write_one(op).await? {
             WriteOutcome::Updated(UpdateOutcome::Changed(m) | UpdateOutcome::Unchanged(m)) => {
@@ -539,8 +553,9 @@ impl<S: Store> Session<S> {
             check_named_parent("parentId", parent)?;
         }
         validate_time("createdAt", options.created_at)?;
+        let counter = self.counter().await?;
         let op = WriteOp::Import {
-            message: self.prepare_verbatim(message).await?,
+            message: self.prepare_verbatim(message, counter.as_ref()).await?,
             parent_id: options.parent_id,
             created_at: options.created_at,
             updated_at: None,

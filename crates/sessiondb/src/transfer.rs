@@ -189,6 +189,7 @@ impl<S: Store> Session<S> {
         let mut summary = ImportSummary::default();
         let mut ops = Vec::with_capacity(lines.len());
         let now = now_ms();
+        let counter = self.counter().await?;
         for (number, line) in lines.into_iter().enumerate() {
             match line {
                 ImportLine::Message {
@@ -204,7 +205,7 @@ impl<S: Store> Session<S> {
                         }
                     }
                     ops.push(WriteOp::Import {
-                        message: self.prepare_verbatim(message).await?,
+                        message: self.prepare_verbatim(message, counter.as_ref()).await?,
                         parent_id,
                         created_at: created_at.unwrap_or(now),
                         updated_at,
