@@ -1,5 +1,5 @@
 //! Several `sessiondb serve` processes on one throw-away PostgreSQL database: concurrent appends
-//! across instances, change feeds that agree, and an instance killed mid-load.
+//! across instances, change feeds that agree, an instance killed mid-load, and a database outage.
 
 mod common;
 
@@ -324,4 +324,51 @@ async fn a_killed_instance_loses_no_acknowledged_write() {
         .collect();
     assert!(missing.is_empty(), "events missing: {missing:?}");
     drop(b);
+}
+
+/// A server whose database goes down answers 503 `unavailable` with `Retry-After` (a fault of the
+/// moment, which clients retry) and is not ready; once the database is back it serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_answers_503_until_it_passes() {
+    let cluster = cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let served = serve(&dir, &cluster.url());
+    let http = reqwest::Client::new();
+    let post = |text: &'static str| {
+        http.post(format!("{}/v1/sessions/s/messages", served.base))
+            .json(&json!({"role": "user", "content": text}))
+            .send()
+    };
+    assert_eq!(post("before").await.unwrap().status(), 201);
+
+    cluster.halt().unwrap();
+    let refused = post("during").await.unwrap();
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unavailable", "{body}");
+    let ready = http
+        .get(format!("{}/readyz", served.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+
+    cluster.resume().unwrap();
+    assert_eq!(post("after").await.unwrap().status(), 201);
+    let page: Value = http
+        .get(format!("{}/v1/sessions/s/messages", served.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let texts: Vec<&str> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, ["before", "after"]);
 }

@@ -441,6 +441,12 @@ pub enum StoreError {
     Corrupt(String),
     #[error("storage failure: {0}")]
     Backend(String),
+    /// The database cannot be reached just now (refused or lost connections, a server shutting
+    /// down or out of connections). A retry may succeed once it is back. A write whose
+    /// connection was lost while it committed may have been stored; retrying an append with the
+    /// same id is safe (appends are idempotent by id).
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
     /// The disk, or the size limit configured for the store, has no room for the write; nothing
     /// of it was stored. Reads go on, and writes succeed again once there is room.
     #[error("storage is full, nothing of the write was stored: {0}")]

@@ -120,20 +120,34 @@ impl TempCluster {
         let mut copy = Command::new("cp");
         copy.arg("-a").arg(&template).arg(cluster.pgdata());
         run(copy)?;
+        cluster.resume()?;
+        Ok(cluster)
+    }
+
+    /// Stops the server at once (as a crash would), keeping its data; [`TempCluster::resume`]
+    /// starts it again on the same port.
+    pub fn halt(&self) -> Result<(), ClusterError> {
+        let mut stop = self.command("pg_ctl");
+        stop.args(["stop", "-m", "immediate", "-w", "-D"])
+            .arg(self.pgdata());
+        run(stop).map(drop)
+    }
+
+    /// Starts the server on this cluster's port and data.
+    pub fn resume(&self) -> Result<(), ClusterError> {
         let options = format!(
             "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=on",
-            cluster.port,
-            cluster.data.path().display()
+            self.port,
+            self.data.path().display()
         );
-        let mut start = cluster.command("pg_ctl");
+        let mut start = self.command("pg_ctl");
         start
             .args(["start", "-w", "-t", "60", "-D"])
-            .arg(cluster.pgdata())
+            .arg(self.pgdata())
             .arg("-l")
-            .arg(cluster.data.path().join("server.log"))
+            .arg(self.data.path().join("server.log"))
             .args(["-o", &options]);
-        run(start)?;
-        Ok(cluster)
+        run(start).map(drop)
     }
 
     /// A freshly initialised, never started data directory for these binaries, made once (under
@@ -231,9 +245,6 @@ impl TempCluster {
 
 impl Drop for TempCluster {
     fn drop(&mut self) {
-        let mut stop = self.command("pg_ctl");
-        stop.args(["stop", "-m", "immediate", "-w", "-D"])
-            .arg(self.pgdata());
-        let _ = stop.output();
+        let _ = self.halt();
     }
 }

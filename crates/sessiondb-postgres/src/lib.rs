@@ -91,8 +91,21 @@ impl From<deadpool_postgres::PoolError> for PgError {
     }
 }
 
+/// A connection the pool could not hand out: unavailable when the server is unreachable (or the
+/// wait timed out), else a backend failure (a refused login, a missing database).
 fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
-    PgError::from(e).into()
+    use deadpool_postgres::PoolError;
+    let unavailable = match &e {
+        PoolError::Timeout(_) | PoolError::Closed => true,
+        PoolError::Backend(cause) => sql::unreachable(cause),
+        _ => false,
+    };
+    let message = format!("connection pool: {}", describe(&e));
+    if unavailable {
+        StoreError::Unavailable(message)
+    } else {
+        StoreError::Backend(message)
+    }
 }
 
 #[derive(Debug, Clone)]

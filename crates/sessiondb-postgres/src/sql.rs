@@ -12,10 +12,45 @@ pub(crate) type Param<'a> = &'a (dyn ToSql + Sync);
 
 pub(crate) fn backend_error(e: tokio_postgres::Error) -> StoreError {
     let message = format!("postgres: {}", describe(&e));
+    if unreachable(&e) {
+        return StoreError::Unavailable(message);
+    }
     match e.code() {
         Some(&tokio_postgres::error::SqlState::DISK_FULL) => StoreError::StorageFull(message),
         _ => StoreError::Backend(message),
     }
+}
+
+/// Whether `e` says the server could not be reached or went away, not that a statement failed:
+/// a closed connection, a socket error, or the SQLSTATEs of lost connections (class 08), of a
+/// server shutting down, crashed or still starting (57P01–57P03) and of one out of connections
+/// (53300).
+pub(crate) fn unreachable(e: &tokio_postgres::Error) -> bool {
+    use std::io::ErrorKind;
+    if e.is_closed() {
+        return true;
+    }
+    if let Some(code) = e.code() {
+        let code = code.code();
+        return code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300");
+    }
+    std::error::Error::source(e)
+        .and_then(|cause| cause.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| {
+            matches!(
+                io.kind(),
+                ErrorKind::ConnectionRefused
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::NotConnected
+                    | ErrorKind::BrokenPipe
+                    | ErrorKind::TimedOut
+                    | ErrorKind::UnexpectedEof
+                    | ErrorKind::AddrNotAvailable
+                    | ErrorKind::HostUnreachable
+                    | ErrorKind::NetworkUnreachable
+            )
+        })
 }
 
 /// An error and its causes on one line, each said once: the pool's message repeats the driver's,

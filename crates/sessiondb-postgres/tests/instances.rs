@@ -1,6 +1,6 @@
 //! Two stores (as two server instances would hold) on one database.
 
-use sessiondb::{AppendOptions, Db, Message, Options, SessionPatch};
+use sessiondb::{AppendOptions, Db, Message, Options, SessionPatch, StoreError};
 use sessiondb_postgres::cluster::TempCluster;
 use sessiondb_postgres::{PgConfig, PgStore};
 
@@ -52,5 +52,44 @@ fn settings_changed_on_one_instance_apply_on_another() {
             1,
             "instance b compacted past the threshold set through a"
         );
+    });
+}
+
+/// While the database is down, calls fail as `Unavailable` (not as a backend fault) and name
+/// the reason; once it is back the same store writes and reads again, with nothing lost.
+#[test]
+fn a_database_outage_is_unavailable_and_passes() {
+    let cluster = TempCluster::start()
+        .unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e}"));
+    let db = instance(&cluster.url());
+    futures::executor::block_on(async {
+        say(&db, "before").await;
+        cluster.halt().unwrap();
+        let session = db.session("s").unwrap();
+        let unavailable = |e: sessiondb::Error| match e {
+            sessiondb::Error::Store(StoreError::Unavailable(reason)) => reason,
+            other => panic!("expected Unavailable, got {other:?}"),
+        };
+        let write = session
+            .append(Message::text("user", "lost"), AppendOptions::default())
+            .await
+            .unwrap_err();
+        let reason = unavailable(write);
+        assert!(
+            reason.contains("Connection refused") || reason.contains("closed"),
+            "{reason}"
+        );
+        unavailable(session.message("before").await.unwrap_err());
+
+        cluster.resume().unwrap();
+        say(&db, "after").await;
+        let ids: Vec<String> = session
+            .full_history(Default::default())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.id.to_string())
+            .collect();
+        assert_eq!(ids, ["before", "after"]);
     });
 }

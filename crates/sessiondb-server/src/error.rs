@@ -1,7 +1,7 @@
 //! The JSON error every route answers with: `{"error": {"code", "message"}}`.
 
-use axum::http::StatusCode;
-use axum::http::header::CONTENT_TYPE;
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use sessiondb::{ContextError, StoreError};
 
@@ -79,12 +79,18 @@ impl IntoResponse for ApiError {
         if self.status.is_server_error() {
             tracing::error!(code = self.code, message = %self.message, "request failed");
         }
-        (
+        let mut response = (
             self.status,
             [(CONTENT_TYPE, "application/json")],
             self.body(),
         )
-            .into_response()
+            .into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
     }
 }
 
@@ -110,6 +116,8 @@ impl From<StoreError> for ApiError {
             StoreError::QuotaExceeded { .. } => ApiError::quota(e.to_string()),
             StoreError::ParentCycle { .. } => ApiError::conflict(e.to_string()),
             StoreError::Context(context) => context.into(),
+            // Faults of the moment rather than of the server: 503, which clients retry.
+            StoreError::Unavailable(_) | StoreError::Closed => ApiError::unavailable(e.to_string()),
             other => ApiError::internal(other.to_string()),
         }
     }
