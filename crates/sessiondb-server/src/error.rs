@@ -116,8 +116,8 @@ impl From<StoreError> for ApiError {
             StoreError::QuotaExceeded { .. } => ApiError::quota(e.to_string()),
             StoreError::ParentCycle { .. } => ApiError::conflict(e.to_string()),
             StoreError::Context(context) => context.into(),
-            // Faults of the moment rather than of the server: 503, which clients retry.
-            StoreError::Unavailable(_) | StoreError::Closed => ApiError::unavailable(e.to_string()),
+            // A fault of the moment rather than of the server: 503, which clients retry.
+            StoreError::Unavailable(_) => ApiError::unavailable(e.to_string()),
             other => ApiError::internal(other.to_string()),
         }
     }
