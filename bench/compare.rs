@@ -118,21 +118,15 @@ async fn library(n: usize, writers: &[usize]) {
         // which tells a writer-bound round from one that waits on syncs and wake-ups.
         let stats = db.store().write_stats();
         let counters = || {
-            let read = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed) as f64;
-            (
-                read(&stats.busy_nanos),
-                read(&stats.commits),
-                read(&stats.requests),
-            )
+            [&stats.busy_nanos, &stats.commits, &stats.requests]
+                .map(|counter| counter.load(Ordering::Relaxed) as f64)
         };
         for _ in 0..10 {
-            let ((busy, commits, requests), started) = (counters(), Instant::now());
+            let (before, started) = (counters(), Instant::now());
             emit("appends", concurrent_library(&db, writers).await);
             let wall = started.elapsed().as_nanos() as f64;
-            let (busy, commits, requests) = {
-                let now = counters();
-                (now.0 - busy, now.1 - commits, now.2 - requests)
-            };
+            let after = counters();
+            let [busy, commits, requests] = [0, 1, 2].map(|i| after[i] - before[i]);
             eprintln!(
                 "writer busy {:.0}% of the round, {:.1} appends per commit, {:.1} µs per append",
                 busy / wall * 100.0,

@@ -269,9 +269,10 @@ pub(crate) async fn commit<C: GenericClient>(c: &C, request: &WriteRequest) -> R
         lock_session(c, key),
         SessionRow::load(c, key, request.now_ms),
         async {
-            match named.is_empty() {
-                true => Ok(None),
-                false => Known::load(c, key, named).await.map(Some),
+            if named.is_empty() {
+                Ok(None)
+            } else {
+                Known::load(c, key, named).await.map(Some)
             }
         },
     );

@@ -204,16 +204,17 @@ impl<S: Store> Session<S> {
     /// The token counter for this session's writes: its `tokenizer` setting's, else the
     /// store's default.
     pub(crate) async fn counter(&self) -> Result<Arc<dyn TokenCounter>, Error> {
-        Ok(self.counter_of(&self.write_settings().await?))
+        let chosen = self.write_settings().await?.counter;
+        Ok(chosen.unwrap_or_else(|| self.options.token_counter.clone()))
     }
 
     /// The counter `settings` choose. A write call reads its settings once (on a shared store
-    /// that is a read of the session row) and prepares every message with this.
-    pub(crate) fn counter_of(&self, settings: &WriteSettings) -> Arc<dyn TokenCounter> {
+    /// that is a read of the session row) and prepares every message with them.
+    pub(crate) fn counter_of<'a>(&'a self, settings: &'a WriteSettings) -> &'a dyn TokenCounter {
         settings
             .counter
-            .clone()
-            .unwrap_or_else(|| self.options.token_counter.clone())
+            .as_deref()
+            .unwrap_or(self.options.token_counter.as_ref())
     }
 
     /// Summarises the branch ending at `leaf` (the active one when `None`) with the configured

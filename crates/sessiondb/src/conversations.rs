@@ -285,11 +285,8 @@ impl<S: Store> Conversations<S> {
             ops.extend(self.claim_op(&session, user).await?);
         }
         let settings = session.write_settings().await?;
-        let counter = session.counter_of(&settings);
         ops.push(WriteOp::Append {
-            message: session
-                .prepare(built, Source::Server, counter.as_ref())
-                .await?,
+            message: session.prepare(built, Source::Server, &settings).await?,
             parent: Parent::ActiveLeaf,
         });
         match session.write(ops).await?.pop() {

@@ -67,7 +67,7 @@ impl<S: Store> Session<S> {
             record: self.derived_record(&info, name.or(info.record.name.clone())),
         }];
         let mut parent = Parent::Root;
-        let counter = target.counter().await?;
+        let settings = target.write_settings().await?;
         for window in rows.chunks(WINDOW_MAX_ROWS) {
             let seqs: Vec<i64> = window.iter().map(|r| r.seq).collect();
             for stored in self.store.fetch(self.key(), &seqs).await? {
@@ -77,11 +77,7 @@ impl<S: Store> Session<S> {
                 }
                 ops.push(WriteOp::Append {
                     message: target
-                        .prepare(
-                            Message::from_value(message)?,
-                            Source::Server,
-                            counter.as_ref(),
-                        )
+                        .prepare(Message::from_value(message)?, Source::Server, &settings)
                         .await?,
                     parent: std::mem::replace(&mut parent, Parent::ActiveLeaf),
                 });
@@ -110,16 +106,14 @@ impl<S: Store> Session<S> {
             .or_else(|| info.record.name.clone())
             .unwrap_or_else(|| "Compacted".to_owned());
         let opening = Message::text("assistant", format!("{SPLIT_PREFIX}{summary}"));
-        let counter = target.counter().await?;
+        let settings = target.write_settings().await?;
         target
             .write(vec![
                 WriteOp::CreateSession {
                     record: self.derived_record(&info, Some(name)),
                 },
                 WriteOp::Append {
-                    message: target
-                        .prepare(opening, Source::Server, counter.as_ref())
-                        .await?,
+                    message: target.prepare(opening, Source::Server, &settings).await?,
                     parent: Parent::Root,
                 },
             ])

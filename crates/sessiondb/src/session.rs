@@ -13,7 +13,6 @@ use sessiondb_core::overlay::{
     Endpoints, PathSpan, is_hidden, may_be_hidden, overlay_spans, summary_message_id,
 };
 use sessiondb_core::plan::{Batcher, content_windows};
-use sessiondb_core::tokens::TokenCounter;
 use sessiondb_core::{
     Compaction, MAX_PATH_ROWS, Message, MessageId, Parent, PathRuns, PlanRow, PreparedMessage,
     RangeTotals, RowStat, SearchHit, SessionKey, SessionStats, Source, Store, StoredMessage,
@@ -21,7 +20,7 @@ use sessiondb_core::{
     WriteOp, WriteOutcome, WriteRequest, search,
 };
 
-use crate::compact::SessionCaches;
+use crate::compact::{SessionCaches, WriteSettings};
 use crate::{Error, Options};
 
 #[derive(Debug, Clone, Default)]
@@ -277,10 +276,10 @@ impl<S: Store> Session<S> {
         &self,
         mut message: Message,
         source: Source,
-        counter: &dyn TokenCounter,
+        settings: &WriteSettings,
     ) -> Result<PreparedMessage, Error> {
         message.sanitize(source, &self.options.reserved_metadata_keys);
-        self.prepare_verbatim(message, counter).await
+        self.prepare_verbatim(message, settings).await
     }
 
     /// Prepares a historical message as it is (store-owned fields dropped, an id generated when
@@ -288,12 +287,12 @@ impl<S: Store> Session<S> {
     pub(crate) async fn prepare_verbatim(
         &self,
         mut message: Message,
-        counter: &dyn TokenCounter,
+        settings: &WriteSettings,
     ) -> Result<PreparedMessage, Error> {
         let fresh_id = message.id().is_none();
         message.ensure_id(generate_id);
         message.drop_store_owned_fields();
-        let mut prepared = message.prepare(counter);
+        let mut prepared = message.prepare(self.counter_of(settings));
         prepared.fresh_id = fresh_id;
         let unmeasured: Vec<String> = prepared
             .unmeasured_references()
@@ -380,10 +379,7 @@ impl<S: Store> Session<S> {
     ) -> Result<AppendResult, Error> {
         let refused = message.is_compaction_overlay();
         let settings = self.write_settings().await?;
-        let counter = self.counter_of(&settings);
-        let prepared = self
-            .prepare(message, options.source, counter.as_ref())
-            .await?;
+        let prepared = self.prepare(message, options.source, &settings).await?;
         if refused {
             return Ok(AppendResult {
                 inserted: false,
@@ -414,12 +410,9 @@ impl<S: Store> Session<S> {
         let mut ops = Vec::with_capacity(messages.len());
         let mut slots = Vec::with_capacity(messages.len());
         let settings = self.write_settings().await?;
-        let counter = self.counter_of(&settings);
         for message in messages {
             let refused = message.is_compaction_overlay();
-            let prepared = self
-                .prepare(message, options.source, counter.as_ref())
-                .await?;
+            let prepared = self.prepare(message, options.source, &settings).await?;
             if refused {
                 slots.push(Err(Self::unstored(&prepared)));
                 continue;
@@ -459,11 +452,9 @@ impl<S: Store> Session<S> {
         if message.is_compaction_overlay() {
             return self.append(message, options).await;
         }
-        let counter = self.counter().await?;
+        let settings = self.write_settings().await?;
         let op = WriteOp::Upsert {
-            message: self
-                .prepare(message, options.source, counter.as_ref())
-                .await?,
+            message: self.prepare(message, options.source, &settings).await?,
             parent: options.parent,
         };
         let mut result = match self.write_one(op).await? {
@@ -493,9 +484,9 @@ impl<S: Store> Session<S> {
         if message.is_compaction_overlay() {
             return Ok(None);
         }
-        let counter = self.counter().await?;
+        let settings = self.write_settings().await?;
         let op = WriteOp::Update {
-            message: self.prepare(message, source, counter.as_ref()).await?,
+            message: self.prepare(message, source, &settings).await?,
         };
         match self.write_one(op).await? {
             WriteOutcome::Updated(UpdateOutcome::Changed(m) | UpdateOutcome::Unchanged(m)) => {
@@ -553,9 +544,9 @@ impl<S: Store> Session<S> {
             check_named_parent("parentId", parent)?;
         }
         validate_time("createdAt", options.created_at)?;
-        let counter = self.counter().await?;
+        let settings = self.write_settings().await?;
         let op = WriteOp::Import {
-            message: self.prepare_verbatim(message, counter.as_ref()).await?,
+            message: self.prepare_verbatim(message, &settings).await?,
             parent_id: options.parent_id,
             created_at: options.created_at,
             updated_at: None,

@@ -10,7 +10,7 @@
 
 use futures::stream::{self, Stream, StreamExt, TryStreamExt};
 use serde_json::Value;
-use sessiondb_core::message::{JsonMap, MAX_TIME_MS, validate_id, validate_time};
+use sessiondb_core::message::{JsonMap, validate_id, validate_time};
 use sessiondb_core::registry::validate_state_key;
 use sessiondb_core::{
     Compaction, Message, Store, StoredMessage, ValidationError, ValidationErrorKind,
@@ -98,7 +98,7 @@ pub fn parse_import_line(number: usize, text: &str) -> Result<ImportLine, Valida
             message
                 .get(name)
                 .and_then(Value::as_i64)
-                .filter(|ms| (0..=MAX_TIME_MS).contains(ms))
+                .filter(|ms| validate_time(name, *ms).is_ok())
         };
         let created_at = time_field(&line, &prefix, "createdAt")?.or(own_time("createdAt"));
         let updated_at = own_time("updatedAt");
@@ -189,7 +189,7 @@ impl<S: Store> Session<S> {
         let mut summary = ImportSummary::default();
         let mut ops = Vec::with_capacity(lines.len());
         let now = now_ms();
-        let counter = self.counter().await?;
+        let settings = self.write_settings().await?;
         for (number, line) in lines.into_iter().enumerate() {
             match line {
                 ImportLine::Message {
@@ -205,7 +205,7 @@ impl<S: Store> Session<S> {
                         }
                     }
                     ops.push(WriteOp::Import {
-                        message: self.prepare_verbatim(message, counter.as_ref()).await?,
+                        message: self.prepare_verbatim(message, &settings).await?,
                         parent_id,
                         created_at: created_at.unwrap_or(now),
                         updated_at,
