@@ -11,6 +11,8 @@
 //! - [`plan`]: read planning (content windows, recent-history suffixes, history batches) and the
 //!   splice computation for deletes.
 //! - [`registry`]: session records and patches, compactions, state keys.
+//! - [`session_row`]: the session row as a write request keeps it, and how its active leaf,
+//!   counts and path aggregates follow each write.
 //! - [`overlay`]: which rows a read shows once compaction overlays apply.
 //! - [`compaction`]: compaction planning (span, tool-call alignment), the summary prompt and the
 //!   extractive summary.
@@ -35,6 +37,7 @@ pub mod overlay;
 pub mod plan;
 pub mod registry;
 pub mod search;
+pub mod session_row;
 pub mod store;
 pub mod tokens;
 

@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet};
 use deadpool_postgres::GenericClient;
 use sessiondb_core::chunk::split_slices;
 use sessiondb_core::plan::splice_rewires;
+use sessiondb_core::session_row::{PathGrowth, SessionRow};
 use sessiondb_core::{
     Change, MAX_PATH_DEPTH, MAX_PATH_ROWS, MAX_SLICE_BYTES, MessageId, Parent, PreparedMessage,
     SessionAction, SessionKey, SessionPatch, SessionRecord, StoreError, StoredMessage,
@@ -54,187 +55,95 @@ const SAVE_SESSION_INSERT: &str =
                  path_head_seq, stored_messages, path_dense)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
 
-/// The session row, loaded once per request and saved once at its end.
-#[derive(Debug)]
-struct SessionRow {
-    stored: bool,
-    dirty: bool,
-    created_at: i64,
-    updated_at: i64,
-    last_message_at: Option<i64>,
-    next_seq: i64,
-    leaf_id: Option<String>,
-    leaf_seq: Option<i64>,
-    /// Aggregates of the active (capped) path.
-    path: PathTotals,
-    stored_messages: u64,
-    /// The path aggregates no longer describe the active leaf; recomputed once before saving.
-    totals_stale: bool,
-    /// The registry record, loaded only by requests that change it; saved when `Some`.
-    record: Option<SessionRecord>,
+/// Loads the session row, or an absent one.
+async fn load_session<C: GenericClient>(c: &C, key: &SessionKey, now: i64) -> Result<SessionRow> {
+    let found = row(c, LOAD_SESSION, &[&key.namespace, &key.session_id]).await?;
+    let Some(r) = found else {
+        return Ok(SessionRow::absent(now));
+    };
+    Ok(SessionRow {
+        stored: true,
+        dirty: false,
+        created_at: get(&r, 0)?,
+        updated_at: get(&r, 1)?,
+        last_message_at: get(&r, 2)?,
+        next_seq: get(&r, 3)?,
+        leaf_id: get(&r, 4)?,
+        leaf_seq: get(&r, 5)?,
+        path: PathTotals {
+            len: get::<i64>(&r, 6)? as u64,
+            tokens: get::<i64>(&r, 7)? as u64,
+            bytes: get::<i64>(&r, 8)? as u64,
+            capped: get(&r, 9)?,
+            head_seq: get(&r, 10)?,
+            dense: get(&r, 12)?,
+        },
+        stored_messages: get::<i64>(&r, 11)? as u64,
+        // Rows keep no path totals here, so nothing compares epochs.
+        path_epoch: 0,
+        totals_stale: false,
+        record: None,
+    })
 }
 
-impl SessionRow {
-    async fn load<C: GenericClient>(c: &C, key: &SessionKey, now: i64) -> Result<Self> {
-        let found = row(c, LOAD_SESSION, &[&key.namespace, &key.session_id]).await?;
-        let Some(r) = found else {
-            return Ok(Self::absent(now));
+/// Recomputes stale path aggregates (every row of the request must be sent first).
+async fn settle_totals<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    session: &mut SessionRow,
+) -> Result<()> {
+    if session.dirty && session.totals_stale {
+        session.path = match session.leaf_seq {
+            Some(leaf) => queries::path_totals(c, key, leaf).await?,
+            None => PathTotals::EMPTY,
         };
-        Ok(SessionRow {
-            stored: true,
-            dirty: false,
-            created_at: get(&r, 0)?,
-            updated_at: get(&r, 1)?,
-            last_message_at: get(&r, 2)?,
-            next_seq: get(&r, 3)?,
-            leaf_id: get(&r, 4)?,
-            leaf_seq: get(&r, 5)?,
-            path: PathTotals {
-                len: get::<i64>(&r, 6)? as u64,
-                tokens: get::<i64>(&r, 7)? as u64,
-                bytes: get::<i64>(&r, 8)? as u64,
-                capped: get(&r, 9)?,
-                head_seq: get(&r, 10)?,
-                dense: get(&r, 12)?,
-            },
-            stored_messages: get::<i64>(&r, 11)? as u64,
-            totals_stale: false,
-            record: None,
-        })
+        session.totals_stale = false;
     }
+    Ok(())
+}
 
-    /// A session that has no row (yet).
-    fn absent(now: i64) -> Self {
-        SessionRow {
-            stored: false,
-            dirty: false,
-            created_at: now,
-            updated_at: now,
-            last_message_at: None,
-            next_seq: 1,
-            leaf_id: None,
-            leaf_seq: None,
-            path: PathTotals::EMPTY,
-            stored_messages: 0,
-            totals_stale: false,
-            record: None,
-        }
+async fn save_session<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    session: &SessionRow,
+) -> Result<()> {
+    if !session.dirty {
+        return Ok(());
     }
-
-    /// True when the session has a row or this request creates one.
-    fn exists(&self) -> bool {
-        self.stored || self.dirty
-    }
-
-    /// Records a new row (with the current `next_seq`) that became the active leaf.
-    async fn add_leaf<C: GenericClient>(
-        &mut self,
-        c: &C,
-        key: &SessionKey,
-        message: &PreparedMessage,
-        parent_seq: Option<i64>,
-        now: i64,
-    ) -> Result<()> {
-        let seq = self.next_seq;
-        let size = (message.token_estimate, message.bytes());
-        let extends_active_path = parent_seq == self.leaf_seq && !self.totals_stale;
-        let grown = extends_active_path
-            && (self.path.extend(seq, size.0, size.1) || self.slide_path(c, key, size).await?);
-        if !grown {
-            match parent_seq {
-                None => {
-                    (self.path, self.totals_stale) =
-                        (PathTotals::lone_root(seq, size.0, size.1), false)
-                }
-                // A branch: walked once before the row is saved.
-                Some(_) => self.totals_stale = true,
-            }
-        }
-        self.leaf_id = Some(message.id.clone());
-        self.leaf_seq = Some(seq);
-        self.next_seq += 1;
-        self.stored_messages += 1;
-        self.touch(now);
-        Ok(())
-    }
-
-    /// A full (capped) path that grows at the leaf by a row of `size` loses its oldest row.
-    /// Returns false (recompute) when the head has several children.
-    async fn slide_path<C: GenericClient>(
-        &mut self,
-        c: &C,
-        key: &SessionKey,
-        size: (u64, u64),
-    ) -> Result<bool> {
-        let Some(head) = self.path.head_seq else {
-            return Ok(false);
-        };
-        let Some((head_id, tokens, bytes)) = queries::row_size(c, key, head).await? else {
-            return Ok(false);
-        };
-        let [(_, next_head)] = queries::child_links(c, key, &head_id).await?[..] else {
-            return Ok(false);
-        };
-        self.path.slide((tokens, bytes), next_head, size);
-        Ok(true)
-    }
-
-    fn touch(&mut self, now: i64) {
-        self.dirty = true;
-        self.updated_at = self.updated_at.max(now);
-    }
-
-    /// Recomputes stale path aggregates (every row of the request must be sent first).
-    async fn settle_totals<C: GenericClient>(&mut self, c: &C, key: &SessionKey) -> Result<()> {
-        if self.dirty && self.totals_stale {
-            self.path = match self.leaf_seq {
-                Some(leaf) => queries::path_totals(c, key, leaf).await?,
-                None => PathTotals::EMPTY,
-            };
-            self.totals_stale = false;
-        }
-        Ok(())
-    }
-
-    async fn save<C: GenericClient>(&self, c: &C, key: &SessionKey) -> Result<()> {
-        if !self.dirty {
-            return Ok(());
-        }
-        let sql = if self.stored {
-            SAVE_SESSION_UPDATE
-        } else {
-            SAVE_SESSION_INSERT
-        };
-        let (len, tokens, bytes) = (
-            self.path.len as i64,
-            self.path.tokens as i64,
-            self.path.bytes as i64,
-        );
-        let stored_messages = self.stored_messages as i64;
-        exec(
-            c,
-            sql,
-            &[
-                &key.namespace,
-                &key.session_id,
-                &self.created_at,
-                &self.updated_at,
-                &self.last_message_at,
-                &self.next_seq,
-                &self.leaf_id,
-                &self.leaf_seq,
-                &len,
-                &tokens,
-                &bytes,
-                &self.path.capped,
-                &self.path.head_seq,
-                &stored_messages,
-                &self.path.dense,
-            ],
-        )
-        .await?;
-        Ok(())
-    }
+    let sql = if session.stored {
+        SAVE_SESSION_UPDATE
+    } else {
+        SAVE_SESSION_INSERT
+    };
+    let (len, tokens, bytes) = (
+        session.path.len as i64,
+        session.path.tokens as i64,
+        session.path.bytes as i64,
+    );
+    let stored_messages = session.stored_messages as i64;
+    exec(
+        c,
+        sql,
+        &[
+            &key.namespace,
+            &key.session_id,
+            &session.created_at,
+            &session.updated_at,
+            &session.last_message_at,
+            &session.next_seq,
+            &session.leaf_id,
+            &session.leaf_seq,
+            &len,
+            &tokens,
+            &bytes,
+            &session.path.capped,
+            &session.path.head_seq,
+            &stored_messages,
+            &session.path.dense,
+        ],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Serialises the writers of one session (or template scope) until the transaction ends, on
@@ -267,7 +176,7 @@ pub(crate) async fn commit<C: GenericClient>(c: &C, request: &WriteRequest) -> R
         biased;
         c.batch_execute("BEGIN"),
         lock_session(c, key),
-        SessionRow::load(c, key, request.now_ms),
+        load_session(c, key, request.now_ms),
         async {
             if named.is_empty() {
                 Ok(None)
@@ -294,7 +203,7 @@ pub(crate) async fn commit<C: GenericClient>(c: &C, request: &WriteRequest) -> R
     }
     if tx.session.totals_stale {
         tx.flush().await?;
-        tx.session.settle_totals(c, key).await?;
+        settle_totals(c, key, &mut tx.session).await?;
     }
     let rows = std::mem::take(&mut tx.pending);
     let changes = tx.changes;
@@ -314,7 +223,7 @@ pub(crate) async fn commit<C: GenericClient>(c: &C, request: &WriteRequest) -> R
     let (inserted, saved, record_saved, recorded, committed) = tokio::join!(
         biased;
         insert_rows(c, key, rows),
-        session.save(c, key),
+        save_session(c, key, &session),
         async {
             match &session.record {
                 Some(record) => registry::save_record(c, key, record).await,
@@ -795,15 +704,8 @@ impl<C: GenericClient> RequestTx<'_, C> {
         attachments::put(c, &key.namespace, &message.payloads).await?;
         attachments::replace_refs(c, key, &message.id, &message.references).await?;
         let (token_delta, byte_delta) = (tokens - old_tokens, bytes - old_bytes);
-        if self.session.leaf_seq == Some(seq) && !self.session.totals_stale {
-            let path = &mut self.session.path;
-            path.tokens = path.tokens.saturating_add_signed(token_delta);
-            path.bytes = path.bytes.saturating_add_signed(byte_delta);
-        } else {
-            // The row may sit anywhere on (or off) the active path.
-            self.session.totals_stale = true;
-        }
-        self.session.touch(self.now);
+        self.session
+            .row_changed(seq, (token_delta, byte_delta), self.now);
         self.changes.push(Change::Update {
             message: stored.clone(),
         });
@@ -922,22 +824,13 @@ impl<C: GenericClient> RequestTx<'_, C> {
             &[&key.namespace, &key.session_id, &deleted_ids],
         )
         .await?;
-        self.session.stored_messages = self
-            .session
-            .stored_messages
-            .saturating_sub(deleted.len() as u64);
-        if self
-            .session
-            .leaf_id
-            .as_ref()
-            .is_some_and(|leaf| deleted.contains_key(leaf))
-        {
-            let newest = queries::newest(c, key).await?;
-            self.session.leaf_seq = newest.as_ref().map(|(_, seq)| *seq);
-            self.session.leaf_id = newest.map(|(id, _)| id);
-        }
-        self.session.totals_stale = true;
-        self.session.touch(self.now);
+        let leaf_deleted =
+            (self.session.leaf_id.as_ref()).is_some_and(|leaf| deleted.contains_key(leaf));
+        let newest = match leaf_deleted {
+            true => Some(queries::newest(c, key).await?),
+            false => None,
+        };
+        self.session.rows_deleted(deleted.len(), newest, self.now);
         Ok(WriteOutcome::Deleted {
             count: deleted.len(),
         })
@@ -955,16 +848,7 @@ impl<C: GenericClient> RequestTx<'_, C> {
         )
         .await?;
         self.changes.push(Change::Clear);
-        if !self.session.stored {
-            return Ok(WriteOutcome::Cleared);
-        }
-        let session = &mut self.session;
-        session.leaf_id = None;
-        session.leaf_seq = None;
-        session.path = PathTotals::EMPTY;
-        session.stored_messages = 0;
-        session.totals_stale = false;
-        session.touch(self.now);
+        self.session.cleared(self.now);
         Ok(WriteOutcome::Cleared)
     }
 
@@ -979,11 +863,7 @@ impl<C: GenericClient> RequestTx<'_, C> {
         updated_at: Option<i64>,
     ) -> Result<StoredMessage> {
         let (c, key) = (self.c, self.key);
-        if let Some(limit) = self.max_messages
-            && self.session.stored_messages >= limit
-        {
-            return Err(StoreError::QuotaExceeded { limit });
-        }
+        self.session.check_quota(self.max_messages)?;
         let seq = self.session.next_seq;
         let (parent_id, parent_seq) = parent.map_or((None, None), |(id, seq)| (Some(id), seq));
         // The stored text is exactly what reads return.
@@ -1015,7 +895,7 @@ impl<C: GenericClient> RequestTx<'_, C> {
         if let Some(known) = &mut self.known {
             known.inserted(&message.id, (seq, parent_id.clone(), parent_seq), orphans);
         }
-        // Rows naming this one as parent, and a capped path's head (looked up by add_leaf),
+        // Rows naming this one as parent, and a capped path's head (looked up by slide_path),
         // must see it.
         if orphans
             || self.pending.held > MAX_PENDING_BYTES
@@ -1037,10 +917,36 @@ impl<C: GenericClient> RequestTx<'_, C> {
             attachments::put(c, &key.namespace, &message.payloads).await?;
             attachments::add_refs(c, key, &message.id, &message.references).await?;
         }
+        let size = (message.token_estimate, message.bytes());
+        let grown = match self.session.extend_path(parent_seq, size) {
+            PathGrowth::Extended => true,
+            PathGrowth::Full => self.slide_path(size).await?,
+            PathGrowth::Elsewhere => false,
+        };
+        // A new root is alone on its path; a branch's totals are walked once before saving.
+        let totals = parent_seq
+            .is_none()
+            .then(|| PathTotals::lone_root(seq, size.0, size.1));
         self.session
-            .add_leaf(c, key, message, parent_seq, created_at.max(self.now))
-            .await?;
+            .add_leaf(&message.id, grown, totals, created_at.max(self.now));
         Ok(stored)
+    }
+
+    /// A full (capped) path that grows at the leaf by a row of `size` loses its oldest row.
+    /// Returns false (recompute) when the head has several children.
+    async fn slide_path(&mut self, size: (u64, u64)) -> Result<bool> {
+        let (c, key) = (self.c, self.key);
+        let Some(head) = self.session.path.head_seq else {
+            return Ok(false);
+        };
+        let Some((head_id, tokens, bytes)) = queries::row_size(c, key, head).await? else {
+            return Ok(false);
+        };
+        let [(_, next_head)] = queries::child_links(c, key, &head_id).await?[..] else {
+            return Ok(false);
+        };
+        self.session.path.slide((tokens, bytes), next_head, size);
+        Ok(true)
     }
 
     async fn write_chunks(&self, id: &str, slices: &[&str]) -> Result<()> {

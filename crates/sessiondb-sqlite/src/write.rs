@@ -7,10 +7,11 @@ use std::collections::HashMap;
 use rusqlite::{Connection, OptionalExtension, params};
 use sessiondb_core::chunk::split_slices;
 use sessiondb_core::plan::splice_rewires;
+use sessiondb_core::session_row::{PathGrowth, SessionRow};
 use sessiondb_core::{
-    Change, MAX_PATH_DEPTH, MAX_PATH_ROWS, MAX_SLICE_BYTES, MessageId, Parent, PreparedMessage,
-    SessionAction, SessionKey, SessionPatch, SessionRecord, StoreError, StoredMessage,
-    UpdateOutcome, WriteOp, WriteOutcome, WriteRequest,
+    Change, MAX_PATH_DEPTH, MAX_SLICE_BYTES, MessageId, Parent, PreparedMessage, SessionAction,
+    SessionKey, SessionPatch, SessionRecord, StoreError, StoredMessage, UpdateOutcome, WriteOp,
+    WriteOutcome, WriteRequest,
 };
 
 use crate::queries::{self, PathTotals};
@@ -25,200 +26,96 @@ fn exec(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) -> Result
         .map_err(backend_error)
 }
 
-/// The session row, loaded once per request and saved once at its end.
-#[derive(Debug)]
-struct SessionRow {
-    stored: bool,
-    dirty: bool,
-    created_at: i64,
-    updated_at: i64,
-    last_message_at: Option<i64>,
-    next_seq: i64,
-    leaf_id: Option<String>,
-    leaf_seq: Option<i64>,
-    /// Aggregates of the active (capped) path.
-    path: PathTotals,
-    /// Rows whose stored path totals carry this epoch have valid ones.
-    epoch: i64,
-    stored_messages: u64,
-    /// The path aggregates no longer describe the active leaf; recomputed once before saving.
-    totals_stale: bool,
-    /// The registry record, loaded only by requests that change it; saved when `Some`.
-    record: Option<SessionRecord>,
+/// Loads the session row, or an absent one.
+fn load_session(conn: &Connection, key: &SessionKey, now: i64) -> Result<SessionRow> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT created_at, updated_at, last_message_at, next_seq, leaf_id, leaf_seq,
+                    path_len, path_tokens, path_bytes, path_capped, path_head_seq,
+                    stored_messages, path_epoch, path_dense
+               FROM sessions WHERE namespace = ?1 AND id = ?2",
+        )
+        .map_err(backend_error)?;
+    let row = stmt
+        .query_row(params![key.namespace, key.session_id], |r| {
+            Ok(SessionRow {
+                stored: true,
+                dirty: false,
+                created_at: r.get(0)?,
+                updated_at: r.get(1)?,
+                last_message_at: r.get(2)?,
+                next_seq: r.get(3)?,
+                leaf_id: r.get(4)?,
+                leaf_seq: r.get(5)?,
+                path: PathTotals {
+                    len: r.get::<_, i64>(6)? as u64,
+                    tokens: r.get::<_, i64>(7)? as u64,
+                    bytes: r.get::<_, i64>(8)? as u64,
+                    capped: r.get(9)?,
+                    head_seq: r.get(10)?,
+                    dense: r.get(13)?,
+                },
+                stored_messages: r.get::<_, i64>(11)? as u64,
+                path_epoch: r.get(12)?,
+                totals_stale: false,
+                record: None,
+            })
+        })
+        .optional()
+        .map_err(backend_error)?;
+    Ok(row.unwrap_or_else(|| SessionRow::absent(now)))
 }
 
-impl SessionRow {
-    fn load(conn: &Connection, key: &SessionKey, now: i64) -> Result<Self> {
-        let mut stmt = conn
-            .prepare_cached(
-                "SELECT created_at, updated_at, last_message_at, next_seq, leaf_id, leaf_seq,
-                        path_len, path_tokens, path_bytes, path_capped, path_head_seq,
-                        stored_messages, path_epoch, path_dense
-                   FROM sessions WHERE namespace = ?1 AND id = ?2",
-            )
-            .map_err(backend_error)?;
-        let row = stmt
-            .query_row(params![key.namespace, key.session_id], |r| {
-                Ok(SessionRow {
-                    stored: true,
-                    dirty: false,
-                    created_at: r.get(0)?,
-                    updated_at: r.get(1)?,
-                    last_message_at: r.get(2)?,
-                    next_seq: r.get(3)?,
-                    leaf_id: r.get(4)?,
-                    leaf_seq: r.get(5)?,
-                    path: PathTotals {
-                        len: r.get::<_, i64>(6)? as u64,
-                        tokens: r.get::<_, i64>(7)? as u64,
-                        bytes: r.get::<_, i64>(8)? as u64,
-                        capped: r.get(9)?,
-                        head_seq: r.get(10)?,
-                        dense: r.get(13)?,
-                    },
-                    stored_messages: r.get::<_, i64>(11)? as u64,
-                    epoch: r.get(12)?,
-                    totals_stale: false,
-                    record: None,
-                })
-            })
-            .optional()
-            .map_err(backend_error)?;
-        Ok(row.unwrap_or_else(|| Self::absent(now)))
+/// Saves a changed session row, first recomputing stale path aggregates.
+fn save_session(conn: &Connection, key: &SessionKey, session: &mut SessionRow) -> Result<()> {
+    if !session.dirty {
+        return Ok(());
     }
-
-    /// A session that has no row (yet).
-    fn absent(now: i64) -> Self {
-        SessionRow {
-            stored: false,
-            dirty: false,
-            created_at: now,
-            updated_at: now,
-            last_message_at: None,
-            next_seq: 1,
-            leaf_id: None,
-            leaf_seq: None,
-            path: PathTotals::EMPTY,
-            epoch: 0,
-            stored_messages: 0,
-            totals_stale: false,
-            record: None,
-        }
-    }
-
-    /// True when the session has a row or this request creates one.
-    fn exists(&self) -> bool {
-        self.stored || self.dirty
-    }
-
-    /// Records a new row (with the current `next_seq`) that became the active leaf; `totals`
-    /// are the totals of its whole path when known.
-    fn add_leaf(
-        &mut self,
-        conn: &Connection,
-        key: &SessionKey,
-        message: &PreparedMessage,
-        parent_seq: Option<i64>,
-        totals: Option<PathTotals>,
-        now: i64,
-    ) -> Result<()> {
-        let seq = self.next_seq;
-        let size = (message.token_estimate, message.bytes());
-        let extends_active_path = parent_seq == self.leaf_seq && !self.totals_stale;
-        let grown = extends_active_path
-            && (self.path.extend(seq, size.0, size.1) || self.slide_path(conn, key, size)?);
-        if !grown {
-            match totals.filter(|t| t.len as usize <= MAX_PATH_ROWS) {
-                // A branch (or new root): its own totals are exact; the head is found if needed.
-                Some(totals) => (self.path, self.totals_stale) = (totals, false),
-                None => self.totals_stale = true,
-            }
-        }
-        self.leaf_id = Some(message.id.clone());
-        self.leaf_seq = Some(seq);
-        self.next_seq += 1;
-        self.stored_messages += 1;
-        self.touch(now);
-        Ok(())
-    }
-
-    /// A full (capped) path that grows at the leaf by a row of `size` loses its oldest row. O(1)
-    /// on a linear path; returns false (recompute) when the head has several children and the
-    /// one on the path is not known without a walk.
-    fn slide_path(
-        &mut self,
-        conn: &Connection,
-        key: &SessionKey,
-        size: (u64, u64),
-    ) -> Result<bool> {
-        let Some(head) = self.path.head_seq else {
-            return Ok(false);
+    if session.totals_stale {
+        session.path = match session.leaf_seq {
+            Some(leaf) => queries::path_totals(conn, key, leaf)?,
+            None => PathTotals::EMPTY,
         };
-        let Some((head_id, tokens, bytes)) = queries::row_size(conn, key, head)? else {
-            return Ok(false);
-        };
-        let [(_, next_head)] = queries::child_links(conn, key, &head_id)?[..] else {
-            return Ok(false);
-        };
-        self.path.slide((tokens, bytes), next_head, size);
-        Ok(true)
     }
-
-    fn touch(&mut self, now: i64) {
-        self.dirty = true;
-        self.updated_at = self.updated_at.max(now);
-    }
-
-    fn save(&mut self, conn: &Connection, key: &SessionKey) -> Result<()> {
-        if !self.dirty {
-            return Ok(());
-        }
-        if self.totals_stale {
-            self.path = match self.leaf_seq {
-                Some(leaf) => queries::path_totals(conn, key, leaf)?,
-                None => PathTotals::EMPTY,
-            };
-        }
-        // An existing row is updated in place: REPLACE would delete and re-insert it. created_at
-        // never changes and is not assigned: SQLite rewrites the entries of every index over an
-        // assigned column (here `sessions_by_created`), whether its value changed or not.
-        let sql = if self.stored {
-            "UPDATE sessions SET updated_at = ?4, last_message_at = ?5,
-                    next_seq = ?6, leaf_id = ?7, leaf_seq = ?8, path_len = ?9, path_tokens = ?10,
-                    path_bytes = ?11, path_capped = ?12, path_head_seq = ?13,
-                    stored_messages = ?14, path_epoch = ?15, path_dense = ?16
-              WHERE namespace = ?1 AND id = ?2"
-        } else {
-            "INSERT INTO sessions (namespace, id, created_at, updated_at, last_message_at,
-                 next_seq, leaf_id, leaf_seq, path_len, path_tokens, path_bytes, path_capped,
-                 path_head_seq, stored_messages, path_epoch, path_dense)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
-        };
-        exec(
-            conn,
-            sql,
-            params![
-                key.namespace,
-                key.session_id,
-                self.created_at,
-                self.updated_at,
-                self.last_message_at,
-                self.next_seq,
-                self.leaf_id,
-                self.leaf_seq,
-                self.path.len as i64,
-                self.path.tokens as i64,
-                self.path.bytes as i64,
-                self.path.capped,
-                self.path.head_seq,
-                self.stored_messages as i64,
-                self.epoch,
-                self.path.dense,
-            ],
-        )?;
-        self.stored = true;
-        Ok(())
-    }
+    // An existing row is updated in place: REPLACE would delete and re-insert it. created_at
+    // never changes and is not assigned: SQLite rewrites the entries of every index over an
+    // assigned column (here `sessions_by_created`), whether its value changed or not.
+    let sql = if session.stored {
+        "UPDATE sessions SET updated_at = ?4, last_message_at = ?5,
+                next_seq = ?6, leaf_id = ?7, leaf_seq = ?8, path_len = ?9, path_tokens = ?10,
+                path_bytes = ?11, path_capped = ?12, path_head_seq = ?13,
+                stored_messages = ?14, path_epoch = ?15, path_dense = ?16
+          WHERE namespace = ?1 AND id = ?2"
+    } else {
+        "INSERT INTO sessions (namespace, id, created_at, updated_at, last_message_at,
+             next_seq, leaf_id, leaf_seq, path_len, path_tokens, path_bytes, path_capped,
+             path_head_seq, stored_messages, path_epoch, path_dense)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
+    };
+    exec(
+        conn,
+        sql,
+        params![
+            key.namespace,
+            key.session_id,
+            session.created_at,
+            session.updated_at,
+            session.last_message_at,
+            session.next_seq,
+            session.leaf_id,
+            session.leaf_seq,
+            session.path.len as i64,
+            session.path.tokens as i64,
+            session.path.bytes as i64,
+            session.path.capped,
+            session.path.head_seq,
+            session.stored_messages as i64,
+            session.path_epoch,
+            session.path.dense,
+        ],
+    )?;
+    session.stored = true;
+    Ok(())
 }
 
 /// What the writer knows about the search index while applying a request.
@@ -240,7 +137,7 @@ pub(crate) fn apply(
         key: &request.key,
         now: request.now_ms,
         max_messages: request.max_messages,
-        session: SessionRow::load(conn, &request.key, request.now_ms)?,
+        session: load_session(conn, &request.key, request.now_ms)?,
         changes: Vec::with_capacity(request.ops.len()),
     };
     let mut outcomes = Vec::with_capacity(request.ops.len());
@@ -311,7 +208,7 @@ pub(crate) fn apply(
             ),
         });
     }
-    tx.session.save(conn, tx.key)?;
+    save_session(conn, tx.key, &mut tx.session)?;
     if let Some(record) = &tx.session.record {
         registry::save_record(conn, tx.key, record)?;
     }
@@ -517,7 +414,7 @@ impl RequestTx<'_> {
         );
         if queries::has_children(self.conn, self.key, &message.id)? {
             // Every path through this row changes: stored totals below it are stale.
-            self.session.epoch += 1;
+            self.session.path_epoch += 1;
         } else {
             exec(
                 self.conn,
@@ -532,15 +429,8 @@ impl RequestTx<'_> {
                 ],
             )?;
         }
-        if self.session.leaf_seq == Some(stored.seq) && !self.session.totals_stale {
-            let path = &mut self.session.path;
-            path.tokens = path.tokens.saturating_add_signed(token_delta);
-            path.bytes = path.bytes.saturating_add_signed(byte_delta);
-        } else {
-            // The row may sit anywhere on (or off) the active path.
-            self.session.totals_stale = true;
-        }
-        self.session.touch(self.now);
+        self.session
+            .row_changed(stored.seq, (token_delta, byte_delta), self.now);
         self.changes.push(Change::Update {
             message: stored.clone(),
         });
@@ -659,24 +549,13 @@ impl RequestTx<'_> {
             )?;
             self.unindex(id)?;
         }
-        self.session.stored_messages = self
-            .session
-            .stored_messages
-            .saturating_sub(deleted.len() as u64);
-        // Spliced children now have shorter paths, and so does everything below them.
-        self.session.epoch += 1;
-        if self
-            .session
-            .leaf_id
-            .as_ref()
-            .is_some_and(|leaf| deleted.contains_key(leaf))
-        {
-            let newest = queries::newest(self.conn, self.key)?;
-            self.session.leaf_seq = newest.as_ref().map(|(_, seq)| *seq);
-            self.session.leaf_id = newest.map(|(id, _)| id);
-        }
-        self.session.totals_stale = true;
-        self.session.touch(self.now);
+        let leaf_deleted =
+            (self.session.leaf_id.as_ref()).is_some_and(|leaf| deleted.contains_key(leaf));
+        let newest = match leaf_deleted {
+            true => Some(queries::newest(self.conn, self.key)?),
+            false => None,
+        };
+        self.session.rows_deleted(deleted.len(), newest, self.now);
         Ok(WriteOutcome::Deleted {
             count: deleted.len(),
         })
@@ -686,16 +565,7 @@ impl RequestTx<'_> {
         attachments::drop_session_refs(self.conn, self.key)?;
         registry::delete_messages(self.conn, self.key, self.ctx.search_index)?;
         self.changes.push(Change::Clear);
-        if !self.session.stored {
-            return Ok(WriteOutcome::Cleared);
-        }
-        let session = &mut self.session;
-        session.leaf_id = None;
-        session.leaf_seq = None;
-        session.path = PathTotals::EMPTY;
-        session.stored_messages = 0;
-        session.totals_stale = false;
-        session.touch(self.now);
+        self.session.cleared(self.now);
         Ok(WriteOutcome::Cleared)
     }
 
@@ -709,16 +579,12 @@ impl RequestTx<'_> {
         created_at: i64,
         updated_at: Option<i64>,
     ) -> Result<StoredMessage> {
-        if let Some(limit) = self.max_messages
-            && self.session.stored_messages >= limit
-        {
-            return Err(StoreError::QuotaExceeded { limit });
-        }
+        self.session.check_quota(self.max_messages)?;
         let seq = self.session.next_seq;
         let (parent_id, parent_seq) = parent.map_or((None, None), |(id, seq)| (Some(id), seq));
         if orphans {
             // Adopted orphans (and everything below them) get a longer path.
-            self.session.epoch += 1;
+            self.session.path_epoch += 1;
         }
         let totals = match parent_seq {
             Some(parent) => self.path_totals_to(parent)?,
@@ -765,7 +631,7 @@ impl RequestTx<'_> {
                 totals.map(|t| t.len as i64),
                 totals.map(|t| t.tokens as i64),
                 totals.map(|t| t.bytes as i64),
-                totals.map(|_| self.session.epoch),
+                totals.map(|_| self.session.path_epoch),
                 updated_at,
             ],
         )?;
@@ -786,15 +652,32 @@ impl RequestTx<'_> {
         if self.ctx.search_index && !message.search_text.is_empty() {
             self.index(&message.id, &message.role, &message.search_text)?;
         }
-        self.session.add_leaf(
-            self.conn,
-            self.key,
-            message,
-            parent_seq,
-            totals,
-            created_at.max(self.now),
-        )?;
+        let size = (message.token_estimate, message.bytes());
+        let grown = match self.session.extend_path(parent_seq, size) {
+            PathGrowth::Extended => true,
+            PathGrowth::Full => self.slide_path(size)?,
+            PathGrowth::Elsewhere => false,
+        };
+        self.session
+            .add_leaf(&message.id, grown, totals, created_at.max(self.now));
         Ok(stored)
+    }
+
+    /// A full (capped) path that grows at the leaf by a row of `size` loses its oldest row. O(1)
+    /// on a linear path; returns false (recompute) when the head has several children and the
+    /// one on the path is not known without a walk.
+    fn slide_path(&mut self, size: (u64, u64)) -> Result<bool> {
+        let Some(head) = self.session.path.head_seq else {
+            return Ok(false);
+        };
+        let Some((head_id, tokens, bytes)) = queries::row_size(self.conn, self.key, head)? else {
+            return Ok(false);
+        };
+        let [(_, next_head)] = queries::child_links(self.conn, self.key, &head_id)?[..] else {
+            return Ok(false);
+        };
+        self.session.path.slide((tokens, bytes), next_head, size);
+        Ok(true)
     }
 
     /// Totals of the whole path ending at `seq`: stored ones when still valid, else walked (and
@@ -805,7 +688,7 @@ impl RequestTx<'_> {
             return Ok(Some(session.path));
         }
         if let Some((totals, epoch)) = queries::stored_path_totals(self.conn, self.key, seq)?
-            && epoch == self.session.epoch
+            && epoch == self.session.path_epoch
         {
             return Ok(Some(totals));
         }
