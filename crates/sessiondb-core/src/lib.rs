@@ -20,6 +20,8 @@
 //!   their results, loaded-skill tracking.
 //! - [`convert`]: stored messages to OpenAI Chat Completions, OpenAI Responses and Anthropic
 //!   Messages formats.
+//! - [`write_rules`]: what each write op does (appends, imports, updates, deletes with
+//!   splicing, clears, session and context ops), once for every backend, over [`write_rules::WriteTx`].
 //! - [`feed`]: change events and the bounded, lag-reporting fan-out to subscribers.
 //! - [`store`]: the [`store::Store`] trait every backend implements, with its request and outcome
 //!   types. It lives here (not in the facade) so backends can implement it without depending on
@@ -40,6 +42,7 @@ pub mod search;
 pub mod session_row;
 pub mod store;
 pub mod tokens;
+pub mod write_rules;
 
 pub use feed::{
     Change, ChangeEvent, ChangeFeed, FeedFilter, FeedItem, SessionAction, Subscription,

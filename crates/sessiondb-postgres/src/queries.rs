@@ -8,6 +8,7 @@
 use deadpool_postgres::GenericClient;
 pub(crate) use sessiondb_core::plan::PathTotals;
 use sessiondb_core::plan::{SuffixBudget, linear_range};
+pub(crate) use sessiondb_core::write_rules::Location;
 use sessiondb_core::{
     MAX_PATH_ROWS, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow, RangeTotals, RowStat,
     RunsFromLeaf, SearchHit, SessionKey, SessionStats, StoreError, StoredMessage,
@@ -59,9 +60,6 @@ pub(crate) async fn roots<C: GenericClient>(c: &C, key: &SessionKey) -> Result<V
     let sql = select_messages!("parent_seq IS NULL ORDER BY seq");
     messages(c, sql, &[&key.namespace, &key.session_id]).await
 }
-
-/// Where a message sits: `(seq, parent_id, parent_seq)`.
-pub(crate) type Location = (i64, Option<String>, Option<i64>);
 
 pub(crate) async fn locate<C: GenericClient>(
     c: &C,

@@ -1,4 +1,6 @@
-//! Applying one [`WriteRequest`] inside its transaction.
+//! Applying one [`WriteRequest`] inside its transaction: what each op does is core's
+//! [`write_rules`]; this module loads and saves the session row and gives the rules their reads
+//! and writes in SQL ([`WriteTx`]), buffering new rows so a batch inserts them in one statement.
 //!
 //! The transaction first takes the session's advisory lock, so writes to one session — from
 //! any instance — apply one at a time (seq allocation, the active leaf and the path aggregates
@@ -9,12 +11,13 @@ use std::collections::{HashMap, HashSet};
 
 use deadpool_postgres::GenericClient;
 use sessiondb_core::chunk::split_slices;
-use sessiondb_core::plan::splice_rewires;
-use sessiondb_core::session_row::{PathGrowth, SessionRow};
+use sessiondb_core::context::{BlockDef, WriteMode};
+use sessiondb_core::session_row::SessionRow;
+use sessiondb_core::store::{ContextEntry, FrozenPrompt};
+use sessiondb_core::write_rules::{self, CurrentRow, NewRow, WriteTx};
 use sessiondb_core::{
-    Change, MAX_PATH_DEPTH, MAX_PATH_ROWS, MAX_SLICE_BYTES, MessageId, Parent, PreparedMessage,
-    SessionAction, SessionKey, SessionPatch, SessionRecord, StoreError, StoredMessage,
-    UpdateOutcome, WriteOp, WriteOutcome, WriteRequest,
+    Change, Compaction, MAX_PATH_ROWS, MAX_SLICE_BYTES, Parent, PreparedMessage, SessionKey,
+    SessionRecord, StoredMessage, WriteOp, WriteOutcome, WriteRequest,
 };
 
 use crate::queries::{self, Location, PathTotals};
@@ -187,27 +190,19 @@ pub(crate) async fn commit<C: GenericClient>(c: &C, request: &WriteRequest) -> R
     );
     begun.map_err(backend_error)?;
     locked?;
-    let mut tx = RequestTx {
+    let mut session = session?;
+    let mut tx = PgTx {
         c,
         key,
-        now: request.now_ms,
-        max_messages: request.max_messages,
-        session: session?,
-        changes: Vec::with_capacity(request.ops.len()),
         known: known?,
         pending: PendingRows::default(),
     };
-    let mut outcomes = Vec::with_capacity(request.ops.len());
-    for op in &request.ops {
-        outcomes.push(tx.apply(op).await?);
-    }
-    if tx.session.totals_stale {
+    let (outcomes, changes) = write_rules::apply_request(&mut tx, request, &mut session).await?;
+    if session.totals_stale {
         tx.flush().await?;
-        settle_totals(c, key, &mut tx.session).await?;
+        settle_totals(c, key, &mut session).await?;
     }
-    let rows = std::mem::take(&mut tx.pending);
-    let changes = tx.changes;
-    let session = tx.session;
+    let rows = tx.pending;
     prepare(
         c,
         &[
@@ -252,24 +247,17 @@ pub(crate) async fn commit<C: GenericClient>(c: &C, request: &WriteRequest) -> R
     })
 }
 
-/// A parent link as stored: the parent's id and, when the parent exists, its seq.
-type ParentLink = (String, Option<i64>);
-
-/// One request in flight: its session row and the changes it has made so far.
-struct RequestTx<'a, C> {
+/// The request's transaction, as the shared write rules use it.
+struct PgTx<'a, C> {
     c: &'a C,
     key: &'a SessionKey,
-    now: i64,
-    max_messages: Option<u64>,
-    session: SessionRow,
-    changes: Vec<Change>,
     /// Rows a multi-op request's messages name, read up front (see [`Known`]).
     known: Option<Known>,
     /// Inserted rows not yet sent: a batch of appends costs one statement, not one each.
     pending: PendingRows,
 }
 
-/// New message rows, column by column, sent by [`RequestTx::flush`] as one `INSERT … unnest`.
+/// New message rows, column by column, sent by [`PgTx::flush`] as one `INSERT … unnest`.
 /// Anything that reads messages flushes first, so reads inside a request see its own rows.
 #[derive(Debug, Default)]
 struct PendingRows {
@@ -410,543 +398,10 @@ impl Known {
     }
 }
 
-impl<C: GenericClient> RequestTx<'_, C> {
-    async fn locate(&mut self, id: &str) -> Result<Option<Location>> {
-        if let Some(known) = self.known.as_ref().filter(|k| k.covered.contains(id)) {
-            return Ok(known.rows.get(id).cloned());
-        }
-        self.flush().await?;
-        queries::locate(self.c, self.key, id).await
-    }
-
-    /// Whether a row with the message's id exists, and whether rows name it as their parent.
-    async fn id_status(&mut self, message: &PreparedMessage) -> Result<(bool, bool)> {
-        if message.fresh_id {
-            return Ok((false, false));
-        }
-        let id = message.id.as_str();
-        if let Some(known) = self.known.as_ref().filter(|k| k.covered.contains(id)) {
-            return Ok((
-                known.rows.contains_key(id),
-                known.named_parents.contains(id),
-            ));
-        }
-        self.flush().await?;
-        queries::id_status(self.c, self.key, id).await
-    }
-
+impl<C: GenericClient> PgTx<'_, C> {
     /// Sends the pending rows.
     async fn flush(&mut self) -> Result<()> {
         insert_rows(self.c, self.key, std::mem::take(&mut self.pending)).await
-    }
-
-    async fn apply(&mut self, op: &WriteOp) -> Result<WriteOutcome> {
-        let (c, key) = (self.c, self.key);
-        if !matches!(
-            op,
-            WriteOp::Append { .. } | WriteOp::Import { .. } | WriteOp::Upsert { .. }
-        ) {
-            self.flush().await?;
-        }
-        if matches!(
-            op,
-            WriteOp::Delete { .. } | WriteOp::Clear | WriteOp::DeleteSession
-        ) {
-            self.known = None;
-        }
-        Ok(match op {
-            WriteOp::Append { message, parent } => self.append(message, parent).await?,
-            WriteOp::Update { message } => WriteOutcome::Updated(self.update(message).await?),
-            WriteOp::Upsert { message, parent } => {
-                if self.locate(&message.id).await?.is_some() {
-                    WriteOutcome::Updated(self.update(message).await?)
-                } else {
-                    self.append(message, parent).await?
-                }
-            }
-            WriteOp::Import {
-                message,
-                parent_id,
-                created_at,
-                updated_at,
-            } => {
-                self.import(message, parent_id.as_deref(), *created_at, *updated_at)
-                    .await?
-            }
-            WriteOp::Delete { ids } => self.delete(ids).await?,
-            WriteOp::Clear => self.clear().await?,
-            WriteOp::CreateSession { record } => self.create_session(record),
-            WriteOp::PatchSession { patch } => self.patch_session(patch).await?,
-            WriteOp::DeleteSession => self.delete_session().await?,
-            WriteOp::AddCompaction {
-                compaction,
-                by_compact,
-            } => {
-                registry::add_compaction(c, key, compaction).await?;
-                self.session.touch(self.now);
-                let compaction = compaction.clone();
-                self.changes.push(if *by_compact {
-                    Change::Compact { compaction }
-                } else {
-                    Change::Compaction { compaction }
-                });
-                WriteOutcome::CompactionAdded
-            }
-            WriteOp::PutState { name, value } => {
-                registry::put_state(c, key, name, value).await?;
-                self.session.touch(self.now);
-                WriteOutcome::StatePut
-            }
-            WriteOp::DeleteState { name } => {
-                WriteOutcome::Existed(registry::delete_state(c, key, name).await?)
-            }
-            WriteOp::PutBlock { block } => {
-                context::put_block(c, key, block).await?;
-                self.touch_scope();
-                WriteOutcome::BlockWritten(block.clone())
-            }
-            WriteOp::WriteBlock { label, text, mode } => {
-                let block = context::write_block(c, key, label, text, *mode).await?;
-                self.touch_scope();
-                WriteOutcome::BlockWritten(block)
-            }
-            WriteOp::DeleteBlock { label } => {
-                WriteOutcome::Existed(context::delete_block(c, key, label).await?)
-            }
-            WriteOp::PutEntry { label, entry } => {
-                context::put_entry(c, key, label, entry).await?;
-                self.touch_scope();
-                WriteOutcome::EntryPut
-            }
-            WriteOp::FreezePrompt { prompt, replace } => WriteOutcome::Prompt(
-                context::freeze_prompt(c, key, prompt, self.now, *replace).await?,
-            ),
-        })
-    }
-
-    /// A context write registers (and touches) its session, as a state write does; the
-    /// namespace's template scope has no session row.
-    fn touch_scope(&mut self) {
-        if !self.key.is_templates() {
-            self.session.touch(self.now);
-        }
-    }
-
-    fn create_session(&mut self, record: &SessionRecord) -> WriteOutcome {
-        if self.session.exists() {
-            return WriteOutcome::SessionCreated { created: false };
-        }
-        self.session.record = Some(record.clone());
-        self.session.touch(self.now);
-        self.changes.push(Change::Session {
-            action: SessionAction::Created,
-        });
-        WriteOutcome::SessionCreated { created: true }
-    }
-
-    async fn patch_session(&mut self, patch: &SessionPatch) -> Result<WriteOutcome> {
-        if !self.session.exists() {
-            return Ok(WriteOutcome::Existed(false));
-        }
-        if self.session.record.is_none() {
-            self.session.record = Some(
-                registry::record(self.c, self.key)
-                    .await?
-                    .unwrap_or_default(),
-            );
-        }
-        if let Some(record) = &mut self.session.record {
-            patch.apply(record);
-        }
-        self.session.touch(self.now);
-        self.changes.push(Change::Session {
-            action: SessionAction::Updated,
-        });
-        Ok(WriteOutcome::Existed(true))
-    }
-
-    async fn delete_session(&mut self) -> Result<WriteOutcome> {
-        let existed = self.session.exists();
-        attachments::drop_session_refs(self.c, self.key).await?;
-        queries::delete_session_rows(self.c, self.key, context::DELETE_SESSION).await?;
-        queries::delete_session_rows(
-            self.c,
-            self.key,
-            &[
-                "DELETE FROM messages WHERE namespace = $1 AND session_id = $2",
-                "DELETE FROM message_chunks WHERE namespace = $1 AND session_id = $2",
-                "DELETE FROM compactions WHERE namespace = $1 AND session_id = $2",
-                "DELETE FROM session_state WHERE namespace = $1 AND session_id = $2",
-                "DELETE FROM sessions WHERE namespace = $1 AND id = $2",
-            ],
-        )
-        .await?;
-        self.session = SessionRow::absent(self.now);
-        if existed {
-            self.changes.push(Change::Session {
-                action: SessionAction::Deleted,
-            });
-        }
-        Ok(WriteOutcome::Existed(existed))
-    }
-
-    async fn append(&mut self, message: &PreparedMessage, parent: &Parent) -> Result<WriteOutcome> {
-        let (c, key) = (self.c, self.key);
-        let (exists, orphans) = self.id_status(message).await?;
-        if exists {
-            self.flush().await?;
-            let stored = queries::message(c, key, &message.id)
-                .await?
-                .ok_or_else(|| StoreError::Corrupt(format!("message `{}` vanished", message.id)))?;
-            self.changes.push(Change::Append {
-                message: stored.clone(),
-                parent: parent.clone(),
-                inserted: false,
-            });
-            return Ok(WriteOutcome::Appended {
-                message: stored,
-                inserted: false,
-            });
-        }
-        let link: Option<ParentLink> = match parent {
-            Parent::ActiveLeaf => self
-                .session
-                .leaf_id
-                .clone()
-                .map(|id| (id, self.session.leaf_seq)),
-            Parent::Root => None,
-            Parent::Id(id) if id.is_empty() => None,
-            Parent::Id(id) => self
-                .locate(id)
-                .await?
-                .map(|(seq, _, _)| (id.clone(), Some(seq))),
-        };
-        // A parent that would make the tree loop is treated like an unknown one: a new root.
-        let link = match link {
-            Some((p, _)) if orphans && self.reaches(&p, &message.id).await? => None,
-            other => other,
-        };
-        let stored = self.insert(message, link, orphans, self.now, None).await?;
-        self.session.last_message_at = Some(self.now);
-        self.changes.push(Change::Append {
-            message: stored.clone(),
-            parent: parent.clone(),
-            inserted: true,
-        });
-        Ok(WriteOutcome::Appended {
-            message: stored,
-            inserted: true,
-        })
-    }
-
-    async fn update(&mut self, message: &PreparedMessage) -> Result<UpdateOutcome> {
-        self.flush().await?;
-        let (c, key) = (self.c, self.key);
-        let current = row(
-            c,
-            "SELECT seq, parent_id, content_hash, content_chunks, created_at, updated_at,
-                    token_estimate, bytes
-               FROM messages WHERE namespace = $1 AND session_id = $2 AND id = $3",
-            &[&key.namespace, &key.session_id, &message.id],
-        )
-        .await?;
-        let Some(r) = current else {
-            return Ok(UpdateOutcome::Missing);
-        };
-        let (seq, parent_id, created_at, updated_at): (i64, Option<String>, i64, Option<i64>) =
-            (get(&r, 0)?, get(&r, 1)?, get(&r, 4)?, get(&r, 5)?);
-        if get::<&[u8]>(&r, 2)? == message.content_hash.0 {
-            let parent_id = parent_id.map(MessageId::from);
-            let unchanged = message.stored(seq, parent_id, created_at, updated_at);
-            return Ok(UpdateOutcome::Unchanged(unchanged));
-        }
-        let old_chunks: i32 = get(&r, 3)?;
-        let (old_tokens, old_bytes) = (get::<i64>(&r, 6)?, get::<i64>(&r, 7)?);
-        let stored = message.stored(
-            seq,
-            parent_id.map(MessageId::from),
-            created_at,
-            Some(self.now),
-        );
-        let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
-        let chunks = slices.len() as i32 - 1;
-        let (tokens, bytes) = (message.token_estimate as i64, message.bytes() as i64);
-        exec(
-            c,
-            "UPDATE messages SET role = $4, content = $5, content_chunks = $6, bytes = $7,
-                    token_estimate = $8, content_hash = $9, updated_at = $10, search_text = $11
-              WHERE namespace = $1 AND session_id = $2 AND seq = $3",
-            &[
-                &key.namespace,
-                &key.session_id,
-                &seq,
-                &message.role,
-                &slices[0],
-                &chunks,
-                &bytes,
-                &tokens,
-                &&message.content_hash.0[..],
-                &self.now,
-                &message.search_text,
-            ],
-        )
-        .await?;
-        if old_chunks > chunks {
-            exec(
-                c,
-                "DELETE FROM message_chunks
-                  WHERE namespace = $1 AND session_id = $2 AND id = $3 AND idx > $4",
-                &[&key.namespace, &key.session_id, &message.id, &chunks],
-            )
-            .await?;
-        }
-        self.write_chunks(&message.id, &slices).await?;
-        attachments::put(c, &key.namespace, &message.payloads).await?;
-        attachments::replace_refs(c, key, &message.id, &message.references).await?;
-        let (token_delta, byte_delta) = (tokens - old_tokens, bytes - old_bytes);
-        self.session
-            .row_changed(seq, (token_delta, byte_delta), self.now);
-        self.changes.push(Change::Update {
-            message: stored.clone(),
-        });
-        Ok(UpdateOutcome::Changed(stored))
-    }
-
-    async fn import(
-        &mut self,
-        message: &PreparedMessage,
-        parent_id: Option<&str>,
-        created_at: i64,
-        updated_at: Option<i64>,
-    ) -> Result<WriteOutcome> {
-        let (exists, orphans) = self.id_status(message).await?;
-        if exists {
-            return Ok(WriteOutcome::Imported(None));
-        }
-        let link = match parent_id {
-            Some(p) if p == message.id || (orphans && self.reaches(p, &message.id).await?) => {
-                return Err(StoreError::ParentCycle {
-                    id: message.id.clone(),
-                    parent_id: p.to_owned(),
-                });
-            }
-            Some(p) => Some((p.to_owned(), self.locate(p).await?.map(|(seq, _, _)| seq))),
-            None => None,
-        };
-        let stored = self
-            .insert(message, link, orphans, created_at, updated_at)
-            .await?;
-        self.session.last_message_at = self.session.last_message_at.max(Some(created_at));
-        self.changes.push(Change::Import {
-            message: stored.clone(),
-            parent_id: parent_id.map(str::to_owned),
-        });
-        Ok(WriteOutcome::Imported(Some(stored)))
-    }
-
-    /// Whether following parent links from `from` meets `target`. Only rows whose parent is
-    /// still missing can point at a new id, so callers ask only when such rows exist.
-    async fn reaches(&mut self, from: &str, target: &str) -> Result<bool> {
-        let mut current = from.to_owned();
-        // The tree is acyclic, so a walk to the root visits each stored row at most once.
-        for _ in 0..=self.session.stored_messages {
-            if current == target {
-                return Ok(true);
-            }
-            match self.locate(&current).await? {
-                Some((_, Some(parent), _)) => current = parent,
-                _ => return Ok(false),
-            }
-        }
-        Ok(true)
-    }
-
-    async fn delete(&mut self, ids: &[String]) -> Result<WriteOutcome> {
-        let (c, key) = (self.c, self.key);
-        let mut deleted: HashMap<String, Option<String>> = HashMap::new();
-        let mut seq_of: HashMap<String, Option<i64>> = HashMap::new();
-        let mut deleted_seqs = Vec::new();
-        for id in ids {
-            if deleted.contains_key(id) {
-                continue;
-            }
-            if let Some((seq, parent_id, parent_seq)) = queries::locate(c, key, id).await? {
-                if let Some(parent) = &parent_id {
-                    seq_of.insert(parent.clone(), parent_seq);
-                }
-                deleted.insert(id.clone(), parent_id);
-                deleted_seqs.push(seq);
-            }
-        }
-        self.changes.push(Change::Delete {
-            message_ids: ids.to_vec(),
-        });
-        if deleted.is_empty() {
-            return Ok(WriteOutcome::Deleted { count: 0 });
-        }
-        let mut children = Vec::new();
-        let mut child_seq = HashMap::new();
-        for id in deleted.keys() {
-            for (child, seq) in queries::child_links(c, key, id).await? {
-                children.push((child.clone(), id.clone()));
-                child_seq.insert(child, seq);
-            }
-        }
-        for (child, parent) in splice_rewires(&deleted, &children, MAX_PATH_DEPTH) {
-            let parent_seq = parent
-                .as_ref()
-                .and_then(|p| seq_of.get(p).copied().flatten());
-            exec(
-                c,
-                "UPDATE messages SET parent_id = $4, parent_seq = $5
-                  WHERE namespace = $1 AND session_id = $2 AND seq = $3",
-                &[
-                    &key.namespace,
-                    &key.session_id,
-                    &child_seq[&child],
-                    &parent,
-                    &parent_seq,
-                ],
-            )
-            .await?;
-        }
-        let deleted_ids: Vec<String> = deleted.keys().cloned().collect();
-        attachments::drop_message_refs(c, key, &deleted_ids).await?;
-        exec(
-            c,
-            "DELETE FROM messages WHERE namespace = $1 AND session_id = $2 AND seq = ANY($3)",
-            &[&key.namespace, &key.session_id, &deleted_seqs],
-        )
-        .await?;
-        exec(
-            c,
-            "DELETE FROM message_chunks WHERE namespace = $1 AND session_id = $2 AND id = ANY($3)",
-            &[&key.namespace, &key.session_id, &deleted_ids],
-        )
-        .await?;
-        let leaf_deleted =
-            (self.session.leaf_id.as_ref()).is_some_and(|leaf| deleted.contains_key(leaf));
-        let newest = match leaf_deleted {
-            true => Some(queries::newest(c, key).await?),
-            false => None,
-        };
-        self.session.rows_deleted(deleted.len(), newest, self.now);
-        Ok(WriteOutcome::Deleted {
-            count: deleted.len(),
-        })
-    }
-
-    async fn clear(&mut self) -> Result<WriteOutcome> {
-        attachments::drop_session_refs(self.c, self.key).await?;
-        queries::delete_session_rows(
-            self.c,
-            self.key,
-            &[
-                "DELETE FROM messages WHERE namespace = $1 AND session_id = $2",
-                "DELETE FROM message_chunks WHERE namespace = $1 AND session_id = $2",
-            ],
-        )
-        .await?;
-        self.changes.push(Change::Clear);
-        self.session.cleared(self.now);
-        Ok(WriteOutcome::Cleared)
-    }
-
-    /// Inserts a new row with the next seq and makes it the active leaf. `orphans` says whether
-    /// rows already name this id as their (missing) parent; they are attached to it.
-    async fn insert(
-        &mut self,
-        message: &PreparedMessage,
-        parent: Option<ParentLink>,
-        orphans: bool,
-        created_at: i64,
-        updated_at: Option<i64>,
-    ) -> Result<StoredMessage> {
-        let (c, key) = (self.c, self.key);
-        self.session.check_quota(self.max_messages)?;
-        let seq = self.session.next_seq;
-        let (parent_id, parent_seq) = parent.map_or((None, None), |(id, seq)| (Some(id), seq));
-        // The stored text is exactly what reads return.
-        let stored = message.stored(
-            seq,
-            parent_id.as_deref().map(MessageId::from),
-            created_at,
-            updated_at,
-        );
-        let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
-        let chunks = slices.len() as i32 - 1;
-        let (bytes, tokens) = (message.bytes() as i64, message.token_estimate as i64);
-        let rows = &mut self.pending;
-        rows.seq.push(seq);
-        rows.id.push(message.id.clone());
-        rows.parent_id.push(parent_id.clone());
-        rows.parent_seq.push(parent_seq);
-        rows.role.push(message.role.clone());
-        rows.content.push(slices[0].to_owned());
-        rows.content_chunks.push(chunks);
-        rows.bytes.push(bytes);
-        rows.token_estimate.push(tokens);
-        rows.content_hash.push(message.content_hash.0.to_vec());
-        rows.created_at.push(created_at);
-        rows.updated_at.push(updated_at);
-        rows.search_text.push(message.search_text.clone());
-        rows.held += slices[0].len();
-        self.write_chunks(&message.id, &slices).await?;
-        if let Some(known) = &mut self.known {
-            known.inserted(&message.id, (seq, parent_id.clone(), parent_seq), orphans);
-        }
-        // Rows naming this one as parent, and a capped path's head (looked up by slide_path),
-        // must see it.
-        if orphans
-            || self.pending.held > MAX_PENDING_BYTES
-            || self.session.path.len as usize >= MAX_PATH_ROWS
-        {
-            self.flush().await?;
-        }
-        if orphans {
-            // Adopted orphans (and everything below them) get a longer path.
-            exec(
-                c,
-                "UPDATE messages SET parent_seq = $4
-                  WHERE namespace = $1 AND session_id = $2 AND parent_id = $3",
-                &[&key.namespace, &key.session_id, &message.id, &seq],
-            )
-            .await?;
-        }
-        if !message.references.is_empty() {
-            attachments::put(c, &key.namespace, &message.payloads).await?;
-            attachments::add_refs(c, key, &message.id, &message.references).await?;
-        }
-        let size = (message.token_estimate, message.bytes());
-        let grown = match self.session.extend_path(parent_seq, size) {
-            PathGrowth::Extended => true,
-            PathGrowth::Full => self.slide_path(size).await?,
-            PathGrowth::Elsewhere => false,
-        };
-        // A new root is alone on its path; a branch's totals are walked once before saving.
-        let totals = parent_seq
-            .is_none()
-            .then(|| PathTotals::lone_root(seq, size.0, size.1));
-        self.session
-            .add_leaf(&message.id, grown, totals, created_at.max(self.now));
-        Ok(stored)
-    }
-
-    /// A full (capped) path that grows at the leaf by a row of `size` loses its oldest row.
-    /// Returns false (recompute) when the head has several children.
-    async fn slide_path(&mut self, size: (u64, u64)) -> Result<bool> {
-        let (c, key) = (self.c, self.key);
-        let Some(head) = self.session.path.head_seq else {
-            return Ok(false);
-        };
-        let Some((head_id, tokens, bytes)) = queries::row_size(c, key, head).await? else {
-            return Ok(false);
-        };
-        let [(_, next_head)] = queries::child_links(c, key, &head_id).await?[..] else {
-            return Ok(false);
-        };
-        self.session.path.slide((tokens, bytes), next_head, size);
-        Ok(true)
     }
 
     async fn write_chunks(&self, id: &str, slices: &[&str]) -> Result<()> {
@@ -967,5 +422,305 @@ impl<C: GenericClient> RequestTx<'_, C> {
             .await?;
         }
         Ok(())
+    }
+}
+
+impl<C: GenericClient> WriteTx for PgTx<'_, C> {
+    async fn before_op(&mut self, op: &WriteOp) -> Result<()> {
+        if matches!(
+            op,
+            WriteOp::Delete { .. } | WriteOp::Clear | WriteOp::DeleteSession
+        ) {
+            self.known = None;
+        }
+        match op {
+            WriteOp::Append { .. } | WriteOp::Import { .. } | WriteOp::Upsert { .. } => Ok(()),
+            _ => self.flush().await,
+        }
+    }
+
+    async fn id_status(&mut self, id: &str) -> Result<(bool, bool)> {
+        if let Some(known) = self.known.as_ref().filter(|k| k.covered.contains(id)) {
+            return Ok((
+                known.rows.contains_key(id),
+                known.named_parents.contains(id),
+            ));
+        }
+        self.flush().await?;
+        queries::id_status(self.c, self.key, id).await
+    }
+
+    async fn message(&mut self, id: &str) -> Result<Option<StoredMessage>> {
+        self.flush().await?;
+        queries::message(self.c, self.key, id).await
+    }
+
+    async fn locate(&mut self, id: &str) -> Result<Option<Location>> {
+        if let Some(known) = self.known.as_ref().filter(|k| k.covered.contains(id)) {
+            return Ok(known.rows.get(id).cloned());
+        }
+        self.flush().await?;
+        queries::locate(self.c, self.key, id).await
+    }
+
+    async fn row_size(&mut self, seq: i64) -> Result<Option<(String, u64, u64)>> {
+        self.flush().await?;
+        queries::row_size(self.c, self.key, seq).await
+    }
+
+    async fn child_links(&mut self, id: &str) -> Result<Vec<(String, i64)>> {
+        self.flush().await?;
+        queries::child_links(self.c, self.key, id).await
+    }
+
+    async fn newest(&mut self) -> Result<Option<(String, i64)>> {
+        self.flush().await?;
+        queries::newest(self.c, self.key).await
+    }
+
+    async fn insert(
+        &mut self,
+        session: &SessionRow,
+        row: NewRow<'_>,
+    ) -> Result<Option<PathTotals>> {
+        let (c, key) = (self.c, self.key);
+        let NewRow {
+            message,
+            stored,
+            parent_seq,
+            orphans,
+        } = row;
+        let seq = stored.seq;
+        let parent_id = stored.parent_id.as_deref().map(str::to_owned);
+        let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
+        let rows = &mut self.pending;
+        rows.seq.push(seq);
+        rows.id.push(message.id.clone());
+        rows.parent_id.push(parent_id.clone());
+        rows.parent_seq.push(parent_seq);
+        rows.role.push(message.role.clone());
+        rows.content.push(slices[0].to_owned());
+        rows.content_chunks.push(slices.len() as i32 - 1);
+        rows.bytes.push(message.bytes() as i64);
+        rows.token_estimate.push(message.token_estimate as i64);
+        rows.content_hash.push(message.content_hash.0.to_vec());
+        rows.created_at.push(stored.created_at);
+        rows.updated_at.push(stored.updated_at);
+        rows.search_text.push(message.search_text.clone());
+        rows.held += slices[0].len();
+        self.write_chunks(&message.id, &slices).await?;
+        if let Some(known) = &mut self.known {
+            known.inserted(&message.id, (seq, parent_id, parent_seq), orphans);
+        }
+        // Rows naming this one as parent must see it, and so must a capped path's head when it
+        // slides.
+        if orphans
+            || self.pending.held > MAX_PENDING_BYTES
+            || session.path.len as usize >= MAX_PATH_ROWS
+        {
+            self.flush().await?;
+        }
+        if orphans {
+            // Adopted orphans (and everything below them) get a longer path.
+            exec(
+                c,
+                "UPDATE messages SET parent_seq = $4
+                  WHERE namespace = $1 AND session_id = $2 AND parent_id = $3",
+                &[&key.namespace, &key.session_id, &message.id, &seq],
+            )
+            .await?;
+        }
+        if !message.references.is_empty() {
+            attachments::put(c, &key.namespace, &message.payloads).await?;
+            attachments::add_refs(c, key, &message.id, &message.references).await?;
+        }
+        // A new root is alone on its path; a branch's totals are walked once before saving.
+        let size = (message.token_estimate, message.bytes());
+        Ok(parent_seq
+            .is_none()
+            .then(|| PathTotals::lone_root(seq, size.0, size.1)))
+    }
+
+    async fn current(&mut self, id: &str) -> Result<Option<CurrentRow>> {
+        self.flush().await?;
+        let found = row(
+            self.c,
+            "SELECT seq, parent_id, content_hash, content_chunks, created_at, updated_at,
+                    token_estimate, bytes
+               FROM messages WHERE namespace = $1 AND session_id = $2 AND id = $3",
+            &[&self.key.namespace, &self.key.session_id, &id],
+        )
+        .await?;
+        let Some(r) = found else {
+            return Ok(None);
+        };
+        Ok(Some(CurrentRow {
+            seq: get(&r, 0)?,
+            parent_id: get(&r, 1)?,
+            content_hash: get(&r, 2)?,
+            content_chunks: get::<i32>(&r, 3)?.into(),
+            created_at: get(&r, 4)?,
+            updated_at: get(&r, 5)?,
+            token_estimate: get::<i64>(&r, 6)? as u64,
+            bytes: get::<i64>(&r, 7)? as u64,
+        }))
+    }
+
+    async fn rewrite(
+        &mut self,
+        _session: &mut SessionRow,
+        current: &CurrentRow,
+        message: &PreparedMessage,
+        stored: &StoredMessage,
+    ) -> Result<()> {
+        let (c, key) = (self.c, self.key);
+        let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
+        let chunks = slices.len() as i32 - 1;
+        let (tokens, bytes) = (message.token_estimate as i64, message.bytes() as i64);
+        exec(
+            c,
+            "UPDATE messages SET role = $4, content = $5, content_chunks = $6, bytes = $7,
+                    token_estimate = $8, content_hash = $9, updated_at = $10, search_text = $11
+              WHERE namespace = $1 AND session_id = $2 AND seq = $3",
+            &[
+                &key.namespace,
+                &key.session_id,
+                &current.seq,
+                &message.role,
+                &slices[0],
+                &chunks,
+                &bytes,
+                &tokens,
+                &&message.content_hash.0[..],
+                &stored.updated_at,
+                &message.search_text,
+            ],
+        )
+        .await?;
+        if current.content_chunks > chunks.into() {
+            exec(
+                c,
+                "DELETE FROM message_chunks
+                  WHERE namespace = $1 AND session_id = $2 AND id = $3 AND idx > $4",
+                &[&key.namespace, &key.session_id, &message.id, &chunks],
+            )
+            .await?;
+        }
+        self.write_chunks(&message.id, &slices).await?;
+        attachments::put(c, &key.namespace, &message.payloads).await?;
+        attachments::replace_refs(c, key, &message.id, &message.references).await?;
+        Ok(())
+    }
+
+    async fn reparent(
+        &mut self,
+        child_seq: i64,
+        parent_id: Option<&str>,
+        parent_seq: Option<i64>,
+    ) -> Result<()> {
+        exec(
+            self.c,
+            "UPDATE messages SET parent_id = $4, parent_seq = $5
+              WHERE namespace = $1 AND session_id = $2 AND seq = $3",
+            &[
+                &self.key.namespace,
+                &self.key.session_id,
+                &child_seq,
+                &parent_id,
+                &parent_seq,
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn delete_rows(&mut self, rows: &[(String, i64)]) -> Result<()> {
+        let (c, key) = (self.c, self.key);
+        let (ids, seqs): (Vec<String>, Vec<i64>) = rows.iter().cloned().unzip();
+        attachments::drop_message_refs(c, key, &ids).await?;
+        exec(
+            c,
+            "DELETE FROM messages WHERE namespace = $1 AND session_id = $2 AND seq = ANY($3)",
+            &[&key.namespace, &key.session_id, &seqs],
+        )
+        .await?;
+        exec(
+            c,
+            "DELETE FROM message_chunks WHERE namespace = $1 AND session_id = $2 AND id = ANY($3)",
+            &[&key.namespace, &key.session_id, &ids],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn clear(&mut self) -> Result<()> {
+        attachments::drop_session_refs(self.c, self.key).await?;
+        queries::delete_session_rows(
+            self.c,
+            self.key,
+            &[
+                "DELETE FROM messages WHERE namespace = $1 AND session_id = $2",
+                "DELETE FROM message_chunks WHERE namespace = $1 AND session_id = $2",
+            ],
+        )
+        .await
+    }
+
+    async fn delete_session(&mut self) -> Result<()> {
+        attachments::drop_session_refs(self.c, self.key).await?;
+        queries::delete_session_rows(self.c, self.key, context::DELETE_SESSION).await?;
+        queries::delete_session_rows(
+            self.c,
+            self.key,
+            &[
+                "DELETE FROM messages WHERE namespace = $1 AND session_id = $2",
+                "DELETE FROM message_chunks WHERE namespace = $1 AND session_id = $2",
+                "DELETE FROM compactions WHERE namespace = $1 AND session_id = $2",
+                "DELETE FROM session_state WHERE namespace = $1 AND session_id = $2",
+                "DELETE FROM sessions WHERE namespace = $1 AND id = $2",
+            ],
+        )
+        .await
+    }
+
+    async fn record(&mut self) -> Result<Option<SessionRecord>> {
+        registry::record(self.c, self.key).await
+    }
+
+    async fn add_compaction(&mut self, compaction: &Compaction) -> Result<()> {
+        registry::add_compaction(self.c, self.key, compaction).await
+    }
+
+    async fn put_state(&mut self, name: &str, value: &str) -> Result<()> {
+        registry::put_state(self.c, self.key, name, value).await
+    }
+
+    async fn delete_state(&mut self, name: &str) -> Result<bool> {
+        registry::delete_state(self.c, self.key, name).await
+    }
+
+    async fn put_block(&mut self, block: &BlockDef) -> Result<()> {
+        context::put_block(self.c, self.key, block).await
+    }
+
+    async fn write_block(&mut self, label: &str, text: &str, mode: WriteMode) -> Result<BlockDef> {
+        context::write_block(self.c, self.key, label, text, mode).await
+    }
+
+    async fn delete_block(&mut self, label: &str) -> Result<bool> {
+        context::delete_block(self.c, self.key, label).await
+    }
+
+    async fn put_entry(&mut self, label: &str, entry: &ContextEntry) -> Result<()> {
+        context::put_entry(self.c, self.key, label, entry).await
+    }
+
+    async fn freeze_prompt(
+        &mut self,
+        prompt: &str,
+        now: i64,
+        replace: bool,
+    ) -> Result<FrozenPrompt> {
+        context::freeze_prompt(self.c, self.key, prompt, now, replace).await
     }
 }

@@ -9,6 +9,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use sessiondb_core::message::{MessageId, StoredRow, role_of};
 pub(crate) use sessiondb_core::plan::PathTotals;
 use sessiondb_core::plan::{SuffixBudget, linear_range};
+pub(crate) use sessiondb_core::write_rules::Location;
 use sessiondb_core::{
     MAX_PATH_ROWS, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow, RangeTotals, RowStat,
     RunsFromLeaf, SearchHit, SessionKey, SessionStats, StoreError, StoredMessage, search,
@@ -202,9 +203,6 @@ pub(crate) fn roots(conn: &Connection, key: &SessionKey) -> Result<Vec<StoredMes
         &[],
     )
 }
-
-/// Where a message sits: `(seq, parent_id, parent_seq)`.
-pub(crate) type Location = (i64, Option<String>, Option<i64>);
 
 pub(crate) fn locate(conn: &Connection, key: &SessionKey, id: &str) -> Result<Option<Location>> {
     let mut stmt = conn

@@ -1,17 +1,20 @@
-//! Applying one [`WriteRequest`] inside the writer's transaction. Everything here runs on the
-//! writer thread inside a transaction or savepoint that an error rolls back, so it leaves nothing
-//! behind.
+//! Applying one [`WriteRequest`] inside the writer's transaction: what each op does is core's
+//! [`write_rules`]; this module loads and saves the session row and gives the rules their reads
+//! and writes in SQL ([`WriteTx`]). Everything here runs on the writer thread inside a
+//! transaction or savepoint that an error rolls back, so it leaves nothing behind.
 
-use std::collections::HashMap;
+use std::future::Future;
+use std::task::{Context, Poll, Waker};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use sessiondb_core::chunk::split_slices;
-use sessiondb_core::plan::splice_rewires;
-use sessiondb_core::session_row::{PathGrowth, SessionRow};
+use sessiondb_core::context::{BlockDef, WriteMode};
+use sessiondb_core::session_row::SessionRow;
+use sessiondb_core::store::{ContextEntry, FrozenPrompt};
+use sessiondb_core::write_rules::{self, CurrentRow, Location, NewRow, WriteTx};
 use sessiondb_core::{
-    Change, MAX_PATH_DEPTH, MAX_SLICE_BYTES, MessageId, Parent, PreparedMessage, SessionAction,
-    SessionKey, SessionPatch, SessionRecord, StoreError, StoredMessage, UpdateOutcome, WriteOp,
-    WriteOutcome, WriteRequest,
+    Change, Compaction, MAX_SLICE_BYTES, PreparedMessage, SessionKey, SessionRecord, StoreError,
+    StoredMessage, WriteOutcome, WriteRequest,
 };
 
 use crate::queries::{self, PathTotals};
@@ -131,463 +134,75 @@ pub(crate) fn apply(
     ctx: WriteContext,
     request: &WriteRequest,
 ) -> Result<(Vec<WriteOutcome>, Vec<Change>)> {
-    let mut tx = RequestTx {
-        conn,
-        ctx,
-        key: &request.key,
-        now: request.now_ms,
-        max_messages: request.max_messages,
-        session: load_session(conn, &request.key, request.now_ms)?,
-        changes: Vec::with_capacity(request.ops.len()),
-    };
-    let mut outcomes = Vec::with_capacity(request.ops.len());
-    for op in &request.ops {
-        outcomes.push(match op {
-            WriteOp::Append { message, parent } => tx.append(message, parent)?,
-            WriteOp::Update { message } => WriteOutcome::Updated(tx.update(message)?),
-            WriteOp::Upsert { message, parent } => {
-                if queries::locate(conn, tx.key, &message.id)?.is_some() {
-                    WriteOutcome::Updated(tx.update(message)?)
-                } else {
-                    tx.append(message, parent)?
-                }
-            }
-            WriteOp::Import {
-                message,
-                parent_id,
-                created_at,
-                updated_at,
-            } => tx.import(message, parent_id.as_deref(), *created_at, *updated_at)?,
-            WriteOp::Delete { ids } => tx.delete(ids)?,
-            WriteOp::Clear => tx.clear()?,
-            WriteOp::CreateSession { record } => tx.create_session(record),
-            WriteOp::PatchSession { patch } => tx.patch_session(patch)?,
-            WriteOp::DeleteSession => tx.delete_session()?,
-            WriteOp::AddCompaction {
-                compaction,
-                by_compact,
-            } => {
-                registry::add_compaction(conn, tx.key, compaction)?;
-                tx.session.touch(tx.now);
-                let compaction = compaction.clone();
-                tx.changes.push(if *by_compact {
-                    Change::Compact { compaction }
-                } else {
-                    Change::Compaction { compaction }
-                });
-                WriteOutcome::CompactionAdded
-            }
-            WriteOp::PutState { name, value } => {
-                registry::put_state(conn, tx.key, name, value)?;
-                tx.session.touch(tx.now);
-                WriteOutcome::StatePut
-            }
-            WriteOp::DeleteState { name } => {
-                WriteOutcome::Existed(registry::delete_state(conn, tx.key, name)?)
-            }
-            WriteOp::PutBlock { block } => {
-                context::put_block(conn, tx.key, block)?;
-                tx.touch_scope();
-                WriteOutcome::BlockWritten(block.clone())
-            }
-            WriteOp::WriteBlock { label, text, mode } => {
-                let block = context::write_block(conn, tx.key, label, text, *mode)?;
-                tx.touch_scope();
-                WriteOutcome::BlockWritten(block)
-            }
-            WriteOp::DeleteBlock { label } => {
-                WriteOutcome::Existed(context::delete_block(conn, tx.key, label)?)
-            }
-            WriteOp::PutEntry { label, entry } => {
-                context::put_entry(conn, tx.key, label, entry)?;
-                tx.touch_scope();
-                WriteOutcome::EntryPut
-            }
-            WriteOp::FreezePrompt { prompt, replace } => WriteOutcome::Prompt(
-                context::freeze_prompt(conn, tx.key, prompt, tx.now, *replace)?,
-            ),
-        });
+    let key = &request.key;
+    let mut session = load_session(conn, key, request.now_ms)?;
+    let mut tx = SqliteTx { conn, ctx, key };
+    let applied = poll_ready(write_rules::apply_request(&mut tx, request, &mut session))?;
+    save_session(conn, key, &mut session)?;
+    if let Some(record) = &session.record {
+        registry::save_record(conn, key, record)?;
     }
-    save_session(conn, tx.key, &mut tx.session)?;
-    if let Some(record) = &tx.session.record {
-        registry::save_record(conn, tx.key, record)?;
-    }
-    Ok((outcomes, tx.changes))
+    Ok(applied)
 }
 
-/// A parent link as stored: the parent's id and, when the parent exists, its seq.
-type ParentLink = (String, Option<i64>);
+/// Runs a future that never waits: every SQLite call in it returns before the next starts.
+fn poll_ready<T>(future: impl Future<Output = T>) -> T {
+    let mut future = std::pin::pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(value) => value,
+        Poll::Pending => unreachable!("a SQLite write waited"),
+    }
+}
 
-/// One request in flight: its session row and the changes it has made so far.
-struct RequestTx<'a> {
+/// The writer's transaction, as the shared write rules use it, for one request's session.
+struct SqliteTx<'a> {
     conn: &'a Connection,
     ctx: WriteContext,
     key: &'a SessionKey,
-    now: i64,
-    max_messages: Option<u64>,
-    session: SessionRow,
-    changes: Vec<Change>,
 }
 
-impl RequestTx<'_> {
-    /// A context write registers (and touches) its session, as a state write does; the
-    /// namespace's template scope has no session row.
-    fn touch_scope(&mut self) {
-        if !self.key.is_templates() {
-            self.session.touch(self.now);
-        }
+impl WriteTx for SqliteTx<'_> {
+    async fn id_status(&mut self, id: &str) -> Result<(bool, bool)> {
+        queries::id_status(self.conn, self.key, id)
     }
 
-    fn create_session(&mut self, record: &SessionRecord) -> WriteOutcome {
-        if self.session.exists() {
-            return WriteOutcome::SessionCreated { created: false };
-        }
-        self.session.record = Some(record.clone());
-        self.session.touch(self.now);
-        self.changes.push(Change::Session {
-            action: SessionAction::Created,
-        });
-        WriteOutcome::SessionCreated { created: true }
+    async fn message(&mut self, id: &str) -> Result<Option<StoredMessage>> {
+        queries::message(self.conn, self.key, id)
     }
 
-    fn patch_session(&mut self, patch: &SessionPatch) -> Result<WriteOutcome> {
-        if !self.session.exists() {
-            return Ok(WriteOutcome::Existed(false));
-        }
-        if self.session.record.is_none() {
-            self.session.record = Some(registry::record(self.conn, self.key)?.unwrap_or_default());
-        }
-        if let Some(record) = &mut self.session.record {
-            patch.apply(record);
-        }
-        self.session.touch(self.now);
-        self.changes.push(Change::Session {
-            action: SessionAction::Updated,
-        });
-        Ok(WriteOutcome::Existed(true))
+    async fn locate(&mut self, id: &str) -> Result<Option<Location>> {
+        queries::locate(self.conn, self.key, id)
     }
 
-    fn delete_session(&mut self) -> Result<WriteOutcome> {
-        let existed = self.session.exists();
-        attachments::drop_session_refs(self.conn, self.key)?;
-        context::delete_session(self.conn, self.key)?;
-        registry::delete_session_rows(self.conn, self.key, self.ctx.search_index)?;
-        self.session = SessionRow::absent(self.now);
-        if existed {
-            self.changes.push(Change::Session {
-                action: SessionAction::Deleted,
-            });
-        }
-        Ok(WriteOutcome::Existed(existed))
+    async fn row_size(&mut self, seq: i64) -> Result<Option<(String, u64, u64)>> {
+        queries::row_size(self.conn, self.key, seq)
     }
 
-    /// Whether a row with the message's id exists, and whether rows name it as their parent.
-    fn id_status(&self, message: &PreparedMessage) -> Result<(bool, bool)> {
-        if message.fresh_id {
-            return Ok((false, false));
-        }
-        queries::id_status(self.conn, self.key, &message.id)
+    async fn child_links(&mut self, id: &str) -> Result<Vec<(String, i64)>> {
+        queries::child_links(self.conn, self.key, id)
     }
 
-    fn append(&mut self, message: &PreparedMessage, parent: &Parent) -> Result<WriteOutcome> {
-        let (exists, orphans) = self.id_status(message)?;
-        if exists {
-            let stored = queries::message(self.conn, self.key, &message.id)?
-                .ok_or_else(|| StoreError::Corrupt(format!("message `{}` vanished", message.id)))?;
-            self.changes.push(Change::Append {
-                message: stored.clone(),
-                parent: parent.clone(),
-                inserted: false,
-            });
-            return Ok(WriteOutcome::Appended {
-                message: stored,
-                inserted: false,
-            });
-        }
-        let link: Option<ParentLink> = match parent {
-            Parent::ActiveLeaf => self
-                .session
-                .leaf_id
-                .clone()
-                .map(|id| (id, self.session.leaf_seq)),
-            Parent::Root => None,
-            Parent::Id(id) if id.is_empty() => None,
-            Parent::Id(id) => {
-                queries::locate(self.conn, self.key, id)?.map(|(seq, _, _)| (id.clone(), Some(seq)))
-            }
-        };
-        // A parent that would make the tree loop is treated like an unknown one: a new root.
-        let link = match link {
-            Some((p, _)) if orphans && self.reaches(&p, &message.id)? => None,
-            other => other,
-        };
-        let stored = self.insert(message, link, orphans, self.now, None)?;
-        self.session.last_message_at = Some(self.now);
-        self.changes.push(Change::Append {
-            message: stored.clone(),
-            parent: parent.clone(),
-            inserted: true,
-        });
-        Ok(WriteOutcome::Appended {
-            message: stored,
-            inserted: true,
-        })
+    async fn newest(&mut self) -> Result<Option<(String, i64)>> {
+        queries::newest(self.conn, self.key)
     }
 
-    fn update(&mut self, message: &PreparedMessage) -> Result<UpdateOutcome> {
-        let current = self
-            .conn
-            .prepare_cached(
-                "SELECT seq, parent_id, content_hash, content_chunks, created_at, updated_at,
-                        token_estimate, bytes
-                   FROM messages WHERE namespace = ?1 AND session_id = ?2 AND id = ?3",
-            )
-            .and_then(|mut stmt| {
-                stmt.query_row(
-                    params![self.key.namespace, self.key.session_id, message.id],
-                    |r| {
-                        Ok((
-                            (r.get(0)?, r.get(1)?, r.get(4)?, r.get(5)?),
-                            r.get::<_, Vec<u8>>(2)?,
-                            r.get::<_, i64>(3)?,
-                            r.get::<_, i64>(6)? as u64,
-                            r.get::<_, i64>(7)? as u64,
-                        ))
-                    },
-                )
-                .optional()
-            })
-            .map_err(backend_error)?;
-        let Some((position, hash, old_chunks, old_tokens, old_bytes)) = current else {
-            return Ok(UpdateOutcome::Missing);
-        };
-        let (seq, parent_id, created_at, updated_at): (i64, Option<String>, i64, Option<i64>) =
-            position;
-        if hash == message.content_hash.0 {
-            let parent_id = parent_id.map(MessageId::from);
-            let unchanged = message.stored(seq, parent_id, created_at, updated_at);
-            return Ok(UpdateOutcome::Unchanged(unchanged));
-        }
-        let stored = message.stored(
-            seq,
-            parent_id.map(MessageId::from),
-            created_at,
-            Some(self.now),
-        );
-        let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
-        let chunks = slices.len() as i64 - 1;
-        exec(
-            self.conn,
-            "UPDATE messages SET role = ?4, content = ?5, content_chunks = ?6, bytes = ?7,
-                    token_estimate = ?8, content_hash = ?9, updated_at = ?10
-              WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
-            params![
-                self.key.namespace,
-                self.key.session_id,
-                stored.seq,
-                message.role,
-                slices[0],
-                chunks,
-                message.bytes() as i64,
-                message.token_estimate as i64,
-                &message.content_hash.0[..],
-                self.now,
-            ],
-        )?;
-        if old_chunks > chunks {
-            exec(
-                self.conn,
-                "DELETE FROM message_chunks
-                  WHERE namespace = ?1 AND session_id = ?2 AND id = ?3 AND idx > ?4",
-                params![self.key.namespace, self.key.session_id, message.id, chunks],
-            )?;
-        }
-        self.write_chunks(&message.id, &slices)?;
-        attachments::put(self.conn, &self.key.namespace, &message.payloads)?;
-        attachments::replace_refs(self.conn, self.key, &message.id, &message.references)?;
-        if self.ctx.search_index {
-            self.reindex(message)?;
-        }
-        let (token_delta, byte_delta) = (
-            message.token_estimate as i64 - old_tokens as i64,
-            message.bytes() as i64 - old_bytes as i64,
-        );
-        if queries::has_children(self.conn, self.key, &message.id)? {
-            // Every path through this row changes: stored totals below it are stale.
-            self.session.path_epoch += 1;
-        } else {
-            exec(
-                self.conn,
-                "UPDATE messages SET path_tokens = path_tokens + ?4, path_bytes = path_bytes + ?5
-                  WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
-                params![
-                    self.key.namespace,
-                    self.key.session_id,
-                    stored.seq,
-                    token_delta,
-                    byte_delta
-                ],
-            )?;
-        }
-        self.session
-            .row_changed(stored.seq, (token_delta, byte_delta), self.now);
-        self.changes.push(Change::Update {
-            message: stored.clone(),
-        });
-        Ok(UpdateOutcome::Changed(stored))
-    }
-
-    fn import(
+    async fn insert(
         &mut self,
-        message: &PreparedMessage,
-        parent_id: Option<&str>,
-        created_at: i64,
-        updated_at: Option<i64>,
-    ) -> Result<WriteOutcome> {
-        let (exists, orphans) = self.id_status(message)?;
-        if exists {
-            return Ok(WriteOutcome::Imported(None));
-        }
-        let link = match parent_id {
-            Some(p) if p == message.id || (orphans && self.reaches(p, &message.id)?) => {
-                return Err(StoreError::ParentCycle {
-                    id: message.id.clone(),
-                    parent_id: p.to_owned(),
-                });
-            }
-            Some(p) => Some((
-                p.to_owned(),
-                queries::locate(self.conn, self.key, p)?.map(|(seq, _, _)| seq),
-            )),
-            None => None,
-        };
-        let stored = self.insert(message, link, orphans, created_at, updated_at)?;
-        self.session.last_message_at = self.session.last_message_at.max(Some(created_at));
-        self.changes.push(Change::Import {
-            message: stored.clone(),
-            parent_id: parent_id.map(str::to_owned),
-        });
-        Ok(WriteOutcome::Imported(Some(stored)))
-    }
-
-    /// Whether following parent links from `from` meets `target`. Only rows whose parent is
-    /// still missing can point at a new id, so callers ask only when such rows exist.
-    fn reaches(&self, from: &str, target: &str) -> Result<bool> {
-        let mut current = from.to_owned();
-        // The tree is acyclic, so a walk to the root visits each stored row at most once.
-        for _ in 0..=self.session.stored_messages {
-            if current == target {
-                return Ok(true);
-            }
-            match queries::locate(self.conn, self.key, &current)? {
-                Some((_, Some(parent), _)) => current = parent,
-                _ => return Ok(false),
-            }
-        }
-        Ok(true)
-    }
-
-    fn delete(&mut self, ids: &[String]) -> Result<WriteOutcome> {
-        let mut deleted: HashMap<String, Option<String>> = HashMap::new();
-        let mut seq_of: HashMap<String, Option<i64>> = HashMap::new();
-        let mut deleted_seqs = Vec::new();
-        for id in ids {
-            if deleted.contains_key(id) {
-                continue;
-            }
-            if let Some((seq, parent_id, parent_seq)) = queries::locate(self.conn, self.key, id)? {
-                if let Some(parent) = &parent_id {
-                    seq_of.insert(parent.clone(), parent_seq);
-                }
-                deleted.insert(id.clone(), parent_id);
-                deleted_seqs.push((id.clone(), seq));
-            }
-        }
-        self.changes.push(Change::Delete {
-            message_ids: ids.to_vec(),
-        });
-        if deleted.is_empty() {
-            return Ok(WriteOutcome::Deleted { count: 0 });
-        }
-        let mut children = Vec::new();
-        let mut child_seq = HashMap::new();
-        for id in deleted.keys() {
-            for (child, seq) in queries::child_links(self.conn, self.key, id)? {
-                children.push((child.clone(), id.clone()));
-                child_seq.insert(child, seq);
-            }
-        }
-        for (child, parent) in splice_rewires(&deleted, &children, MAX_PATH_DEPTH) {
-            let parent_seq = parent
-                .as_ref()
-                .and_then(|p| seq_of.get(p).copied().flatten());
-            exec(
-                self.conn,
-                "UPDATE messages SET parent_id = ?4, parent_seq = ?5
-                  WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
-                params![
-                    self.key.namespace,
-                    self.key.session_id,
-                    child_seq[&child],
-                    parent,
-                    parent_seq
-                ],
-            )?;
-        }
-        let deleted_ids: Vec<&str> = deleted_seqs.iter().map(|(id, _)| id.as_str()).collect();
-        attachments::drop_message_refs(self.conn, self.key, &deleted_ids)?;
-        for (id, seq) in &deleted_seqs {
-            exec(
-                self.conn,
-                "DELETE FROM messages WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
-                params![self.key.namespace, self.key.session_id, seq],
-            )?;
-            exec(
-                self.conn,
-                "DELETE FROM message_chunks WHERE namespace = ?1 AND session_id = ?2 AND id = ?3",
-                params![self.key.namespace, self.key.session_id, id],
-            )?;
-            self.unindex(id)?;
-        }
-        let leaf_deleted =
-            (self.session.leaf_id.as_ref()).is_some_and(|leaf| deleted.contains_key(leaf));
-        let newest = match leaf_deleted {
-            true => Some(queries::newest(self.conn, self.key)?),
-            false => None,
-        };
-        self.session.rows_deleted(deleted.len(), newest, self.now);
-        Ok(WriteOutcome::Deleted {
-            count: deleted.len(),
-        })
-    }
-
-    fn clear(&mut self) -> Result<WriteOutcome> {
-        attachments::drop_session_refs(self.conn, self.key)?;
-        registry::delete_messages(self.conn, self.key, self.ctx.search_index)?;
-        self.changes.push(Change::Clear);
-        self.session.cleared(self.now);
-        Ok(WriteOutcome::Cleared)
-    }
-
-    /// Inserts a new row with the next seq and makes it the active leaf. `orphans` says whether
-    /// rows already name this id as their (missing) parent; they are attached to it.
-    fn insert(
-        &mut self,
-        message: &PreparedMessage,
-        parent: Option<ParentLink>,
-        orphans: bool,
-        created_at: i64,
-        updated_at: Option<i64>,
-    ) -> Result<StoredMessage> {
-        self.session.check_quota(self.max_messages)?;
-        let seq = self.session.next_seq;
-        let (parent_id, parent_seq) = parent.map_or((None, None), |(id, seq)| (Some(id), seq));
-        if orphans {
-            // Adopted orphans (and everything below them) get a longer path.
-            self.session.path_epoch += 1;
-        }
+        session: &SessionRow,
+        row: NewRow<'_>,
+    ) -> Result<Option<PathTotals>> {
+        let NewRow {
+            message,
+            stored,
+            parent_seq,
+            orphans,
+        } = row;
+        let seq = stored.seq;
         let totals = match parent_seq {
-            Some(parent) => self.path_totals_to(parent)?,
+            Some(parent) => self.path_totals_to(session, parent)?,
             None => Some(PathTotals::default()),
         }
         .map(|t| PathTotals {
@@ -599,13 +214,6 @@ impl RequestTx<'_> {
             head_seq: parent_seq.is_none().then_some(seq),
             dense: parent_seq.is_none(),
         });
-        // The stored text is exactly what reads return.
-        let stored = message.stored(
-            seq,
-            parent_id.as_deref().map(MessageId::from),
-            created_at,
-            updated_at,
-        );
         let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
         exec(
             self.conn,
@@ -619,7 +227,7 @@ impl RequestTx<'_> {
                 self.key.session_id,
                 seq,
                 message.id,
-                parent_id,
+                stored.parent_id.as_deref(),
                 parent_seq,
                 message.role,
                 slices[0],
@@ -627,12 +235,12 @@ impl RequestTx<'_> {
                 message.bytes() as i64,
                 message.token_estimate as i64,
                 &message.content_hash.0[..],
-                created_at,
+                stored.created_at,
                 totals.map(|t| t.len as i64),
                 totals.map(|t| t.tokens as i64),
                 totals.map(|t| t.bytes as i64),
-                totals.map(|_| self.session.path_epoch),
-                updated_at,
+                totals.map(|_| session.path_epoch),
+                stored.updated_at,
             ],
         )?;
         self.write_chunks(&message.id, &slices)?;
@@ -652,43 +260,197 @@ impl RequestTx<'_> {
         if self.ctx.search_index && !message.search_text.is_empty() {
             self.index(&message.id, &message.role, &message.search_text)?;
         }
-        let size = (message.token_estimate, message.bytes());
-        let grown = match self.session.extend_path(parent_seq, size) {
-            PathGrowth::Extended => true,
-            PathGrowth::Full => self.slide_path(size)?,
-            PathGrowth::Elsewhere => false,
-        };
-        self.session
-            .add_leaf(&message.id, grown, totals, created_at.max(self.now));
-        Ok(stored)
+        Ok(totals)
     }
 
-    /// A full (capped) path that grows at the leaf by a row of `size` loses its oldest row. O(1)
-    /// on a linear path; returns false (recompute) when the head has several children and the
-    /// one on the path is not known without a walk.
-    fn slide_path(&mut self, size: (u64, u64)) -> Result<bool> {
-        let Some(head) = self.session.path.head_seq else {
-            return Ok(false);
-        };
-        let Some((head_id, tokens, bytes)) = queries::row_size(self.conn, self.key, head)? else {
-            return Ok(false);
-        };
-        let [(_, next_head)] = queries::child_links(self.conn, self.key, &head_id)?[..] else {
-            return Ok(false);
-        };
-        self.session.path.slide((tokens, bytes), next_head, size);
-        Ok(true)
+    async fn current(&mut self, id: &str) -> Result<Option<CurrentRow>> {
+        self.conn
+            .prepare_cached(
+                "SELECT seq, parent_id, content_hash, content_chunks, created_at, updated_at,
+                        token_estimate, bytes
+                   FROM messages WHERE namespace = ?1 AND session_id = ?2 AND id = ?3",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_row(params![self.key.namespace, self.key.session_id, id], |r| {
+                    Ok(CurrentRow {
+                        seq: r.get(0)?,
+                        parent_id: r.get(1)?,
+                        content_hash: r.get(2)?,
+                        content_chunks: r.get(3)?,
+                        created_at: r.get(4)?,
+                        updated_at: r.get(5)?,
+                        token_estimate: r.get::<_, i64>(6)? as u64,
+                        bytes: r.get::<_, i64>(7)? as u64,
+                    })
+                })
+                .optional()
+            })
+            .map_err(backend_error)
     }
 
+    async fn rewrite(
+        &mut self,
+        session: &mut SessionRow,
+        current: &CurrentRow,
+        message: &PreparedMessage,
+        stored: &StoredMessage,
+    ) -> Result<()> {
+        let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
+        let chunks = slices.len() as i64 - 1;
+        exec(
+            self.conn,
+            "UPDATE messages SET role = ?4, content = ?5, content_chunks = ?6, bytes = ?7,
+                    token_estimate = ?8, content_hash = ?9, updated_at = ?10
+              WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
+            params![
+                self.key.namespace,
+                self.key.session_id,
+                current.seq,
+                message.role,
+                slices[0],
+                chunks,
+                message.bytes() as i64,
+                message.token_estimate as i64,
+                &message.content_hash.0[..],
+                stored.updated_at,
+            ],
+        )?;
+        if current.content_chunks > chunks {
+            exec(
+                self.conn,
+                "DELETE FROM message_chunks
+                  WHERE namespace = ?1 AND session_id = ?2 AND id = ?3 AND idx > ?4",
+                params![self.key.namespace, self.key.session_id, message.id, chunks],
+            )?;
+        }
+        self.write_chunks(&message.id, &slices)?;
+        attachments::put(self.conn, &self.key.namespace, &message.payloads)?;
+        attachments::replace_refs(self.conn, self.key, &message.id, &message.references)?;
+        if self.ctx.search_index {
+            self.reindex(message)?;
+        }
+        if queries::has_children(self.conn, self.key, &message.id)? {
+            // Every path through this row changes: stored totals below it are stale.
+            session.path_epoch += 1;
+        } else {
+            exec(
+                self.conn,
+                "UPDATE messages SET path_tokens = path_tokens + ?4, path_bytes = path_bytes + ?5
+                  WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
+                params![
+                    self.key.namespace,
+                    self.key.session_id,
+                    current.seq,
+                    message.token_estimate as i64 - current.token_estimate as i64,
+                    message.bytes() as i64 - current.bytes as i64,
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    async fn reparent(
+        &mut self,
+        child_seq: i64,
+        parent_id: Option<&str>,
+        parent_seq: Option<i64>,
+    ) -> Result<()> {
+        exec(
+            self.conn,
+            "UPDATE messages SET parent_id = ?4, parent_seq = ?5
+              WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
+            params![
+                self.key.namespace,
+                self.key.session_id,
+                child_seq,
+                parent_id,
+                parent_seq
+            ],
+        )?;
+        Ok(())
+    }
+
+    async fn delete_rows(&mut self, rows: &[(String, i64)]) -> Result<()> {
+        let ids: Vec<&str> = rows.iter().map(|(id, _)| id.as_str()).collect();
+        attachments::drop_message_refs(self.conn, self.key, &ids)?;
+        for (id, seq) in rows {
+            exec(
+                self.conn,
+                "DELETE FROM messages WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
+                params![self.key.namespace, self.key.session_id, seq],
+            )?;
+            exec(
+                self.conn,
+                "DELETE FROM message_chunks WHERE namespace = ?1 AND session_id = ?2 AND id = ?3",
+                params![self.key.namespace, self.key.session_id, id],
+            )?;
+            self.unindex(id)?;
+        }
+        Ok(())
+    }
+
+    async fn clear(&mut self) -> Result<()> {
+        attachments::drop_session_refs(self.conn, self.key)?;
+        registry::delete_messages(self.conn, self.key, self.ctx.search_index)
+    }
+
+    async fn delete_session(&mut self) -> Result<()> {
+        attachments::drop_session_refs(self.conn, self.key)?;
+        context::delete_session(self.conn, self.key)?;
+        registry::delete_session_rows(self.conn, self.key, self.ctx.search_index)
+    }
+
+    async fn record(&mut self) -> Result<Option<SessionRecord>> {
+        registry::record(self.conn, self.key)
+    }
+
+    async fn add_compaction(&mut self, compaction: &Compaction) -> Result<()> {
+        registry::add_compaction(self.conn, self.key, compaction)
+    }
+
+    async fn put_state(&mut self, name: &str, value: &str) -> Result<()> {
+        registry::put_state(self.conn, self.key, name, value)
+    }
+
+    async fn delete_state(&mut self, name: &str) -> Result<bool> {
+        registry::delete_state(self.conn, self.key, name)
+    }
+
+    async fn put_block(&mut self, block: &BlockDef) -> Result<()> {
+        context::put_block(self.conn, self.key, block)
+    }
+
+    async fn write_block(&mut self, label: &str, text: &str, mode: WriteMode) -> Result<BlockDef> {
+        context::write_block(self.conn, self.key, label, text, mode)
+    }
+
+    async fn delete_block(&mut self, label: &str) -> Result<bool> {
+        context::delete_block(self.conn, self.key, label)
+    }
+
+    async fn put_entry(&mut self, label: &str, entry: &ContextEntry) -> Result<()> {
+        context::put_entry(self.conn, self.key, label, entry)
+    }
+
+    async fn freeze_prompt(
+        &mut self,
+        prompt: &str,
+        now: i64,
+        replace: bool,
+    ) -> Result<FrozenPrompt> {
+        context::freeze_prompt(self.conn, self.key, prompt, now, replace)
+    }
+}
+
+impl SqliteTx<'_> {
     /// Totals of the whole path ending at `seq`: stored ones when still valid, else walked (and
     /// then only if the path is within the cap, so they are exact).
-    fn path_totals_to(&self, seq: i64) -> Result<Option<PathTotals>> {
-        let session = &self.session;
+    fn path_totals_to(&self, session: &SessionRow, seq: i64) -> Result<Option<PathTotals>> {
         if session.leaf_seq == Some(seq) && !session.totals_stale && !session.path.capped {
             return Ok(Some(session.path));
         }
         if let Some((totals, epoch)) = queries::stored_path_totals(self.conn, self.key, seq)?
-            && epoch == self.session.path_epoch
+            && epoch == session.path_epoch
         {
             return Ok(Some(totals));
         }
