@@ -32,6 +32,8 @@ pub struct TempCluster {
     port: u16,
     /// The user the server runs as, when this process is root.
     run_as: Option<String>,
+    /// Server settings beyond the defaults, as `-c name=value` options.
+    settings: Vec<(String, String)>,
 }
 
 fn find_bindir() -> Option<PathBuf> {
@@ -100,6 +102,12 @@ impl TempCluster {
     /// first cluster of this installation initialises); `trust` authentication on 127.0.0.1
     /// for the user `postgres`.
     pub fn start() -> Result<Self, ClusterError> {
+        Self::start_with(&[])
+    }
+
+    /// Starts a cluster whose server runs with these settings (`name`, `value`), e.g.
+    /// `shared_preload_libraries`.
+    pub fn start_with(settings: &[(&str, &str)]) -> Result<Self, ClusterError> {
         let bindir = find_bindir().ok_or(ClusterError::NotInstalled)?;
         let data = tempfile::Builder::new().prefix("sessiondb-pg-").tempdir()?;
         let run_as = if is_root() {
@@ -115,6 +123,10 @@ impl TempCluster {
             data,
             port: free_port()?,
             run_as,
+            settings: settings
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_string()))
+                .collect(),
         };
         let template = cluster.template()?;
         let mut copy = Command::new("cp");
@@ -135,11 +147,14 @@ impl TempCluster {
 
     /// Starts the server on this cluster's port and data.
     pub fn resume(&self) -> Result<(), ClusterError> {
-        let options = format!(
+        let mut options = format!(
             "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=on",
             self.port,
             self.data.path().display()
         );
+        for (name, value) in &self.settings {
+            options.push_str(&format!(" -c {name}={value}"));
+        }
         let mut start = self.command("pg_ctl");
         start
             .args(["start", "-w", "-t", "60", "-D"])

@@ -38,6 +38,8 @@
 mod attachments;
 mod cache;
 mod context;
+#[cfg(test)]
+mod costs;
 mod durability;
 mod queries;
 mod registry;
@@ -418,9 +420,22 @@ impl SqliteStore {
     }
 }
 
+/// The crate's own tests count what every connection runs ([`costs`]); nothing else does.
+#[cfg(test)]
+fn metered(mut conn: Connection) -> Connection {
+    costs::meter(&mut conn);
+    conn
+}
+
+#[cfg(not(test))]
+fn metered(conn: Connection) -> Connection {
+    conn
+}
+
 /// The writer connection (`synchronous` applies to migrations; commits then run `NORMAL`).
 fn open_writer(path: &Path, synchronous: Synchronous) -> Result<Connection, StoreError> {
     let conn = Connection::open_with_flags_and_vfs(path, OpenFlags::default(), schema::VFS)
+        .map(metered)
         .map_err(backend_error)?;
     schema::configure(&conn, synchronous, false)?;
     Ok(conn)
@@ -433,6 +448,7 @@ fn open_reader(path: &Path, synchronous: Synchronous) -> Result<Connection, Stor
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         schema::VFS,
     )
+    .map(metered)
     .map_err(backend_error)?;
     schema::configure(&conn, synchronous, true)?;
     Ok(conn)

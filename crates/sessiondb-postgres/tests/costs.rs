@@ -1,0 +1,186 @@
+//! The stated costs on PostgreSQL, counted by the server itself (`pg_stat_statements`): an
+//! append runs the same statements, each as often, and touches about as many rows and buffers
+//! in a long session as in a short one; so does a read of the last 50 and a search.
+
+use futures::StreamExt;
+use sessiondb::{AppendOptions, Db, HistoryOptions, Message, Session};
+use sessiondb_postgres::cluster::TempCluster;
+use sessiondb_postgres::{PgConfig, PgStore};
+
+/// Statements run, rows they returned or changed, shared buffers they hit or read.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Spent {
+    calls: i64,
+    rows: i64,
+    buffers: i64,
+}
+
+/// Statements the change feed's machinery runs on its own schedule (catching up, trimming),
+/// whichever operation is being measured.
+fn on_the_feeds_schedule(query: &str) -> bool {
+    query.starts_with("SELECT position, namespace")
+        || query.starts_with("DELETE FROM feed")
+        || query.starts_with("SELECT epoch, position")
+        || query.starts_with("LISTEN")
+        || query.contains("pg_stat_statements")
+}
+
+/// What `operation` made the server do: the cheapest of three runs, since a run may also pay
+/// for upkeep that happens to fall into it (a page pruned, a catalog entry read again).
+async fn measure<F: Future<Output = ()>>(
+    client: &tokio_postgres::Client,
+    operation: impl Fn() -> F,
+) -> Spent {
+    let mut cheapest: Option<Spent> = None;
+    for _ in 0..3 {
+        let spent = measure_once(client, operation()).await;
+        if cheapest.is_none_or(|c| spent.buffers < c.buffers) {
+            cheapest = Some(spent);
+        }
+    }
+    cheapest.unwrap()
+}
+
+async fn measure_once<F: Future<Output = ()>>(
+    client: &tokio_postgres::Client,
+    operation: F,
+) -> Spent {
+    client
+        .execute("SELECT pg_stat_statements_reset()", &[])
+        .await
+        .unwrap();
+    operation.await;
+    let rows = client
+        .query(
+            "SELECT query, calls, rows, shared_blks_hit + shared_blks_read
+               FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database
+                                                      WHERE datname = current_database())",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut spent = Spent::default();
+    for row in rows.iter().filter(|r| !on_the_feeds_schedule(r.get(0))) {
+        spent.calls += row.get::<_, i64>(1);
+        spent.rows += row.get::<_, i64>(2);
+        spent.buffers += row.get::<_, i64>(3);
+    }
+    spent
+}
+
+/// As many statements, returning or changing as many rows; buffers within a quarter and a few
+/// pages (a longer session's index entries sit on other pages, a level deeper here and there;
+/// a cost that grew with the session would be many times larger).
+fn assert_alike(short: Spent, long: Spent, what: &str) {
+    let counts = |s: Spent| (s.calls, s.rows);
+    assert_eq!(counts(short), counts(long), "{what}: {short:?} vs {long:?}");
+    let (a, b) = (short.buffers as f64, long.buffers as f64);
+    assert!(
+        a.max(b) <= 1.25 * a.min(b) + 8.0,
+        "{what}: {short:?} vs {long:?}"
+    );
+}
+
+async fn fill(session: &Session<PgStore>, len: usize) {
+    for start in (0..len).step_by(500) {
+        let batch = (start..(start + 500).min(len))
+            .map(|n| Message::text("user", format!("message {n} about the weather")))
+            .collect();
+        session
+            .append_all(batch, AppendOptions::default())
+            .await
+            .unwrap();
+    }
+    let needle = Message::text("assistant", "the needle");
+    session
+        .append(needle, AppendOptions::default())
+        .await
+        .unwrap();
+}
+
+#[test]
+fn appends_the_last_50_and_searches_cost_the_same_in_short_and_long_sessions() {
+    let cluster = TempCluster::start_with(&[("shared_preload_libraries", "pg_stat_statements")])
+        .unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e}"));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let client = runtime.block_on(async {
+        let (client, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute("CREATE EXTENSION pg_stat_statements")
+            .await
+            .unwrap();
+        client
+    });
+    let db = Db::new(PgStore::connect_blocking(&cluster.url(), PgConfig::default()).unwrap());
+    let (short, long) = (db.session("short").unwrap(), db.session("long").unwrap());
+    runtime.block_on(async {
+        fill(&short, 60).await;
+        fill(&long, 9_000).await;
+        // As autovacuum would: the planner's choices are those of a database it has statistics of.
+        client.batch_execute("VACUUM ANALYZE").await.unwrap();
+        let append = |session: &Session<PgStore>| {
+            let session = session.clone();
+            async move {
+                for n in 0..5 {
+                    let message = Message::text("user", format!("one more, number {n}"));
+                    session
+                        .append(message, AppendOptions::default())
+                        .await
+                        .unwrap();
+                }
+            }
+        };
+        // Each pooled connection's first statements after the statistics changed read the
+        // catalogs again: warm them all first.
+        for _ in 0..4 {
+            append(&short).await;
+            append(&long).await;
+        }
+        let (on_short, on_long) = (
+            measure(&client, || append(&short)).await,
+            measure(&client, || append(&long)).await,
+        );
+        assert_alike(on_short, on_long, "five appends");
+        assert!(on_long.calls <= 5 * 10, "five appends: {on_long:?}");
+
+        let last_50 = |session: &Session<PgStore>| {
+            let session = session.clone();
+            async move {
+                let newest = HistoryOptions {
+                    newest_first: true,
+                    ..HistoryOptions::default()
+                };
+                let page: Vec<_> = session.history(newest).take(50).collect().await;
+                assert_eq!(page.len(), 50);
+            }
+        };
+        for _ in 0..4 {
+            last_50(&short).await;
+            last_50(&long).await;
+        }
+        let (on_short, on_long) = (
+            measure(&client, || last_50(&short)).await,
+            measure(&client, || last_50(&long)).await,
+        );
+        assert_alike(on_short, on_long, "the last 50");
+
+        let search = |session: &Session<PgStore>| {
+            let session = session.clone();
+            async move {
+                assert_eq!(session.search("needle", 20).await.unwrap().len(), 1);
+            }
+        };
+        for _ in 0..4 {
+            search(&short).await;
+            search(&long).await;
+        }
+        let (on_short, on_long) = (
+            measure(&client, || search(&short)).await,
+            measure(&client, || search(&long)).await,
+        );
+        assert_alike(on_short, on_long, "a search");
+    });
+}

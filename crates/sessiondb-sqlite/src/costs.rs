@@ -1,0 +1,204 @@
+//! The stated costs, tested: an append is a fixed number of statements, the session's
+//! statistics (what the auto-compaction check reads), a read of the last 50 and a search cost
+//! the same whatever the session's length, and a whole-path read costs in proportion to the
+//! path. Measured in what SQLite does, not in time: every connection a test
+//! opens counts the statements it finishes and the steps of SQLite's virtual machine they take
+//! (one per opcode run, so a scan shows as steps per row while a seek is a handful).
+
+use std::cell::Cell;
+use std::collections::HashMap;
+
+use rusqlite::trace::{TraceEvent, TraceEventCodes};
+use rusqlite::{Connection, StatementStatus};
+
+/// Work done by SQLite on this thread's connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Cost {
+    pub statements: u64,
+    pub vm_steps: u64,
+}
+
+thread_local! {
+    static SPENT: Cell<Cost> = const { Cell::new(Cost { statements: 0, vm_steps: 0 }) };
+}
+
+/// Counts what `conn` runs, on the thread that runs it. A statement's step counter adds up over
+/// its runs, so each run is charged the difference between its end and its start.
+pub(crate) fn meter(conn: &mut Connection) {
+    let mut started: HashMap<String, i32> = HashMap::new();
+    let codes = TraceEventCodes::SQLITE_TRACE_STMT | TraceEventCodes::SQLITE_TRACE_PROFILE;
+    conn.trace_v2(
+        codes,
+        Some(move |event: TraceEvent<'_>| match event {
+            // Also sent at the start of each trigger program: the first one marks the start.
+            TraceEvent::Stmt(stmt, _) => {
+                let steps = stmt.get_status(StatementStatus::VmStep);
+                started.entry(stmt.sql().into_owned()).or_insert(steps);
+            }
+            TraceEvent::Profile(stmt, _) => {
+                let steps = stmt.get_status(StatementStatus::VmStep);
+                let start = started.remove(stmt.sql().as_ref()).unwrap_or(0);
+                SPENT.with(|spent| {
+                    let mut cost = spent.get();
+                    cost.statements += 1;
+                    cost.vm_steps += (steps - start).max(0) as u64;
+                    spent.set(cost);
+                });
+            }
+            _ => {}
+        }),
+    )
+    .expect("installing the cost meter");
+}
+
+/// What `f` made SQLite do on this thread.
+pub(crate) fn measure<T>(f: impl FnOnce() -> T) -> (T, Cost) {
+    let before = SPENT.with(Cell::get);
+    let value = f();
+    let after = SPENT.with(Cell::get);
+    let cost = Cost {
+        statements: after.statements - before.statements,
+        vm_steps: after.vm_steps - before.vm_steps,
+    };
+    (value, cost)
+}
+
+mod tests {
+    use futures::executor::block_on;
+    use sessiondb_core::tokens::HeuristicCounter;
+    use sessiondb_core::{Message, Parent, SessionKey, Store, WriteOp, WriteRequest};
+
+    use super::*;
+    use crate::{SqliteConfig, SqliteStore, Synchronous};
+
+    /// A store whose reads all come from the database (no row cache), so they show their cost.
+    fn store(dir: &std::path::Path) -> SqliteStore {
+        let config = SqliteConfig {
+            synchronous: Synchronous::Normal,
+            row_cache_bytes: 0,
+            ..SqliteConfig::default()
+        };
+        SqliteStore::open_with(dir, config).unwrap()
+    }
+
+    fn append_request(key: &SessionKey, ids: std::ops::Range<usize>) -> WriteRequest {
+        let ops = ids
+            .map(|n| WriteOp::Append {
+                message: Message::text("user", format!("message {n} about the weather"))
+                    .with_id(format!("{}-{n}", key.session_id))
+                    .prepare(&HeuristicCounter),
+                parent: Parent::ActiveLeaf,
+            })
+            .collect();
+        WriteRequest {
+            key: key.clone(),
+            now_ms: 1,
+            ops,
+            max_messages: None,
+        }
+    }
+
+    /// A session of `len` messages; the last one holds the word `needle`.
+    fn session(store: &SqliteStore, name: &str, len: usize) -> SessionKey {
+        let key = SessionKey::new("", name).unwrap();
+        for start in (0..len - 1).step_by(500) {
+            let end = (start + 500).min(len - 1);
+            block_on(store.write(append_request(&key, start..end))).unwrap();
+        }
+        let mut last = append_request(&key, 0..1);
+        last.ops = vec![WriteOp::Append {
+            message: Message::text("user", "the needle")
+                .with_id(format!("{name}-needle"))
+                .prepare(&HeuristicCounter),
+            parent: Parent::ActiveLeaf,
+        }];
+        block_on(store.write(last)).unwrap();
+        key
+    }
+
+    fn append_cost(store: &SqliteStore, key: &SessionKey, n: usize) -> Cost {
+        measure(|| block_on(store.write(append_request(key, n..n + 1))).unwrap()).1
+    }
+
+    /// Steps within a quarter of each other (the B-trees of a longer session are a level deeper
+    /// here and there; a cost that grew with the session would be many times larger).
+    fn assert_alike(short: Cost, long: Cost, what: &str) {
+        assert_eq!(
+            short.statements, long.statements,
+            "{what}: {short:?} vs {long:?}"
+        );
+        let (a, b) = (short.vm_steps as f64, long.vm_steps as f64);
+        assert!(a.max(b) <= 1.25 * a.min(b), "{what}: {short:?} vs {long:?}");
+    }
+
+    #[test]
+    fn appends_statistics_the_last_50_and_searches_cost_the_same_in_short_and_long_sessions() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path());
+        let short = session(&store, "short", 60);
+        let long = session(&store, "long", 5_000);
+
+        // Later appends run the statements a first append to a session prepared.
+        append_cost(&store, &short, 10_000);
+        append_cost(&store, &long, 10_000);
+        let (on_short, on_long) = (
+            append_cost(&store, &short, 10_001),
+            append_cost(&store, &long, 10_001),
+        );
+        assert_alike(on_short, on_long, "an append");
+        assert!(on_long.statements <= 12, "an append: {on_long:?}");
+
+        // What the facade's auto-compaction check and every `stats` call read.
+        let stats = |key: &SessionKey| measure(|| block_on(store.stats(key)).unwrap()).1;
+        stats(&long);
+        assert_alike(stats(&short), stats(&long), "the session's statistics");
+
+        let last_50 = |key: &SessionKey| {
+            let leaf = block_on(store.stats(key)).unwrap().linear_range.unwrap().1;
+            let (rows, cost) =
+                measure(|| block_on(store.fetch_range_newest(key, 1, leaf, 50)).unwrap());
+            assert_eq!(rows.len(), 50);
+            cost
+        };
+        last_50(&long);
+        assert_alike(last_50(&short), last_50(&long), "the last 50");
+
+        let search = |key: &SessionKey| {
+            let words = vec!["needle".to_owned()];
+            let (hits, cost) = measure(|| block_on(store.search(key, &words, 20)).unwrap());
+            assert_eq!(hits.len(), 1);
+            cost
+        };
+        search(&short); // builds the index
+        assert_alike(search(&short), search(&long), "a search");
+    }
+
+    #[test]
+    fn a_whole_path_read_costs_in_proportion_to_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path());
+        let short = session(&store, "short", 500);
+        let long = session(&store, "long", 5_000);
+        let read_all = |key: &SessionKey| {
+            let leaf = block_on(store.stats(key)).unwrap().linear_range.unwrap().1;
+            let mut cost = Cost::default();
+            let mut from = 1;
+            while from <= leaf {
+                let (rows, spent) =
+                    measure(|| block_on(store.fetch_range(key, from, leaf, 50, 4 << 20)).unwrap());
+                from = rows.last().unwrap().seq + 1;
+                cost.statements += spent.statements;
+                cost.vm_steps += spent.vm_steps;
+            }
+            cost
+        };
+        read_all(&short);
+        let (short_cost, long_cost) = (read_all(&short), read_all(&long));
+        let per_row = |cost: Cost, rows: f64| cost.vm_steps as f64 / rows;
+        let (a, b) = (per_row(short_cost, 500.0), per_row(long_cost, 5_000.0));
+        assert!(
+            a.max(b) <= 1.25 * a.min(b),
+            "steps per row: {a:.1} (500 rows) vs {b:.1} (5,000 rows)"
+        );
+    }
+}
