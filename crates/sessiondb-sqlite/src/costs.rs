@@ -1,4 +1,5 @@
-//! The stated costs, tested: an append is a fixed number of statements, the session's
+//! The stated costs, tested: an append (at the leaf or under an old message) is a fixed number
+//! of statements, the session's
 //! statistics (what the auto-compaction check reads), a read of the last 50 and a search cost
 //! the same whatever the session's length, and a whole-path read costs in proportion to the
 //! path. Measured in what SQLite does, not in time: every connection a test
@@ -132,7 +133,7 @@ mod tests {
     }
 
     #[test]
-    fn appends_statistics_the_last_50_and_searches_cost_the_same_in_short_and_long_sessions() {
+    fn appends_branches_and_reads_cost_the_same_in_short_and_long_sessions() {
         let dir = tempfile::tempdir().unwrap();
         let store = store(dir.path());
         let short = session(&store, "short", 60);
@@ -171,6 +172,16 @@ mod tests {
         };
         search(&short); // builds the index
         assert_alike(search(&short), search(&long), "a search");
+
+        // A branch a quarter of the way in takes its path's totals from its parent's row.
+        let branch = |key: &SessionKey, parent: usize| {
+            let mut request = append_request(key, 20_000..20_001);
+            if let WriteOp::Append { parent: under, .. } = &mut request.ops[0] {
+                *under = Parent::Id(format!("{}-{parent}", key.session_id));
+            }
+            measure(|| block_on(store.write(request)).unwrap()).1
+        };
+        assert_alike(branch(&short, 15), branch(&long, 1_250), "a branch append");
     }
 
     #[test]
