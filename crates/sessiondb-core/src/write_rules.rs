@@ -1,8 +1,8 @@
 //! What each [`WriteOp`] does, written once for every backend: idempotent appends, parent
-//! resolution, refusing loops, imports, updates that change nothing, deletes that splice
-//! children onto the nearest surviving ancestor, clears, and which ops touch the session and
-//! publish which change. A backend implements [`WriteTx`], the reads and writes of its tables
-//! inside the request's transaction, and runs [`apply_request`] there.
+//! resolution, refusing loops, imports, updates (an unchanged one writes nothing), deletes that
+//! splice children onto the nearest surviving ancestor, clears, and which ops touch the session
+//! and publish which change. A backend implements [`WriteTx`], the reads and writes of its
+//! tables inside the request's transaction, and runs [`apply_request`] there.
 //!
 //! The rules are `async` so that a backend with a network round trip per statement can await
 //! it; a backend whose calls return at once (SQLite) can poll the future once.
@@ -25,7 +25,7 @@ use crate::{
 pub type Location = (i64, Option<String>, Option<i64>);
 
 /// A parent link as stored: the parent's id and, when the parent exists, its seq.
-pub type ParentLink = (String, Option<i64>);
+type ParentLink = (String, Option<i64>);
 
 type Result<T> = std::result::Result<T, StoreError>;
 
