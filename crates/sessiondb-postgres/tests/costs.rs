@@ -81,6 +81,26 @@ fn assert_alike(short: Spent, long: Spent, what: &str) {
     );
 }
 
+/// Runs `operation` on a short and a long session and asserts the two cost alike; returns what
+/// it cost on the long one.
+async fn costs_alike<F: Future<Output = ()>>(
+    client: &tokio_postgres::Client,
+    [short, long]: [&Session<PgStore>; 2],
+    what: &str,
+    operation: impl Fn(&Session<PgStore>) -> F,
+) -> Spent {
+    // Each pooled connection's first statements after the statistics changed read the catalogs
+    // again: warm them all first.
+    for _ in 0..4 {
+        operation(short).await;
+        operation(long).await;
+    }
+    let on_short = measure(client, || operation(short)).await;
+    let on_long = measure(client, || operation(long)).await;
+    assert_alike(on_short, on_long, what);
+    on_long
+}
+
 async fn fill(session: &Session<PgStore>, len: usize) {
     for start in (0..len).step_by(500) {
         let batch = (start..(start + 500).min(len))
@@ -133,18 +153,8 @@ fn appends_the_last_50_and_searches_cost_the_same_in_short_and_long_sessions() {
                 }
             }
         };
-        // Each pooled connection's first statements after the statistics changed read the
-        // catalogs again: warm them all first.
-        for _ in 0..4 {
-            append(&short).await;
-            append(&long).await;
-        }
-        let (on_short, on_long) = (
-            measure(&client, || append(&short)).await,
-            measure(&client, || append(&long)).await,
-        );
-        assert_alike(on_short, on_long, "five appends");
-        assert!(on_long.calls <= 5 * 10, "five appends: {on_long:?}");
+        let spent = costs_alike(&client, [&short, &long], "five appends", append).await;
+        assert!(spent.calls <= 5 * 10, "five appends: {spent:?}");
 
         let last_50 = |session: &Session<PgStore>| {
             let session = session.clone();
@@ -157,15 +167,7 @@ fn appends_the_last_50_and_searches_cost_the_same_in_short_and_long_sessions() {
                 assert_eq!(page.len(), 50);
             }
         };
-        for _ in 0..4 {
-            last_50(&short).await;
-            last_50(&long).await;
-        }
-        let (on_short, on_long) = (
-            measure(&client, || last_50(&short)).await,
-            measure(&client, || last_50(&long)).await,
-        );
-        assert_alike(on_short, on_long, "the last 50");
+        costs_alike(&client, [&short, &long], "the last 50", last_50).await;
 
         let search = |session: &Session<PgStore>| {
             let session = session.clone();
@@ -173,14 +175,6 @@ fn appends_the_last_50_and_searches_cost_the_same_in_short_and_long_sessions() {
                 assert_eq!(session.search("needle", 20).await.unwrap().len(), 1);
             }
         };
-        for _ in 0..4 {
-            search(&short).await;
-            search(&long).await;
-        }
-        let (on_short, on_long) = (
-            measure(&client, || search(&short)).await,
-            measure(&client, || search(&long)).await,
-        );
-        assert_alike(on_short, on_long, "a search");
+        costs_alike(&client, [&short, &long], "a search", search).await;
     });
 }
