@@ -85,7 +85,10 @@ mod tests {
         SqliteStore::open_with(dir, config).unwrap()
     }
 
+    /// Appends of messages numbered `ids`, at the time of the first (so each request's writes
+    /// move the session's times, as an agent's do).
     fn append_request(key: &SessionKey, ids: std::ops::Range<usize>) -> WriteRequest {
+        let now_ms = ids.start as i64;
         let ops = ids
             .map(|n| WriteOp::Append {
                 message: Message::text("user", format!("message {n} about the weather"))
@@ -96,7 +99,7 @@ mod tests {
             .collect();
         WriteRequest {
             key: key.clone(),
-            now_ms: 1,
+            now_ms,
             ops,
             max_messages: None,
         }
@@ -109,7 +112,7 @@ mod tests {
             let end = (start + 500).min(len - 1);
             block_on(store.write(append_request(&key, start..end))).unwrap();
         }
-        let mut last = append_request(&key, 0..1);
+        let mut last = append_request(&key, len..len + 1);
         last.ops = vec![WriteOp::Append {
             message: Message::text("user", "the needle")
                 .with_id(format!("{name}-needle"))
@@ -194,8 +197,7 @@ mod tests {
             let store = store(dir.path());
             for n in 0..sessions {
                 let key = SessionKey::new("", format!("s{n:05}")).unwrap();
-                let mut request = append_request(&key, 0..1);
-                request.now_ms = n as i64;
+                let request = append_request(&key, n..n + 1);
                 block_on(store.write(request)).unwrap();
             }
             let mut query = SessionQuery {

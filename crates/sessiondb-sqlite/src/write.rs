@@ -69,8 +69,14 @@ fn load_session(conn: &Connection, key: &SessionKey, now: i64) -> Result<Session
     Ok(row.unwrap_or_else(|| SessionRow::absent(now)))
 }
 
-/// Saves a changed session row, first recomputing stale path aggregates.
-fn save_session(conn: &Connection, key: &SessionKey, session: &mut SessionRow) -> Result<()> {
+/// Saves a changed session row, first recomputing stale path aggregates. `loaded_times` are its
+/// `updated_at` and `last_message_at` as loaded.
+fn save_session(
+    conn: &Connection,
+    key: &SessionKey,
+    session: &mut SessionRow,
+    loaded_times: (i64, Option<i64>),
+) -> Result<()> {
     if !session.dirty {
         return Ok(());
     }
@@ -81,10 +87,18 @@ fn save_session(conn: &Connection, key: &SessionKey, session: &mut SessionRow) -
         };
     }
     // An existing row is updated in place: REPLACE would delete and re-insert it. created_at
-    // never changes and is not assigned: SQLite rewrites the entries of every index over an
-    // assigned column (here `sessions_by_created`), whether its value changed or not.
-    let sql = if session.stored {
+    // never changes and is not assigned, and neither are the times when they did not change:
+    // SQLite rewrites the entries of every index over an assigned column (`sessions_by_created`,
+    // the listings by update and by last message), whether its value changed or not.
+    let times_changed = (session.updated_at, session.last_message_at) != loaded_times;
+    let sql = if session.stored && times_changed {
         "UPDATE sessions SET updated_at = ?4, last_message_at = ?5,
+                next_seq = ?6, leaf_id = ?7, leaf_seq = ?8, path_len = ?9, path_tokens = ?10,
+                path_bytes = ?11, path_capped = ?12, path_head_seq = ?13,
+                stored_messages = ?14, path_epoch = ?15, path_dense = ?16
+          WHERE namespace = ?1 AND id = ?2"
+    } else if session.stored {
+        "UPDATE sessions SET
                 next_seq = ?6, leaf_id = ?7, leaf_seq = ?8, path_len = ?9, path_tokens = ?10,
                 path_bytes = ?11, path_capped = ?12, path_head_seq = ?13,
                 stored_messages = ?14, path_epoch = ?15, path_dense = ?16
@@ -136,9 +150,10 @@ pub(crate) fn apply(
 ) -> Result<(Vec<WriteOutcome>, Vec<Change>)> {
     let key = &request.key;
     let mut session = load_session(conn, key, request.now_ms)?;
+    let loaded_times = (session.updated_at, session.last_message_at);
     let mut tx = SqliteTx { conn, ctx, key };
     let applied = poll_ready(write_rules::apply_request(&mut tx, request, &mut session))?;
-    save_session(conn, key, &mut session)?;
+    save_session(conn, key, &mut session, loaded_times)?;
     if let Some(record) = &session.record {
         registry::save_record(conn, key, record)?;
     }
