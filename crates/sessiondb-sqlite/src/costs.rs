@@ -127,8 +127,9 @@ mod tests {
         measure(|| block_on(store.write(append_request(key, n..n + 1))).unwrap()).1
     }
 
-    /// Steps within a quarter of each other (the B-trees of a longer session are a level deeper
-    /// here and there; a cost that grew with the session would be many times larger).
+    /// The same statements, their steps within a quarter of each other (a seek is one step
+    /// however deep the B-tree, so they mostly match exactly; a cost that grew with the
+    /// session would be many times larger).
     fn assert_alike(short: Cost, long: Cost, what: &str) {
         assert_eq!(
             short.statements, long.statements,
