@@ -1,9 +1,12 @@
 //! The stated costs on PostgreSQL, counted by the server itself (`pg_stat_statements`): an
-//! append runs the same statements, each as often, and touches about as many rows and buffers
-//! in a long session as in a short one; so does a read of the last 50 and a search.
+//! append runs as many statements, for as many rows, and touches about as many buffers in a
+//! long session as in a short one; so does a read of the last 50 and a search; and a page of the
+//! session listing costs the same among few sessions as among many.
 
 use futures::StreamExt;
-use sessiondb::{AppendOptions, Db, HistoryOptions, Message, Session};
+use sessiondb::{
+    AppendOptions, Db, HistoryOptions, Message, PageRequest, Session, SessionListing, SessionSort,
+};
 use sessiondb_postgres::cluster::TempCluster;
 use sessiondb_postgres::{PgConfig, PgStore};
 
@@ -118,22 +121,31 @@ async fn fill(session: &Session<PgStore>, len: usize) {
         .unwrap();
 }
 
-#[test]
-fn appends_the_last_50_and_searches_cost_the_same_in_short_and_long_sessions() {
-    let cluster = TempCluster::start_with(&[("shared_preload_libraries", "pg_stat_statements")])
-        .unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e}"));
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let client = runtime.block_on(async {
-        let (client, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls)
+fn metered_cluster() -> TempCluster {
+    TempCluster::start_with(&[("shared_preload_libraries", "pg_stat_statements")])
+        .unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e}"))
+}
+
+/// A connection to the database at `url` that reads its statement statistics.
+fn metering_client(runtime: &tokio::runtime::Runtime, url: &str) -> tokio_postgres::Client {
+    runtime.block_on(async {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
             .await
             .unwrap();
         tokio::spawn(connection);
         client
-            .batch_execute("CREATE EXTENSION pg_stat_statements")
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             .await
             .unwrap();
         client
-    });
+    })
+}
+
+#[test]
+fn appends_the_last_50_and_searches_cost_the_same_in_short_and_long_sessions() {
+    let cluster = metered_cluster();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let client = metering_client(&runtime, &cluster.url());
     let db = Db::new(PgStore::connect_blocking(&cluster.url(), PgConfig::default()).unwrap());
     let (short, long) = (db.session("short").unwrap(), db.session("long").unwrap());
     runtime.block_on(async {
@@ -177,4 +189,46 @@ fn appends_the_last_50_and_searches_cost_the_same_in_short_and_long_sessions() {
         };
         costs_alike(&client, [&short, &long], "a search", search).await;
     });
+}
+
+#[test]
+fn a_page_of_sessions_costs_the_same_among_few_and_many() {
+    let cluster = metered_cluster();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let page_cost = |sessions: usize| {
+        let url = cluster
+            .create_database(&format!("sessions_{sessions}"), "template1")
+            .unwrap();
+        let client = metering_client(&runtime, &url);
+        let db = Db::new(PgStore::connect_blocking(&url, PgConfig::default()).unwrap());
+        runtime.block_on(async {
+            for n in 0..sessions {
+                let message = Message::text("user", format!("hello from {n}"));
+                let session = db.session(&format!("s{n:05}")).unwrap();
+                session
+                    .append(message, AppendOptions::default())
+                    .await
+                    .unwrap();
+            }
+            client.batch_execute("VACUUM ANALYZE").await.unwrap();
+            let listing = SessionListing {
+                page: PageRequest {
+                    limit: Some(20),
+                    descending: true,
+                    ..PageRequest::default()
+                },
+                sort: SessionSort::LastMessageAt,
+                user_id: None,
+            };
+            let page = || async {
+                let page = db.list_sessions("", &listing).await.unwrap();
+                assert_eq!(page.items.len(), 20);
+            };
+            for _ in 0..8 {
+                page().await;
+            }
+            measure(&client, page).await
+        })
+    };
+    assert_alike(page_cost(30), page_cost(3_000), "a page of 20 sessions");
 }
