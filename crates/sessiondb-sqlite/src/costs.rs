@@ -1,5 +1,5 @@
-//! The stated costs, tested: an append (at the leaf or under an old message) is a fixed number
-//! of statements; the session's record with its statistics (what the auto-compaction check
+//! The stated costs, tested: an append (at the leaf or under an old message) and an update of
+//! an old message are a fixed number of statements; the session's record with its statistics (what the auto-compaction check
 //! reads), a read of the last 50 and a search cost the same whatever the session's length; a
 //! whole-path read costs in proportion to the path; a page of the session listing costs the
 //! same among 30 sessions as among 3,000. Measured in what SQLite does, not in time: every
@@ -191,6 +191,26 @@ mod tests {
             measure(|| block_on(store.write(request)).unwrap()).1
         };
         assert_alike(branch(&short, 15), branch(&long, 1_250), "a branch append");
+
+        // Rewriting an earlier message of a linear conversation adjusts its totals in place
+        // (and marks the stored totals below the row stale instead of rewriting them).
+        let update = |key: &SessionKey, n: usize| {
+            let message = Message::text("user", "rewritten")
+                .with_id(format!("{}-{n}", key.session_id))
+                .prepare(&HeuristicCounter);
+            let mut request = append_request(key, 30_000..30_001);
+            request.ops = vec![WriteOp::Update { message }];
+            measure(|| block_on(store.write(request)).unwrap()).1
+        };
+        // Sessions of their own: an edit below the head moves the session's path epoch, after
+        // which a branch under an older row walks its path once.
+        let (short, long) = (
+            session(&store, "short-edited", 60),
+            session(&store, "long-edited", 5_000),
+        );
+        update(&short, 21);
+        update(&long, 2_001);
+        assert_alike(update(&short, 20), update(&long, 2_000), "an update");
     }
 
     #[test]
