@@ -183,14 +183,15 @@ mod tests {
         assert_alike(search(&short), search(&long), "a search");
 
         // A branch a quarter of the way in takes its path's totals from its parent's row.
-        let branch = |key: &SessionKey, parent: usize| {
-            let mut request = append_request(key, 20_000..20_001);
+        let branch = |key: &SessionKey, parent: usize, n: usize| {
+            let mut request = append_request(key, n..n + 1);
             if let WriteOp::Append { parent: under, .. } = &mut request.ops[0] {
                 *under = Parent::Id(format!("{}-{parent}", key.session_id));
             }
             measure(|| block_on(store.write(request)).unwrap()).1
         };
-        assert_alike(branch(&short, 15), branch(&long, 1_250), "a branch append");
+        let branches = (branch(&short, 15, 20_000), branch(&long, 1_250, 20_000));
+        assert_alike(branches.0, branches.1, "a branch append");
 
         // Rewriting an earlier message of a linear conversation adjusts its totals in place
         // (and marks the stored totals below the row stale instead of rewriting them).
@@ -211,6 +212,17 @@ mod tests {
         update(&short, 21);
         update(&long, 2_001);
         assert_alike(update(&short, 20), update(&long, 2_000), "an update");
+
+        // After the edit, the first branch under an older row walks its path and leaves the
+        // totals on it: a second branch there (a regeneration) does not walk again.
+        branch(&short, 15, 20_000);
+        branch(&long, 1_250, 20_000);
+        let regenerations = (branch(&short, 15, 20_001), branch(&long, 1_250, 20_001));
+        assert_alike(
+            regenerations.0,
+            regenerations.1,
+            "a regeneration after an edit",
+        );
     }
 
     #[test]

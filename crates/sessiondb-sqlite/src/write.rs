@@ -459,7 +459,9 @@ impl WriteTx for SqliteTx<'_> {
 
 impl SqliteTx<'_> {
     /// Totals of the whole path ending at `seq`: stored ones when still valid, else walked (and
-    /// then only if the path is within the cap, so they are exact).
+    /// then only if the path is within the cap, so they are exact). Walked totals are stored on
+    /// the row with the current epoch, so the next branch under it (a regeneration) needs no
+    /// walk.
     fn path_totals_to(&self, session: &SessionRow, seq: i64) -> Result<Option<PathTotals>> {
         if session.leaf_seq == Some(seq) && !session.totals_stale && !session.path.capped {
             return Ok(Some(session.path));
@@ -470,7 +472,24 @@ impl SqliteTx<'_> {
             return Ok(Some(totals));
         }
         let walked = queries::path_totals(self.conn, self.key, seq)?;
-        Ok((!walked.capped).then_some(walked))
+        if walked.capped {
+            return Ok(None);
+        }
+        exec(
+            self.conn,
+            "UPDATE messages SET path_len = ?4, path_tokens = ?5, path_bytes = ?6, path_epoch = ?7
+              WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
+            params![
+                self.key.namespace,
+                self.key.session_id,
+                seq,
+                walked.len as i64,
+                walked.tokens as i64,
+                walked.bytes as i64,
+                session.path_epoch,
+            ],
+        )?;
+        Ok(Some(walked))
     }
 
     fn write_chunks(&self, id: &str, slices: &[&str]) -> Result<()> {
