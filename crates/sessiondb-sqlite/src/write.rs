@@ -91,18 +91,22 @@ fn save_session(
     // SQLite rewrites the entries of every index over an assigned column (`sessions_by_created`,
     // the listings by update and by last message), whether its value changed or not.
     let times_changed = (session.updated_at, session.last_message_at) != loaded_times;
+    macro_rules! update_sessions {
+        ($times:literal) => {
+            concat!(
+                "UPDATE sessions SET ",
+                $times,
+                "next_seq = ?6, leaf_id = ?7, leaf_seq = ?8, path_len = ?9, path_tokens = ?10,
+                 path_bytes = ?11, path_capped = ?12, path_head_seq = ?13,
+                 stored_messages = ?14, path_epoch = ?15, path_dense = ?16
+                 WHERE namespace = ?1 AND id = ?2"
+            )
+        };
+    }
     let sql = if session.stored && times_changed {
-        "UPDATE sessions SET updated_at = ?4, last_message_at = ?5,
-                next_seq = ?6, leaf_id = ?7, leaf_seq = ?8, path_len = ?9, path_tokens = ?10,
-                path_bytes = ?11, path_capped = ?12, path_head_seq = ?13,
-                stored_messages = ?14, path_epoch = ?15, path_dense = ?16
-          WHERE namespace = ?1 AND id = ?2"
+        update_sessions!("updated_at = ?4, last_message_at = ?5, ")
     } else if session.stored {
-        "UPDATE sessions SET
-                next_seq = ?6, leaf_id = ?7, leaf_seq = ?8, path_len = ?9, path_tokens = ?10,
-                path_bytes = ?11, path_capped = ?12, path_head_seq = ?13,
-                stored_messages = ?14, path_epoch = ?15, path_dense = ?16
-          WHERE namespace = ?1 AND id = ?2"
+        update_sessions!("")
     } else {
         "INSERT INTO sessions (namespace, id, created_at, updated_at, last_message_at,
              next_seq, leaf_id, leaf_seq, path_len, path_tokens, path_bytes, path_capped,
@@ -216,19 +220,16 @@ impl WriteTx for SqliteTx<'_> {
             orphans,
         } = row;
         let seq = stored.seq;
+        let (tokens, bytes) = (message.token_estimate, message.bytes());
         let totals = match parent_seq {
-            Some(parent) => self.path_totals_to(session, parent)?,
-            None => Some(PathTotals::default()),
-        }
-        .map(|t| PathTotals {
-            len: t.len + 1,
-            tokens: t.tokens + message.token_estimate,
-            bytes: t.bytes + message.bytes(),
-            capped: false,
-            // A new root is the newest row and alone on its path.
-            head_seq: parent_seq.is_none().then_some(seq),
-            dense: parent_seq.is_none(),
-        });
+            None => Some(PathTotals::lone_root(seq, tokens, bytes)),
+            Some(parent) => self.path_totals_to(session, parent)?.map(|t| PathTotals {
+                len: t.len + 1,
+                tokens: t.tokens + tokens,
+                bytes: t.bytes + bytes,
+                ..PathTotals::default()
+            }),
+        };
         let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
         exec(
             self.conn,
