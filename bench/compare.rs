@@ -4,6 +4,9 @@
 //! `sessiondb-compare lib|http N` — N messages of ~200 characters appended one at a time
 //! (durable: `synchronous=FULL`), then the reads, search, branch, compaction, a cold reopen and
 //! concurrent appenders. Texts come from `texts.rs`, which every driver implements alike.
+//!
+//! `sessiondb-compare floor N` — the least a SQLite commit costs on this machine without fsync:
+//! bare statements on the same SQLite build, no store around them (see [`floor`]).
 #![forbid(unsafe_code)]
 
 mod texts;
@@ -104,6 +107,25 @@ fn open(dir: &std::path::Path) -> Db<SqliteStore> {
     Db::new(SqliteStore::open_with(dir, config).unwrap())
 }
 
+/// Nanoseconds each thread of this process has run, summed by thread name (Linux's
+/// `/proc/self/task/*/schedstat`; empty elsewhere), to tell where a round's CPU went.
+fn cpu_by_thread() -> std::collections::BTreeMap<String, u64> {
+    let mut by_name = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return by_name;
+    };
+    for task in tasks.filter_map(Result::ok).map(|t| t.path()) {
+        let read = |file: &str| std::fs::read_to_string(task.join(file)).unwrap_or_default();
+        let nanos = read("schedstat")
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+        *by_name.entry(read("comm").trim().to_owned()).or_insert(0) += nanos;
+    }
+    by_name
+}
+
 async fn library(n: usize, writers: &[usize]) {
     let dir = tempfile::tempdir().unwrap();
     let db = open(dir.path());
@@ -122,6 +144,7 @@ async fn library(n: usize, writers: &[usize]) {
                 .map(|counter| counter.load(Ordering::Relaxed) as f64)
         };
         for _ in 0..10 {
+            let cpu_before = cpu_by_thread();
             let (before, started) = (counters(), Instant::now());
             emit("appends", concurrent_library(&db, writers).await);
             let wall = started.elapsed().as_nanos() as f64;
@@ -133,6 +156,15 @@ async fn library(n: usize, writers: &[usize]) {
                 requests / commits,
                 busy / requests / 1000.0
             );
+            let spent: Vec<String> = cpu_by_thread()
+                .into_iter()
+                .map(|(thread, nanos)| {
+                    let before = cpu_before.get(&thread).copied().unwrap_or(0);
+                    let micros = nanos.saturating_sub(before) as f64 / requests / 1000.0;
+                    format!("{thread} {micros:.1}")
+                })
+                .collect();
+            eprintln!("  CPU µs per append by thread: {}", spent.join(", "));
         }
         return;
     }
@@ -282,6 +314,69 @@ async fn concurrent_library(db: &Db<SqliteStore>, writers: usize) -> f64 {
         task.await.unwrap();
     }
     started.elapsed().as_secs_f64() * 1000.0 / (per_writer * writers) as f64
+}
+
+/// Medians of `n` commits of bare SQL on the SQLite build sessiondb uses, in WAL mode without
+/// fsync (`synchronous=NORMAL`) and with the file locked for the process (as sessiondb's VFS
+/// does): `floor_row` inserts one ~400-byte row into a rowid table, the cheapest commit there
+/// is; `floor_session` inserts a row keyed by session and position and updates that session's
+/// counter, the least a store of sessions writes per append (no id index, no listing, no
+/// validation). A store that commits each append cannot go below these; Pi's append without
+/// fsync is set against them.
+fn floor(n: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = rusqlite::Connection::open(dir.path().join("floor.db")).unwrap();
+    conn.execute_batch(
+        "PRAGMA journal_mode = WAL;
+         PRAGMA synchronous = NORMAL;
+         PRAGMA locking_mode = EXCLUSIVE;
+         CREATE TABLE rows (body TEXT NOT NULL);
+         CREATE TABLE messages (
+             session TEXT NOT NULL, seq INTEGER NOT NULL, body TEXT NOT NULL,
+             PRIMARY KEY (session, seq)
+         ) WITHOUT ROWID;
+         CREATE TABLE sessions (id TEXT PRIMARY KEY, next_seq INTEGER NOT NULL) WITHOUT ROWID;
+         INSERT INTO sessions VALUES ('floor', 0);",
+    )
+    .unwrap();
+    let body = "x".repeat(400);
+    let run = |sql: &str, params: &[&dyn rusqlite::ToSql]| {
+        conn.prepare_cached(sql).unwrap().execute(params).unwrap();
+    };
+    let commits = |commit: &dyn Fn(i64)| {
+        median(
+            (0..n as i64)
+                .map(|i| {
+                    let started = Instant::now();
+                    commit(i);
+                    started.elapsed().as_secs_f64() * 1000.0
+                })
+                .collect(),
+        )
+    };
+    emit(
+        "floor_row",
+        commits(&|_| run("INSERT INTO rows (body) VALUES (?1)", &[&body])),
+    );
+    emit(
+        "floor_session",
+        commits(&|i| {
+            run("BEGIN", &[]);
+            run(
+                "INSERT INTO messages VALUES ('floor', ?1, ?2)",
+                &[&i, &body],
+            );
+            run(
+                "UPDATE sessions SET next_seq = ?1 WHERE id = 'floor'",
+                &[&(i + 1)],
+            );
+            run("COMMIT", &[]);
+        }),
+    );
+    println!(
+        "{}",
+        json!({"size_bytes": dir_bytes(dir.path()), "durability": "SQLite WAL, synchronous=NORMAL: no fsync"})
+    );
 }
 
 struct Server {
@@ -440,7 +535,7 @@ async fn concurrent_http(base: &str, writers: usize) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: sessiondb-compare lib|http N [WRITERS,…]";
+    let usage = "usage: sessiondb-compare lib|http|floor N [WRITERS,…]";
     let mode = args.get(1).expect(usage).clone();
     let n: usize = args.get(2).and_then(|a| a.parse().ok()).expect(usage);
     let writers: Vec<usize> = args
@@ -456,6 +551,7 @@ fn main() {
     match mode.as_str() {
         "lib" => runtime.block_on(library(n, &writers)),
         "http" => runtime.block_on(http(n, &writers)),
+        "floor" => floor(n),
         _ => panic!("{usage}"),
     }
     eprintln!(

@@ -193,6 +193,7 @@ def main():
         {"name": "sessiondb-http", "cmd": [ours, "http", str(n)]},
         {"name": "sessiondb-normal", "cmd": [ours, "lib", str(n), ""], "env": normal},
         {"name": "sessiondb-1k", "cmd": [ours, "lib", str(lg_n), ""]},
+        {"name": "sqlite-floor", "cmd": [ours, "floor", str(n)]},
         {"name": "cf", "cmd": ["node", "cf_sessions.mjs", str(n)], "cwd": cf_dir},
         {"name": "openai", "cmd": [oa_python, os.path.join(DRIVERS, "openai_sqlite.py"), str(n)],
          "env": py_env},
@@ -227,7 +228,8 @@ PEER_NAMES = ["cf", "openai", "pi", "langgraph"]
 def labels(lg_n):
     return {"sessiondb": "sessiondb (library)", "sessiondb-http": "sessiondb (HTTP)",
             "sessiondb-normal": "sessiondb (library, no fsync)",
-            "sessiondb-1k": f"sessiondb (library, N={lg_n})", "cf": "CF agents Sessions",
+            "sessiondb-1k": f"sessiondb (library, N={lg_n})",
+            "sqlite-floor": "bare SQLite commits (`sessiondb-compare floor`)", "cf": "CF agents Sessions",
             "openai": "OpenAI SQLiteSession", "pi": "Pi SessionManager",
             "langgraph": f"LangGraph SqliteSaver (N={lg_n})"}
 
@@ -307,6 +309,12 @@ def report(results, lg_python, no_readme):
     log("drawing the chart")
     sh([lg_python, os.path.join(HERE, "chart.py"), RESULTS, os.path.join(HERE, "chart.png")])
     normal = medians["sessiondb-normal"]
+    floor = medians.get("sqlite-floor")
+    floor_note = "" if floor is None else f"""
+The least a SQLite commit costs here without fsync, on sessiondb's SQLite build with no store
+around it (`sessiondb-compare floor`): one row into a rowid table {fmt_ms(floor["floor_row"])} ms, a
+row keyed by session and position plus that session's counter {fmt_ms(floor["floor_session"])} ms; Pi's
+append {fmt_ms(medians["pi"]["append"])} ms, its branch {fmt_ms(medians["pi"]["branch"])} ms."""
     section = f"""Latest run: {results['date']}, `python3 bench/compare/run.py` (N = {n:,}; LangGraph at
 N = {lg_n:,} against sessiondb at the same N), {results['rounds']} rounds, medians. Machine:
 {results['machine']}; fsync of 4 KiB on the benchmark's file system: median {results['fsync_ms']:.3f} ms
@@ -316,7 +324,7 @@ Ratios are peer ÷ sessiondb (library): above 1, sessiondb is faster; † compar
 which are never fsynced, with sessiondb without fsync (`SYNC=normal`: append
 {fmt_ms(normal["append"])}, branch {fmt_ms(normal["branch"])}, compact {fmt_ms(normal["compact"])} ms);
 concurrent rows are wall time per append with 8 or 32 writers on their own sessions (peers
-without concurrent writers show —).
+without concurrent writers show —).{floor_note}
 
 {table}
 
