@@ -122,12 +122,12 @@ impl SessionRow {
         self.touch(now);
     }
 
-    /// The row at `seq` was rewritten, `tokens` and `bytes` larger (or smaller). O(1) whenever
-    /// it is known whether the row counts in the active path's aggregates: it is the leaf, or
-    /// the path is dense (exactly the rows from its head's seq on, as a linear conversation's
-    /// is). Otherwise the aggregates are recomputed before saving.
-    pub fn row_changed(&mut self, seq: i64, (tokens, bytes): (i64, i64), now: i64) {
-        let counted = if self.totals_stale {
+    /// Whether the row at `seq` counts in the active path's aggregates, when the row alone tells:
+    /// it is the leaf, or the path is dense (exactly the rows from its head's seq on, as a
+    /// linear conversation's is). `None` on a branched path, where the path's runs tell
+    /// ([`crate::PathRuns::position`]), and when the aggregates are stale anyway.
+    pub fn counts_row(&self, seq: i64) -> Option<bool> {
+        if self.totals_stale {
             None
         } else if self.leaf_seq == Some(seq) {
             Some(true)
@@ -136,14 +136,19 @@ impl SessionRow {
             Some(from_head && self.leaf_seq.is_some_and(|leaf| seq <= leaf))
         } else {
             None
-        };
+        }
+    }
+
+    /// A row was rewritten, `tokens` and `bytes` larger (or smaller); `counted`: whether it
+    /// counts in the active path's aggregates ([`SessionRow::counts_row`]), which are adjusted in
+    /// place. Unknown (`None`), they are recomputed before saving.
+    pub fn row_changed(&mut self, counted: Option<bool>, (tokens, bytes): (i64, i64), now: i64) {
         match counted {
             Some(true) => {
                 self.path.tokens = self.path.tokens.saturating_add_signed(tokens);
                 self.path.bytes = self.path.bytes.saturating_add_signed(bytes);
             }
             Some(false) => {}
-            // The row may sit anywhere on (or off) a branched path.
             None => self.totals_stale = true,
         }
         self.touch(now);
@@ -238,24 +243,29 @@ mod tests {
     #[test]
     fn updates_adjust_the_leaf_and_a_linear_path_and_stale_a_branched_one() {
         let mut row = with_leaf(3);
-        row.row_changed(3, (-5, 20), 7);
+        assert_eq!(row.counts_row(3), Some(true));
+        row.row_changed(Some(true), (-5, 20), 7);
         assert_eq!((row.path.tokens, row.path.bytes), (25, 320));
         assert_eq!(row.updated_at, 7);
         // A linear path is every row from its head on: an interior row counts in it.
         row.path.dense = true;
-        row.row_changed(1, (1, 1), 8);
+        assert_eq!(row.counts_row(1), Some(true));
+        row.row_changed(Some(true), (1, 1), 8);
         assert_eq!((row.path.tokens, row.path.bytes), (26, 321));
         // A row before a capped path's head does not.
         row.path.head_seq = Some(2);
-        row.row_changed(1, (1, 1), 8);
+        assert_eq!(row.counts_row(1), Some(false));
+        row.row_changed(Some(false), (1, 1), 8);
         assert_eq!(
             (row.path.tokens, row.path.bytes, row.totals_stale),
             (26, 321, false)
         );
-        // On a branched path only a walk can tell.
+        // On a branched path the row alone cannot tell; unknown, the totals go stale.
         row.path.dense = false;
-        row.row_changed(2, (1, 1), 9);
+        assert_eq!(row.counts_row(2), None);
+        row.row_changed(None, (1, 1), 9);
         assert!(row.totals_stale);
+        assert_eq!(row.counts_row(3), None);
     }
 
     #[test]

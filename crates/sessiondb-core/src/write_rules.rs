@@ -13,7 +13,7 @@ use std::future::Future;
 use crate::context::{BlockDef, WriteMode};
 use crate::plan::{PathTotals, splice_rewires};
 use crate::session_row::{PathGrowth, SessionRow};
-use crate::store::{ContextEntry, FrozenPrompt};
+use crate::store::{ContextEntry, FrozenPrompt, PathRuns};
 use crate::{
     Change, Compaction, MAX_PATH_DEPTH, MessageId, Parent, PreparedMessage, SessionAction,
     SessionKey, SessionRecord, StoreError, StoredMessage, UpdateOutcome, WriteOp, WriteOutcome,
@@ -67,6 +67,9 @@ pub trait WriteTx {
     fn locate(&mut self, id: &str) -> impl Future<Output = Result<Option<Location>>>;
     /// The id, tokens and bytes of the row at `seq`.
     fn row_size(&mut self, seq: i64) -> impl Future<Output = Result<Option<(String, u64, u64)>>>;
+    /// The active (capped) path ending at the row `leaf` as runs of consecutive seqs
+    /// ([`PathRuns`]; nothing located).
+    fn path_runs(&mut self, leaf: i64) -> impl Future<Output = Result<PathRuns>>;
     /// The children of `id` (ids and seqs).
     fn child_links(&mut self, id: &str) -> impl Future<Output = Result<Vec<(String, i64)>>>;
     /// The newest row (id and seq).
@@ -355,7 +358,11 @@ impl<T: WriteTx> Rules<'_, T> {
             message.token_estimate as i64 - current.token_estimate as i64,
             message.bytes() as i64 - current.bytes as i64,
         );
-        self.session.row_changed(current.seq, growth, self.now);
+        let counted = match self.session.counts_row(current.seq) {
+            Some(counted) => Some(counted),
+            None => self.on_active_path(current.seq).await?,
+        };
+        self.session.row_changed(counted, growth, self.now);
         self.changes.push(Change::Update {
             message: stored.clone(),
         });
@@ -502,6 +509,19 @@ impl<T: WriteTx> Rules<'_, T> {
         self.session
             .add_leaf(&message.id, grown, totals, created_at.max(self.now));
         Ok(stored)
+    }
+
+    /// Whether the row at `seq` is on the active (capped) path, from the path's runs: one seek per
+    /// branch point on it instead of a walk of its rows. `None` when the session's aggregates are
+    /// stale anyway, or do not describe the path the runs find (then they are recomputed).
+    async fn on_active_path(&mut self, seq: i64) -> Result<Option<bool>> {
+        let Some(leaf) = self.session.leaf_seq.filter(|_| !self.session.totals_stale) else {
+            return Ok(None);
+        };
+        let runs = self.tx.path_runs(leaf).await?;
+        let agrees =
+            runs.len() as u64 == self.session.path.len && runs.capped == self.session.path.capped;
+        Ok(agrees.then(|| runs.position(seq).is_some()))
     }
 
     /// A full (capped) path that grows at the leaf by a row of `size` loses its oldest row. O(1)

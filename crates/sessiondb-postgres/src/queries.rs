@@ -287,9 +287,20 @@ pub(crate) async fn path_runs<C: GenericClient>(
     .map(|r| Ok((get(r, 0)?, get(r, 1)?)))
     .collect::<Result<_>>()?;
     let located = ids.iter().map(|id| found.get(id).copied()).collect();
+    Ok(runs_from(c, key, leaf_seq(c, key, leaf).await?)
+        .await?
+        .finish(located))
+}
+
+/// The runs of the path ending at the row `leaf` (none for `None`).
+pub(crate) async fn runs_from<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    leaf: Option<i64>,
+) -> Result<RunsFromLeaf> {
     let mut runs = RunsFromLeaf::default();
-    let Some(start) = leaf_seq(c, key, leaf).await? else {
-        return Ok(runs.finish(located));
+    let Some(start) = leaf else {
+        return Ok(runs);
     };
     let heads = rows(
         c,
@@ -332,7 +343,7 @@ pub(crate) async fn path_runs<C: GenericClient>(
             "no row starts the path run ending at seq {top}"
         )));
     }
-    Ok(runs.finish(located))
+    Ok(runs)
 }
 
 /// Whether a full-length walk stopped while its oldest row still had a parent.

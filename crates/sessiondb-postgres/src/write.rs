@@ -13,7 +13,7 @@ use deadpool_postgres::GenericClient;
 use sessiondb_core::chunk::split_slices;
 use sessiondb_core::context::{BlockDef, WriteMode};
 use sessiondb_core::session_row::SessionRow;
-use sessiondb_core::store::{ContextEntry, FrozenPrompt};
+use sessiondb_core::store::{ContextEntry, FrozenPrompt, PathRuns};
 use sessiondb_core::write_rules::{self, CurrentRow, NewRow, WriteTx};
 use sessiondb_core::{
     Change, Compaction, MAX_PATH_ROWS, MAX_SLICE_BYTES, Parent, PreparedMessage, SessionKey,
@@ -466,6 +466,13 @@ impl<C: GenericClient> WriteTx for PgTx<'_, C> {
     async fn row_size(&mut self, seq: i64) -> Result<Option<(String, u64, u64)>> {
         self.flush().await?;
         queries::row_size(self.c, self.key, seq).await
+    }
+
+    async fn path_runs(&mut self, leaf: i64) -> Result<PathRuns> {
+        self.flush().await?;
+        Ok(queries::runs_from(self.c, self.key, Some(leaf))
+            .await?
+            .finish(Vec::new()))
     }
 
     async fn child_links(&mut self, id: &str) -> Result<Vec<(String, i64)>> {

@@ -1,11 +1,15 @@
 //! The stated costs on PostgreSQL, counted by the server itself (`pg_stat_statements`): an
 //! append runs as many statements, for as many rows, and touches about as many buffers in a
-//! long session as in a short one; so does a read of the last 50 and a search; and a page of the
-//! session listing costs the same among few sessions as among many.
+//! long session as in a short one; so does a read of the last 50, a search and an update of an
+//! earlier message on a branched path; and a page of the session listing costs the same among
+//! few sessions as among many.
 
 use futures::StreamExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use sessiondb::{
-    AppendOptions, Db, HistoryOptions, Message, PageRequest, Session, SessionListing, SessionSort,
+    AppendOptions, Db, HistoryOptions, Message, PageRequest, Parent, Session, SessionListing,
+    SessionSort, Source,
 };
 use sessiondb_postgres::cluster::TempCluster;
 use sessiondb_postgres::{PgConfig, PgStore};
@@ -188,6 +192,54 @@ fn appends_the_last_50_and_searches_cost_the_same_in_short_and_long_sessions() {
             }
         };
         costs_alike(&client, [&short, &long], "a search", search).await;
+
+        // An update of an earlier message while the active path has a branch point: whether the
+        // row counts in the session's totals comes from the path's runs (one probe per branch
+        // point), not from a walk of its rows.
+        let mut edited = Vec::new();
+        for session in [&short, &long] {
+            let first_id = |options: HistoryOptions, n: usize| {
+                let session = session.clone();
+                async move {
+                    let rows: Vec<_> = session.history(options).take(n + 1).collect().await;
+                    rows[n].as_ref().unwrap().id.to_string()
+                }
+            };
+            let newest = HistoryOptions {
+                newest_first: true,
+                ..HistoryOptions::default()
+            };
+            // The branch leaves the path nearly as long as the session.
+            let branch = AppendOptions {
+                parent: Parent::Id(first_id(newest, 10).await),
+                ..AppendOptions::default()
+            };
+            let fork = Message::text("user", "a branch");
+            session.append(fork, branch).await.unwrap();
+            edited.push(first_id(HistoryOptions::default(), 10).await);
+        }
+        let edits = AtomicUsize::new(0);
+        let update = |session: &Session<PgStore>| {
+            let id = if session.id() == "short" {
+                &edited[0]
+            } else {
+                &edited[1]
+            };
+            let text = format!("edit {}", edits.fetch_add(1, Ordering::Relaxed));
+            let message = Message::text("user", text).with_id(id.as_str());
+            let session = session.clone();
+            async move {
+                let updated = session.update(message, Source::Client).await.unwrap();
+                assert!(updated.is_some());
+            }
+        };
+        costs_alike(
+            &client,
+            [&short, &long],
+            "an update on a branched path",
+            update,
+        )
+        .await;
     });
 }
 

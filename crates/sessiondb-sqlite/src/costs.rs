@@ -1,11 +1,11 @@
 //! The stated costs, tested: an append (at the leaf or under an old message) and an update of
-//! an old message are a fixed number of statements; the session's record with its statistics (what the auto-compaction check
-//! reads), a read of the last 50 and a search cost the same whatever the session's length; a
-//! whole-path read costs in proportion to the path; a page of the session listing costs the
-//! same among 30 sessions as among 3,000. Measured in what SQLite does, not in time: every
-//! connection a test opens counts the statements it finishes and the steps of SQLite's virtual
-//! machine they take (one per opcode run, so a scan shows as steps per row while a seek is a
-//! handful).
+//! an old message (on a linear or a branched path) are a fixed number of statements; the
+//! session's record with its statistics (what the auto-compaction check reads), a read of the
+//! last 50 and a search cost the same whatever the session's length; a whole-path read costs in
+//! proportion to the path; a page of the session listing costs the same among 30 sessions as
+//! among 3,000. Measured in what SQLite does, not in time: every connection a test opens counts
+//! the statements it finishes and the steps of SQLite's virtual machine they take (one per
+//! opcode run, so a scan shows as steps per row while a seek is a handful).
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -193,8 +193,10 @@ mod tests {
         let branches = (branch(&short, 15, 20_000), branch(&long, 1_250, 20_000));
         assert_alike(branches.0, branches.1, "a branch append");
 
-        // Rewriting an earlier message of a linear conversation adjusts its totals in place
-        // (and marks the stored totals below the row stale instead of rewriting them).
+        // Rewriting an earlier message adjusts the session's totals in place (and marks the
+        // stored totals below the row stale instead of rewriting them). The branch above is the
+        // active leaf now, so whether a row counts in the totals takes the path's runs: one
+        // seek per branch point on it, not a walk of its rows.
         let update = |key: &SessionKey, n: usize| {
             let message = Message::text("user", "rewritten")
                 .with_id(format!("{}-{n}", key.session_id))
@@ -203,8 +205,22 @@ mod tests {
             request.ops = vec![WriteOp::Update { message }];
             measure(|| block_on(store.write(request)).unwrap()).1
         };
-        // Sessions of their own: an edit below the head moves the session's path epoch, after
-        // which a branch under an older row walks its path once.
+        update(&short, 10);
+        update(&long, 1_000);
+        assert_alike(
+            update(&short, 11),
+            update(&long, 1_001),
+            "an update on a branched path",
+        );
+        assert_alike(
+            update(&short, 40),
+            update(&long, 4_000),
+            "an update off the active path",
+        );
+
+        // On a linear path the session row alone tells. Sessions of their own: an edit below
+        // the head moves the session's path epoch, after which a branch under an older row
+        // walks its path once.
         let (short, long) = (
             session(&store, "short-edited", 60),
             session(&store, "long-edited", 5_000),

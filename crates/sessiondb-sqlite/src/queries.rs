@@ -433,8 +433,17 @@ pub(crate) fn path_runs(
         .collect::<Result<_>>()?;
     // No shortcut through the session row's dense range: it may hold gaps left by deletes,
     // while runs are consecutive seqs (positions count rows).
+    Ok(runs_from(conn, key, leaf_seq(conn, key, leaf)?)?.finish(located))
+}
+
+/// The runs of the path ending at the row `leaf` (none for `None`).
+pub(crate) fn runs_from(
+    conn: &Connection,
+    key: &SessionKey,
+    leaf: Option<i64>,
+) -> Result<RunsFromLeaf> {
     let mut runs = RunsFromLeaf::default();
-    let mut next = leaf_seq(conn, key, leaf)?;
+    let mut next = leaf;
     let mut stmt = conn
         .prepare_cached(
             "SELECT seq, parent_seq FROM messages INDEXED BY messages_detached
@@ -455,7 +464,7 @@ pub(crate) fn path_runs(
             })?;
         next = runs.push(top, head, parent);
     }
-    Ok(runs.finish(located))
+    Ok(runs)
 }
 
 /// How to read the path ending at `leaf` (the active leaf when `None`) forward.

@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use sessiondb_core::chunk::split_slices;
 use sessiondb_core::context::{BlockDef, WriteMode};
 use sessiondb_core::session_row::SessionRow;
-use sessiondb_core::store::{ContextEntry, FrozenPrompt};
+use sessiondb_core::store::{ContextEntry, FrozenPrompt, PathRuns};
 use sessiondb_core::write_rules::{self, CurrentRow, Location, NewRow, WriteTx};
 use sessiondb_core::{
     Change, Compaction, MAX_SLICE_BYTES, PreparedMessage, SessionKey, SessionRecord, StoreError,
@@ -198,6 +198,10 @@ impl WriteTx for SqliteTx<'_> {
 
     async fn row_size(&mut self, seq: i64) -> Result<Option<(String, u64, u64)>> {
         queries::row_size(self.conn, self.key, seq)
+    }
+
+    async fn path_runs(&mut self, leaf: i64) -> Result<PathRuns> {
+        Ok(queries::runs_from(self.conn, self.key, Some(leaf))?.finish(Vec::new()))
     }
 
     async fn child_links(&mut self, id: &str) -> Result<Vec<(String, i64)>> {
