@@ -165,6 +165,65 @@ impl<S: Store> Session<S> {
     }
 }
 
+impl<S: Store> Session<S> {
+    /// `spec` as the block `label` of this scope, checked as [`Context::define`] checks it.
+    pub(crate) fn checked_block(&self, label: &str, spec: BlockSpec) -> Result<BlockDef, Error> {
+        check_label(label)?;
+        self.check_text("content", &spec.content)?;
+        if let Some(description) = &spec.description {
+            self.check_text("description", description)?;
+        }
+        if spec.kind.is_keyed() && !spec.content.is_empty() {
+            return Err(ValidationError::new(
+                "content",
+                ValidationErrorKind::WrongType {
+                    expected: "absent for skill and search blocks (write their entries)",
+                },
+            )
+            .into());
+        }
+        if spec.max_tokens == Some(0) {
+            return Err(ValidationError::new(
+                "maxTokens",
+                ValidationErrorKind::OutOfRange {
+                    min: 1,
+                    max: u64::MAX,
+                },
+            )
+            .into());
+        }
+        sessiondb_core::context::check_fits(label, spec.max_tokens, &spec.content)?;
+        Ok(BlockDef {
+            label: label.to_owned(),
+            kind: spec.kind,
+            description: spec.description.filter(|d| !d.is_empty()),
+            max_tokens: spec.max_tokens,
+            content: spec.content,
+        })
+    }
+
+    /// An entry of the keyed block `label`, checked as [`Context::put_entry`] checks it.
+    pub(crate) fn checked_entry(
+        &self,
+        label: &str,
+        key: &str,
+        content: &str,
+        description: Option<&str>,
+    ) -> Result<ContextEntry, Error> {
+        check_label(label)?;
+        validate_entry_key(key)?;
+        self.check_text("content", content)?;
+        if let Some(description) = description {
+            self.check_text("description", description)?;
+        }
+        Ok(ContextEntry {
+            key: key.to_owned(),
+            content: content.to_owned(),
+            description: description.filter(|d| !d.is_empty()).map(str::to_owned),
+        })
+    }
+}
+
 impl<S: Store> Db<S> {
     /// The namespace's template blocks, which every session of it sees. The prompt and the tools
     /// belong to sessions: use [`Session::context`] for those.
@@ -287,38 +346,7 @@ impl<S: Store> Context<S> {
 
     /// Defines (or redefines) a stored block in this scope. Text beyond `max_tokens` is refused.
     pub async fn define(&self, label: &str, spec: BlockSpec) -> Result<BlockView, Error> {
-        check_label(label)?;
-        self.check_text("content", &spec.content)?;
-        if let Some(description) = &spec.description {
-            self.check_text("description", description)?;
-        }
-        if spec.kind.is_keyed() && !spec.content.is_empty() {
-            return Err(ValidationError::new(
-                "content",
-                ValidationErrorKind::WrongType {
-                    expected: "absent for skill and search blocks (write their entries)",
-                },
-            )
-            .into());
-        }
-        if spec.max_tokens == Some(0) {
-            return Err(ValidationError::new(
-                "maxTokens",
-                ValidationErrorKind::OutOfRange {
-                    min: 1,
-                    max: u64::MAX,
-                },
-            )
-            .into());
-        }
-        sessiondb_core::context::check_fits(label, spec.max_tokens, &spec.content)?;
-        let block = BlockDef {
-            label: label.to_owned(),
-            kind: spec.kind,
-            description: spec.description.filter(|d| !d.is_empty()),
-            max_tokens: spec.max_tokens,
-            content: spec.content,
-        };
+        let block = self.session.checked_block(label, spec)?;
         self.session
             .write_one(WriteOp::PutBlock {
                 block: block.clone(),
@@ -416,12 +444,9 @@ impl<S: Store> Context<S> {
         content: &str,
         description: Option<&str>,
     ) -> Result<(), Error> {
-        check_label(label)?;
-        validate_entry_key(key)?;
-        self.check_text("content", content)?;
-        if let Some(description) = description {
-            self.check_text("description", description)?;
-        }
+        let entry = self
+            .session
+            .checked_entry(label, key, content, description)?;
         if let Some(custom) = self.custom(label) {
             let written = match &custom.provider {
                 Provider::Skill(p) => p.set(key, content, description).await,
@@ -432,11 +457,7 @@ impl<S: Store> Context<S> {
         }
         let op = WriteOp::PutEntry {
             label: label.to_owned(),
-            entry: ContextEntry {
-                key: key.to_owned(),
-                content: content.to_owned(),
-                description: description.filter(|d| !d.is_empty()).map(str::to_owned),
-            },
+            entry,
         };
         self.session.write_one(op).await?;
         Ok(())

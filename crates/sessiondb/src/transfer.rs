@@ -1,22 +1,30 @@
 //! Export and import of a whole session as NDJSON: every message of the tree (in insertion order,
-//! so parents come before children), then compactions, then state. An export re-imports into an
-//! equal session.
+//! so parents come before children), then compactions, then state, then the session's context
+//! (its own blocks, its own entries of keyed blocks, its frozen prompt; the namespace's templates
+//! are not the session's and stay out). An export re-imports into an equal session.
 //!
 //! Lines:
 //! - `{"message": {...}, "parentId": "…"|null, "createdAt": ms}` (`createdAt` optional: the
 //!   message's own `createdAt`, else now)
 //! - `{"compaction": {"id", "summary", "fromMessageId", "toMessageId", "createdAt"}}`
 //! - `{"state": {"key": "…", "value": any JSON}}`
+//! - `{"block": {"label", "kind", "description"?, "maxTokens"?, "content"?}}` (as
+//!   `PUT …/context/{label}` takes it; replaces the session's block of that label)
+//! - `{"entry": {"label", "key", "content", "description"?}}` (an entry of a skill or search
+//!   block; the block must be defined by then)
+//! - `{"prompt": {"text": "…"}}` (the frozen system prompt, frozen anew at import)
 
 use futures::stream::{self, Stream, StreamExt, TryStreamExt};
 use serde_json::Value;
-use sessiondb_core::message::{JsonMap, validate_id, validate_time};
+use sessiondb_core::context::BlockKind;
+use sessiondb_core::message::{JsonMap, validate_id, validate_text, validate_time};
 use sessiondb_core::registry::validate_state_key;
 use sessiondb_core::{
-    Compaction, Message, Store, StoredMessage, ValidationError, ValidationErrorKind,
-    WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome,
+    Compaction, ContextEntry, Message, SessionKey, Store, StoredMessage, ValidationError,
+    ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome,
 };
 
+use crate::context::BlockSpec;
 use crate::session::{check_named_parent, now_ms};
 use crate::{Error, Session};
 
@@ -34,11 +42,20 @@ pub enum ImportLine {
         key: String,
         value: Value,
     },
+    Block {
+        label: String,
+        spec: BlockSpec,
+    },
+    Entry {
+        label: String,
+        entry: ContextEntry,
+    },
+    Prompt(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ImportSummary {
-    /// Messages and compactions written, and state keys set.
+    /// Messages and compactions written; state keys, context blocks, entries and the prompt set.
     pub imported: usize,
     /// Messages and compactions whose id already existed (nothing written for them).
     pub skipped: usize,
@@ -56,6 +73,25 @@ fn string_field(map: &JsonMap, prefix: &str, name: &str) -> Result<String, Valid
             ValidationErrorKind::Missing,
         )),
         Some(_) => Err(wrong(format!("{prefix}.{name}"), "a string")),
+    }
+}
+
+fn optional_string(
+    map: &JsonMap,
+    prefix: &str,
+    name: &str,
+) -> Result<Option<String>, ValidationError> {
+    match map.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(wrong(format!("{prefix}.{name}"), "a string or null")),
+    }
+}
+
+fn object(value: Value, prefix: &str) -> Result<JsonMap, ValidationError> {
+    match value {
+        Value::Object(map) => Ok(map),
+        _ => Err(wrong(prefix.to_owned(), "an object")),
     }
 }
 
@@ -146,9 +182,51 @@ pub fn parse_import_line(number: usize, text: &str) -> Result<ImportLine, Valida
         })?;
         return Ok(ImportLine::State { key, value });
     }
+    if let Some(block) = line.remove("block") {
+        let prefix = format!("{prefix}.block");
+        let b = object(block, &prefix)?;
+        let kind = string_field(&b, &prefix, "kind")?;
+        let kind = BlockKind::parse(&kind).ok_or_else(|| {
+            wrong(
+                format!("{prefix}.kind"),
+                "readonly, writable, skill or search",
+            )
+        })?;
+        let max_tokens = match b.get("maxTokens") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_u64().ok_or_else(|| {
+                wrong(format!("{prefix}.maxTokens"), "a positive integer or null")
+            })?),
+        };
+        let spec = BlockSpec {
+            kind,
+            description: optional_string(&b, &prefix, "description")?,
+            max_tokens,
+            content: optional_string(&b, &prefix, "content")?.unwrap_or_default(),
+        };
+        let label = string_field(&b, &prefix, "label")?;
+        return Ok(ImportLine::Block { label, spec });
+    }
+    if let Some(entry) = line.remove("entry") {
+        let prefix = format!("{prefix}.entry");
+        let e = object(entry, &prefix)?;
+        return Ok(ImportLine::Entry {
+            label: string_field(&e, &prefix, "label")?,
+            entry: ContextEntry {
+                key: string_field(&e, &prefix, "key")?,
+                content: string_field(&e, &prefix, "content")?,
+                description: optional_string(&e, &prefix, "description")?,
+            },
+        });
+    }
+    if let Some(prompt) = line.remove("prompt") {
+        let prefix = format!("{prefix}.prompt");
+        let p = object(prompt, &prefix)?;
+        return Ok(ImportLine::Prompt(string_field(&p, &prefix, "text")?));
+    }
     Err(wrong(
         prefix,
-        "an object with `message`, `compaction` or `state`",
+        "an object with `message`, `compaction`, `state`, `block`, `entry` or `prompt`",
     ))
 }
 
@@ -159,6 +237,17 @@ pub fn parse_import(text: &str) -> Result<Vec<ImportLine>, ValidationError> {
         .filter(|(_, line)| !line.trim().is_empty())
         .map(|(n, line)| parse_import_line(n, line))
         .collect()
+}
+
+/// Names an invalid field of line `number`'s `kind` object in its error, as parse errors do.
+fn on_line(number: usize, kind: &'static str) -> impl Fn(Error) -> Error {
+    move |error| match error {
+        Error::Invalid(e) => Error::Invalid(ValidationError {
+            field: format!("lines[{number}].{kind}.{}", e.field),
+            kind: e.kind,
+        }),
+        other => other,
+    }
 }
 
 fn json_string(s: &str) -> String {
@@ -190,6 +279,10 @@ impl<S: Store> Session<S> {
         let mut ops = Vec::with_capacity(lines.len());
         let now = now_ms();
         let settings = self.write_settings().await?;
+        // What an entry line's label may name: the blocks of earlier block lines, else the
+        // session's visible blocks (read at the first entry line that needs them).
+        let mut defined: Vec<(String, BlockKind)> = Vec::new();
+        let mut visible: Option<Vec<(String, BlockKind)>> = None;
         for (number, line) in lines.into_iter().enumerate() {
             match line {
                 ImportLine::Message {
@@ -222,6 +315,47 @@ impl<S: Store> Session<S> {
                     })
                 }
                 ImportLine::State { key, value } => ops.push(self.put_state_op(&key, &value)?),
+                ImportLine::Block { label, spec } => {
+                    let block = self
+                        .checked_block(&label, spec)
+                        .map_err(on_line(number, "block"))?;
+                    defined.push((label, block.kind));
+                    ops.push(WriteOp::PutBlock { block });
+                }
+                ImportLine::Entry { label, entry } => {
+                    let entry = self
+                        .checked_entry(
+                            &label,
+                            &entry.key,
+                            &entry.content,
+                            entry.description.as_deref(),
+                        )
+                        .map_err(on_line(number, "entry"))?;
+                    let mut kind = defined.iter().rev().find(|(l, _)| *l == label);
+                    if kind.is_none() {
+                        if visible.is_none() {
+                            let blocks = self.store.context_blocks(self.key()).await?;
+                            let blocks = blocks.into_iter().map(|b| (b.block.label, b.block.kind));
+                            visible = Some(blocks.collect());
+                        }
+                        kind = visible.iter().flatten().rev().find(|(l, _)| *l == label);
+                    }
+                    if !kind.is_some_and(|(_, kind)| kind.is_keyed()) {
+                        return Err(wrong(
+                            format!("lines[{number}].entry.label"),
+                            "a skill or search block the session has or an earlier line defines",
+                        )
+                        .into());
+                    }
+                    ops.push(WriteOp::PutEntry { label, entry });
+                }
+                ImportLine::Prompt(prompt) => {
+                    validate_text(&format!("lines[{number}].prompt.text"), &prompt)?;
+                    ops.push(WriteOp::FreezePrompt {
+                        prompt,
+                        replace: true,
+                    });
+                }
             }
         }
         for outcome in self.write(ops).await? {
@@ -262,9 +396,62 @@ impl<S: Store> Session<S> {
                 let value = serde_json::json!({"state": {"key": key, "value": value}});
                 lines.push(Ok(format!("{value}\n")));
             }
+            lines.extend(session.context_lines().await?.into_iter().map(Ok));
             Ok::<_, Error>(stream::iter(lines))
         })
         .try_flatten();
         messages.chain(rest)
+    }
+}
+
+impl<S: Store> Session<S> {
+    /// The session's own context as export lines: its blocks (templates are the namespace's),
+    /// the entries of keyed blocks it holds itself (an entry equal to the template's it shadows
+    /// changes nothing and stays out), and its frozen prompt.
+    async fn context_lines(&self) -> Result<Vec<String>, Error> {
+        let store = &self.store;
+        let templates = SessionKey::templates(&self.key().namespace);
+        let blocks = store.context_blocks(self.key()).await?;
+        let mut lines = Vec::new();
+        for scoped in blocks.iter().filter(|b| !b.template) {
+            let b = &scoped.block;
+            let mut block = serde_json::json!({"label": b.label, "kind": b.kind.as_str()});
+            if let Some(description) = &b.description {
+                block["description"] = description.as_str().into();
+            }
+            if let Some(max_tokens) = b.max_tokens {
+                block["maxTokens"] = max_tokens.into();
+            }
+            if !b.kind.is_keyed() {
+                block["content"] = b.content.as_str().into();
+            }
+            lines.push(format!("{}\n", serde_json::json!({ "block": block })));
+        }
+        let mut keyed: Vec<&str> = Vec::new();
+        for scoped in blocks.iter().filter(|b| b.block.kind.is_keyed()) {
+            if !keyed.contains(&scoped.block.label.as_str()) {
+                keyed.push(&scoped.block.label);
+            }
+        }
+        for label in keyed {
+            for (entry_key, _) in store.context_entry_keys(self.key(), label).await? {
+                let own = store.context_entry(self.key(), label, &entry_key).await?;
+                let inherited = store.context_entry(&templates, label, &entry_key).await?;
+                let Some(entry) = own.filter(|own| Some(own) != inherited.as_ref()) else {
+                    continue;
+                };
+                let mut line = serde_json::json!({
+                    "label": label, "key": entry.key, "content": entry.content});
+                if let Some(description) = entry.description {
+                    line["description"] = description.into();
+                }
+                lines.push(format!("{}\n", serde_json::json!({ "entry": line })));
+            }
+        }
+        if let Some(frozen) = store.prompt(self.key()).await? {
+            let line = serde_json::json!({"prompt": {"text": frozen.prompt}});
+            lines.push(format!("{line}\n"));
+        }
+        Ok(lines)
     }
 }

@@ -242,10 +242,26 @@ async fn export_then_import_reproduces_the_session() {
         )
         .await;
     server.put("/v1/sessions/s/state/k", json!([1, 2])).await;
+    // The session's context goes along: two blocks and an entry.
+    server
+        .put(
+            "/v1/sessions/s/context/memory",
+            json!({"kind": "writable", "content": "likes tea"}),
+        )
+        .await;
+    server
+        .put("/v1/sessions/s/context/kb", json!({"kind": "search"}))
+        .await;
+    server
+        .put(
+            "/v1/sessions/s/context/kb/entries/door",
+            json!({"content": "the blue door"}),
+        )
+        .await;
     let export = server.get("/v1/sessions/s/export").await;
     assert_eq!(export.status, StatusCode::OK);
     assert_eq!(export.headers["content-type"], "application/x-ndjson");
-    assert_eq!(export.text.lines().count(), 5);
+    assert_eq!(export.text.lines().count(), 8);
     assert_eq!(
         server.get("/v1/sessions/none/export").await.status,
         StatusCode::NOT_FOUND
@@ -261,7 +277,7 @@ async fn export_then_import_reproduces_the_session() {
         .await;
     assert_eq!(
         (import.status, &import.json),
-        (StatusCode::OK, &json!({"imported": 5, "skipped": 0}))
+        (StatusCode::OK, &json!({"imported": 8, "skipped": 0}))
     );
     let again = server
         .send(
@@ -270,7 +286,7 @@ async fn export_then_import_reproduces_the_session() {
                 .body(export.text.clone()),
         )
         .await;
-    assert_eq!(again.json, json!({"imported": 1, "skipped": 4}));
+    assert_eq!(again.json, json!({"imported": 4, "skipped": 4}));
     let copy = server.get("/v1/sessions/copy/export").await;
     assert_eq!(copy.text, export.text, "an export re-imports byte for byte");
 

@@ -896,3 +896,130 @@ pub async fn custom_providers_back_blocks<S: Store>(db: Db<S>) {
     let frozen = context.prompt().await.unwrap();
     assert!(frozen.prompt.contains("tick tock"), "{}", frozen.prompt);
 }
+
+pub async fn export_carries_the_sessions_own_context<S: Store>(db: Db<S>) {
+    use futures::TryStreamExt;
+    let templates = db.context_templates("").unwrap();
+    define(
+        &templates,
+        "soul",
+        spec(BlockKind::Readonly, None, None, "Be brief."),
+    )
+    .await;
+    define(&templates, "skills", spec(BlockKind::Skill, None, None, "")).await;
+    templates
+        .put_entry("skills", "review", "Read twice.", None)
+        .await
+        .unwrap();
+
+    let session = db_session(&db, "s");
+    chain(&session, &["a"]).await;
+    let context = session.context();
+    let rules = spec(
+        BlockKind::Readonly,
+        Some("House rules"),
+        Some(40),
+        "No spoilers.",
+    );
+    define(&context, "rules", rules).await;
+    define(&context, "memory", writable("likes tea")).await;
+    define(&context, "notes", spec(BlockKind::Search, None, None, "")).await;
+    context
+        .put_entry("notes", "n1", "the blue door", Some("a door"))
+        .await
+        .unwrap();
+    context
+        .put_entry("notes", "n2", "the red car", None)
+        .await
+        .unwrap();
+    // An entry of its own in a template's block goes along; one equal to the template's adds
+    // nothing and stays out.
+    context
+        .put_entry("skills", "deploy", "Ship on Fridays.", Some("deploys"))
+        .await
+        .unwrap();
+    context
+        .put_entry("skills", "review", "Read twice.", None)
+        .await
+        .unwrap();
+    let prompt = context.prompt().await.unwrap().prompt;
+
+    let lines: Vec<String> = session.export().try_collect().await.unwrap();
+    let kinds: Vec<&str> = lines
+        .iter()
+        .map(|line| {
+            let value: Value = serde_json::from_str(line).unwrap();
+            ["message", "block", "entry", "prompt"]
+                .into_iter()
+                .find(|kind| value.get(kind).is_some())
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "message", "block", "block", "block", "entry", "entry", "entry", "prompt"
+        ]
+    );
+
+    let copy = db_session(&db, "copy");
+    let document = lines.concat();
+    let summary = copy
+        .import_lines(sessiondb::parse_import(&document).unwrap())
+        .await
+        .unwrap();
+    assert_eq!((summary.imported, summary.skipped), (8, 0));
+    let copied = copy.context();
+    assert_eq!(
+        copied.blocks().await.unwrap(),
+        context.blocks().await.unwrap()
+    );
+    for (label, key) in [("notes", "n1"), ("notes", "n2"), ("skills", "deploy")] {
+        assert_eq!(
+            copied.entry(label, key).await.unwrap(),
+            context.entry(label, key).await.unwrap(),
+            "{label}/{key}"
+        );
+    }
+    assert_eq!(
+        copied.search("notes", "door").await.unwrap(),
+        context.search("notes", "door").await.unwrap()
+    );
+    assert_eq!(copied.prompt().await.unwrap().prompt, prompt);
+
+    // An entry whose block neither the session nor an earlier line defines fails the import
+    // whole, naming its line.
+    let orphan_entry = concat!(
+        r#"{"message": {"id": "m", "role": "user", "content": "hi"}, "parentId": null}"#,
+        "\n",
+        r#"{"entry": {"label": "nowhere", "key": "k", "content": "x"}}"#,
+    );
+    let empty = db_session(&db, "empty");
+    let parsed = sessiondb::parse_import(orphan_entry).unwrap();
+    let err = empty.import_lines(parsed).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Invalid(v) if v.field == "lines[1].entry.label"),
+        "{err:?}"
+    );
+    assert!(empty.message("m").await.unwrap().is_none());
+    // Lines are checked as the context API checks its calls.
+    let bad_kind = r#"{"block": {"label": "x", "kind": "sticky"}}"#;
+    let err = sessiondb::parse_import(bad_kind).unwrap_err();
+    assert_eq!(err.field, "lines[0].block.kind");
+    let keyed_text = r#"{"block": {"label": "x", "kind": "skill", "content": "text"}}"#;
+    let parsed = sessiondb::parse_import(keyed_text).unwrap();
+    let err = empty.import_lines(parsed).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Invalid(v) if v.field == "lines[0].block.content"),
+        "{err:?}"
+    );
+    assert!(
+        empty
+            .context()
+            .blocks()
+            .await
+            .unwrap()
+            .iter()
+            .all(|b| b.label != "x")
+    );
+}

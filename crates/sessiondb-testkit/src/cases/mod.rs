@@ -51,6 +51,7 @@ macro_rules! for_each_case {
             context::context_is_isolated_and_deleted_with_its_session,
             context::session_search_tool_spans_sessions,
             context::custom_providers_back_blocks,
+            context::export_carries_the_sessions_own_context,
             conversations::conversation_messages_round_trip,
             conversations::conversation_roles_and_content_are_validated,
             conversations::conversation_pages_have_no_gaps_while_appending,
