@@ -11,6 +11,7 @@ use serde_json::Value;
 use sessiondb_core::compaction::{
     CompactOptions, extended_from, extractive_summary, plan, summary_prompt,
 };
+use sessiondb_core::message::JsonMap;
 use sessiondb_core::tokens::TokenCounter;
 use sessiondb_core::{Change, Compaction, SessionInfo, SessionKey, Store, StoredMessage, WriteOp};
 
@@ -288,9 +289,23 @@ impl<S: Store> Session<S> {
         Ok(Some(compaction))
     }
 
+    /// Tokens of the session's frozen system prompt (counted as one system message), 0 when
+    /// none is frozen. Reads the prompt; never freezes one.
+    async fn frozen_prompt_tokens(&self, settings: &WriteSettings) -> Result<u64, Error> {
+        let Some(frozen) = self.store.prompt(self.key()).await? else {
+            return Ok(0);
+        };
+        let mut message = JsonMap::new();
+        message.insert("role".into(), "system".into());
+        message.insert("content".into(), frozen.prompt.into());
+        Ok(self.counter_of(settings).count_message(&message))
+    }
+
     /// Runs after an append stored `appended`, with the `settings` its write call read:
-    /// compacts when the session's `compactAfter` setting is exceeded. Sessions without the
-    /// setting cost nothing; with it, one O(1) session read, and the overlaid total costs a path
+    /// compacts when the session's `compactAfter` setting is exceeded by the active path's
+    /// (overlaid) token estimate plus its frozen system prompt's. Sessions without the setting
+    /// cost nothing; with it, one O(1) session read and one of the prompt, and the overlaid total
+    /// costs a path
     /// walk only when the path is not the one last measured (a branch, another process's write,
     /// a compaction). A failure never fails the append: it is logged, counted and published as
     /// an `error` event.
@@ -349,10 +364,15 @@ impl<S: Store> Session<S> {
             );
             raw.saturating_sub(adjustment)
         };
-        if estimate > threshold {
-            // At most half the threshold stays as recent messages, so a run brings the
-            // session back under it even when `keepRecentTokens` is larger.
-            self.compact_keeping(None, Some(threshold / 2)).await?;
+        // The frozen system prompt goes to the model with the history, so it counts; a session
+        // that never froze one has given the model none yet. Compaction cannot shrink it: when
+        // it alone reaches the threshold, no run could bring the session back under it.
+        let prompt = self.frozen_prompt_tokens(settings).await?;
+        if estimate.saturating_add(prompt) > threshold && prompt < threshold {
+            // At most half of what the prompt leaves stays as recent messages, so a run brings
+            // the session back under the threshold even when `keepRecentTokens` is larger.
+            self.compact_keeping(None, Some((threshold - prompt) / 2))
+                .await?;
         }
         Ok(())
     }

@@ -578,3 +578,68 @@ async fn sizes_agree<S: Store>(s: &Session<S>, leaf: Option<&str>) {
         assert_eq!(recent.truncated, fitting < shown.len(), "budget {budget}");
     }
 }
+
+pub async fn the_frozen_prompt_counts_towards_auto_compaction<S: Store>(db: Db<S>) {
+    let db = compacting(&db, Some(fixed("auto summary")));
+    let long = "word ".repeat(40);
+    let mut sessions = Vec::new();
+    for name in ["frozen", "unfrozen"] {
+        let s = db_session(&db, name);
+        for i in 0..12 {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            s.append(
+                text(&format!("m{i}"), role, &long),
+                AppendOptions::default(),
+            )
+            .await
+            .unwrap();
+        }
+        // About 200 tokens of readonly text: over the margin left below the threshold, and
+        // well under the threshold itself.
+        let brief = sessiondb::BlockSpec {
+            kind: sessiondb::BlockKind::Readonly,
+            description: None,
+            max_tokens: None,
+            content: "word ".repeat(150),
+        };
+        s.context().define("brief", brief).await.unwrap();
+        let threshold = s.stats().await.unwrap().token_estimate + 100;
+        s.patch(settings(json!({"compactAfter": threshold})))
+            .await
+            .unwrap();
+        sessions.push(s);
+    }
+    let [frozen, unfrozen] = &sessions[..] else {
+        unreachable!()
+    };
+    frozen.context().prompt().await.unwrap();
+    for s in [frozen, unfrozen] {
+        s.append(text("q", "user", "short"), AppendOptions::default())
+            .await
+            .unwrap();
+    }
+    // The frozen prompt goes to the model with the history, so it counts; a session that never
+    // froze one has sent none, and the check freezes nothing.
+    assert_eq!(frozen.compactions().await.unwrap().len(), 1);
+    assert!(unfrozen.compactions().await.unwrap().is_empty());
+    assert!(db.store().prompt(unfrozen.key()).await.unwrap().is_none());
+    // The run kept few enough recent messages that history and prompt are back under the
+    // threshold: the next append compacts nothing.
+    frozen
+        .append(text("r", "user", "fine"), AppendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(frozen.compactions().await.unwrap().len(), 1);
+
+    // A prompt that alone reaches the threshold cannot be compacted away: no run at all.
+    frozen
+        .patch(settings(json!({"compactAfter": 10})))
+        .await
+        .unwrap();
+    frozen
+        .append(text("s", "user", "more"), AppendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(frozen.compactions().await.unwrap().len(), 1);
+    assert_eq!(db.compaction_failures(), 0);
+}

@@ -40,6 +40,7 @@ macro_rules! for_each_case {
             compaction::auto_compaction_estimate_is_capped_with_the_path,
             compaction::hidden_rows_count_for_the_cap_not_the_estimate,
             compaction::overlaid_sizes_follow_the_shown_path,
+            compaction::the_frozen_prompt_counts_towards_auto_compaction,
             context::stored_blocks_render_the_golden_prompt,
             context::prompt_is_frozen_until_refreshed,
             context::readonly_blocks_and_max_tokens_refuse_writes,
