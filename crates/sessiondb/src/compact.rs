@@ -304,11 +304,10 @@ impl<S: Store> Session<S> {
     /// Runs after an append stored `appended`, with the `settings` its write call read:
     /// compacts when the session's `compactAfter` setting is exceeded by the active path's
     /// (overlaid) token estimate plus its frozen system prompt's. Sessions without the setting
-    /// cost nothing; with it, one O(1) session read and one of the prompt, and the overlaid total
-    /// costs a path
-    /// walk only when the path is not the one last measured (a branch, another process's write,
-    /// a compaction). A failure never fails the append: it is logged, counted and published as
-    /// an `error` event.
+    /// cost nothing; with it, one O(1) session read and one of the prompt, and the overlaid
+    /// total costs a path walk only when the path is not the one last measured (a branch,
+    /// another process's write, a compaction). A failure never fails the append: it is logged,
+    /// counted and published as an `error` event.
     pub(crate) async fn after_insert(&self, settings: &WriteSettings, appended: &StoredMessage) {
         if let Err(error) = self.auto_compact(settings, appended).await {
             self.caches.failures.fetch_add(1, Ordering::Relaxed);

@@ -163,9 +163,7 @@ impl<S: Store> Session<S> {
             custom: Vec::new(),
         }
     }
-}
 
-impl<S: Store> Session<S> {
     /// `spec` as the block `label` of this scope, checked as [`Context::define`] checks it.
     pub(crate) fn checked_block(&self, label: &str, spec: BlockSpec) -> Result<BlockDef, Error> {
         check_label(label)?;

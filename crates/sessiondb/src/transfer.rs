@@ -11,7 +11,7 @@
 //! - `{"block": {"label", "kind", "description"?, "maxTokens"?, "content"?}}` (as
 //!   `PUT …/context/{label}` takes it; replaces the session's block of that label)
 //! - `{"entry": {"label", "key", "content", "description"?}}` (an entry of a skill or search
-//!   block; the block must be defined by then)
+//!   block the session has or an earlier line defines)
 //! - `{"prompt": {"text": "…"}}` (the frozen system prompt, frozen anew at import)
 
 use futures::stream::{self, Stream, StreamExt, TryStreamExt};
@@ -402,9 +402,7 @@ impl<S: Store> Session<S> {
         .try_flatten();
         messages.chain(rest)
     }
-}
 
-impl<S: Store> Session<S> {
     /// The session's own context as export lines: its blocks (templates are the namespace's),
     /// the entries of keyed blocks it holds itself (an entry equal to the template's it shadows
     /// changes nothing and stays out), and its frozen prompt.
