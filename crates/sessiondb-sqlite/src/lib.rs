@@ -216,22 +216,21 @@ impl SqliteStore {
         let path = dir.join(DATABASE_FILE);
         let mut writer = open_writer(&path, config.synchronous)?;
         schema::migrate(&mut writer)?;
-        // Commits no longer fsync inside SQLite: the write queue syncs the WAL itself, outside
-        // the writer, so the next group applies while this one reaches the disk (see
-        // `Durability`). Acknowledgements still wait for that sync in `Full` mode.
-        writer
-            .pragma_update(None, "synchronous", "NORMAL")
-            .map_err(backend_error)?;
-        if let Some(bytes) = config.max_database_bytes {
-            let page_size: u32 = writer
-                .query_row("PRAGMA page_size", [], |r| r.get(0))
-                .map_err(backend_error)?;
-            // 0 would read the limit instead of setting one.
-            let pages = i64::try_from(bytes / u64::from(page_size)).map_or(i64::MAX, |p| p.max(1));
-            writer
-                .pragma_update(None, "max_page_count", pages)
-                .map_err(backend_error)?;
-        }
+        let max_pages = match config.max_database_bytes {
+            Some(bytes) => {
+                let page_size: u32 = writer
+                    .query_row("PRAGMA page_size", [], |r| r.get(0))
+                    .map_err(backend_error)?;
+                // 0 would read the limit instead of setting one.
+                Some(i64::try_from(bytes / u64::from(page_size)).map_or(i64::MAX, |p| p.max(1)))
+            }
+            None => None,
+        };
+        let setup = WriterSetup {
+            path: path.clone(),
+            max_pages,
+        };
+        setup.configure(&writer)?;
         let search_ready = writer
             .query_row(
                 "SELECT count(*) FROM store_meta WHERE key = 'search_index'",
@@ -271,7 +270,7 @@ impl SqliteStore {
             jobs: Mutex::new(VecDeque::new()),
             writer: Mutex::new(Writer {
                 conn: writer,
-                path: path.clone(),
+                setup,
                 search_index: search_index.clone(),
                 stats: write_stats.clone(),
                 rows: rows.clone(),
@@ -681,9 +680,38 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// How the writer connection is set up: the one that ran the migrations, and a fresh one after
+/// an index build, both commit as the write queue needs and keep the store's size limit.
+struct WriterSetup {
+    path: PathBuf,
+    /// `max_page_count` for [`SqliteConfig::max_database_bytes`].
+    max_pages: Option<i64>,
+}
+
+impl WriterSetup {
+    fn configure(&self, conn: &Connection) -> Result<(), StoreError> {
+        // Commits no longer fsync inside SQLite: the write queue syncs the WAL itself, outside
+        // the writer, so the next group applies while this one reaches the disk (see
+        // `Durability`). Acknowledgements still wait for that sync in `Full` mode.
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(backend_error)?;
+        if let Some(pages) = self.max_pages {
+            conn.pragma_update(None, "max_page_count", pages)
+                .map_err(backend_error)?;
+        }
+        Ok(())
+    }
+
+    fn open(&self) -> Result<Connection, StoreError> {
+        let conn = open_writer(&self.path, Synchronous::Normal)?;
+        self.configure(&conn)?;
+        Ok(conn)
+    }
+}
+
 struct Writer {
     conn: Connection,
-    path: PathBuf,
+    setup: WriterSetup,
     search_index: Arc<AtomicBool>,
     stats: Arc<WriteStats>,
     rows: Arc<RowCache>,
@@ -894,7 +922,7 @@ impl Writer {
         // Reading the messages and decoding their texts runs on a thread of its own, alongside
         // the inserts: its connection sees the last commit, which is what this transaction
         // started from (the writer is the only one, and it has not changed `messages` here).
-        let reader = open_reader(&self.path, Synchronous::Normal)?;
+        let reader = open_reader(&self.setup.path, Synchronous::Normal)?;
         std::thread::scope(|scope| {
             let (texts, received) = std::sync::mpsc::sync_channel(SEARCH_TEXT_BATCHES_IN_FLIGHT);
             let extraction = scope.spawn(move || search_texts_of_messages(&reader, &texts));
@@ -941,7 +969,7 @@ impl Writer {
         // connection keeps it: every later commit that writes the index (the searches'
         // catch-ups) would walk all its slots twice. A fresh connection starts small; should it
         // fail to open, the old one still works.
-        if let Ok(conn) = open_writer(&self.path, Synchronous::Normal) {
+        if let Ok(conn) = self.setup.open() {
             self.conn = conn;
         }
         Ok(())

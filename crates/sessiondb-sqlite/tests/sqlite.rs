@@ -216,6 +216,30 @@ fn a_data_directory_that_is_a_file_is_named_as_such() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a directory");
 }
 
+/// The size limit holds for the store's whole life: a search builds the full-text index on a
+/// fresh writer connection, which keeps the limit too.
+#[test]
+fn the_size_limit_outlives_the_first_search() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = SqliteConfig {
+        max_database_bytes: Some(1 << 20),
+        ..SqliteConfig::default()
+    };
+    let db = Db::new(SqliteStore::open_with(dir.path(), config).unwrap());
+    let s = db.session("s").unwrap();
+    block_on(s.append(Message::text("user", "needle"), AppendOptions::default())).unwrap();
+    assert_eq!(block_on(s.search("needle", 5)).unwrap().len(), 1);
+    let filler = "filler text ".repeat(2_000);
+    let full = (0..200).find_map(|i| {
+        let message = Message::text("user", format!("{i} {filler}"));
+        block_on(s.append(message, AppendOptions::default())).err()
+    });
+    assert!(
+        matches!(full, Some(Error::Store(StoreError::StorageFull(_)))),
+        "{full:?}"
+    );
+}
+
 /// A store at its size limit fails writes as on a full disk: a typed error, nothing of the
 /// write stored, including writes that shared a group commit; reads go on, and writes succeed
 /// again once a delete frees pages.
