@@ -1,7 +1,9 @@
 //! sessiondb's embedded backend: one SQLite file in WAL mode.
 //!
 //! # Threads
-//! - **One writer connection, led by whoever finds it free.** A write request joins a queue; a
+//! - **One writer connection, led by whoever finds it free** (and set up by the first write when
+//!   the store opened with its schema current, so a process that only reads sets up one
+//!   connection). A write request joins a queue; a
 //!   caller that finds the writer free becomes the leader: it takes every queued request (up to
 //!   `max_batch`), applies them in one transaction and commits once. With more requests waiting
 //!   it hands the group to the flush thread and the writer to the relay thread, which leads on
@@ -214,11 +216,34 @@ impl SqliteStore {
             Err(std::fs::TryLockError::Error(e)) => return Err(io_error(&lock_path, e)),
         }
         let path = dir.join(DATABASE_FILE);
-        let mut writer = open_writer(&path, config.synchronous)?;
-        schema::migrate(&mut writer)?;
+        // Setting up a connection is most of a cold open (each parses the schema). A store
+        // whose schema is current is read through its first reader here and gets its writer at
+        // the first write, so a process that only reads sets up one connection; a new or older
+        // store is created or migrated by the writer first.
+        let first_reader = match path.exists() {
+            true => Some(open_reader(&path, config.synchronous)?),
+            false => None,
+        };
+        let current = match &first_reader {
+            Some(reader) => schema::version(reader)? == schema::SCHEMA_VERSION,
+            None => false,
+        };
+        let migrated = match current {
+            true => None,
+            false => {
+                let mut writer = open_writer(&path, config.synchronous)?;
+                schema::migrate(&mut writer)?;
+                Some(writer)
+            }
+        };
+        // One reader is open from the start, so a database that cannot be read fails at open.
+        let first_reader = match first_reader {
+            Some(reader) => reader,
+            None => open_reader(&path, config.synchronous)?,
+        };
         let max_pages = match config.max_database_bytes {
             Some(bytes) => {
-                let page_size: u32 = writer
+                let page_size: u32 = first_reader
                     .query_row("PRAGMA page_size", [], |r| r.get(0))
                     .map_err(backend_error)?;
                 // 0 would read the limit instead of setting one.
@@ -230,8 +255,7 @@ impl SqliteStore {
             path: path.clone(),
             max_pages,
         };
-        setup.configure(&writer)?;
-        let search_ready = writer
+        let search_ready = first_reader
             .query_row(
                 "SELECT count(*) FROM store_meta WHERE key = 'search_index'",
                 [],
@@ -241,7 +265,7 @@ impl SqliteStore {
             > 0;
         let search_index = Arc::new(AtomicBool::new(search_ready));
         let search_backlog = match search_ready {
-            true => queries::search_backlog(&writer)?.max(0) as usize,
+            true => queries::search_backlog(&first_reader)?.max(0) as usize,
             false => 0,
         };
         // Positions restart with each open; the open time tells them apart.
@@ -254,11 +278,9 @@ impl SqliteStore {
             path: path.clone(),
             synchronous: config.synchronous,
             max: config.readers.max(1),
-            state: Mutex::new((Vec::new(), 0)),
+            state: Mutex::new((vec![first_reader], 1)),
             returned: Condvar::new(),
         });
-        // Open one reader now so a database that cannot be read fails at open, not later.
-        readers.checkin(readers.checkout()?);
         let write_stats = Arc::new(WriteStats::default());
         let rows = Arc::new(RowCache::new(config.row_cache_bytes));
         let durability = Durability::start(
@@ -268,14 +290,17 @@ impl SqliteStore {
         )?;
         let writers = Arc::new(WriteQueue {
             jobs: Mutex::new(VecDeque::new()),
-            writer: Mutex::new(Writer {
-                conn: writer,
-                setup,
-                search_index: search_index.clone(),
-                stats: write_stats.clone(),
-                rows: rows.clone(),
-                changes_since_backlog: search_backlog,
-            }),
+            writer: Mutex::new(WriterSlot::new(
+                migrated,
+                Writer {
+                    conn: (),
+                    setup,
+                    search_index: search_index.clone(),
+                    stats: write_stats.clone(),
+                    rows: rows.clone(),
+                    changes_since_backlog: search_backlog,
+                },
+            )?),
             durability,
             max_batch: config.max_batch.max(1),
             relay: Relay::default(),
@@ -521,7 +546,7 @@ impl ReaderPool {
 /// Queued write jobs and the one writer connection that commits them.
 struct WriteQueue {
     jobs: Mutex<VecDeque<WriteJob>>,
-    writer: Mutex<Writer>,
+    writer: Mutex<WriterSlot>,
     durability: Durability,
     max_batch: usize,
     relay: Relay,
@@ -569,7 +594,10 @@ impl WriteQueue {
                 jobs.drain(..n).collect()
             };
             if !batch.is_empty() {
-                writer.process(batch, &self.durability);
+                match writer.open() {
+                    Ok(writer) => writer.process(batch, &self.durability),
+                    Err(e) => refuse(batch, &e),
+                }
                 if !lock(&self.jobs).is_empty() {
                     // More work is waiting: the flush thread syncs this group while the writer
                     // leads on.
@@ -680,8 +708,10 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// How the writer connection is set up: the one that ran the migrations, and a fresh one after
-/// an index build, both commit as the write queue needs and keep the store's size limit.
+/// How the writer connection is set up: the one that ran the migrations, one opened by the
+/// first write, and a fresh one after an index build all commit as the write queue needs and
+/// keep the store's size limit.
+#[derive(Clone)]
 struct WriterSetup {
     path: PathBuf,
     /// `max_page_count` for [`SqliteConfig::max_database_bytes`].
@@ -709,8 +739,10 @@ impl WriterSetup {
     }
 }
 
-struct Writer {
-    conn: Connection,
+/// The writer connection once it is set up ([`WriterSlot`]); `Writer<()>` is everything else
+/// of it, ready before.
+struct Writer<C = Connection> {
+    conn: C,
     setup: WriterSetup,
     search_index: Arc<AtomicBool>,
     stats: Arc<WriteStats>,
@@ -722,6 +754,62 @@ struct Writer {
 }
 
 type Applied = Result<(Vec<WriteOutcome>, Vec<Change>), StoreError>;
+
+/// The writer, its connection set up by the first write that needs it.
+enum WriterSlot {
+    Unopened(Writer<()>),
+    Open(Writer),
+}
+
+impl WriterSlot {
+    /// `conn`: a connection that just ran the migrations, set up for writing now.
+    fn new(conn: Option<Connection>, writer: Writer<()>) -> Result<Self, StoreError> {
+        Ok(match conn {
+            Some(conn) => {
+                writer.setup.configure(&conn)?;
+                Self::Open(writer.with(conn))
+            }
+            None => Self::Unopened(writer),
+        })
+    }
+
+    /// The writer, setting up its connection first if no write has yet.
+    fn open(&mut self) -> Result<&mut Writer, StoreError> {
+        if let Self::Unopened(unopened) = self {
+            let conn = unopened.setup.open()?;
+            *self = Self::Open(unopened.with(conn));
+        }
+        match self {
+            Self::Open(writer) => Ok(writer),
+            Self::Unopened(_) => unreachable!("set up just above"),
+        }
+    }
+}
+
+impl Writer<()> {
+    fn with(&self, conn: Connection) -> Writer {
+        Writer {
+            conn,
+            setup: self.setup.clone(),
+            search_index: self.search_index.clone(),
+            stats: self.stats.clone(),
+            rows: self.rows.clone(),
+            changes_since_backlog: self.changes_since_backlog,
+        }
+    }
+}
+
+/// Answers every job of `batch` with `error` (the writer could not be set up): nothing of them
+/// was written.
+fn refuse(batch: Vec<WriteJob>, error: &StoreError) {
+    let refused = || StoreError::Backend(format!("setting up the writer: {error}"));
+    for job in batch {
+        match job {
+            WriteJob::Write(_, reply) => drop(reply.send(Err(refused()))),
+            WriteJob::EnsureSearchIndex(reply) => drop(reply.send(Err(refused()))),
+        }
+    }
+}
 
 impl Writer {
     /// Commits runs of write requests as groups; an index build commits on its own.

@@ -121,10 +121,14 @@ pub(crate) fn configure(
 }
 
 /// Brings the schema to the latest version, one transaction per migration.
+/// The schema version a database file is at (0: a new file).
+pub(crate) fn version(conn: &Connection) -> Result<i64, StoreError> {
+    conn.query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(backend_error)
+}
+
 pub(crate) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
-    let version: i64 = conn
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(backend_error)?;
+    let version = version(conn)?;
     let latest = SCHEMA_VERSION;
     if version > latest {
         return Err(StoreError::SchemaTooNew {

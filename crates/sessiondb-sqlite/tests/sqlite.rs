@@ -1071,6 +1071,9 @@ fn a_failed_wal_sync_halts_writes_until_the_store_is_reopened() {
         let db = open(dir.path());
         let s = db.session("s").unwrap();
         let mut feed = db.subscribe(sessiondb::FeedFilter::All);
+        // The writer is set up by its first job: a search's index build, which needs no sync,
+        // so the WAL it writes to is removed before anything syncs it.
+        assert_eq!(block_on(s.search("kept", 5)).unwrap().len(), 1);
         std::fs::remove_file(dir.path().join(format!("{DATABASE_FILE}-wal"))).unwrap();
         for id in ["unsynced", "refused"] {
             let halted = append(&s, id);
