@@ -458,7 +458,15 @@ fn metered(conn: Connection) -> Connection {
 
 /// The writer connection (`synchronous` applies to migrations; commits then run `NORMAL`).
 fn open_writer(path: &Path, synchronous: Synchronous) -> Result<Connection, StoreError> {
-    let conn = Connection::open_with_flags_and_vfs(path, OpenFlags::default(), schema::VFS)
+    writer_with_flags(path, synchronous, OpenFlags::default())
+}
+
+fn writer_with_flags(
+    path: &Path,
+    synchronous: Synchronous,
+    flags: OpenFlags,
+) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags_and_vfs(path, flags, schema::VFS)
         .map(metered)
         .map_err(backend_error)?;
     schema::configure(&conn, synchronous, false)?;
@@ -732,8 +740,11 @@ impl WriterSetup {
         Ok(())
     }
 
+    /// A writer connection to the store's file, which exists by now: should it have gone, this
+    /// fails instead of creating an empty database in its place.
     fn open(&self) -> Result<Connection, StoreError> {
-        let conn = open_writer(&self.path, Synchronous::Normal)?;
+        let flags = OpenFlags::default().difference(OpenFlags::SQLITE_OPEN_CREATE);
+        let conn = writer_with_flags(&self.path, Synchronous::Normal, flags)?;
         self.configure(&conn)?;
         Ok(conn)
     }

@@ -1050,6 +1050,35 @@ fn acknowledged_writes_survive_sigkill() {
     );
 }
 
+/// A store opened with its schema current sets up its writer at the first write. Should that
+/// fail (here: the database file is gone by then), the write gets a typed error naming the
+/// set-up, nothing is created in the file's place, and reads go on.
+#[test]
+fn a_writer_that_cannot_be_set_up_refuses_the_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let append = |s: &sessiondb::Session<SqliteStore>, id: &str| {
+        block_on(s.append(
+            Message::text("user", "text").with_id(id),
+            AppendOptions::default(),
+        ))
+    };
+    append(&open(dir.path()).session("s").unwrap(), "kept").unwrap();
+    let db = open(dir.path());
+    let s = db.session("s").unwrap();
+    std::fs::remove_file(dir.path().join(DATABASE_FILE)).unwrap();
+    for id in ["first", "second"] {
+        match append(&s, id) {
+            Err(Error::Store(StoreError::Backend(message))) => {
+                assert!(message.starts_with("setting up the writer: "), "{message}");
+            }
+            other => panic!("{id}: {other:?}"),
+        }
+    }
+    assert!(!dir.path().join(DATABASE_FILE).exists());
+    let history = block_on(s.full_history(HistoryOptions::default())).unwrap();
+    assert_eq!(history.len(), 1);
+}
+
 /// A failed sync of the write-ahead log (here: its file is gone when the store first syncs it)
 /// halts writes: the writes it covered and every later one get `Halted`, later ones are not
 /// applied, nothing is published, reads go on, and a reopened store takes writes again with every
