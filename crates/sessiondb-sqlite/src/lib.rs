@@ -231,7 +231,7 @@ impl SqliteStore {
         let migrated = match current {
             true => None,
             false => {
-                let mut writer = open_writer(&path, config.synchronous)?;
+                let mut writer = open_writer(&path, config.synchronous, OpenFlags::default())?;
                 schema::migrate(&mut writer)?;
                 Some(writer)
             }
@@ -456,12 +456,9 @@ fn metered(conn: Connection) -> Connection {
     conn
 }
 
-/// The writer connection (`synchronous` applies to migrations; commits then run `NORMAL`).
-fn open_writer(path: &Path, synchronous: Synchronous) -> Result<Connection, StoreError> {
-    writer_with_flags(path, synchronous, OpenFlags::default())
-}
-
-fn writer_with_flags(
+/// A writer connection (`synchronous` applies to migrations; commits then run `NORMAL`, see
+/// [`WriterSetup`]).
+fn open_writer(
     path: &Path,
     synchronous: Synchronous,
     flags: OpenFlags,
@@ -744,7 +741,7 @@ impl WriterSetup {
     /// fails instead of creating an empty database in its place.
     fn open(&self) -> Result<Connection, StoreError> {
         let flags = OpenFlags::default().difference(OpenFlags::SQLITE_OPEN_CREATE);
-        let conn = writer_with_flags(&self.path, Synchronous::Normal, flags)?;
+        let conn = open_writer(&self.path, Synchronous::Normal, flags)?;
         self.configure(&conn)?;
         Ok(conn)
     }
