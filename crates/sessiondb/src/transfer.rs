@@ -116,9 +116,7 @@ pub fn parse_import_line(number: usize, text: &str) -> Result<ImportLine, Valida
             },
         )
     })?;
-    let Value::Object(mut line) = value else {
-        return Err(wrong(prefix, "an object"));
-    };
+    let mut line = object(value, &prefix)?;
     if let Some(message) = line.remove("message") {
         let parent_id = match line.get("parentId") {
             None | Some(Value::Null) => None,
@@ -157,9 +155,7 @@ pub fn parse_import_line(number: usize, text: &str) -> Result<ImportLine, Valida
     }
     if let Some(compaction) = line.remove("compaction") {
         let prefix = format!("{prefix}.compaction");
-        let Value::Object(c) = compaction else {
-            return Err(wrong(prefix, "an object"));
-        };
+        let c = object(compaction, &prefix)?;
         let compaction = Compaction {
             id: string_field(&c, &prefix, "id")?,
             summary: string_field(&c, &prefix, "summary")?,
@@ -172,9 +168,7 @@ pub fn parse_import_line(number: usize, text: &str) -> Result<ImportLine, Valida
     }
     if let Some(state) = line.remove("state") {
         let prefix = format!("{prefix}.state");
-        let Value::Object(mut s) = state else {
-            return Err(wrong(prefix, "an object"));
-        };
+        let mut s = object(state, &prefix)?;
         let key = string_field(&s, &prefix, "key")?;
         validate_state_key(&key)?;
         let value = s.remove("value").ok_or_else(|| {
