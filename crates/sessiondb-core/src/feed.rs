@@ -38,6 +38,36 @@ impl SessionAction {
     }
 }
 
+/// Where a compaction run stands: `Compacting` while its summary is being written (a model call
+/// can take seconds), then `Idle`. Published around every run that asks a summarizer (the
+/// reference's `cf_agent_session` status), so a client can show that one is under way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompactionPhase {
+    Compacting,
+    Idle,
+}
+
+impl CompactionPhase {
+    pub fn name(self) -> &'static str {
+        match self {
+            CompactionPhase::Compacting => "compacting",
+            CompactionPhase::Idle => "idle",
+        }
+    }
+}
+
+/// A session's token estimate as compaction judges it (the active or compacted path with
+/// summaries in place of what they cover, plus the frozen system prompt) at a phase of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompactionStatus {
+    pub phase: CompactionPhase,
+    pub token_estimate: u64,
+    /// The session's `compactAfter` setting.
+    pub token_threshold: Option<u64>,
+    /// On the `Idle` status that ends a run which stored a summary: the estimate before it.
+    pub compacted_tokens_before: Option<u64>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
     /// Also published for an idempotent re-append (`inserted: false`), which writes nothing.
@@ -73,6 +103,10 @@ pub enum Change {
     Error {
         message: String,
     },
+    /// A compaction run began or ended; nothing was written by the status itself.
+    Status {
+        status: CompactionStatus,
+    },
 }
 
 impl Change {
@@ -88,6 +122,7 @@ impl Change {
             Change::Compact { .. } => "compact",
             Change::Session { .. } => "session",
             Change::Error { .. } => "error",
+            Change::Status { .. } => "status",
         }
     }
 }

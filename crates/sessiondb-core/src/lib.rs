@@ -45,7 +45,8 @@ pub mod tokens;
 pub mod write_rules;
 
 pub use feed::{
-    Change, ChangeEvent, ChangeFeed, FeedFilter, FeedItem, SessionAction, Subscription,
+    Change, ChangeEvent, ChangeFeed, CompactionPhase, CompactionStatus, FeedFilter, FeedItem,
+    SessionAction, Subscription,
 };
 pub use message::{
     ContentHash, Message, MessageId, PreparedMessage, Source, StoredFields, StoredMessage,

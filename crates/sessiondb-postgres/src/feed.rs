@@ -15,7 +15,8 @@ use deadpool_postgres::GenericClient;
 use serde_json::{Value, json};
 use sessiondb_core::message::{MessageId, StoredRow, role_of};
 use sessiondb_core::{
-    Change, ChangeFeed, Compaction, Parent, SessionAction, SessionKey, StoreError, StoredMessage,
+    Change, ChangeFeed, Compaction, CompactionPhase, CompactionStatus, Parent, SessionAction,
+    SessionKey, StoreError, StoredMessage,
 };
 use tokio::sync::Mutex;
 
@@ -84,6 +85,15 @@ fn encode(change: &Change) -> Encoded {
         }
         Change::Session { action } => (json!({"action": action.name()}), None),
         Change::Error { message } => (json!({ "message": message }), None),
+        Change::Status { status } => (
+            json!({
+                "phase": status.phase.name(),
+                "tokenEstimate": status.token_estimate,
+                "tokenThreshold": status.token_threshold,
+                "tokensBefore": status.compacted_tokens_before,
+            }),
+            None,
+        ),
     };
     Encoded {
         kind: change.name(),
@@ -186,6 +196,20 @@ fn decode(kind: &str, meta: &str, message: Option<String>) -> Result<Change> {
         },
         "error" => Change::Error {
             message: text(&meta, "message")?,
+        },
+        "status" => Change::Status {
+            status: CompactionStatus {
+                phase: match meta["phase"].as_str() {
+                    Some("compacting") => CompactionPhase::Compacting,
+                    Some("idle") => CompactionPhase::Idle,
+                    _ => return Err(corrupt("phase")),
+                },
+                token_estimate: meta["tokenEstimate"]
+                    .as_u64()
+                    .ok_or_else(|| corrupt("tokenEstimate"))?,
+                token_threshold: meta["tokenThreshold"].as_u64(),
+                compacted_tokens_before: meta["tokensBefore"].as_u64(),
+            },
         },
         other => return Err(corrupt(&format!("unknown kind `{other}`"))),
     })
@@ -461,6 +485,22 @@ mod tests {
             },
             Change::Error {
                 message: "failed".into(),
+            },
+            Change::Status {
+                status: CompactionStatus {
+                    phase: CompactionPhase::Idle,
+                    token_estimate: 120,
+                    token_threshold: Some(100),
+                    compacted_tokens_before: Some(900),
+                },
+            },
+            Change::Status {
+                status: CompactionStatus {
+                    phase: CompactionPhase::Compacting,
+                    token_estimate: 900,
+                    token_threshold: None,
+                    compacted_tokens_before: None,
+                },
             },
         ];
         for change in changes {

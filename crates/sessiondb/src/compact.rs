@@ -13,7 +13,10 @@ use sessiondb_core::compaction::{
 };
 use sessiondb_core::message::JsonMap;
 use sessiondb_core::tokens::TokenCounter;
-use sessiondb_core::{Change, Compaction, SessionInfo, SessionKey, Store, StoredMessage, WriteOp};
+use sessiondb_core::{
+    Change, Compaction, CompactionPhase, CompactionStatus, SessionInfo, SessionKey, Store,
+    StoredMessage, WriteOp,
+};
 
 use crate::session::{HistoryOptions, Session, now_ms, unique_id};
 use crate::{Error, tokenizers};
@@ -221,7 +224,9 @@ impl<S: Store> Session<S> {
     /// Summarises the branch ending at `leaf` (the active one when `None`) with the configured
     /// summarizer and stores the result as an overlay, extending the branch's existing overlay
     /// from its start. `None` when there is nothing to compact or the summary came back blank.
-    /// Publishes `compact`. Fails with [`Error::NoSummarizer`] when none is configured and with
+    /// Publishes `compact`, and around the summarizer's call a `status` event in phase
+    /// `compacting` and one in phase `idle` (with the estimate before the run when a summary was
+    /// stored). Fails with [`Error::NoSummarizer`] when none is configured and with
     /// [`Error::Summarize`] when the summarizer fails; nothing is written then.
     pub async fn compact(&self, leaf: Option<&str>) -> Result<Option<Compaction>, Error> {
         self.compact_keeping(leaf, None).await
@@ -264,29 +269,61 @@ impl<S: Store> Session<S> {
             previous_summary: plan.previous_summary.clone(),
             budget_tokens: plan.budget_tokens,
         };
-        let summary = summarizer
-            .summarize(&request)
-            .await
-            .map_err(Error::Summarize)?;
-        if summary.trim().is_empty() {
-            return Ok(None);
-        }
-        self.check_text("summary", &summary)?;
         let ids: Vec<&str> = history.iter().map(|m| m.id.as_str()).collect();
-        let compactions = self.store.compactions(self.key()).await?;
-        let compaction = Compaction {
-            id: unique_id(""),
-            summary,
-            from_message_id: extended_from(&compactions, &ids, &plan.from_message_id),
-            to_message_id: plan.to_message_id,
-            created_at: now_ms(),
+
+        // Subscribers learn that a (possibly long) summarizer call is under way, and then how
+        // it ended, whichever way it ends.
+        let settings = self.write_settings().await?;
+        let prompt_tokens = self.frozen_prompt_tokens(&settings).await?;
+        let before = prompt_tokens + history.iter().map(|m| m.token_estimate).sum::<u64>();
+        let status = |phase, token_estimate, compacted_tokens_before| Change::Status {
+            status: CompactionStatus {
+                phase,
+                token_estimate,
+                token_threshold: settings.compact_after,
+                compacted_tokens_before,
+            },
         };
-        self.write_one(WriteOp::AddCompaction {
-            compaction: compaction.clone(),
-            by_compact: true,
-        })
-        .await?;
-        Ok(Some(compaction))
+        self.store.announce(
+            self.key(),
+            status(CompactionPhase::Compacting, before, None),
+        );
+        let stored = async {
+            let summary = summarizer
+                .summarize(&request)
+                .await
+                .map_err(Error::Summarize)?;
+            if summary.trim().is_empty() {
+                return Ok(None);
+            }
+            self.check_text("summary", &summary)?;
+            let compactions = self.store.compactions(self.key()).await?;
+            let compaction = Compaction {
+                id: unique_id(""),
+                summary,
+                from_message_id: extended_from(&compactions, &ids, &plan.from_message_id),
+                to_message_id: plan.to_message_id.clone(),
+                created_at: now_ms(),
+            };
+            self.write_one(WriteOp::AddCompaction {
+                compaction: compaction.clone(),
+                by_compact: true,
+            })
+            .await?;
+            Ok(Some(compaction))
+        }
+        .await;
+        let idle = match &stored {
+            Ok(Some(_)) => {
+                // A failed re-read must not turn a stored summary into an error.
+                let after = self.overlaid_token_estimate(leaf).await.ok().flatten();
+                let after = after.map_or(before, |tokens| tokens + prompt_tokens);
+                status(CompactionPhase::Idle, after, Some(before))
+            }
+            _ => status(CompactionPhase::Idle, before, None),
+        };
+        self.store.announce(self.key(), idle);
+        stored
     }
 
     /// Tokens of the session's frozen system prompt (counted as one system message), 0 when
@@ -350,7 +387,7 @@ impl<S: Store> Session<S> {
             let adjustment = match memo {
                 Some(memo) => memo.adjustment,
                 None => {
-                    let overlaid = self.overlaid_token_estimate().await?.unwrap_or(raw);
+                    let overlaid = self.overlaid_token_estimate(None).await?.unwrap_or(raw);
                     raw.saturating_sub(overlaid)
                 }
             };

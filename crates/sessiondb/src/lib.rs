@@ -60,9 +60,10 @@ pub use sessiondb_core::compaction::CompactOptions;
 pub use sessiondb_core::convert;
 pub use sessiondb_core::tokens::{HeuristicCounter, TokenCounter};
 pub use sessiondb_core::{
-    Change, ChangeEvent, FeedFilter, FeedItem, MAX_PATH_ROWS, Message, MessageId, Parent, PathRows,
-    PathRuns, RowStat, SearchHit, SessionKey, SessionStats, Source, Store, StoreError,
-    StoredFields, StoredMessage, Subscription, ValidationError, ValidationErrorKind,
+    Change, ChangeEvent, CompactionPhase, CompactionStatus, FeedFilter, FeedItem, MAX_PATH_ROWS,
+    Message, MessageId, Parent, PathRows, PathRuns, RowStat, SearchHit, SessionKey, SessionStats,
+    Source, Store, StoreError, StoredFields, StoredMessage, Subscription, ValidationError,
+    ValidationErrorKind,
 };
 #[cfg(feature = "sqlite")]
 pub use sessiondb_sqlite::{

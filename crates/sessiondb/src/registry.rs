@@ -132,7 +132,7 @@ impl<S: Store> Session<S> {
             return Ok(None);
         };
         if info.stats.has_compactions
-            && let Some(tokens) = self.overlaid_token_estimate().await?
+            && let Some(tokens) = self.overlaid_token_estimate(None).await?
         {
             info.stats.token_estimate = tokens;
         }

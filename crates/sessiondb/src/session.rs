@@ -709,11 +709,15 @@ impl<S: Store> Session<S> {
         })
     }
 
-    /// The active path's token estimate with compaction summaries in place of the rows they
-    /// cover; `None` when no overlay exists (the O(1) aggregate is exact then). Callers ask only
-    /// for sessions whose stats report compactions.
-    pub(crate) async fn overlaid_token_estimate(&self) -> Result<Option<u64>, Error> {
-        let plan = self.plan_on_runs(None).await?;
+    /// The token estimate of the path ending at `leaf` (the active one when `None`) with
+    /// compaction summaries in place of the rows they cover; `None` when no overlay exists (the
+    /// O(1) aggregate is exact then). Callers ask only for sessions whose stats report
+    /// compactions.
+    pub(crate) async fn overlaid_token_estimate(
+        &self,
+        leaf: Option<&str>,
+    ) -> Result<Option<u64>, Error> {
+        let plan = self.plan_on_runs(leaf).await?;
         if plan.summaries.is_empty() {
             return Ok(None);
         }

@@ -153,6 +153,18 @@ fn payload(event: &ChangeEvent) -> String {
         Change::Error { message } => {
             json!({"sessionId": event.key.session_id, "error": message}).to_string()
         }
+        Change::Status { status } => {
+            let mut payload = json!({
+                "sessionId": event.key.session_id,
+                "phase": status.phase.name(),
+                "tokenEstimate": status.token_estimate,
+                "tokenThreshold": status.token_threshold,
+            });
+            if let Some(before) = status.compacted_tokens_before {
+                payload["compacted"] = json!({ "tokensBefore": before });
+            }
+            payload.to_string()
+        }
         Change::Session { action } => {
             json!({"sessionId": event.key.session_id, "action": action.name()}).to_string()
         }

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use sessiondb::Options;
 use sessiondb_server::ServerConfig;
 
-use crate::common::{Server, start, start_with_options};
+use crate::common::{Server, SseReader, start, start_with_options};
 
 fn words(prefix: &str, n: usize) -> String {
     (0..n)
@@ -158,13 +158,26 @@ async fn compact_fork_split_and_usage_routes() {
     server
         .patch(
             "/v1/sessions/long",
-            json!({"settings": {"keepRecentTokens": 10}}),
+            json!({"settings": {"keepRecentTokens": 10, "compactAfter": 100000}}),
         )
         .await;
+    let mut feed = SseReader::open(&server, "/v1/sessions/long/events", None).await;
     let compacted = server
         .call(Method::POST, "/v1/sessions/long/compact", None)
         .await;
     assert_eq!(compacted.status, StatusCode::OK, "{compacted:?}");
+    // The run is announced around the summary: `status` events carry no position of their own.
+    let events = feed.take(3).await;
+    let names: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(names, ["status", "compact", "status"]);
+    let before = events[0].data["tokenEstimate"].as_u64().unwrap();
+    assert_eq!(events[0].data["phase"], "compacting");
+    assert_eq!(events[0].data["tokenThreshold"], 100000);
+    assert!(events[0].data.get("compacted").is_none());
+    assert_eq!(events[2].data["phase"], "idle");
+    assert_eq!(events[2].data["compacted"], json!({"tokensBefore": before}));
+    assert!(events[2].data["tokenEstimate"].as_u64().unwrap() < before);
+    assert_eq!(events[2].data["sessionId"], "long");
     assert_eq!(compacted.json["fromMessageId"], "m3");
     assert!(
         compacted.json["summary"]

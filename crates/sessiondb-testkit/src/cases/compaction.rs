@@ -6,8 +6,9 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use sessiondb::{
-    AppendOptions, Change, Db, Error, FeedFilter, FeedItem, Message, Options, SPLIT_PREFIX,
-    SessionPatch, Source, Store, SummarizeError, Summarizer, SummaryRequest,
+    AppendOptions, Change, CompactionPhase, CompactionStatus, Db, Error, FeedFilter, FeedItem,
+    HistoryOptions, Message, Options, SPLIT_PREFIX, SessionPatch, Source, Store, SummarizeError,
+    Summarizer, SummaryRequest,
 };
 
 use crate::*;
@@ -76,7 +77,10 @@ pub async fn compact_replaces_the_middle_and_extends_iteratively<S: Store>(db: D
         (first.from_message_id.as_str(), first.to_message_id.as_str()),
         ("m3", "m9")
     );
-    assert_eq!(event_names(&drain(&mut feed)), ["compact"]);
+    assert_eq!(
+        event_names(&drain(&mut feed)),
+        ["status", "compact", "status"]
+    );
     let history = history_ids(&s, None).await;
     let summary_id = format!("compaction_{}", first.id);
     assert_eq!(history, ["m0", "m1", "m2", &summary_id, "m10", "m11"]);
@@ -234,7 +238,10 @@ pub async fn auto_compaction_fires_only_above_the_threshold<S: Store>(db: Db<S>)
         .unwrap();
     let compactions = s.compactions().await.unwrap();
     assert_eq!(compactions.len(), 1, "above the threshold: once");
-    assert_eq!(event_names(&drain(&mut feed)), ["append", "compact"]);
+    assert_eq!(
+        event_names(&drain(&mut feed)),
+        ["append", "status", "compact", "status"]
+    );
     let history = history_ids(&s, None).await;
     assert_eq!(history[3], format!("compaction_{}", compactions[0].id));
     assert_eq!(history[4..], ["small", "big"]);
@@ -407,19 +414,124 @@ pub async fn split_ends_the_session_and_continues_from_the_summary<S: Store>(db:
     );
 }
 
+fn statuses(items: &[FeedItem]) -> Vec<CompactionStatus> {
+    items
+        .iter()
+        .filter_map(|item| match item {
+            FeedItem::Event(e) => match &e.change {
+                Change::Status { status } => Some(*status),
+                _ => None,
+            },
+            FeedItem::Lagged { .. } => None,
+        })
+        .collect()
+}
+
+/// The reference's check 103: a run that asks the summarizer is announced as `compacting` with
+/// the session's estimate, and ends `idle` with the estimate after it and, when a summary was
+/// stored, the estimate before it; the threshold is the session's `compactAfter`. A run that
+/// fails or stores nothing still ends `idle`; one with nothing to summarise announces nothing.
+pub async fn compaction_runs_announce_their_status<S: Store>(db: Db<S>) {
+    let db = compacting(&db, Some(fixed("the summary")));
+    let s = db_session(&db, "s");
+    turns(&s, 0..12).await;
+    let before: u64 = s
+        .full_history(HistoryOptions::default())
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.token_estimate)
+        .sum();
+    assert!(before > 0);
+    let mut feed = db.subscribe(FeedFilter::All);
+    s.compact(None).await.unwrap().unwrap();
+    let items = drain(&mut feed);
+    assert_eq!(event_names(&items), ["status", "compact", "status"]);
+    let [started, idle] = statuses(&items)[..] else {
+        panic!("two statuses: {items:?}")
+    };
+    assert_eq!(started.phase, CompactionPhase::Compacting);
+    assert_eq!(started.token_threshold, None);
+    assert_eq!(started.compacted_tokens_before, None);
+    assert_eq!(started.token_estimate, before);
+    assert_eq!(idle.phase, CompactionPhase::Idle);
+    assert_eq!(idle.compacted_tokens_before, Some(before));
+    let after = s.info().await.unwrap().unwrap().stats.token_estimate;
+    assert!(after < before, "{after} < {before}");
+    assert_eq!(idle.token_estimate, after);
+
+    // Auto-compaction: the same pair, with the threshold.
+    let t = db_session(&db, "t");
+    turns(&t, 0..12).await;
+    let threshold = t.stats().await.unwrap().token_estimate;
+    t.patch(settings(json!({ "compactAfter": threshold })))
+        .await
+        .unwrap();
+    drain(&mut feed);
+    t.append(text("m12", "user", "over it"), AppendOptions::default())
+        .await
+        .unwrap();
+    let items = drain(&mut feed);
+    assert_eq!(
+        event_names(&items),
+        ["append", "status", "compact", "status"]
+    );
+    let announced = statuses(&items);
+    assert!(
+        announced
+            .iter()
+            .all(|s| s.token_threshold == Some(threshold))
+    );
+    assert!(announced[0].token_estimate > threshold);
+    assert_eq!(
+        announced[1].compacted_tokens_before,
+        Some(announced[0].token_estimate)
+    );
+    assert!(announced[1].token_estimate <= threshold);
+
+    // A blank summary stores nothing and a failing summarizer fails the call: both end idle
+    // without `compacted`.
+    for (summarizer, fails) in [
+        (fixed("  ") as Arc<dyn Summarizer>, false),
+        (Arc::new(Unreachable), true),
+    ] {
+        let db = compacting(&db, Some(summarizer));
+        let u = db_session(&db, if fails { "failing" } else { "blank" });
+        turns(&u, 0..12).await;
+        let mut feed = db.subscribe(FeedFilter::All);
+        assert_eq!(u.compact(None).await.is_err(), fails);
+        let items = drain(&mut feed);
+        assert_eq!(event_names(&items), ["status", "status"]);
+        let announced = statuses(&items);
+        assert_eq!(announced[1].phase, CompactionPhase::Idle);
+        assert_eq!(announced[1].compacted_tokens_before, None);
+        assert_eq!(announced[1].token_estimate, announced[0].token_estimate);
+    }
+
+    // Nothing to summarise: no run, no status.
+    let short = db_session(&db, "short");
+    turns(&short, 0..2).await;
+    drain(&mut feed);
+    assert!(short.compact(None).await.unwrap().is_none());
+    assert!(event_names(&drain(&mut feed)).is_empty());
+}
+
+/// A summarizer whose model cannot be reached.
+#[derive(Debug)]
+struct Unreachable;
+
+impl Summarizer for Unreachable {
+    fn summarize<'a>(
+        &'a self,
+        _: &'a SummaryRequest,
+    ) -> BoxFuture<'a, Result<String, SummarizeError>> {
+        Box::pin(async { Err(SummarizeError::Transport("unreachable".into())) })
+    }
+}
+
 /// A failed auto-compaction publishes an `error` event and is counted; the append stands.
 pub async fn failed_auto_compaction_is_reported_not_raised<S: Store>(db: Db<S>) {
-    #[derive(Debug)]
-    struct Failing;
-    impl Summarizer for Failing {
-        fn summarize<'a>(
-            &'a self,
-            _: &'a SummaryRequest,
-        ) -> BoxFuture<'a, Result<String, SummarizeError>> {
-            Box::pin(async { Err(SummarizeError::Transport("unreachable".into())) })
-        }
-    }
-    let db = compacting(&db, Some(Arc::new(Failing)));
+    let db = compacting(&db, Some(Arc::new(Unreachable)));
     let s = db_session(&db, "s");
     turns(&s, 0..10).await;
     s.patch(settings(json!({"compactAfter": 10})))

@@ -37,6 +37,7 @@ macro_rules! for_each_case {
             compaction::fork_copies_the_path_with_fresh_ids,
             compaction::split_ends_the_session_and_continues_from_the_summary,
             compaction::failed_auto_compaction_is_reported_not_raised,
+            compaction::compaction_runs_announce_their_status,
             compaction::auto_compaction_estimate_is_capped_with_the_path,
             compaction::hidden_rows_count_for_the_cap_not_the_estimate,
             compaction::overlaid_sizes_follow_the_shown_path,
