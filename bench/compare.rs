@@ -278,7 +278,9 @@ async fn first_search_of_a_copy(dir: &std::path::Path) -> f64 {
     }
     let db = open(copy.path());
     let chat = db.session("bench").unwrap();
+    profiler("enable");
     let (ms, hits) = time(chat.search(NEEDLE, 10)).await;
+    profiler("disable");
     assert_eq!(hits.unwrap().len(), 1);
     ms
 }
