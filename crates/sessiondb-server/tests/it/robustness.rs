@@ -1,5 +1,6 @@
 //! Random bytes and random JSON sent to every write route get only 2xx/4xx answers, and the
-//! server keeps serving.
+//! server keeps serving; random path segments and query values on every route get 2xx or a
+//! typed JSON error.
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Map, Value, json};
@@ -165,4 +166,159 @@ async fn random_input_never_gets_a_5xx() {
     assert!(statuses.keys().any(|s| *s < 300), "{statuses:?}");
     assert_eq!(server.get("/healthz").await.status, StatusCode::OK);
     server.say("s", "after", "still serving").await;
+}
+
+/// Every route of the OpenAPI document, with `{…}` where a path segment goes and the query
+/// parameters it reads.
+const ROUTES: [(Method, &str, &[&str]); 44] = [
+    (
+        Method::GET,
+        "/v1/sessions",
+        &["limit", "order", "after", "before", "userId", "sort"],
+    ),
+    (Method::GET, "/v1/sessions/{}", &[]),
+    (Method::DELETE, "/v1/sessions/{}", &[]),
+    (Method::GET, "/v1/attachments/{}", &[]),
+    (Method::POST, "/v1/messages", &["parent"]),
+    (Method::POST, "/v1/sessions/{}/messages", &["parent"]),
+    (
+        Method::GET,
+        "/v1/sessions/{}/messages",
+        &["limit", "order", "after", "before", "attachments"],
+    ),
+    (Method::DELETE, "/v1/sessions/{}/messages", &[]),
+    (Method::GET, "/v1/sessions/{}/messages/{}", &["attachments"]),
+    (Method::PUT, "/v1/sessions/{}/messages/{}", &["upsert"]),
+    (Method::PATCH, "/v1/sessions/{}/messages/{}", &[]),
+    (Method::DELETE, "/v1/sessions/{}/messages/{}", &[]),
+    (
+        Method::GET,
+        "/v1/sessions/{}/history",
+        &["leaf", "order", "maxBytes", "format", "attachments"],
+    ),
+    (Method::GET, "/v1/sessions/{}/branches/{}", &["attachments"]),
+    (Method::GET, "/v1/sessions/{}/rows", &["leaf"]),
+    (Method::GET, "/v1/sessions/{}/search", &["q", "limit"]),
+    (Method::GET, "/v1/search", &["q", "limit", "userId"]),
+    (Method::GET, "/v1/sessions/{}/export", &[]),
+    (Method::POST, "/v1/sessions/{}/compactions", &[]),
+    (Method::GET, "/v1/sessions/{}/compactions", &[]),
+    (Method::POST, "/v1/sessions/{}/fork", &[]),
+    (Method::POST, "/v1/sessions/{}/split", &[]),
+    (Method::POST, "/v1/sessions/{}/usage", &[]),
+    (Method::POST, "/v1/sessions/{}/compact", &[]),
+    (Method::GET, "/v1/sessions/{}/state", &[]),
+    (Method::GET, "/v1/sessions/{}/state/{}", &[]),
+    (Method::PUT, "/v1/sessions/{}/state/{}", &[]),
+    (Method::DELETE, "/v1/sessions/{}/state/{}", &[]),
+    (Method::GET, "/v1/sessions/{}/context", &[]),
+    (Method::PUT, "/v1/sessions/{}/context/{}", &[]),
+    (Method::DELETE, "/v1/sessions/{}/context/{}", &[]),
+    (Method::POST, "/v1/sessions/{}/context/{}/append", &[]),
+    (Method::PUT, "/v1/sessions/{}/context/{}/entries/{}", &[]),
+    (Method::GET, "/v1/sessions/{}/context/{}/entries/{}", &[]),
+    (Method::GET, "/v1/context", &[]),
+    (Method::PUT, "/v1/context/{}", &[]),
+    (Method::DELETE, "/v1/context/{}", &[]),
+    (Method::POST, "/v1/context/{}/append", &[]),
+    (Method::PUT, "/v1/context/{}/entries/{}", &[]),
+    (Method::GET, "/v1/context/{}/entries/{}", &[]),
+    (Method::GET, "/v1/sessions/{}/prompt", &[]),
+    (Method::POST, "/v1/sessions/{}/prompt/refresh", &[]),
+    (Method::GET, "/v1/sessions/{}/tools", &["format"]),
+    (Method::POST, "/v1/sessions/{}/tools/{}", &[]),
+];
+
+/// Percent-encodes everything but ASCII letters and digits, so any string is one path segment
+/// or query value.
+fn encoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Random path segments and query values (ids with NUL, 300 characters, astral characters,
+/// `compaction_` ids, empty ones) on every route answer 2xx, or a 4xx with a typed JSON error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_paths_and_queries_get_typed_errors() {
+    const SEGMENTS: [&str; 6] = ["s", "m1", "memory", "kb", "k", "set_context"];
+    const VALUES: [&str; 10] = [
+        "1",
+        "0",
+        "-1",
+        "99999999999999999999",
+        "desc",
+        "asc",
+        "m1",
+        "updated",
+        "openai",
+        "true",
+    ];
+    let server = start().await;
+    server.say("s", "m1", "seed").await;
+    let mut rng = Rng(0xF022_0123);
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    for round in 0..20 {
+        for (method, template, query) in &ROUTES {
+            let mut path = String::new();
+            for (i, piece) in template.split("{}").enumerate() {
+                if i > 0 {
+                    let segment = match rng.below(3) {
+                        0 => rng.string(),
+                        _ => SEGMENTS[rng.below(SEGMENTS.len() as u64) as usize].to_owned(),
+                    };
+                    path.push_str(&encoded(&segment));
+                }
+                path.push_str(piece);
+            }
+            let mut params = Vec::new();
+            for name in query.iter() {
+                if rng.below(2) == 0 {
+                    continue;
+                }
+                let value = match rng.below(3) {
+                    0 => rng.string(),
+                    _ => VALUES[rng.below(VALUES.len() as u64) as usize].to_owned(),
+                };
+                params.push(format!("{name}={}", encoded(&value)));
+            }
+            if !params.is_empty() {
+                path = format!("{path}?{}", params.join("&"));
+            }
+            let mut request = server.request(method.clone(), &path);
+            if [Method::POST, Method::PUT, Method::PATCH].contains(method) {
+                let body = if round % 4 == 0 {
+                    json!({})
+                } else {
+                    rng.value(0)
+                };
+                request = request
+                    .header("content-type", "application/json")
+                    .body(body.to_string());
+            }
+            let answer = server.send(request).await;
+            *statuses.entry(answer.status.as_u16()).or_default() += 1;
+            assert!(
+                !answer.status.is_server_error(),
+                "{method} {path} answered {}: {}",
+                answer.status,
+                answer.text
+            );
+            if answer.status.is_client_error() {
+                let error = &answer.json["error"];
+                assert!(
+                    error["code"].is_string() && error["message"].is_string(),
+                    "{method} {path} answered {} without a typed error: {}",
+                    answer.status,
+                    answer.text
+                );
+            }
+        }
+    }
+    assert!(statuses.keys().any(|s| *s < 300), "{statuses:?}");
+    assert!(statuses.keys().any(|s| *s >= 400), "{statuses:?}");
+    assert_eq!(server.get("/healthz").await.status, StatusCode::OK);
 }
