@@ -372,3 +372,61 @@ async fn a_database_outage_answers_503_until_it_passes() {
         .collect();
     assert_eq!(texts, ["before", "after"]);
 }
+
+/// Random path segments, query values and bodies on every route of the OpenAPI document, sent
+/// to a server on PostgreSQL (whose errors, limits and text rules are its own): 2xx, or a 4xx
+/// with a typed JSON error, never a 5xx, and the server keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_input_on_every_route_gets_typed_answers_on_postgresql() {
+    use sessiondb_testkit::http_fuzz::{Rng, SEGMENTS, VALUES, documented_routes, is_typed_error};
+
+    let cluster = cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(&dir, &cluster.url());
+    let base = &server.base;
+    let http = reqwest::Client::new();
+    assert!(append(&http, base, "s", "m1").await);
+    let document: Value = reqwest::get(format!("{base}/openapi.json"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let routes = documented_routes(&document);
+    assert!(routes.len() > 40, "{routes:?}");
+    let mut rng = Rng(0x9057_6E55);
+    let mut statuses = BTreeMap::<u16, usize>::new();
+    for round in 0..10 {
+        for route in &routes {
+            let target = rng.target(route, &SEGMENTS, &VALUES);
+            let method = reqwest::Method::from_bytes(route.method.as_bytes()).unwrap();
+            let mut request = http.request(method, format!("{base}{target}"));
+            if route.takes_body() {
+                let body = match round % 3 {
+                    0 => String::from_utf8_lossy(&rng.bytes()).into_owned(),
+                    _ => rng.value(0).to_string(),
+                };
+                request = request
+                    .header("content-type", "application/json")
+                    .body(body);
+            }
+            let answer = request.send().await.unwrap();
+            let status = answer.status();
+            let text = answer.text().await.unwrap();
+            *statuses.entry(status.as_u16()).or_default() += 1;
+            assert!(
+                !status.is_server_error(),
+                "{} {target} answered {status}: {text}",
+                route.method
+            );
+            let typed = serde_json::from_str(&text).is_ok_and(|body| is_typed_error(&body));
+            assert!(
+                !status.is_client_error() || typed,
+                "{} {target} answered {status} without a typed error: {text}",
+                route.method
+            );
+        }
+    }
+    assert!(statuses.keys().any(|s| *s < 300), "{statuses:?}");
+    assert!(append(&http, base, "s", "after").await, "still serving");
+}

@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cases;
+pub mod http_fuzz;
 pub mod model;
 
 use futures::StreamExt;

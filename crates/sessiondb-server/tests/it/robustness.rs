@@ -3,105 +3,10 @@
 //! typed JSON error.
 
 use reqwest::{Method, StatusCode};
-use serde_json::{Map, Value, json};
+use serde_json::json;
+use sessiondb_testkit::http_fuzz::{Rng, SEGMENTS, VALUES, documented_routes, is_typed_error};
 
 use crate::common::start;
-
-/// A small deterministic generator (xorshift64*), so a failure reproduces from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn string(&mut self) -> String {
-        const PIECES: [&str; 12] = [
-            "",
-            "a",
-            "m1",
-            "user",
-            "assistant",
-            "text",
-            "compaction_x",
-            "é",
-            "\u{0}",
-            "😀",
-            "\"quoted\"",
-            "*",
-        ];
-        match self.below(4) {
-            0 => PIECES[self.below(PIECES.len() as u64) as usize].to_owned(),
-            1 => "x".repeat(self.below(300) as usize),
-            _ => (0..self.below(12))
-                .map(|_| char::from_u32(self.below(0x2_0000) as u32).unwrap_or('?'))
-                .collect(),
-        }
-    }
-
-    fn value(&mut self, depth: u32) -> Value {
-        const KEYS: [&str; 18] = [
-            "id",
-            "role",
-            "parts",
-            "content",
-            "metadata",
-            "type",
-            "text",
-            "messages",
-            "parentId",
-            "ids",
-            "summary",
-            "fromMessageId",
-            "toMessageId",
-            "name",
-            "settings",
-            "userId",
-            "compactAfter",
-            "model",
-        ];
-        let kind = if depth >= 4 {
-            self.below(5)
-        } else {
-            self.below(8)
-        };
-        match kind {
-            0 => Value::Null,
-            1 => Value::Bool(self.below(2) == 0),
-            2 => match self.below(4) {
-                0 => json!(self.next() as i64),
-                1 => json!(-(self.below(1000) as i64)),
-                2 => json!(self.below(1000) as f64 / 7.0),
-                _ => serde_json::from_str("123456789012345678901234567890").unwrap(),
-            },
-            3 | 4 => Value::String(self.string()),
-            5 => Value::Array((0..self.below(4)).map(|_| self.value(depth + 1)).collect()),
-            _ => {
-                let mut map = Map::new();
-                for _ in 0..self.below(6) {
-                    let key = if self.below(4) == 0 {
-                        self.string()
-                    } else {
-                        KEYS[self.below(KEYS.len() as u64) as usize].to_owned()
-                    };
-                    map.insert(key, self.value(depth + 1));
-                }
-                Value::Object(map)
-            }
-        }
-    }
-
-    fn bytes(&mut self) -> Vec<u8> {
-        (0..self.below(200)).map(|_| self.next() as u8).collect()
-    }
-}
 
 const WRITE_ROUTES: [(Method, &str); 24] = [
     (Method::POST, "/v1/sessions"),
@@ -168,107 +73,23 @@ async fn random_input_never_gets_a_5xx() {
     server.say("s", "after", "still serving").await;
 }
 
-/// The routes of the OpenAPI document the server serves: method, path template and the query
-/// parameters each reads. Change feeds (streams that stay open) and the compatibility routes
-/// (plain-text errors, as the reference's example answers) are left out.
-async fn documented_routes(server: &crate::common::Server) -> Vec<(Method, String, Vec<String>)> {
-    let document = server.get("/openapi.json").await.json;
-    let mut routes = Vec::new();
-    for (path, operations) in document["paths"].as_object().unwrap() {
-        if path.ends_with("/events") || path.starts_with("/agents/") {
-            continue;
-        }
-        for (method, operation) in operations.as_object().unwrap() {
-            let method = match method.as_str() {
-                "get" => Method::GET,
-                "post" => Method::POST,
-                "put" => Method::PUT,
-                "patch" => Method::PATCH,
-                "delete" => Method::DELETE,
-                _ => continue, // path-level `parameters`
-            };
-            let query = operation["parameters"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|p| p["in"] == "query")
-                .map(|p| p["name"].as_str().unwrap().to_owned())
-                .collect();
-            routes.push((method, path.clone(), query));
-        }
-    }
-    routes
-}
-
-/// Percent-encodes everything but ASCII letters and digits, so any string is one path segment
-/// or query value.
-fn encoded(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// Random path segments and query values (ids with NUL, 300 characters, astral characters,
 /// `compaction_` ids, empty ones) on every documented route answer 2xx, or a 4xx with a typed
 /// JSON error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_paths_and_queries_get_typed_errors() {
-    const SEGMENTS: [&str; 6] = ["s", "m1", "memory", "kb", "k", "set_context"];
-    const VALUES: [&str; 10] = [
-        "1",
-        "0",
-        "-1",
-        "99999999999999999999",
-        "desc",
-        "asc",
-        "m1",
-        "updated",
-        "openai",
-        "true",
-    ];
     let server = start().await;
     server.say("s", "m1", "seed").await;
-    let routes = documented_routes(&server).await;
+    let routes = documented_routes(&server.get("/openapi.json").await.json);
     assert!(routes.len() > 40, "{routes:?}");
     let mut rng = Rng(0xF022_0123);
     let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
     for round in 0..20 {
-        for (method, template, query) in &routes {
-            let mut path = String::new();
-            for piece in template.split('{') {
-                // Every piece but the first starts with a parameter's name and its `}`.
-                let literal = match piece.split_once('}') {
-                    Some((_, literal)) => {
-                        let segment = match rng.below(3) {
-                            0 => rng.string(),
-                            _ => SEGMENTS[rng.below(SEGMENTS.len() as u64) as usize].to_owned(),
-                        };
-                        path.push_str(&encoded(&segment));
-                        literal
-                    }
-                    None => piece,
-                };
-                path.push_str(literal);
-            }
-            let mut params = Vec::new();
-            for name in query.iter() {
-                if rng.below(2) == 0 {
-                    continue;
-                }
-                let value = match rng.below(3) {
-                    0 => rng.string(),
-                    _ => VALUES[rng.below(VALUES.len() as u64) as usize].to_owned(),
-                };
-                params.push(format!("{name}={}", encoded(&value)));
-            }
-            if !params.is_empty() {
-                path = format!("{path}?{}", params.join("&"));
-            }
-            let mut request = server.request(method.clone(), &path);
-            if [Method::POST, Method::PUT, Method::PATCH].contains(method) {
+        for route in &routes {
+            let target = rng.target(route, &SEGMENTS, &VALUES);
+            let method = Method::from_bytes(route.method.as_bytes()).unwrap();
+            let mut request = server.request(method, &target);
+            if route.takes_body() {
                 let body = if round % 4 == 0 {
                     json!({})
                 } else {
@@ -282,19 +103,18 @@ async fn random_paths_and_queries_get_typed_errors() {
             *statuses.entry(answer.status.as_u16()).or_default() += 1;
             assert!(
                 !answer.status.is_server_error(),
-                "{method} {path} answered {}: {}",
+                "{} {target} answered {}: {}",
+                route.method,
                 answer.status,
                 answer.text
             );
-            if answer.status.is_client_error() {
-                let error = &answer.json["error"];
-                assert!(
-                    error["code"].is_string() && error["message"].is_string(),
-                    "{method} {path} answered {} without a typed error: {}",
-                    answer.status,
-                    answer.text
-                );
-            }
+            assert!(
+                !answer.status.is_client_error() || is_typed_error(&answer.json),
+                "{} {target} answered {} without a typed error: {}",
+                route.method,
+                answer.status,
+                answer.text
+            );
         }
     }
     assert!(statuses.keys().any(|s| *s < 300), "{statuses:?}");
