@@ -12,7 +12,10 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
-use sessiondb::{AppendOptions, Db, HistoryOptions, Message, Parent, Session, SqliteStore};
+use sessiondb::{
+    AppendOptions, Db, HistoryOptions, MAX_PAGE_SIZE, Message, PageRequest, Parent, Session,
+    SessionListing, SessionSort, SqliteStore,
+};
 
 /// Where the embedded database lives unless `--data` says otherwise.
 pub const DEFAULT_DATA: &str = "./sessiondb-data";
@@ -75,6 +78,19 @@ enum Command {
     },
     /// Numbers of the active path, as JSON.
     Stats { session: String },
+    /// List the namespace's sessions as NDJSON, most recent first (the objects
+    /// `GET /v1/sessions` pages through).
+    Sessions {
+        /// Only the sessions created for this user.
+        #[arg(long)]
+        user: Option<String>,
+        /// Order by the last update, the last message or the creation.
+        #[arg(long, value_enum, default_value_t = SortBy::Updated)]
+        sort: SortBy,
+        /// At most this many (all when absent).
+        #[arg(long)]
+        limit: Option<usize>,
+    },
     /// Run the HTTP server (SQLite in --data, 127.0.0.1:8787 by default; --database for
     /// PostgreSQL).
     Serve(Box<serve::ServeArgs>),
@@ -100,6 +116,27 @@ enum Command {
         #[command(flatten)]
         remote: RemoteArgs,
     },
+}
+
+/// The orders of `GET /v1/sessions?sort=`, under the same names.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum SortBy {
+    #[value(name = "updatedAt")]
+    Updated,
+    #[value(name = "lastMessageAt")]
+    LastMessage,
+    #[value(name = "createdAt")]
+    Created,
+}
+
+impl From<SortBy> for SessionSort {
+    fn from(sort: SortBy) -> Self {
+        match sort {
+            SortBy::Updated => SessionSort::UpdatedAt,
+            SortBy::LastMessage => SessionSort::LastMessageAt,
+            SortBy::Created => SessionSort::CreatedAt,
+        }
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -261,11 +298,47 @@ async fn run(
             }
         }
         Command::Stats { session: sid } => stats(&session(&sid)?, &mut out).await?,
+        Command::Sessions { user, sort, limit } => {
+            list_sessions(&db, &namespace, user, sort.into(), limit, &mut out).await?
+        }
         Command::Serve(_)
         | Command::Migrate { .. }
         | Command::Import { .. }
         | Command::Export { .. } => {
             unreachable!("handled above")
+        }
+    }
+    Ok(())
+}
+
+/// Pages through the listing until `limit` sessions are printed.
+async fn list_sessions(
+    db: &Db<SqliteStore>,
+    namespace: &str,
+    user_id: Option<String>,
+    sort: SessionSort,
+    limit: Option<usize>,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let mut left = limit.unwrap_or(usize::MAX);
+    let mut listing = SessionListing {
+        page: PageRequest {
+            descending: true,
+            ..PageRequest::default()
+        },
+        sort,
+        user_id,
+    };
+    while left > 0 {
+        listing.page.limit = Some(left.min(MAX_PAGE_SIZE));
+        let page = db.list_sessions(namespace, &listing).await?;
+        for info in &page.items {
+            writeln!(out, "{}", sessiondb_server::wire::session(info))?;
+        }
+        left = left.saturating_sub(page.items.len());
+        match page.next_cursor {
+            Some(next) => listing.page.after = Some(next),
+            None => break,
         }
     }
     Ok(())

@@ -144,3 +144,54 @@ fn bad_input_fails_with_a_message_and_writes_nothing() {
     );
     assert!(ok(dir.path(), &["history", "chat"], None).is_empty());
 }
+
+/// `sessions` lists every session of the namespace, most recent first, across pages, as the
+/// objects `GET /v1/sessions` returns; `--user`, `--sort` and `--limit` narrow it.
+#[test]
+fn sessions_lists_the_namespace_newest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    {
+        let db = sessiondb::Db::open(data).unwrap();
+        futures::executor::block_on(async {
+            for i in 0..120 {
+                let record = sessiondb::SessionRecord {
+                    user_id: (i % 2 == 0).then(|| "ada".to_owned()),
+                    ..Default::default()
+                };
+                db.create_session("", Some(format!("s{i:03}")), record)
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    // Touched last: first by update, still last by creation.
+    ok(data, &["append", "s000", "--text", "hello"], None);
+    let ids = |args: &[&str]| -> Vec<String> {
+        ok(data, args, None)
+            .lines()
+            .map(|line| {
+                let session: serde_json::Value = serde_json::from_str(line).unwrap();
+                session["id"].as_str().unwrap().to_owned()
+            })
+            .collect()
+    };
+    let all = ids(&["sessions"]);
+    assert_eq!(all.len(), 120, "every page");
+    assert_eq!(all[0], "s000");
+    assert_eq!(all[1..3], ["s119", "s118"]);
+    let created = ids(&["sessions", "--sort", "createdAt", "--limit", "3"]);
+    assert_eq!(created, ["s119", "s118", "s117"]);
+    let ada = ids(&["sessions", "--user", "ada"]);
+    assert_eq!(ada.len(), 60);
+    assert!(
+        ada.iter()
+            .all(|id| id[1..].parse::<u32>().unwrap() % 2 == 0)
+    );
+    assert!(ids(&["sessions", "--namespace", "other"]).is_empty());
+    let first = ok(data, &["sessions", "--limit", "1"], None);
+    let session: serde_json::Value = serde_json::from_str(first.trim()).unwrap();
+    assert_eq!(session["messageCount"], 1);
+    let refused = run(data, &["sessions", "--sort", "name"], None);
+    assert!(!refused.status.success());
+}
