@@ -78,6 +78,8 @@ enum Command {
     },
     /// Numbers of the active path, as JSON.
     Stats { session: String },
+    /// Delete a session with its messages, compactions, state and context (there is no undo).
+    Delete { session: String },
     /// List the namespace's sessions as NDJSON, most recent first (the objects
     /// `GET /v1/sessions` pages through).
     Sessions {
@@ -298,6 +300,12 @@ async fn run(
             }
         }
         Command::Stats { session: sid } => stats(&session(&sid)?, &mut out).await?,
+        Command::Delete { session: sid } => {
+            if !session(&sid)?.delete_session().await? {
+                bail!("no session {sid}");
+            }
+            writeln!(out, "deleted {sid}")?;
+        }
         Command::Sessions { user, sort, limit } => {
             list_sessions(&db, &namespace, user, sort.into(), limit, &mut out).await?
         }

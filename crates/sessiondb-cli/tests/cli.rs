@@ -195,3 +195,24 @@ fn sessions_lists_the_namespace_newest_first() {
     let refused = run(data, &["sessions", "--sort", "name"], None);
     assert!(!refused.status.success());
 }
+
+/// `delete` removes a session with everything in it; a session that does not exist is an
+/// error that writes nothing.
+#[test]
+fn delete_removes_a_session_and_refuses_a_missing_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    ok(data, &["append", "chat", "--text", "hello"], None);
+    ok(data, &["append", "other", "--text", "stays"], None);
+    assert_eq!(ok(data, &["delete", "chat"], None), "deleted chat\n");
+    let listed = ok(data, &["sessions"], None);
+    assert_eq!(listed.lines().count(), 1, "{listed}");
+    assert!(listed.contains("\"other\""));
+    assert_eq!(ok(data, &["history", "chat"], None), "");
+    let missing = run(data, &["delete", "chat"], None);
+    assert!(!missing.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&missing.stderr),
+        "error: no session chat\n"
+    );
+}
