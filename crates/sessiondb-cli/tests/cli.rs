@@ -1,5 +1,7 @@
 //! The `sessiondb` binary end to end on a real data directory.
 
+mod common;
+
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
@@ -215,4 +217,39 @@ fn delete_removes_a_session_and_refuses_a_missing_one() {
         String::from_utf8_lossy(&missing.stderr),
         "error: no session chat\n"
     );
+}
+
+/// The README's command-line examples run as written, one after another on one data
+/// directory (the one against a server, `--url`, is covered by `serve.rs`).
+#[test]
+fn readme_command_line_examples_run() {
+    let block = common::readme_block("<!-- cli-walkthrough -->");
+    let dir = tempfile::tempdir().unwrap();
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_sessiondb"));
+    let path = format!(
+        "{}:{}",
+        binary.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut ran = 0;
+    for line in block.lines().filter(|l| !l.contains("--url")) {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(line)
+            .current_dir(dir.path())
+            .env("PATH", &path)
+            .env_remove("SESSIONDB_DATA")
+            .env_remove("SESSIONDB_NAMESPACE")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{line}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ran += 1;
+    }
+    assert!(ran >= 14, "{ran} commands");
+    let listed = ok(&dir.path().join("sessiondb-data"), &["sessions"], None);
+    assert_eq!(listed.lines().count(), 1, "the copy was deleted: {listed}");
 }

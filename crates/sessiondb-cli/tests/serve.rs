@@ -303,14 +303,7 @@ async fn import_and_export_embedded_and_remote() {
 
 #[test]
 fn readme_server_examples_answer_as_documented() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    let block = readme
-        .split("<!-- server-walkthrough -->")
-        .nth(1)
-        .and_then(|rest| rest.split("```sh\n").nth(1))
-        .and_then(|rest| rest.split("\n```").next())
-        .expect("the README's server walkthrough block");
+    let block = common::readme_block("<!-- server-walkthrough -->");
     let dir = free_dir();
     let served = Served::start(dir.path(), &["--listen", "127.0.0.1:0"], &[]);
     let host = served.base.trim_start_matches("http://").to_owned();

@@ -86,3 +86,16 @@ impl Served {
         panic!("the server did not stop within 10 s of SIGTERM");
     }
 }
+
+/// The `sh` block that follows `marker` (an HTML comment) in the repository's README.
+pub fn readme_block(marker: &str) -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    readme
+        .split(marker)
+        .nth(1)
+        .and_then(|rest| rest.split("```sh\n").nth(1))
+        .and_then(|rest| rest.split("\n```").next())
+        .unwrap_or_else(|| panic!("the README's block after {marker}"))
+        .to_owned()
+}
