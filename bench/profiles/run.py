@@ -34,7 +34,7 @@ CASES = {
 # Frames whose inclusive share the excerpt reports, in the order printed.
 FRAMES = [
     ("sessiondb_sqlite::write::apply", "applying requests (statements)"),
-    ("sessiondb_sqlite::write::RequestTx::insert", "  the message INSERT"),
+    ("sessiondb_core::write_rules::Rules<T>::insert::{{closure}}", "  inserting the message"),
     ("sqlite3VdbeHalt", "commit (SQLite)"),
     ("pagerWalFrames", "  WAL frames written by the commit"),
     ("walCheckpoint", "checkpoints"),
