@@ -78,6 +78,9 @@ enum Command {
     },
     /// Numbers of the active path, as JSON.
     Stats { session: String },
+    /// Copy the whole store into a new directory, which then opens as a store of its own (a
+    /// consistent snapshot; the directory must not hold a database yet).
+    Backup { destination: PathBuf },
     /// Delete a session with its messages, compactions, state and context (there is no undo).
     Delete { session: String },
     /// List the namespace's sessions as NDJSON, most recent first (the objects
@@ -300,6 +303,10 @@ async fn run(
             }
         }
         Command::Stats { session: sid } => stats(&session(&sid)?, &mut out).await?,
+        Command::Backup { destination } => {
+            let copy = db.store().backup(&destination)?;
+            writeln!(out, "{}", copy.display())?;
+        }
         Command::Delete { session: sid } => {
             if !session(&sid)?.delete_session().await? {
                 bail!("no session {sid}");

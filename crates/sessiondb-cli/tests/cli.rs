@@ -253,3 +253,37 @@ fn readme_command_line_examples_run() {
     let listed = ok(&dir.path().join("sessiondb-data"), &["sessions"], None);
     assert_eq!(listed.lines().count(), 1, "the copy was deleted: {listed}");
 }
+
+/// `backup` writes a store that reads back the same, and refuses a destination that holds one.
+#[test]
+fn backup_copies_the_store_into_a_new_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let copy = dir.path().join("copy");
+    ok(
+        &data,
+        &["append", "chat", "--id", "q1", "--text", "hello"],
+        None,
+    );
+    ok(
+        &data,
+        &["append", "chat", "--id", "a1", "--text", "hi there"],
+        None,
+    );
+    let printed = ok(&data, &["backup", copy.to_str().unwrap()], None);
+    assert_eq!(
+        printed.trim(),
+        copy.join("sessiondb.sqlite3").display().to_string()
+    );
+    assert_eq!(
+        ok(&copy, &["history", "chat"], None),
+        ok(&data, &["history", "chat"], None)
+    );
+    let again = run(&data, &["backup", copy.to_str().unwrap()], None);
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already holds a database"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+}

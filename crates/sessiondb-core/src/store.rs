@@ -437,6 +437,9 @@ pub enum StoreError {
     Context(#[from] ContextError),
     #[error("the store is closed")]
     Closed,
+    /// A backup's destination already holds a database; nothing was written there.
+    #[error("{path} already holds a database; back up into a new or empty directory")]
+    BackupDestinationExists { path: String },
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
     #[error("storage failure: {0}")]

@@ -341,6 +341,47 @@ impl SqliteStore {
         &self.path
     }
 
+    /// Writes a copy of the whole store (every session with its messages, compactions, state
+    /// and context, attachments, the search index) into directory `dir`, which is created if
+    /// needed and must not hold a database yet; `dir` then opens as a store of its own. The
+    /// copy is the snapshot of the moment it began: writes go on meanwhile and later ones are
+    /// not in it. Runs on the calling thread (a large store takes a while) and returns the
+    /// copy's path; the copy is synced before it gets its name, so a failed or interrupted
+    /// backup leaves no database at the destination.
+    pub fn backup(&self, dir: impl AsRef<Path>) -> Result<PathBuf, StoreError> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(|e| io_error(dir, e))?;
+        let target = dir.join(DATABASE_FILE);
+        if target.exists() {
+            return Err(StoreError::BackupDestinationExists {
+                path: target.display().to_string(),
+            });
+        }
+        let partial = dir.join(format!("{DATABASE_FILE}.partial"));
+        let partial_name = partial.to_str().ok_or_else(|| {
+            StoreError::Backend(format!("{}: not a UTF-8 path", partial.display()))
+        })?;
+        // Left by a backup that was interrupted: never a database anyone opens.
+        let _ = std::fs::remove_file(&partial);
+        let copied = (|| {
+            let conn = open_reader(&self.path, Synchronous::Full)?;
+            // A reader is query-only, which would refuse to write the copy.
+            conn.pragma_update(None, "query_only", false)
+                .map_err(backend_error)?;
+            conn.execute("VACUUM INTO ?1", [partial_name])
+                .map_err(backend_error)?;
+            File::open(&partial)
+                .and_then(|file| file.sync_all())
+                .map_err(|e| io_error(&partial, e))?;
+            std::fs::rename(&partial, &target).map_err(|e| io_error(&target, e))?;
+            sync_directory(dir)
+        })();
+        if copied.is_err() {
+            let _ = std::fs::remove_file(&partial);
+        }
+        copied.map(|()| target)
+    }
+
     fn read<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
@@ -481,6 +522,19 @@ fn open_reader(path: &Path, synchronous: Synchronous) -> Result<Connection, Stor
     .map_err(backend_error)?;
     schema::configure(&conn, synchronous, true)?;
     Ok(conn)
+}
+
+/// Makes a rename in `dir` durable (a directory's entries are synced through the directory).
+#[cfg(unix)]
+fn sync_directory(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_error(dir, e))
+}
+
+#[cfg(not(unix))]
+fn sync_directory(_: &Path) -> Result<(), StoreError> {
+    Ok(())
 }
 
 fn io_error(path: &Path, e: std::io::Error) -> StoreError {

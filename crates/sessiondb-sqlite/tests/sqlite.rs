@@ -1394,3 +1394,77 @@ fn history_reads_after_an_acknowledged_update_never_see_the_old_row() {
         reader.join().unwrap();
     }
 }
+
+/// A backup taken while another thread appends is a store of its own holding a consistent
+/// snapshot: every session's path complete up to some append, its search index, its state; a
+/// destination that already holds a database is refused and left as it was.
+#[test]
+fn a_backup_taken_during_writes_opens_as_a_consistent_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let backups = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    block_on(async {
+        let chat = db.session("chat").unwrap();
+        for i in 0..200 {
+            let m = Message::text("user", format!("turn {i} about lighthouses"))
+                .with_id(format!("m{i}"));
+            chat.append(m, AppendOptions::default()).await.unwrap();
+        }
+        assert_eq!(chat.search("lighthouses", 5).await.unwrap().len(), 5);
+        chat.set_state("mood", &serde_json::json!("calm"))
+            .await
+            .unwrap();
+    });
+    let target = backups.path().join("copy");
+    let appended = std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            block_on(async {
+                let busy = db.session("busy").unwrap();
+                let mut n = 0;
+                while n < 400 {
+                    let m = Message::text("user", format!("busy {n}")).with_id(format!("b{n}"));
+                    busy.append(m, AppendOptions::default()).await.unwrap();
+                    n += 1;
+                }
+                n
+            })
+        });
+        let copy = db.store().backup(&target).unwrap();
+        assert_eq!(copy, target.join(DATABASE_FILE));
+        writer.join().unwrap()
+    });
+    assert_eq!(appended, 400);
+    assert!(!target.join(format!("{DATABASE_FILE}.partial")).exists());
+
+    let again = db.store().backup(&target).unwrap_err();
+    assert!(
+        matches!(again, StoreError::BackupDestinationExists { .. }),
+        "{again}"
+    );
+    drop(db);
+
+    let copy = open(&target);
+    block_on(async {
+        let chat = copy.session("chat").unwrap();
+        let history = chat.full_history(HistoryOptions::default()).await.unwrap();
+        let ids: Vec<&str> = history.iter().map(|m| m.id.as_str()).collect();
+        assert_eq!(ids.len(), 200);
+        assert_eq!((ids[0], ids[199]), ("m0", "m199"));
+        assert_eq!(chat.search("turn 7 lighthouses", 5).await.unwrap().len(), 1);
+        assert_eq!(
+            chat.state("mood").await.unwrap(),
+            Some(serde_json::json!("calm"))
+        );
+        // Whatever of the concurrent appends the snapshot holds, it holds as a whole path.
+        let busy = copy.session("busy").unwrap();
+        let rows = busy.full_history(HistoryOptions::default()).await.unwrap();
+        for (i, m) in rows.iter().enumerate() {
+            assert_eq!(m.id.as_str(), format!("b{i}"));
+        }
+        assert_eq!(busy.stats().await.unwrap().message_count, rows.len() as u64);
+        // The copy takes writes of its own.
+        busy.append(Message::text("user", "after"), AppendOptions::default())
+            .await
+            .unwrap();
+    });
+}
