@@ -43,7 +43,7 @@ pub struct Payload {
 }
 
 impl Payload {
-    /// A payload read back from its stored chunks: [`StoreError::Corrupt`] unless all `size`
+    /// A payload read back from its stored chunks: [`crate::StoreError::Corrupt`] unless all `size`
     /// bytes the store recorded came back.
     pub fn reassembled(
         hash: &str,

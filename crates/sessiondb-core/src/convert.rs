@@ -8,7 +8,7 @@
 //! blocks inside `content` are understood too). A message with non-empty `parts` is read from
 //! them, otherwise from `content`.
 //!
-//! Each message is first normalised into a [`Turn`] of [`Block`]s; each target then renders the
+//! Each message is first normalised into a `Turn` of `Block`s; each target then renders the
 //! turns. The rules every target keeps:
 //! - no tool result is dropped, and a result is emitted after the call it answers: an assistant
 //!   message holding both (the parts shape) is split into the call message, the results, and a

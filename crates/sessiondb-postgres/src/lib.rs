@@ -12,7 +12,7 @@
 //! - **Reads**: single statements on a pooled connection (a message comes whole, with its
 //!   continuation slices, from one statement); reads of several statements that must agree (a
 //!   path and its rows, an attachment and its chunks) run in one repeatable-read snapshot.
-//! - **Change feed**: see [`feed`]: positions are shared by all instances, so a subscriber on any
+//! - **Change feed**: see the `feed` module: positions are shared by all instances, so a subscriber on any
 //!   instance sees every write in commit order and can resume (`Last-Event-ID`) on another.
 //! - **Runtime**: the store's futures run on the tokio runtime current when it connected, or on
 //!   a runtime of its own when connected outside one, so they can be awaited from any executor.
