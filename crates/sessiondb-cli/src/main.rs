@@ -2,6 +2,7 @@
 //! server (`sessiondb serve`).
 #![forbid(unsafe_code)]
 
+mod listing;
 mod serve;
 mod transfer;
 mod tree;
@@ -12,10 +13,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
-use sessiondb::{
-    AppendOptions, Db, HistoryOptions, MAX_PAGE_SIZE, Message, PageRequest, Parent, Session,
-    SessionListing, SessionSort, SqliteStore,
-};
+use sessiondb::{AppendOptions, Db, HistoryOptions, Message, Parent, Session, SqliteStore};
 
 /// Where the embedded database lives unless `--data` says otherwise.
 pub const DEFAULT_DATA: &str = "./sessiondb-data";
@@ -90,11 +88,13 @@ enum Command {
         #[arg(long)]
         user: Option<String>,
         /// Order by the last update, the last message or the creation.
-        #[arg(long, value_enum, default_value_t = SortBy::Updated)]
-        sort: SortBy,
+        #[arg(long, value_enum, default_value_t = listing::SortBy::Updated)]
+        sort: listing::SortBy,
         /// At most this many (all when absent).
         #[arg(long)]
         limit: Option<usize>,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// Run the HTTP server (SQLite in --data, 127.0.0.1:8787 by default; --database for
     /// PostgreSQL).
@@ -121,27 +121,6 @@ enum Command {
         #[command(flatten)]
         remote: RemoteArgs,
     },
-}
-
-/// The orders of `GET /v1/sessions?sort=`, under the same names.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum SortBy {
-    #[value(name = "updatedAt")]
-    Updated,
-    #[value(name = "lastMessageAt")]
-    LastMessage,
-    #[value(name = "createdAt")]
-    Created,
-}
-
-impl From<SortBy> for SessionSort {
-    fn from(sort: SortBy) -> Self {
-        match sort {
-            SortBy::Updated => SessionSort::UpdatedAt,
-            SortBy::LastMessage => SessionSort::LastMessageAt,
-            SortBy::Created => SessionSort::CreatedAt,
-        }
-    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -205,7 +184,9 @@ fn run_command(cli: Cli) -> anyhow::Result<()> {
         return migrate(database);
     }
     let remote = match &cli.command {
-        Command::Import { remote, .. } | Command::Export { remote, .. } => remote.url.is_some(),
+        Command::Import { remote, .. }
+        | Command::Export { remote, .. }
+        | Command::Sessions { remote, .. } => remote.url.is_some(),
         _ => false,
     };
     let db = if remote { None } else { Some(open(&cli.data)?) };
@@ -240,6 +221,20 @@ async fn run(
     }
     if let Command::Export { session, remote } = &command {
         return transfer::export(db.as_ref(), remote.remote(), &namespace, session, &mut out).await;
+    }
+    if let Command::Sessions {
+        user,
+        sort,
+        limit,
+        remote,
+    } = &command
+    {
+        let wanted = listing::Wanted {
+            user_id: user.clone(),
+            sort: *sort,
+            limit: *limit,
+        };
+        return listing::print(db.as_ref(), remote.remote(), &namespace, &wanted, &mut out).await;
     }
     let db = db.context("no database open")?;
     let session = |id: &str| db.session_in(&namespace, id);
@@ -313,47 +308,12 @@ async fn run(
             }
             writeln!(out, "deleted {sid}")?;
         }
-        Command::Sessions { user, sort, limit } => {
-            list_sessions(&db, &namespace, user, sort.into(), limit, &mut out).await?
-        }
         Command::Serve(_)
         | Command::Migrate { .. }
         | Command::Import { .. }
-        | Command::Export { .. } => {
+        | Command::Export { .. }
+        | Command::Sessions { .. } => {
             unreachable!("handled above")
-        }
-    }
-    Ok(())
-}
-
-/// Pages through the listing until `limit` sessions are printed.
-async fn list_sessions(
-    db: &Db<SqliteStore>,
-    namespace: &str,
-    user_id: Option<String>,
-    sort: SessionSort,
-    limit: Option<usize>,
-    out: &mut impl Write,
-) -> anyhow::Result<()> {
-    let mut left = limit.unwrap_or(usize::MAX);
-    let mut listing = SessionListing {
-        page: PageRequest {
-            descending: true,
-            ..PageRequest::default()
-        },
-        sort,
-        user_id,
-    };
-    while left > 0 {
-        listing.page.limit = Some(left.min(MAX_PAGE_SIZE));
-        let page = db.list_sessions(namespace, &listing).await?;
-        for info in &page.items {
-            writeln!(out, "{}", sessiondb_server::wire::session(info))?;
-        }
-        left = left.saturating_sub(page.items.len());
-        match page.next_cursor {
-            Some(next) => listing.page.after = Some(next),
-            None => break,
         }
     }
     Ok(())

@@ -69,8 +69,8 @@ impl Progress {
     }
 }
 
-/// Percent-encodes one URL path segment.
-fn segment(s: &str) -> String {
+/// Percent-encodes one URL path segment (or query value).
+pub(crate) fn segment(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
@@ -81,7 +81,7 @@ fn segment(s: &str) -> String {
         .collect()
 }
 
-fn request(
+pub(crate) fn request(
     client: &reqwest::Client,
     method: reqwest::Method,
     url: &str,
@@ -94,7 +94,7 @@ fn request(
     }
 }
 
-async fn check(response: reqwest::Response) -> anyhow::Result<reqwest::Response> {
+pub(crate) async fn check(response: reqwest::Response) -> anyhow::Result<reqwest::Response> {
     if response.status().is_success() {
         return Ok(response);
     }

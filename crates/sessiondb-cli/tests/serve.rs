@@ -299,6 +299,39 @@ async fn import_and_export_embedded_and_remote() {
     let refused = remote(&["export", "nope"]);
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("404"));
+
+    // The server's sessions, listed page after page as the embedded store lists its own.
+    for i in 0..120 {
+        let created = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--json"])
+            .arg(json!({"id": format!("s{i:03}")}).to_string())
+            .arg(format!("{}/v1/sessions", served.base))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&created.stdout), "201");
+    }
+    let listed = remote(&["sessions"]);
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let ids: Vec<String> = String::from_utf8(listed.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            serde_json::from_str::<Value>(line).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(ids.len(), 121, "every page: {ids:?}");
+    assert_eq!(ids[..2], ["s119", "s118"]);
+    assert!(ids.contains(&"copy".to_owned()));
+    let first = remote(&["sessions", "--sort", "createdAt", "--limit", "1"]);
+    let first: Value = serde_json::from_slice(&first.stdout).unwrap();
+    assert_eq!(first["id"], "s119");
 }
 
 #[test]

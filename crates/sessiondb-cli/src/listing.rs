@@ -1,0 +1,140 @@
+//! `sessiondb sessions`: the namespace's sessions as NDJSON, from the embedded store or from a
+//! server with `--url`, page after page.
+
+use std::io::Write;
+
+use anyhow::bail;
+use serde_json::Value;
+use sessiondb::{Db, MAX_PAGE_SIZE, PageRequest, SessionListing, SessionSort, SqliteStore};
+
+use crate::transfer::{Remote, check, request, segment};
+
+/// The orders of `GET /v1/sessions?sort=`, under the same names.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum SortBy {
+    #[value(name = "updatedAt")]
+    Updated,
+    #[value(name = "lastMessageAt")]
+    LastMessage,
+    #[value(name = "createdAt")]
+    Created,
+}
+
+impl From<SortBy> for SessionSort {
+    fn from(sort: SortBy) -> Self {
+        match sort {
+            SortBy::Updated => SessionSort::UpdatedAt,
+            SortBy::LastMessage => SessionSort::LastMessageAt,
+            SortBy::Created => SessionSort::CreatedAt,
+        }
+    }
+}
+
+impl SortBy {
+    fn name(self) -> &'static str {
+        match self {
+            SortBy::Updated => "updatedAt",
+            SortBy::LastMessage => "lastMessageAt",
+            SortBy::Created => "createdAt",
+        }
+    }
+}
+
+/// Which sessions to print.
+pub struct Wanted {
+    pub user_id: Option<String>,
+    pub sort: SortBy,
+    /// All when `None`.
+    pub limit: Option<usize>,
+}
+
+/// Prints the sessions `wanted` names, most recent first, one JSON object per line (the objects
+/// `GET /v1/sessions` returns), until the listing or the limit ends.
+pub async fn print(
+    db: Option<&Db<SqliteStore>>,
+    remote: Option<Remote<'_>>,
+    namespace: &str,
+    wanted: &Wanted,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let mut left = wanted.limit.unwrap_or(usize::MAX);
+    let mut after = None;
+    while left > 0 {
+        let limit = left.min(MAX_PAGE_SIZE);
+        let (items, next) = match (db, &remote) {
+            (Some(db), None) => local_page(db, namespace, wanted, limit, after).await?,
+            (_, Some(remote)) => remote_page(remote, wanted, limit, after).await?,
+            (None, None) => bail!("no store to list"),
+        };
+        for item in &items {
+            writeln!(out, "{item}")?;
+        }
+        left = left.saturating_sub(items.len());
+        match next {
+            Some(cursor) => after = Some(cursor),
+            None => break,
+        }
+    }
+    Ok(())
+}
+
+type Listed = (Vec<Value>, Option<String>);
+
+async fn local_page(
+    db: &Db<SqliteStore>,
+    namespace: &str,
+    wanted: &Wanted,
+    limit: usize,
+    after: Option<String>,
+) -> anyhow::Result<Listed> {
+    let listing = SessionListing {
+        page: PageRequest {
+            limit: Some(limit),
+            descending: true,
+            after,
+            before: None,
+        },
+        sort: wanted.sort.into(),
+        user_id: wanted.user_id.clone(),
+    };
+    let page = db.list_sessions(namespace, &listing).await?;
+    let items = page
+        .items
+        .iter()
+        .map(sessiondb_server::wire::session)
+        .collect();
+    Ok((items, page.next_cursor))
+}
+
+async fn remote_page(
+    remote: &Remote<'_>,
+    wanted: &Wanted,
+    limit: usize,
+    after: Option<String>,
+) -> anyhow::Result<Listed> {
+    let mut url = format!(
+        "{}/v1/sessions?limit={limit}&sort={}",
+        remote.url.trim_end_matches('/'),
+        wanted.sort.name()
+    );
+    if let Some(user) = &wanted.user_id {
+        url.push_str(&format!("&userId={}", segment(user)));
+    }
+    if let Some(cursor) = &after {
+        url.push_str(&format!("&after={}", segment(cursor)));
+    }
+    let response = request(
+        &reqwest::Client::new(),
+        reqwest::Method::GET,
+        &url,
+        remote.api_key,
+    )
+    .send()
+    .await?;
+    let mut page: Value = check(response).await?.json().await?;
+    let items = match page["items"].take() {
+        Value::Array(items) => items,
+        other => bail!("GET {url}: `items` is not a list: {other}"),
+    };
+    Ok((items, page["nextCursor"].as_str().map(str::to_owned)))
+}
