@@ -9,41 +9,16 @@ use sessiondb::{Db, MAX_PAGE_SIZE, PageRequest, SessionListing, SessionSort, Sql
 
 use crate::transfer::{Remote, check, request, segment};
 
-/// The orders of `GET /v1/sessions?sort=`, under the same names.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum SortBy {
-    #[value(name = "updatedAt")]
-    Updated,
-    #[value(name = "lastMessageAt")]
-    LastMessage,
-    #[value(name = "createdAt")]
-    Created,
-}
-
-impl From<SortBy> for SessionSort {
-    fn from(sort: SortBy) -> Self {
-        match sort {
-            SortBy::Updated => SessionSort::UpdatedAt,
-            SortBy::LastMessage => SessionSort::LastMessageAt,
-            SortBy::Created => SessionSort::CreatedAt,
-        }
-    }
-}
-
-impl SortBy {
-    fn name(self) -> &'static str {
-        match self {
-            SortBy::Updated => "updatedAt",
-            SortBy::LastMessage => "lastMessageAt",
-            SortBy::Created => "createdAt",
-        }
-    }
+/// `--sort`: an order under its API name.
+pub fn parse_sort(name: &str) -> Result<SessionSort, String> {
+    SessionSort::from_name(name)
+        .ok_or_else(|| "must be updatedAt, lastMessageAt or createdAt".to_owned())
 }
 
 /// Which sessions to print.
 pub struct Wanted {
     pub user_id: Option<String>,
-    pub sort: SortBy,
+    pub sort: SessionSort,
     /// All when `None`.
     pub limit: Option<usize>,
 }
@@ -94,7 +69,7 @@ async fn local_page(
             after,
             before: None,
         },
-        sort: wanted.sort.into(),
+        sort: wanted.sort,
         user_id: wanted.user_id.clone(),
     };
     let page = db.list_sessions(namespace, &listing).await?;

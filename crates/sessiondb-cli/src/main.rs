@@ -13,7 +13,9 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
-use sessiondb::{AppendOptions, Db, HistoryOptions, Message, Parent, Session, SqliteStore};
+use sessiondb::{
+    AppendOptions, Db, HistoryOptions, Message, Parent, Session, SessionSort, SqliteStore,
+};
 
 /// Where the embedded database lives unless `--data` says otherwise.
 pub const DEFAULT_DATA: &str = "./sessiondb-data";
@@ -88,8 +90,8 @@ enum Command {
         #[arg(long)]
         user: Option<String>,
         /// Order by the last update, the last message or the creation.
-        #[arg(long, value_enum, default_value_t = listing::SortBy::Updated)]
-        sort: listing::SortBy,
+        #[arg(long, default_value = "updatedAt", value_parser = listing::parse_sort)]
+        sort: SessionSort,
         /// At most this many (all when absent).
         #[arg(long)]
         limit: Option<usize>,

@@ -188,6 +188,26 @@ pub enum SessionSort {
 }
 
 impl SessionSort {
+    pub const ALL: [SessionSort; 3] = [
+        SessionSort::UpdatedAt,
+        SessionSort::LastMessageAt,
+        SessionSort::CreatedAt,
+    ];
+
+    /// The name of this order in the API (`GET /v1/sessions?sort=`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SessionSort::UpdatedAt => "updatedAt",
+            SessionSort::LastMessageAt => "lastMessageAt",
+            SessionSort::CreatedAt => "createdAt",
+        }
+    }
+
+    /// The order an API name stands for.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|sort| sort.name() == name)
+    }
+
     /// The value a session sorts by.
     pub fn value_of(self, info: &SessionInfo) -> i64 {
         match self {

@@ -67,14 +67,12 @@ pub(crate) async fn list<S: Store>(
     QueryParams(q): QueryParams<ListQuery>,
 ) -> Result<Response, ApiError> {
     let sort = match q.sort.as_deref() {
-        None | Some("updatedAt") => SessionSort::UpdatedAt,
-        Some("lastMessageAt") => SessionSort::LastMessageAt,
-        Some("createdAt") => SessionSort::CreatedAt,
-        Some(other) => {
-            return Err(ApiError::invalid(format!(
-                "`sort` must be updatedAt, lastMessageAt or createdAt, not `{other}`"
-            )));
-        }
+        None => SessionSort::default(),
+        Some(name) => SessionSort::from_name(name).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "`sort` must be updatedAt, lastMessageAt or createdAt, not `{name}`"
+            ))
+        })?,
     };
     let listing = SessionListing {
         page: PageRequest {
