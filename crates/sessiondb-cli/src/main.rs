@@ -89,7 +89,8 @@ enum Command {
         /// Only the sessions created for this user.
         #[arg(long)]
         user: Option<String>,
-        /// Order by the last update, the last message or the creation.
+        /// Order by the last update, the last message or the creation (updatedAt,
+        /// lastMessageAt or createdAt).
         #[arg(long, default_value = "updatedAt", value_parser = listing::parse_sort)]
         sort: SessionSort,
         /// At most this many (all when absent).
