@@ -1,0 +1,6 @@
+"""sessiondb's Python client: the HTTP API (``Client``) and framework adapters
+(``sessiondb.openai_agents``)."""
+
+from .client import Client, SessiondbError, SessiondbUnavailable
+
+__all__ = ["Client", "SessiondbError", "SessiondbUnavailable"]

@@ -1,0 +1,224 @@
+"""A blocking client for the sessiondb HTTP API (standard library only)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+_OMITTED: Any = object()
+
+
+class SessiondbError(Exception):
+    """An error answer of the server: its HTTP status and the typed error it sent.
+
+    ``code`` is one of the API's error codes (``invalid_request``, ``not_found``, ``conflict``,
+    ``quota_exceeded``, ...). A request that never got an answer is a ``SessiondbUnavailable``.
+    """
+
+    def __init__(self, status: int | None, code: str, message: str):
+        super().__init__(f"{code}: {message}" if status is None else f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class SessiondbUnavailable(SessiondbError):
+    """The server could not be reached, or the connection broke before an answer."""
+
+    def __init__(self, message: str):
+        super().__init__(None, "unavailable", message)
+
+
+def _segment(value: str) -> str:
+    # Identifiers are single path segments: '/', '?', '%' and the rest are percent-encoded.
+    return urllib.parse.quote(value, safe="")
+
+
+class Client:
+    """The sessiondb HTTP API at ``base_url`` (``http://127.0.0.1:8787`` is ``sessiondb serve``'s
+    default). ``api_key`` is sent as ``Authorization: Bearer``; without one, requests are
+    anonymous, which a server without configured keys accepts.
+
+    Methods map one to one to the API's routes and return its JSON as plain dicts and lists.
+    Routes without a method here are reached with ``request``.
+    """
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8787", api_key: str | None = None,
+                 timeout: float = 30.0):
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _open(self, method: str, path: str, query: dict[str, Any] | None, body: Any,
+              content_type: str = "application/json"):
+        url = self.base_url + path
+        if query:
+            pairs = {k: v for k, v in query.items() if v is not None}
+            if pairs:
+                url += "?" + urllib.parse.urlencode(pairs)
+        headers = {"accept": "application/json"}
+        data = None
+        if body is not _OMITTED:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            headers["content-type"] = content_type
+        if self.api_key is not None:
+            headers["authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(url, data=data, headers=headers, method=method)
+        try:
+            return urllib.request.urlopen(request, timeout=self.timeout)
+        except urllib.error.HTTPError as answer:
+            raise _error_of(answer) from None
+        except (urllib.error.URLError, OSError) as failure:
+            reason = getattr(failure, "reason", failure)
+            raise SessiondbUnavailable(f"{method} {url}: {reason}") from None
+
+    def request(self, method: str, path: str, query: dict[str, Any] | None = None,
+                body: Any = _OMITTED) -> Any:
+        """Sends one request to ``path`` (``/v1/...``, segments already encoded) and returns the
+        decoded JSON answer, or ``None`` for an empty one (204)."""
+        with self._open(method, path, query, body) as answer:
+            raw = answer.read()
+        return json.loads(raw) if raw else None
+
+    def _session_path(self, session_id: str, *rest: str) -> str:
+        return "/".join(["/v1/sessions", _segment(session_id), *(_segment(r) for r in rest)])
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    def create_session(self, id: str | None = None, **fields: Any) -> dict:
+        """``POST /v1/sessions``. ``fields``: ``name``, ``parentSessionId``, ``model``,
+        ``source``, ``userId``, ``metadata``. An existing id is a ``conflict`` error."""
+        body = dict(fields)
+        if id is not None:
+            body["id"] = id
+        return self.request("POST", "/v1/sessions", body=body)
+
+    def get_session(self, session_id: str) -> dict:
+        return self.request("GET", self._session_path(session_id))
+
+    def update_session(self, session_id: str, **fields: Any) -> dict:
+        """``PATCH``: ``name``, ``model``, ``metadata`` (shallow merge, ``None`` deletes a key),
+        ``settings``."""
+        return self.request("PATCH", self._session_path(session_id), body=fields)
+
+    def delete_session(self, session_id: str) -> None:
+        self.request("DELETE", self._session_path(session_id))
+
+    def list_sessions(self, user_id: str | None = None, sort: str | None = None,
+                      order: str | None = None, page_size: int = 100) -> Iterator[dict]:
+        """Every session of the namespace, following the listing's cursors page after page."""
+        after = None
+        while True:
+            page = self.request("GET", "/v1/sessions", query={
+                "limit": page_size, "userId": user_id, "sort": sort, "order": order,
+                "after": after})
+            yield from page["items"]
+            after = page.get("nextCursor")
+            if after is None or not page["items"]:
+                return
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def append(self, session_id: str, message: dict, parent: str | None = _OMITTED) -> dict:
+        """Appends one message; returns ``{inserted, message}``. ``parent`` omitted appends
+        under the active leaf, ``None`` starts a new root, an id branches under that message.
+        Appending to an unknown session creates it."""
+        query = None if parent is _OMITTED else {"parent": parent or ""}
+        return self.request("POST", self._session_path(session_id, "messages"), query=query,
+                            body=message)
+
+    def append_batch(self, session_id: str, messages: list[dict],
+                     parent_id: str | None = None) -> list[dict]:
+        """Appends messages chained one after another in one write: all are stored or none."""
+        body: dict[str, Any] = {"messages": messages}
+        if parent_id is not None:
+            body["parentId"] = parent_id
+        return self.request("POST", self._session_path(session_id, "messages", "batch"),
+                            body=body)["messages"]
+
+    def messages(self, session_id: str, limit: int | None = None, order: str | None = None,
+                 after: str | None = None, before: str | None = None) -> dict:
+        """One page of the active path: ``{items, nextCursor?, previousCursor?}``."""
+        return self.request("GET", self._session_path(session_id, "messages"), query={
+            "limit": limit, "order": order, "after": after, "before": before})
+
+    def get_message(self, session_id: str, message_id: str) -> dict:
+        return self.request("GET", self._session_path(session_id, "messages", message_id))
+
+    def update_message(self, session_id: str, message_id: str, **fields: Any) -> dict:
+        """``PATCH``: the given ``role``, ``parts``, ``content``, ``metadata`` replace."""
+        return self.request("PATCH", self._session_path(session_id, "messages", message_id),
+                            body=fields)
+
+    def delete_message(self, session_id: str, message_id: str) -> None:
+        """Deletes one message; its children re-attach to the nearest surviving ancestor."""
+        self.request("DELETE", self._session_path(session_id, "messages", message_id))
+
+    def clear(self, session_id: str) -> None:
+        """Deletes every message of the session; the session and its metadata stay."""
+        self.request("DELETE", self._session_path(session_id, "messages"))
+
+    def history(self, session_id: str, order: str = "oldest",
+                leaf: str | None = None) -> Iterator[dict]:
+        """The path to ``leaf`` (the active leaf by default) with compactions applied, one
+        message at a time as the server streams it; stopping early closes the stream."""
+        path = self._session_path(session_id, "history")
+        with self._open("GET", path, {"order": order, "leaf": leaf}, _OMITTED) as answer:
+            for line in answer:
+                if line.strip():
+                    yield json.loads(line)
+
+    def search(self, session_id: str, query: str, limit: int | None = None) -> list[dict]:
+        return self.request("GET", self._session_path(session_id, "search"),
+                            query={"q": query, "limit": limit})
+
+    # -- compaction -------------------------------------------------------------------------
+
+    def add_compaction(self, session_id: str, summary: str, from_message_id: str,
+                       to_message_id: str) -> dict:
+        """Shows ``summary`` in place of the messages from one id to the other in history;
+        nothing is deleted."""
+        return self.request("POST", self._session_path(session_id, "compactions"), body={
+            "summary": summary, "fromMessageId": from_message_id,
+            "toMessageId": to_message_id})
+
+    def compact(self, session_id: str) -> dict | None:
+        """Runs the server's summarizer; ``None`` when there was nothing to compact."""
+        return self.request("POST", self._session_path(session_id, "compact"))
+
+    # -- state ------------------------------------------------------------------------------
+
+    def get_state(self, session_id: str, key: str, default: Any = _OMITTED) -> Any:
+        """The JSON value under ``key``; a missing key is a ``not_found`` error unless a
+        ``default`` is given."""
+        try:
+            return self.request("GET", self._session_path(session_id, "state", key))
+        except SessiondbError as error:
+            if error.code == "not_found" and default is not _OMITTED:
+                return default
+            raise
+
+    def put_state(self, session_id: str, key: str, value: Any) -> None:
+        self.request("PUT", self._session_path(session_id, "state", key), body=value)
+
+    def delete_state(self, session_id: str, key: str) -> None:
+        self.request("DELETE", self._session_path(session_id, "state", key))
+
+    def all_state(self, session_id: str) -> dict:
+        return self.request("GET", self._session_path(session_id, "state"))
+
+
+def _error_of(answer: urllib.error.HTTPError) -> SessiondbError:
+    raw = answer.read()
+    try:
+        error = json.loads(raw)["error"]
+        return SessiondbError(answer.code, error["code"], error["message"])
+    except (ValueError, KeyError, TypeError):
+        # Not the API's error shape (a proxy in between, or the HTTP layer's own answer).
+        return SessiondbError(answer.code, "http_error", raw.decode(errors="replace") or answer.reason)

@@ -1,0 +1,112 @@
+"""The OpenAI Agents SDK's ``Session`` protocol on sessiondb.
+
+``SessiondbSession`` keeps an agent's conversation in a sessiondb session, so
+``Runner.run(agent, input, session=SessiondbSession("user-42", client))`` loads and saves its
+history through a sessiondb server instead of a local SQLite file. It needs no import of the SDK
+(the protocol is structural), and only the standard library.
+
+How items are stored. The SDK's items are Responses API input items. An item with a ``role``
+and ``content`` (a message) is stored as a message with that role and content, so search, the
+converters, compaction and a UI read it like any other message; its other fields (``type``,
+``id``, ``status``), if any, are kept under the metadata key ``openaiItem``. Any other item (a function
+call, its output, reasoning, ...) is stored whole as the message's ``content``, with
+``openaiItem`` set to ``"content"``, under the role ``tool`` for outputs (``*_output`` types)
+and ``assistant`` otherwise. ``get_items`` rebuilds every item exactly as it was added (sessiondb
+adds ``mediaType`` to a chat-completions ``image_url`` object with a data URL, as for any
+client; the Responses API's ``input_image`` is kept as it is). A message
+written by another client (without ``openaiItem``) reads as ``{role, content}``, its text parts
+joined when it has only ``parts``; a compaction's summary reads the same way, in place of the
+messages it covers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from .client import Client
+
+ITEM_KEY = "openaiItem"
+WHOLE_ITEM = "content"
+
+
+def message_of_item(item: dict) -> dict:
+    """The sessiondb message that stores one SDK item."""
+    role, content = item.get("role"), item.get("content")
+    if isinstance(role, str) and role and content is not None:
+        rest = {k: v for k, v in item.items() if k not in ("role", "content")}
+        message = {"role": role, "content": content}
+        if rest:
+            message["metadata"] = {ITEM_KEY: rest}
+        return message
+    kind = item.get("type")
+    role = "tool" if isinstance(kind, str) and kind.endswith("_output") else "assistant"
+    return {"role": role, "content": item, "metadata": {ITEM_KEY: WHOLE_ITEM}}
+
+
+def item_of_message(message: dict) -> dict:
+    """The SDK item a stored message holds (see the module's documentation)."""
+    stored = (message.get("metadata") or {}).get(ITEM_KEY)
+    if stored == WHOLE_ITEM:
+        return message["content"]
+    item: dict[str, Any] = dict(stored) if isinstance(stored, dict) else {}
+    item["role"] = message["role"]
+    if "content" in message:
+        item["content"] = message["content"]
+    else:
+        texts = [p.get("text", "") for p in message.get("parts") or [] if p.get("type") == "text"]
+        item["content"] = "\n".join(texts)
+    return item
+
+
+class SessiondbSession:
+    """An OpenAI Agents SDK session kept in the sessiondb session ``session_id``.
+
+    ``session_settings`` is the SDK's ``SessionSettings`` (its ``limit`` bounds ``get_items``
+    when no limit is passed). Each call is one or two HTTP requests, run on a worker thread so
+    the event loop never blocks; ``add_items`` stores its items in one write, all or none.
+    """
+
+    def __init__(self, session_id: str, client: Client, session_settings: Any = None):
+        self.session_id = session_id
+        self.client = client
+        self.session_settings = session_settings
+
+    async def get_items(self, limit: int | None = None) -> list[dict]:
+        """The conversation as the model should see it (compactions applied), oldest first;
+        with a limit, only the newest ``limit`` items."""
+        if limit is None and self.session_settings is not None:
+            limit = getattr(self.session_settings, "limit", None)
+        return await asyncio.to_thread(self._get_items, limit)
+
+    def _get_items(self, limit: int | None) -> list[dict]:
+        if limit is None:
+            return [item_of_message(m) for m in self.client.history(self.session_id)]
+        if limit <= 0:
+            return []
+        newest: list[dict] = []
+        for message in self.client.history(self.session_id, order="newest"):
+            newest.append(item_of_message(message))
+            if len(newest) == limit:
+                break
+        newest.reverse()
+        return newest
+
+    async def add_items(self, items: list[dict]) -> None:
+        if items:
+            messages = [message_of_item(item) for item in items]
+            await asyncio.to_thread(self.client.append_batch, self.session_id, messages)
+
+    async def pop_item(self) -> dict | None:
+        """Deletes the newest stored message and returns its item (``None`` when empty)."""
+        return await asyncio.to_thread(self._pop_item)
+
+    def _pop_item(self) -> dict | None:
+        newest = self.client.messages(self.session_id, limit=1, order="desc")["items"]
+        if not newest:
+            return None
+        self.client.delete_message(self.session_id, newest[0]["id"])
+        return item_of_message(newest[0])
+
+    async def clear_session(self) -> None:
+        await asyncio.to_thread(self.client.clear, self.session_id)

@@ -1,0 +1,148 @@
+"""The HTTP client against a real server."""
+
+from __future__ import annotations
+
+import socket
+import unittest
+
+from served import Served
+
+from sessiondb import Client, SessiondbError, SessiondbUnavailable
+
+
+class ClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.served = Served()
+        cls.client = Client(cls.served.url)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.served.stop()
+
+    def test_messages_round_trip_and_page(self):
+        c = self.client
+        first = c.append("pages", {"role": "user", "content": "hello there"})
+        self.assertTrue(first["inserted"])
+        again = c.append("pages", {"id": first["message"]["id"], "role": "user", "content": "x"})
+        self.assertFalse(again["inserted"], "an existing id is not appended twice")
+        c.append_batch("pages", [{"role": "assistant", "content": f"reply {i}"} for i in range(5)])
+        page = c.messages("pages", limit=4)
+        self.assertEqual([m["content"] for m in page["items"]],
+                         ["hello there", "reply 0", "reply 1", "reply 2"])
+        rest = c.messages("pages", limit=4, after=page["nextCursor"])
+        self.assertEqual([m["content"] for m in rest["items"]], ["reply 3", "reply 4"])
+        newest = [m["content"] for m in c.history("pages", order="newest")]
+        self.assertEqual(newest[0], "reply 4")
+        self.assertEqual(len(newest), 6)
+        self.assertEqual(c.get_message("pages", first["message"]["id"])["content"], "hello there")
+        self.assertEqual(c.get_session("pages")["messageCount"], 6)
+
+    def test_branches_edits_deletes_and_search(self):
+        c = self.client
+        root = c.append("tree", {"role": "user", "content": "which zebra is fastest"})["message"]
+        a = c.append("tree", {"role": "assistant", "content": "first answer"})["message"]
+        b = c.append("tree", {"role": "assistant", "content": "second answer"}, parent=root["id"])
+        self.assertEqual([m["content"] for m in c.history("tree")],
+                         ["which zebra is fastest", "second answer"])
+        self.assertEqual([m["content"] for m in c.history("tree", leaf=a["id"])],
+                         ["which zebra is fastest", "first answer"])
+        c.update_message("tree", b["message"]["id"], content="edited answer")
+        self.assertEqual(c.get_message("tree", b["message"]["id"])["content"], "edited answer")
+        hits = c.search("tree", "zebra")
+        self.assertEqual([h["id"] for h in hits], [root["id"]])
+        c.delete_message("tree", b["message"]["id"])
+        with self.assertRaises(SessiondbError) as caught:
+            c.get_message("tree", b["message"]["id"])
+        self.assertEqual((caught.exception.status, caught.exception.code), (404, "not_found"))
+        root2 = c.append("tree", {"role": "user", "content": "another root"}, parent=None)
+        self.assertEqual([m["content"] for m in c.history("tree")], ["another root"])
+        self.assertIsNone(root2["message"].get("parentId"))
+        c.clear("tree")
+        self.assertEqual(list(c.history("tree")), [])
+        self.assertEqual(c.get_session("tree")["messageCount"], 0)
+
+    def test_identifiers_are_single_path_segments(self):
+        c = self.client
+        for sid in ["a/b", "what?x=1", "100% sure", "日本語 ✓", "..", "#frag"]:
+            c.append(sid, {"role": "user", "content": sid})
+            self.assertEqual(c.get_session(sid)["id"], sid)
+            self.assertEqual([m["content"] for m in c.history(sid)], [sid])
+            c.put_state(sid, "k/ey", {"v": sid})
+            self.assertEqual(c.get_state(sid, "k/ey"), {"v": sid})
+
+    def test_sessions_state_and_compaction(self):
+        c = self.client
+        made = c.create_session("listed-1", name="one", userId="ada")
+        self.assertEqual(made["name"], "one")
+        with self.assertRaises(SessiondbError) as caught:
+            c.create_session("listed-1")
+        self.assertEqual(caught.exception.code, "conflict")
+        for i in range(2, 6):
+            c.create_session(f"listed-{i}", userId="ada")
+        listed = list(c.list_sessions(user_id="ada", page_size=2))
+        self.assertEqual(sorted(s["id"] for s in listed), [f"listed-{i}" for i in range(1, 6)])
+        self.assertEqual(c.update_session("listed-1", metadata={"topic": "x"})["metadata"],
+                         {"topic": "x"})
+
+        self.assertEqual(c.get_state("listed-1", "missing", default=None), None)
+        with self.assertRaises(SessiondbError) as caught:
+            c.get_state("listed-1", "missing")
+        self.assertEqual(caught.exception.code, "not_found")
+        c.put_state("listed-1", "plan", [1, {"step": "two"}])
+        self.assertEqual(c.all_state("listed-1"), {"plan": [1, {"step": "two"}]})
+        c.delete_state("listed-1", "plan")
+        self.assertEqual(c.all_state("listed-1"), {})
+
+        ids = [c.append("listed-1", {"role": "user", "content": f"turn {i}"})["message"]["id"]
+               for i in range(4)]
+        c.add_compaction("listed-1", "turns zero and one", ids[0], ids[1])
+        self.assertEqual([m.get("content") or m["parts"][0]["text"]
+                          for m in c.history("listed-1")],
+                         ["turns zero and one", "turn 2", "turn 3"])
+        c.delete_session("listed-1")
+        with self.assertRaises(SessiondbError) as caught:
+            c.get_session("listed-1")
+        self.assertEqual(caught.exception.status, 404)
+
+    def test_errors_are_typed(self):
+        c = self.client
+        with self.assertRaises(SessiondbError) as caught:
+            c.messages("any", limit=1000)
+        self.assertEqual((caught.exception.status, caught.exception.code),
+                         (400, "invalid_request"))
+        with self.assertRaises(SessiondbError) as caught:
+            c.append("any", {"content": "no role"})
+        self.assertEqual(caught.exception.code, "invalid_request")
+        self.assertIn("role", caught.exception.message)
+        with self.assertRaises(SessiondbError) as caught:
+            c.append("x" * 300, {"role": "user", "content": "id too long"})
+        self.assertEqual(caught.exception.code, "invalid_request")
+
+    def test_an_unreachable_server_is_its_own_error(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with self.assertRaises(SessiondbUnavailable) as caught:
+            Client(f"http://127.0.0.1:{port}", timeout=5).get_session("x")
+        self.assertEqual(caught.exception.code, "unavailable")
+        self.assertIsNone(caught.exception.status)
+
+    def test_api_keys(self):
+        served = Served("--api-key", "k1=team-a", "--api-key", "k2=team-b")
+        try:
+            a, b = Client(served.url, api_key="k1"), Client(served.url, api_key="k2")
+            a.append("shared-name", {"role": "user", "content": "for team a"})
+            self.assertEqual(list(b.history("shared-name")), [], "a key never sees another namespace")
+            with self.assertRaises(SessiondbError) as caught:
+                Client(served.url).get_session("shared-name")
+            self.assertEqual((caught.exception.status, caught.exception.code), (401, "unauthorized"))
+            with self.assertRaises(SessiondbError) as caught:
+                Client(served.url, api_key="wrong").get_session("shared-name")
+            self.assertEqual(caught.exception.status, 401)
+        finally:
+            served.stop()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,250 @@
+"""The OpenAI Agents SDK session on a real server, with the real SDK (openai-agents from PyPI)
+and a local stand-in for the model API."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import pathlib
+import unittest
+
+from agents import (Agent, Runner, SessionSettings, function_tool, set_default_openai_api,
+                    set_default_openai_client, set_tracing_disabled)
+from agents.memory import Session
+from agents.models.openai_responses import OpenAIResponsesModel
+from fake_responses import FakeResponses
+from openai import AsyncOpenAI
+from served import Served
+
+from sessiondb import Client, SessiondbError
+from sessiondb.openai_agents import SessiondbSession
+
+set_tracing_disabled(True)
+
+# Items of every kind the SDK keeps in a session, in the shapes it produces them.
+ITEMS = [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "user", "content": [{"type": "input_text", "text": "and in Rome?"}]},
+    {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "look up"}]},
+    {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "weather",
+     "arguments": "{\"city\": \"Paris\"}", "status": "completed"},
+    {"type": "function_call_output", "call_id": "call_1", "output": "sunny, 21 °C"},
+    {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+     "content": [{"type": "output_text", "text": "Sunny in Paris 🌞", "annotations": []}]},
+    {"role": "system", "content": "be brief"},
+]
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+class SessionProtocolTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.served = Served()
+        cls.client = Client(cls.served.url)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.served.stop()
+
+    def test_is_an_sdk_session(self):
+        self.assertIsInstance(SessiondbSession("s", self.client), Session)
+
+    def test_items_round_trip_exactly(self):
+        session = SessiondbSession("round-trip", self.client)
+        run(session.add_items(ITEMS[:3]))
+        run(session.add_items(ITEMS[3:]))
+        self.assertEqual(run(session.get_items()), ITEMS)
+        self.assertEqual(run(session.get_items(limit=2)), ITEMS[-2:])
+        self.assertEqual(run(session.get_items(limit=100)), ITEMS)
+        self.assertEqual(run(session.get_items(limit=0)), [])
+        # Another client of the same server sees the same conversation.
+        other = SessiondbSession("round-trip", Client(self.served.url))
+        self.assertEqual(run(other.get_items()), ITEMS)
+
+    def test_images_round_trip_exactly(self):
+        image = "data:image/png;base64," + base64.b64encode(bytes(range(256)) * 40).decode()
+        items = [
+            {"role": "user", "content": [{"type": "input_text", "text": "what is this?"},
+                                         {"type": "input_image", "image_url": image,
+                                          "detail": "auto"}]},
+            {"type": "function_call_output", "call_id": "call_2",
+             "output": [{"type": "input_image", "image_url": image}]},
+        ]
+        session = SessiondbSession("images", self.client)
+        run(session.add_items(items))
+        self.assertTrue(run(session.get_items()) == items, "the images came back changed")
+
+    def test_stored_messages_are_ordinary_messages(self):
+        session = SessiondbSession("stored", self.client)
+        run(session.add_items(ITEMS))
+        stored = list(self.client.history("stored"))
+        self.assertEqual([m["role"] for m in stored],
+                         ["user", "user", "assistant", "assistant", "tool", "assistant", "system"])
+        self.assertEqual(stored[0]["content"], "What is the weather in Paris?")
+        self.assertNotIn("metadata", stored[0], "a plain message item needs nothing extra")
+        self.assertEqual(stored[5]["metadata"],
+                         {"openaiItem": {"type": "message", "id": "msg_1", "status": "completed"}})
+        self.assertEqual(stored[3]["metadata"], {"openaiItem": "content"})
+        self.assertEqual([h["content"] for h in self.client.search("stored", "weather")],
+                         ["What is the weather in Paris?"])
+
+    def test_pop_and_clear(self):
+        session = SessiondbSession("pop", self.client)
+        self.assertIsNone(run(session.pop_item()))
+        run(session.add_items(ITEMS[:4]))
+        self.assertEqual(run(session.pop_item()), ITEMS[3])
+        self.assertEqual(run(session.pop_item()), ITEMS[2])
+        self.assertEqual(run(session.get_items()), ITEMS[:2])
+        run(session.add_items([ITEMS[4]]))
+        self.assertEqual(run(session.get_items()), [*ITEMS[:2], ITEMS[4]],
+                         "items added after a pop follow the remaining ones")
+        run(session.clear_session())
+        self.assertEqual(run(session.get_items()), [])
+        self.assertIsNone(run(session.pop_item()))
+        run(session.clear_session())
+
+    def test_add_items_stores_all_or_nothing(self):
+        session = SessiondbSession("atomic", self.client)
+        run(session.add_items(ITEMS[:1]))
+        bad = {"role": "user\u0000", "content": "a NUL in the role"}
+        with self.assertRaises(SessiondbError) as caught:
+            run(session.add_items([ITEMS[1], bad]))
+        self.assertEqual(caught.exception.code, "invalid_request")
+        self.assertEqual(run(session.get_items()), ITEMS[:1])
+
+    def test_session_settings_limit(self):
+        session = SessiondbSession("limited", self.client,
+                                   session_settings=SessionSettings(limit=3))
+        run(session.add_items(ITEMS))
+        self.assertEqual(run(session.get_items()), ITEMS[-3:])
+        self.assertEqual(run(session.get_items(limit=1)), ITEMS[-1:])
+
+    def test_compactions_show_their_summary(self):
+        session = SessiondbSession("compacted", self.client)
+        run(session.add_items(ITEMS))
+        ids = [m["id"] for m in self.client.history("compacted")]
+        self.assertEqual(len(ids), len(ITEMS))
+        self.client.add_compaction("compacted", "Asked about the weather in Paris.", ids[0], ids[4])
+        self.assertEqual(run(session.get_items()),
+                         [{"role": "assistant", "content": "Asked about the weather in Paris."},
+                          *ITEMS[5:]])
+        self.assertEqual(len(self.client.messages("compacted", limit=100)["items"]), len(ITEMS),
+                         "compaction hides messages from the model, it deletes none")
+
+    def test_items_survive_a_server_kill(self):
+        served = Served()
+        try:
+            session = SessiondbSession("durable", Client(served.url))
+            run(session.add_items(ITEMS))
+            served.stop(keep_data=True)
+            again = Served(data=served.data)
+            try:
+                self.assertEqual(run(SessiondbSession("durable", Client(again.url)).get_items()),
+                                 ITEMS)
+            finally:
+                again.stop()
+        finally:
+            served.stop()
+
+
+class AgentRunTest(unittest.TestCase):
+    """`Runner.run` with a sessiondb session: the SDK loads the history from sessiondb before
+    each turn and saves the turn's items after it."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.served = Served()
+        cls.client = Client(cls.served.url)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.served.stop()
+
+    def setUp(self):
+        self.model_api = FakeResponses()
+        self.addCleanup(self.model_api.close)
+        self.model = OpenAIResponsesModel(
+            model="gpt-4o", openai_client=AsyncOpenAI(base_url=self.model_api.url, api_key="x"))
+
+    def test_turns_see_the_earlier_turns(self):
+        agent = Agent(name="helper", instructions="Answer briefly.", model=self.model)
+        session = SessiondbSession("agent-turns", self.client)
+        self.model_api.reply("Hi Ada!")
+        first = run(Runner.run(agent, "Hello, I am Ada.", session=session))
+        self.assertEqual(first.final_output, "Hi Ada!")
+        self.model_api.reply("You are Ada.")
+        second = run(Runner.run(agent, "What is my name?", session=session))
+        self.assertEqual(second.final_output, "You are Ada.")
+
+        sent = self.model_api.requests[1]["input"]
+        self.assertEqual(sent[0], {"role": "user", "content": "Hello, I am Ada."})
+        self.assertEqual(sent[1]["role"], "assistant")
+        self.assertEqual(sent[1]["content"][0]["text"], "Hi Ada!")
+        self.assertEqual(sent[-1], {"role": "user", "content": "What is my name?"})
+        self.assertEqual(len(sent), 3)
+        stored = list(self.client.history("agent-turns"))
+        self.assertEqual([m["role"] for m in stored], ["user", "assistant", "user", "assistant"])
+        self.assertEqual(stored[3]["content"][0]["text"], "You are Ada.")
+
+    def test_tool_calls_are_kept_and_sent_back(self):
+        calls = []
+
+        @function_tool
+        def weather(city: str) -> str:
+            """The weather in a city."""
+            calls.append(city)
+            return f"sunny in {city}"
+
+        agent = Agent(name="forecaster", model=self.model, tools=[weather])
+        session = SessiondbSession("agent-tools", self.client)
+        self.model_api.call_tool("weather", {"city": "Rome"}, "call_rome")
+        self.model_api.reply("It is sunny in Rome.")
+        result = run(Runner.run(agent, "Weather in Rome?", session=session))
+        self.assertEqual(result.final_output, "It is sunny in Rome.")
+        self.assertEqual(calls, ["Rome"])
+
+        self.model_api.reply("You asked about Rome.")
+        run(Runner.run(agent, "Which city did I ask about?", session=session))
+        sent = self.model_api.requests[2]["input"]
+        kinds = [item.get("type") or item.get("role") for item in sent]
+        self.assertEqual(kinds, ["user", "function_call", "function_call_output", "message", "user"])
+        self.assertEqual(sent[1]["call_id"], "call_rome")
+        self.assertEqual(sent[2], {"type": "function_call_output", "call_id": "call_rome",
+                                   "output": "sunny in Rome"})
+        self.assertEqual(run(session.get_items())[:4], sent[:4])
+
+
+class ReadmeExampleTest(unittest.TestCase):
+    """The README's example, as written, with the SDK's default model client pointed at the
+    stand-in and the server's address replaced by the test server's."""
+
+    def test_readme_example_runs(self):
+        readme = (pathlib.Path(__file__).parents[3] / "README.md").read_text()
+        block = readme.split("<!-- python-example -->\n```python\n", 1)[1].split("```", 1)[0]
+        served = Served()
+        self.addCleanup(served.stop)
+        model_api = FakeResponses()
+        self.addCleanup(model_api.close)
+        set_default_openai_client(AsyncOpenAI(base_url=model_api.url, api_key="x"),
+                                  use_for_tracing=False)
+        set_default_openai_api("responses")
+        model_api.reply("San Francisco.")
+        model_api.reply("California.")
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(block.replace("http://127.0.0.1:8787", served.url), {})
+        self.assertEqual(printed.getvalue(), "California.\n")
+        sent = model_api.requests[1]["input"]
+        self.assertEqual(sent[0]["content"], "What city is the Golden Gate Bridge in?")
+        self.assertEqual(sent[1]["content"][0]["text"], "San Francisco.")
+        stored = list(Client(served.url).history("user-42"))
+        self.assertEqual([m["role"] for m in stored], ["user", "assistant", "user", "assistant"])
+
+
+if __name__ == "__main__":
+    unittest.main()

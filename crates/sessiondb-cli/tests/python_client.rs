@@ -1,0 +1,65 @@
+//! The Python client and its OpenAI Agents SDK session (`clients/python`): their unittest suite
+//! runs against the `sessiondb` binary cargo built, with the SDK from PyPI installed into a
+//! virtualenv that is cached under cargo's target directory. Without `python3` (and its `venv`
+//! module) the test fails: `.ci/run` installs them.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+#[test]
+fn python_client_suite_passes_against_the_server() {
+    let clients = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../clients/python");
+    let python = virtualenv(&clients.join("tests/requirements.txt"));
+    let run = Command::new(python)
+        .args(["-m", "unittest", "discover", "-s", "tests", "-v"])
+        .current_dir(&clients)
+        .env("PYTHONPATH", &clients)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("SESSIONDB_BIN", env!("CARGO_BIN_EXE_sessiondb"))
+        .output()
+        .expect("run the Python suite");
+    let report = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "the Python suite failed:\n{report}");
+    // unittest prints its count last: a suite that found no tests must not pass for one that ran.
+    assert!(report.contains("\nOK"), "{report}");
+    assert!(!report.contains("Ran 0 tests"), "{report}");
+}
+
+/// The Python of a virtualenv holding `requirements`, made once per content of that file. It is
+/// built under a temporary name and renamed when complete, so a failed install is never reused.
+fn virtualenv(requirements: &Path) -> PathBuf {
+    let pinned = std::fs::read(requirements).unwrap();
+    let mut hasher = DefaultHasher::new();
+    pinned.hash(&mut hasher);
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let ready = root.join(format!("python-clients-{:016x}", hasher.finish()));
+    if !ready.exists() {
+        let building = root.join(format!("python-clients-building-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&building);
+        must_run(Command::new("python3").arg("-m").arg("venv").arg(&building));
+        must_run(
+            Command::new(building.join("bin/python"))
+                .args(["-m", "pip", "install", "-q", "-r"])
+                .arg(requirements),
+        );
+        if std::fs::rename(&building, &ready).is_err() {
+            // Another run finished first; its environment is as good as this one.
+            std::fs::remove_dir_all(&building).unwrap();
+        }
+    }
+    ready.join("bin/python")
+}
+
+fn must_run(command: &mut Command) {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?}: {e} (python3 with its venv module is needed)"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
