@@ -1,6 +1,6 @@
-//! The Python client and its OpenAI Agents SDK session (`clients/python`): their unittest suite
-//! runs against the `sessiondb` binary cargo built, with the SDK from PyPI installed into a
-//! virtualenv that is cached under cargo's target directory. Without `python3` (and its `venv`
+//! The Python client and its framework adapters (`clients/python`): their unittest suite runs
+//! against the `sessiondb` binary cargo built, with the OpenAI Agents SDK and the Claude Agent
+//! SDK from PyPI installed into a virtualenv that is cached under cargo's target directory. Without `python3` (and its `venv`
 //! module) the test fails: `.ci/run` installs them.
 
 use std::collections::hash_map::DefaultHasher;
@@ -47,6 +47,17 @@ fn virtualenv(requirements: &Path) -> PathBuf {
         if std::fs::rename(&building, &ready).is_err() {
             // Another run finished first; its environment is as good as this one.
             std::fs::remove_dir_all(&building).unwrap();
+        }
+        // Environments of earlier requirements (and builds that died) are not used again; the
+        // SDKs take about half a gigabyte.
+        for entry in std::fs::read_dir(root).unwrap().flatten() {
+            let stale = entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("python-clients-");
+            if stale && entry.path() != ready {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
         }
     }
     ready.join("bin/python")

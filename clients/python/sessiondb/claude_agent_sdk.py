@@ -1,0 +1,195 @@
+"""The Claude Agent SDK's ``SessionStore`` on sessiondb.
+
+``SessiondbSessionStore`` receives the transcripts Claude Code mirrors
+(``ClaudeAgentOptions(session_store=...)``) and gives them back for resume, listing, forking and
+the SDK's other store helpers. It passes the SDK's own conformance suite
+(``claude_agent_sdk.testing.run_session_store_conformance``) and needs no import of the SDK.
+
+How keys and entries are stored. Each key (``project_key``, ``session_id`` and, for a subagent
+transcript, ``subpath``) is one sessiondb session, whose id joins the three percent-encoded
+parts with ``/`` after the store's ``prefix`` (a SHA-256 of that when it would pass 256
+characters). The session is recorded for the user ``prefix + project_key`` (so a project's
+sessions are one listing) with the key in its metadata under ``claudeSessionKey``. Each
+transcript entry is one message with the entry's ``uuid`` as its id, so a batch the SDK retries
+is not stored twice. An entry that carries an API message (``message.role`` and
+``message.content``) is stored with that role and content, so search, the converters and a UI
+read a transcript as a conversation; the rest of the entry is kept under the metadata key
+``claudeEntry``. Other entries (titles, tags, summaries, ...) are stored whole as ``content``
+under their ``type`` as role, with ``claudeEntry`` set to ``"content"``. ``load`` rebuilds
+every entry exactly as it was appended.
+
+``list_session_summaries`` is not implemented (the SDK then lists with ``list_sessions`` and
+``load``): keeping the SDK's summary sidecar needs a read-fold-write that no other writer may
+interleave, and a store shared by several processes has no such lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import urllib.parse
+from typing import Any
+
+from .client import Client, SessiondbError
+
+ENTRY_KEY = "claudeEntry"
+WHOLE_ENTRY = "content"
+SESSION_KEY = "claudeSessionKey"
+MAX_ID_CHARS = 256
+
+
+def message_of_entry(entry: dict) -> dict:
+    """The sessiondb message that stores one transcript entry."""
+    message: dict[str, Any] = {}
+    uuid = entry.get("uuid")
+    if _usable_id(uuid):
+        message["id"] = uuid
+    api_message = entry.get("message")
+    if (isinstance(api_message, dict) and _role(api_message.get("role"))
+            and isinstance(api_message.get("content"), (str, list))):
+        rest = dict(entry)
+        rest["message"] = {k: v for k, v in api_message.items() if k != "content"}
+        message.update(role=api_message["role"], content=api_message["content"],
+                       metadata={ENTRY_KEY: rest})
+    else:
+        kind = entry.get("type")
+        message.update(role=kind if _role(kind) else "entry", content=entry,
+                       metadata={ENTRY_KEY: WHOLE_ENTRY})
+    return message
+
+
+def entry_of_message(message: dict) -> dict:
+    """The transcript entry a stored message holds."""
+    stored = (message.get("metadata") or {}).get(ENTRY_KEY)
+    if stored == WHOLE_ENTRY:
+        return message["content"]
+    if not isinstance(stored, dict):
+        # Written by another client: shown to the SDK as a plain message entry.
+        return {"type": message["role"], "uuid": message["id"],
+                "message": {"role": message["role"], "content": message.get("content", "")}}
+    stored["message"]["content"] = message["content"]
+    return stored
+
+
+def _role(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS and value.isprintable()
+
+
+def _usable_id(value: Any) -> bool:
+    # sessiondb refuses ids with control characters and reserves the `compaction_` prefix;
+    # an entry with such a uuid gets a generated id (and is then not deduplicated).
+    return _role(value) and not value.startswith("compaction_")
+
+
+class SessiondbSessionStore:
+    """A Claude Agent SDK session store on the sessiondb server behind ``client``.
+
+    ``prefix`` is put before every session id and owner this store writes, to keep its
+    transcripts apart from other conversations of the namespace (or from another store's).
+    Transcripts longer than the server's ``--max-messages-per-session`` (10,000 by default) are
+    refused with its ``quota_exceeded`` error.
+    """
+
+    def __init__(self, client: Client, prefix: str = ""):
+        self.client = client
+        self.prefix = prefix
+
+    def _bounded(self, name: str) -> str:
+        name = self.prefix + name
+        if len(name) <= MAX_ID_CHARS:
+            return name
+        return self.prefix + "sha256-" + hashlib.sha256(name.encode()).hexdigest()
+
+    def _session_id(self, key: dict) -> str:
+        parts = [key["project_key"], key["session_id"]]
+        if key.get("subpath"):
+            parts.append(key["subpath"])
+        return self._bounded("/".join(urllib.parse.quote(p, safe="") for p in parts))
+
+    def _owner(self, project_key: str) -> str:
+        return self._bounded(project_key)
+
+    def _project_sessions(self, project_key: str) -> list[tuple[dict, dict]]:
+        """Every session of the project with its stored key, subagent transcripts included."""
+        found = []
+        for session in self.client.list_sessions(user_id=self._owner(project_key)):
+            key = (session.get("metadata") or {}).get(SESSION_KEY)
+            if isinstance(key, dict) and key.get("projectKey") == project_key:
+                found.append((session, key))
+        return found
+
+    async def append(self, key: dict, entries: list[dict]) -> None:
+        if entries:
+            await asyncio.to_thread(self._append, key, entries)
+
+    def _append(self, key: dict, entries: list[dict]) -> None:
+        session_id = self._session_id(key)
+        stored_key = {"projectKey": key["project_key"], "sessionId": key["session_id"]}
+        if key.get("subpath"):
+            stored_key["subpath"] = key["subpath"]
+        try:
+            self.client.create_session(session_id, userId=self._owner(key["project_key"]),
+                                       metadata={SESSION_KEY: stored_key})
+        except SessiondbError as error:
+            if error.code != "conflict":
+                raise
+        self.client.append_batch(session_id, [message_of_entry(e) for e in entries])
+
+    async def load(self, key: dict) -> list[dict] | None:
+        return await asyncio.to_thread(self._load, key)
+
+    def _load(self, key: dict) -> list[dict] | None:
+        session_id = self._session_id(key)
+        entries: list[dict] = []
+        after = None
+        while True:
+            page = self.client.messages(session_id, limit=100, after=after)
+            entries.extend(entry_of_message(m) for m in page["items"])
+            after = page.get("nextCursor")
+            if after is None or not page["items"]:
+                break
+        if not entries and not self._exists(session_id):
+            return None
+        return entries
+
+    def _exists(self, session_id: str) -> bool:
+        try:
+            self.client.get_session(session_id)
+            return True
+        except SessiondbError as error:
+            if error.code == "not_found":
+                return False
+            raise
+
+    async def list_sessions(self, project_key: str) -> list[dict]:
+        return await asyncio.to_thread(self._list_sessions, project_key)
+
+    def _list_sessions(self, project_key: str) -> list[dict]:
+        return [{"session_id": key["sessionId"], "mtime": session["updatedAt"]}
+                for session, key in self._project_sessions(project_key)
+                if not key.get("subpath")]
+
+    async def list_subkeys(self, key: dict) -> list[str]:
+        return await asyncio.to_thread(self._list_subkeys, key)
+
+    def _list_subkeys(self, key: dict) -> list[str]:
+        return [stored["subpath"] for _, stored in self._project_sessions(key["project_key"])
+                if stored.get("sessionId") == key["session_id"] and stored.get("subpath")]
+
+    async def delete(self, key: dict) -> None:
+        await asyncio.to_thread(self._delete, key)
+
+    def _delete(self, key: dict) -> None:
+        doomed = [self._session_id(key)]
+        if not key.get("subpath"):
+            # A main transcript takes its subagents' transcripts with it.
+            doomed += [self._session_id({"project_key": key["project_key"],
+                                         "session_id": key["session_id"],
+                                         "subpath": subpath})
+                       for subpath in self._list_subkeys(key)]
+        for session_id in doomed:
+            try:
+                self.client.delete_session(session_id)
+            except SessiondbError as error:
+                if error.code != "not_found":
+                    raise

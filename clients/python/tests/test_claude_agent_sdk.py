@@ -1,0 +1,163 @@
+"""The Claude Agent SDK session store on a real server, checked by the SDK's own conformance
+suite and by its store helpers (claude-agent-sdk from PyPI)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import pathlib
+import tempfile
+import unittest
+from unittest import mock
+
+import claude_agent_sdk as claude
+from claude_agent_sdk.testing import run_session_store_conformance
+from served import Served
+
+from sessiondb import Client
+from sessiondb.claude_agent_sdk import SessiondbSessionStore
+
+SESSION = "4f1c2a9e-7b3d-4c5e-9a8b-1d2e3f4a5b6c"
+
+
+def transcript(cwd: str) -> list[dict]:
+    """A Claude Code transcript: a prompt, a thinking + tool call turn, the tool's result, an
+    answer, then a title and a summary entry."""
+    common = {"isSidechain": False, "userType": "external", "cwd": cwd, "sessionId": SESSION,
+              "version": "2.0.14", "gitBranch": "main"}
+    usage = {"input_tokens": 120, "output_tokens": 40, "cache_read_input_tokens": 0}
+    return [
+        {**common, "parentUuid": None, "type": "user", "uuid": "11111111-0000-4000-8000-000000000001",
+         "timestamp": "2026-12-01T10:00:00.000Z",
+         "message": {"role": "user", "content": "Why does the tokenizer test fail?"}},
+        {**common, "parentUuid": "11111111-0000-4000-8000-000000000001", "type": "assistant",
+         "uuid": "11111111-0000-4000-8000-000000000002", "timestamp": "2026-12-01T10:00:03.000Z",
+         "requestId": "req_1",
+         "message": {"id": "msg_01", "type": "message", "role": "assistant",
+                     "model": "claude-sonnet-4-5", "stop_reason": "tool_use", "usage": usage,
+                     "content": [{"type": "thinking", "thinking": "Read the test first.",
+                                  "signature": "c2lnbmF0dXJl"},
+                                 {"type": "tool_use", "id": "toolu_01", "name": "Read",
+                                  "input": {"file_path": f"{cwd}/tests/tokenizer.rs"}}]}},
+        {**common, "parentUuid": "11111111-0000-4000-8000-000000000002", "type": "user",
+         "uuid": "11111111-0000-4000-8000-000000000003", "timestamp": "2026-12-01T10:00:04.000Z",
+         "toolUseResult": {"type": "text", "file": {"numLines": 1}},
+         "message": {"role": "user", "content": [
+             {"type": "tool_result", "tool_use_id": "toolu_01",
+              "content": "assert_eq!(tokens(\"naïve café\"), 2);"}]}},
+        {**common, "parentUuid": "11111111-0000-4000-8000-000000000003", "type": "assistant",
+         "uuid": "11111111-0000-4000-8000-000000000004", "timestamp": "2026-12-01T10:00:09.000Z",
+         "requestId": "req_2",
+         "message": {"id": "msg_02", "type": "message", "role": "assistant",
+                     "model": "claude-sonnet-4-5", "stop_reason": "end_turn", "usage": usage,
+                     "content": [{"type": "text",
+                                  "text": "The splitter counts the combining diaeresis as a word."}]}},
+        {"type": "custom-title", "customTitle": "Tokenizer diaeresis", "sessionId": SESSION},
+        {"type": "summary", "summary": "Tokenizer splits combining marks",
+         "leafUuid": "11111111-0000-4000-8000-000000000004"},
+    ]
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+class SessionStoreTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.served = Served()
+        cls.client = Client(cls.served.url)
+        cls.prefixes = (f"store-{n}:" for n in itertools.count())
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.served.stop()
+
+    def store(self) -> SessiondbSessionStore:
+        return SessiondbSessionStore(self.client, prefix=next(self.prefixes))
+
+    def test_the_sdks_conformance_suite_passes(self):
+        run(run_session_store_conformance(self.store))
+
+    def test_entries_round_trip_and_read_as_a_conversation(self):
+        store = self.store()
+        key = {"project_key": "-repo", "session_id": SESSION}
+        entries = transcript("/repo")
+        run(store.append(key, entries[:2]))
+        run(store.append(key, entries[2:]))
+        run(store.append(key, entries[1:3]))  # a retried batch: its uuids are stored once
+        self.assertEqual(run(store.load(key)), entries)
+
+        session_id = f"{store.prefix}-repo/{SESSION}"
+        stored = list(self.client.history(session_id))
+        self.assertEqual([m["role"] for m in stored],
+                         ["user", "assistant", "user", "assistant", "custom-title", "summary"])
+        self.assertEqual(stored[0]["id"], entries[0]["uuid"])
+        self.assertEqual(stored[0]["content"], "Why does the tokenizer test fail?")
+        hits = self.client.search(session_id, "diaeresis")
+        self.assertEqual([h["id"] for h in hits], [entries[3]["uuid"]])
+        self.assertEqual(self.client.get_session(session_id)["userId"], f"{store.prefix}-repo")
+
+    def test_long_keys_and_odd_characters(self):
+        store = self.store()
+        keys = [{"project_key": "-" + "very-long-path-" * 20, "session_id": SESSION},
+                {"project_key": "a/b", "session_id": "c"},
+                {"project_key": "a", "session_id": "b/c"},
+                {"project_key": "a", "session_id": "b", "subpath": "c"}]
+        for n, key in enumerate(keys):
+            run(store.append(key, [{"type": "x", "uuid": f"u{n}", "n": n}]))
+        for n, key in enumerate(keys):
+            self.assertEqual(run(store.load(key)), [{"type": "x", "uuid": f"u{n}", "n": n}])
+        self.assertEqual([s["session_id"] for s in run(store.list_sessions(keys[0]["project_key"]))],
+                         [SESSION])
+        # "b" has only a subagent's transcript, which listings leave out.
+        self.assertEqual([s["session_id"] for s in run(store.list_sessions("a"))], ["b/c"])
+        self.assertEqual(run(store.list_subkeys({"project_key": "a", "session_id": "b"})), ["c"])
+
+    def test_the_sdks_store_helpers_read_what_the_cli_wrote(self):
+        """A transcript as Claude Code leaves it on disk is imported with the SDK's
+        `import_session_to_store`; the SDK's store readers then give what its local readers give
+        for the file, and its store mutations (rename, fork, delete) work through sessiondb."""
+        with tempfile.TemporaryDirectory() as config, tempfile.TemporaryDirectory() as cwd:
+            cwd = os.path.realpath(cwd)
+            project = pathlib.Path(config, "projects", claude.project_key_for_directory(cwd))
+            project.mkdir(parents=True)
+            entries = transcript(cwd)
+            (project / f"{SESSION}.jsonl").write_text(
+                "".join(json.dumps(e) + "\n" for e in entries))
+            with mock.patch.dict(os.environ, {"CLAUDE_CONFIG_DIR": config}):
+                local_messages = claude.get_session_messages(SESSION, directory=cwd)
+                local_info = claude.get_session_info(SESSION, directory=cwd)
+                store = self.store()
+                run(claude.import_session_to_store(SESSION, store, directory=cwd))
+
+                from_store = run(claude.get_session_messages_from_store(
+                    store, SESSION, directory=cwd))
+                self.assertEqual(len(from_store), 4)
+                self.assertEqual(from_store, local_messages)
+                listed = run(claude.list_sessions_from_store(store, directory=cwd))
+                self.assertEqual([(s.session_id, s.summary) for s in listed],
+                                 [(SESSION, local_info.summary)])
+                self.assertEqual(listed[0].custom_title, "Tokenizer diaeresis")
+
+                run(claude.rename_session_via_store(store, SESSION, "Renamed", directory=cwd))
+                info = run(claude.get_session_info_from_store(store, SESSION, directory=cwd))
+                self.assertEqual(info.custom_title, "Renamed")
+
+                fork = run(claude.fork_session_via_store(
+                    store, SESSION, directory=cwd,
+                    up_to_message_id="11111111-0000-4000-8000-000000000002"))
+                forked = run(claude.get_session_messages_from_store(
+                    store, fork.session_id, directory=cwd))
+                self.assertEqual(len(forked), 2)
+                self.assertEqual(forked[0].message, local_messages[0].message)
+
+                run(claude.delete_session_via_store(store, SESSION, directory=cwd))
+                remaining = run(claude.list_sessions_from_store(store, directory=cwd))
+                self.assertEqual([s.session_id for s in remaining], [fork.session_id])
+
+
+if __name__ == "__main__":
+    unittest.main()
