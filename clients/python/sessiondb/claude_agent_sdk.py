@@ -72,7 +72,9 @@ def entry_of_message(message: dict) -> dict:
 
 
 def _role(value: Any) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS and value.isprintable()
+    """A role or id sessiondb takes: 1..256 characters, none of them a control character."""
+    return (isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS
+            and not any(c < "\x20" or "\x7f" <= c <= "\x9f" for c in value))
 
 
 def _usable_id(value: Any) -> bool:

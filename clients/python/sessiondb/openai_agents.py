@@ -8,15 +8,17 @@ history through a sessiondb server instead of a local SQLite file. It needs no i
 How items are stored. The SDK's items are Responses API input items. An item with a ``role``
 and ``content`` (a message) is stored as a message with that role and content, so search, the
 converters, compaction and a UI read it like any other message; its other fields (``type``,
-``id``, ``status``), if any, are kept under the metadata key ``openaiItem``. Any other item (a function
-call, its output, reasoning, ...) is stored whole as the message's ``content``, with
-``openaiItem`` set to ``"content"``, under the role ``tool`` for outputs (``*_output`` types)
-and ``assistant`` otherwise. ``get_items`` rebuilds every item exactly as it was added (sessiondb
-adds ``mediaType`` to a chat-completions ``image_url`` object with a data URL, as for any
-client; the Responses API's ``input_image`` is kept as it is). A message
-written by another client (without ``openaiItem``) reads as ``{role, content}``, its text parts
-joined when it has only ``parts``; a compaction's summary reads the same way, in place of the
-messages it covers.
+``id``, ``status``), if any, are kept under the metadata key ``openaiItem``. Any other item (a
+function call, its output, reasoning, ...) is stored whole as the message's ``content``, with
+``openaiItem`` set to ``"content"``, under the role ``tool`` for results (``*_output`` and
+``*_result`` types, as the Python and JavaScript SDKs name them) and ``assistant`` otherwise.
+The TypeScript client stores items the same way, so both read one conversation.
+
+``get_items`` rebuilds every item exactly as it was added (sessiondb adds ``mediaType`` to a
+chat-completions ``image_url`` object with a data URL, as for any client; the Responses API's
+``input_image`` is kept as it is). A message written by another client (without
+``openaiItem``) reads as ``{role, content}``, its text parts joined when it has only ``parts``;
+a compaction's summary reads the same way, in place of the messages it covers.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def message_of_item(item: dict) -> dict:
             message["metadata"] = {ITEM_KEY: rest}
         return message
     kind = item.get("type")
-    role = "tool" if isinstance(kind, str) and kind.endswith("_output") else "assistant"
+    is_result = isinstance(kind, str) and kind.endswith(("_output", "_result"))
+    role = "tool" if is_result else "assistant"
     return {"role": role, "content": item, "metadata": {ITEM_KEY: WHOLE_ITEM}}
 
 

@@ -10,7 +10,7 @@ use std::process::Command;
 
 #[test]
 fn python_client_suite_passes_against_the_server() {
-    let clients = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../clients/python");
+    let clients = clients_dir().join("python");
     let python = virtualenv(&clients.join("tests/requirements.txt"));
     let run = Command::new(python)
         .args(["-m", "unittest", "discover", "-s", "tests", "-v"])
@@ -25,6 +25,58 @@ fn python_client_suite_passes_against_the_server() {
     // unittest prints its count last: a suite that found no tests must not pass for one that ran.
     assert!(report.contains("\nOK"), "{report}");
     assert!(!report.contains("Ran 0 tests"), "{report}");
+}
+
+#[test]
+fn typescript_client_suite_passes_against_the_server() {
+    let package = clients_dir().join("typescript");
+    install_node_modules(&package);
+    must_run(
+        Command::new("node_modules/.bin/tsc")
+            .args(["-p", "."])
+            .current_dir(&package),
+    );
+    let mut suites: Vec<PathBuf> = std::fs::read_dir(package.join("test"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.to_string_lossy().ends_with(".test.mjs"))
+        .collect();
+    suites.sort();
+    assert!(suites.len() >= 3, "{suites:?}");
+    let run = Command::new("node")
+        .arg("--test")
+        .args(&suites)
+        .current_dir(&package)
+        .env("SESSIONDB_BIN", env!("CARGO_BIN_EXE_sessiondb"))
+        .output()
+        .expect("run the TypeScript suite (node is needed)");
+    let report = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "the TypeScript suite failed:\n{report}"
+    );
+    assert!(report.contains("\n# fail 0"), "{report}");
+    assert!(!report.contains("\n# pass 0"), "{report}");
+}
+
+fn clients_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../clients")
+}
+
+/// `npm ci` (without optional packages: the Claude SDK's is a 400 MB binary the tests do not
+/// run) unless `node_modules` was installed from this very lock file.
+fn install_node_modules(package: &Path) {
+    let lock = std::fs::read(package.join("package-lock.json")).unwrap();
+    let stamp = package.join("node_modules/.installed-from-lock");
+    if std::fs::read(&stamp).is_ok_and(|installed| installed == lock) {
+        return;
+    }
+    must_run(
+        Command::new("npm")
+            .args(["ci", "--omit=optional", "--no-audit", "--no-fund"])
+            .current_dir(package),
+    );
+    std::fs::write(stamp, lock).unwrap();
 }
 
 /// The Python of a virtualenv holding `requirements`, made once per content of that file. It is
@@ -66,7 +118,7 @@ fn virtualenv(requirements: &Path) -> PathBuf {
 fn must_run(command: &mut Command) {
     let output = command
         .output()
-        .unwrap_or_else(|e| panic!("{command:?}: {e} (python3 with its venv module is needed)"));
+        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
     assert!(
         output.status.success(),
         "{command:?} failed:\n{}{}",

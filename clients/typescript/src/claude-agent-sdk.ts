@@ -1,0 +1,198 @@
+/**
+ * The Claude Agent SDK's `SessionStore` on sessiondb: pass `new SessiondbSessionStore({ client })`
+ * as `sessionStore` and Claude Code's transcripts are mirrored into sessiondb and resumed from it.
+ *
+ * Stored as the Python client stores them, so both read the same transcripts: each key is one
+ * session (id: the store's prefix, then the key's percent-encoded parts joined with `/`, or a
+ * SHA-256 of that past 256 characters), recorded for the user `prefix + projectKey` with the key
+ * in its metadata under `claudeSessionKey`; each entry is one message whose id is the entry's
+ * `uuid` (a retried batch is stored once). An entry carrying an API message is stored with that
+ * message's role and content (so transcripts are searchable conversations), the rest under
+ * `claudeEntry`; other entries are stored whole as `content` with `claudeEntry: "content"`.
+ * `listSessionSummaries` is not implemented: its sidecar needs a read-fold-write that no other
+ * writer interleaves, which several processes sharing one server cannot promise.
+ */
+import { createHash } from 'node:crypto';
+import type { SessionKey, SessionStore, SessionStoreEntry } from '@anthropic-ai/claude-agent-sdk';
+
+import {
+  Client,
+  SessiondbError,
+  quoteSegment,
+  type Json,
+  type MessageInput,
+  type SessionRecord,
+  type StoredMessage,
+} from './client.js';
+
+export const ENTRY_KEY = 'claudeEntry';
+export const SESSION_KEY = 'claudeSessionKey';
+const WHOLE_ENTRY = 'content';
+const MAX_ID_CHARS = 256;
+
+type Entry = { [key: string]: Json };
+type StoredKey = { projectKey: string; sessionId: string; subpath?: string };
+
+/** A role or id sessiondb takes: 1..256 characters, none of them a control character. */
+function usableName(value: unknown): value is string {
+  // eslint-disable-next-line no-control-regex
+  return typeof value === 'string' && value.length > 0 && [...value].length <= MAX_ID_CHARS && !/[\u0000-\u001f\u007f-\u009f]/.test(value);
+}
+
+/** The sessiondb message that stores one transcript entry. */
+export function messageOfEntry(entry: Entry): MessageInput {
+  const message: Partial<MessageInput> = {};
+  if (usableName(entry.uuid) && !entry.uuid.startsWith('compaction_')) message.id = entry.uuid;
+  const apiMessage = entry.message;
+  if (
+    apiMessage !== null &&
+    typeof apiMessage === 'object' &&
+    !Array.isArray(apiMessage) &&
+    usableName(apiMessage.role) &&
+    (typeof apiMessage.content === 'string' || Array.isArray(apiMessage.content))
+  ) {
+    const { content, ...messageRest } = apiMessage;
+    return { ...message, role: apiMessage.role, content, metadata: { [ENTRY_KEY]: { ...entry, message: messageRest } } };
+  }
+  return {
+    ...message,
+    role: usableName(entry.type) ? entry.type : 'entry',
+    content: entry,
+    metadata: { [ENTRY_KEY]: WHOLE_ENTRY },
+  };
+}
+
+/** The transcript entry a stored message holds. */
+export function entryOfMessage(message: StoredMessage): SessionStoreEntry {
+  const stored = message.metadata?.[ENTRY_KEY];
+  if (stored === WHOLE_ENTRY) return message.content as SessionStoreEntry;
+  if (stored === null || typeof stored !== 'object' || Array.isArray(stored)) {
+    // Written by another client: shown to the SDK as a plain message entry.
+    return {
+      type: message.role,
+      uuid: message.id,
+      message: { role: message.role, content: message.content ?? '' },
+    };
+  }
+  const apiMessage = stored.message as Entry;
+  return { ...stored, message: { ...apiMessage, content: message.content ?? null } } as unknown as SessionStoreEntry;
+}
+
+export interface SessiondbSessionStoreOptions {
+  client: Client;
+  /**
+   * Put before every session id and owner this store writes, to keep its transcripts apart from
+   * other conversations of the namespace.
+   */
+  prefix?: string;
+}
+
+/**
+ * A Claude Agent SDK session store on the sessiondb server behind `client`. Transcripts longer
+ * than the server's `--max-messages-per-session` (10,000 by default) are refused with its
+ * `quota_exceeded` error.
+ */
+export class SessiondbSessionStore implements SessionStore {
+  readonly client: Client;
+  readonly prefix: string;
+
+  constructor(options: SessiondbSessionStoreOptions) {
+    this.client = options.client;
+    this.prefix = options.prefix ?? '';
+  }
+
+  private bounded(name: string): string {
+    const full = this.prefix + name;
+    if ([...full].length <= MAX_ID_CHARS) return full;
+    return `${this.prefix}sha256-${createHash('sha256').update(full, 'utf8').digest('hex')}`;
+  }
+
+  private sessionIdOf(key: SessionKey): string {
+    const parts = [key.projectKey, key.sessionId, ...(key.subpath ? [key.subpath] : [])];
+    return this.bounded(parts.map(quoteSegment).join('/'));
+  }
+
+  private owner(projectKey: string): string {
+    return this.bounded(projectKey);
+  }
+
+  /** Every session of the project with its stored key, subagent transcripts included. */
+  private async projectSessions(projectKey: string): Promise<Array<[SessionRecord, StoredKey]>> {
+    const found: Array<[SessionRecord, StoredKey]> = [];
+    for await (const session of this.client.listSessions({ userId: this.owner(projectKey) })) {
+      const key = session.metadata?.[SESSION_KEY] as StoredKey | undefined;
+      if (key !== null && typeof key === 'object' && key.projectKey === projectKey) found.push([session, key]);
+    }
+    return found;
+  }
+
+  async append(key: SessionKey, entries: SessionStoreEntry[]): Promise<void> {
+    if (entries.length === 0) return;
+    const sessionId = this.sessionIdOf(key);
+    const storedKey: StoredKey = { projectKey: key.projectKey, sessionId: key.sessionId };
+    if (key.subpath) storedKey.subpath = key.subpath;
+    try {
+      await this.client.createSession({
+        id: sessionId,
+        userId: this.owner(key.projectKey),
+        metadata: { [SESSION_KEY]: storedKey },
+      });
+    } catch (error) {
+      if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
+    }
+    await this.client.appendBatch(sessionId, (entries as Entry[]).map(messageOfEntry));
+  }
+
+  async load(key: SessionKey): Promise<SessionStoreEntry[] | null> {
+    const sessionId = this.sessionIdOf(key);
+    const entries: SessionStoreEntry[] = [];
+    let after: string | undefined;
+    for (;;) {
+      const page = await this.client.messages(sessionId, { limit: 100, after });
+      entries.push(...page.items.map(entryOfMessage));
+      after = page.nextCursor;
+      if (after === undefined || page.items.length === 0) break;
+    }
+    if (entries.length === 0 && !(await this.exists(sessionId))) return null;
+    return entries;
+  }
+
+  private async exists(sessionId: string): Promise<boolean> {
+    try {
+      await this.client.getSession(sessionId);
+      return true;
+    } catch (error) {
+      if (error instanceof SessiondbError && error.code === 'not_found') return false;
+      throw error;
+    }
+  }
+
+  async listSessions(projectKey: string): Promise<Array<{ sessionId: string; mtime: number }>> {
+    return (await this.projectSessions(projectKey))
+      .filter(([, key]) => !key.subpath)
+      .map(([session, key]) => ({ sessionId: key.sessionId, mtime: session.updatedAt }));
+  }
+
+  async listSubkeys(key: { projectKey: string; sessionId: string }): Promise<string[]> {
+    return (await this.projectSessions(key.projectKey))
+      .filter(([, stored]) => stored.sessionId === key.sessionId && stored.subpath)
+      .map(([, stored]) => stored.subpath as string);
+  }
+
+  async delete(key: SessionKey): Promise<void> {
+    const doomed = [this.sessionIdOf(key)];
+    if (!key.subpath) {
+      // A main transcript takes its subagents' transcripts with it.
+      for (const subpath of await this.listSubkeys(key)) {
+        doomed.push(this.sessionIdOf({ ...key, subpath }));
+      }
+    }
+    for (const sessionId of doomed) {
+      try {
+        await this.client.deleteSession(sessionId);
+      } catch (error) {
+        if (!(error instanceof SessiondbError && error.code === 'not_found')) throw error;
+      }
+    }
+  }
+}

@@ -1,0 +1,112 @@
+/**
+ * The OpenAI Agents SDK's `Session` on sessiondb: `run(agent, input, { session })` loads and
+ * saves the conversation through a sessiondb server.
+ *
+ * Items are stored as the Python client stores them, so both read one conversation: an item with
+ * a `role` and `content` (a message) is a message with that role and content (search, the
+ * converters, compaction and a UI read it like any other), its other fields under the metadata
+ * key `openaiItem`; any other item (a function call, its result, reasoning, ...) is stored whole
+ * as `content`, with `openaiItem: "content"`, under the role `tool` for results (`*_output` and
+ * `*_result` types) and `assistant` otherwise. `getItems` gives every item back as it was added,
+ * with compactions applied (a summary reads as `{role: "assistant", content}` in place of what it
+ * covers); a message another client wrote reads as `{role, content}`.
+ */
+import type { AgentInputItem, Session } from '@openai/agents';
+
+import { Client, type Json, type MessageInput, type StoredMessage } from './client.js';
+
+export const ITEM_KEY = 'openaiItem';
+const WHOLE_ITEM = 'content';
+
+type Item = { [key: string]: Json };
+
+/** The sessiondb message that stores one SDK item. */
+export function messageOfItem(item: Item): MessageInput {
+  const { role, content, ...rest } = item;
+  if (typeof role === 'string' && role !== '' && content !== undefined && content !== null) {
+    const message: MessageInput = { role, content };
+    if (Object.keys(rest).length > 0) message.metadata = { [ITEM_KEY]: rest };
+    return message;
+  }
+  const kind = item.type;
+  const isResult = typeof kind === 'string' && (kind.endsWith('_output') || kind.endsWith('_result'));
+  return { role: isResult ? 'tool' : 'assistant', content: item, metadata: { [ITEM_KEY]: WHOLE_ITEM } };
+}
+
+/** The SDK item a stored message holds. */
+export function itemOfMessage(message: StoredMessage): Item {
+  const stored = message.metadata?.[ITEM_KEY];
+  if (stored === WHOLE_ITEM) return message.content as Item;
+  const item: Item = stored !== null && typeof stored === 'object' && !Array.isArray(stored) ? { ...stored } : {};
+  item.role = message.role;
+  if (message.content !== undefined) {
+    item.content = message.content;
+  } else {
+    item.content = (message.parts ?? [])
+      .filter((p): p is Item => p !== null && typeof p === 'object' && !Array.isArray(p) && p.type === 'text')
+      .map((p) => String(p.text ?? ''))
+      .join('\n');
+  }
+  return item;
+}
+
+export interface SessiondbSessionOptions {
+  client: Client;
+  sessionId: string;
+  /** Bounds `getItems()` when it is called without a limit. */
+  limit?: number;
+}
+
+/**
+ * An OpenAI Agents SDK session kept in the sessiondb session `sessionId`. `addItems` stores its
+ * items in one write, all or none; `popItem` deletes the newest stored message.
+ */
+export class SessiondbSession implements Session {
+  readonly client: Client;
+  readonly sessionId: string;
+  readonly limit: number | undefined;
+
+  constructor(options: SessiondbSessionOptions) {
+    this.client = options.client;
+    this.sessionId = options.sessionId;
+    this.limit = options.limit;
+  }
+
+  async getSessionId(): Promise<string> {
+    return this.sessionId;
+  }
+
+  async getItems(limit?: number): Promise<AgentInputItem[]> {
+    const bound = limit ?? this.limit;
+    const items: Item[] = [];
+    if (bound === undefined) {
+      for await (const message of this.client.history(this.sessionId)) items.push(itemOfMessage(message));
+      return items as unknown as AgentInputItem[];
+    }
+    if (bound <= 0) return [];
+    for await (const message of this.client.history(this.sessionId, { order: 'newest' })) {
+      items.push(itemOfMessage(message));
+      if (items.length === bound) break;
+    }
+    return items.reverse() as unknown as AgentInputItem[];
+  }
+
+  async addItems(items: AgentInputItem[]): Promise<void> {
+    if (items.length === 0) return;
+    await this.client.appendBatch(
+      this.sessionId,
+      (items as unknown as Item[]).map(messageOfItem),
+    );
+  }
+
+  async popItem(): Promise<AgentInputItem | undefined> {
+    const [newest] = (await this.client.messages(this.sessionId, { limit: 1, order: 'desc' })).items;
+    if (newest === undefined) return undefined;
+    await this.client.deleteMessage(this.sessionId, newest.id);
+    return itemOfMessage(newest) as unknown as AgentInputItem;
+  }
+
+  async clearSession(): Promise<void> {
+    await this.client.clear(this.sessionId);
+  }
+}

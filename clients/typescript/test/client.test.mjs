@@ -1,0 +1,152 @@
+// The HTTP client against a real server.
+import assert from 'node:assert/strict';
+import { createServer } from 'node:net';
+import { after, before, test } from 'node:test';
+
+import { Client, SessiondbError, SessiondbUnavailable } from '../dist/index.js';
+import { serve } from './served.mjs';
+
+let served;
+let client;
+before(async () => {
+  served = await serve();
+  client = new Client({ baseUrl: served.url });
+});
+after(() => served.stop());
+
+async function all(iterable) {
+  const out = [];
+  for await (const x of iterable) out.push(x);
+  return out;
+}
+
+async function rejectsWith(promise, status, code) {
+  await assert.rejects(promise, (error) => {
+    assert.ok(error instanceof SessiondbError, `${error}`);
+    assert.equal(error.status, status);
+    assert.equal(error.code, code);
+    return true;
+  });
+}
+
+test('messages round trip and page', async () => {
+  const first = await client.append('pages', { role: 'user', content: 'hello there' });
+  assert.equal(first.inserted, true);
+  const again = await client.append('pages', { id: first.message.id, role: 'user', content: 'x' });
+  assert.equal(again.inserted, false, 'an existing id is not appended twice');
+  await client.appendBatch('pages', [0, 1, 2, 3, 4].map((i) => ({ role: 'assistant', content: `reply ${i}` })));
+  const page = await client.messages('pages', { limit: 4 });
+  assert.deepEqual(page.items.map((m) => m.content), ['hello there', 'reply 0', 'reply 1', 'reply 2']);
+  const rest = await client.messages('pages', { limit: 4, after: page.nextCursor });
+  assert.deepEqual(rest.items.map((m) => m.content), ['reply 3', 'reply 4']);
+  const newest = await all(client.history('pages', { order: 'newest' }));
+  assert.deepEqual(newest.map((m) => m.content), ['reply 4', 'reply 3', 'reply 2', 'reply 1', 'reply 0', 'hello there']);
+  assert.equal((await client.getMessage('pages', first.message.id)).content, 'hello there');
+  assert.equal((await client.getSession('pages')).messageCount, 6);
+});
+
+test('history streams long conversations and stops early', async () => {
+  const text = 'ü'.repeat(3000); // multi-byte characters across the stream's chunks
+  await client.appendBatch('long', Array.from({ length: 300 }, (_, i) => ({ role: 'user', content: `${i} ${text}` })));
+  const read = await all(client.history('long'));
+  assert.equal(read.length, 300);
+  assert.ok(read.every((m, i) => m.content === `${i} ${text}`));
+  let taken = 0;
+  for await (const m of client.history('long', { order: 'newest' })) {
+    assert.equal(m.content, `${299 - taken} ${text}`);
+    if (++taken === 3) break;
+  }
+  assert.equal((await client.getSession('long')).messageCount, 300, 'the server still answers');
+});
+
+test('branches, edits, deletes and search', async () => {
+  const root = (await client.append('tree', { role: 'user', content: 'which zebra is fastest' })).message;
+  const a = (await client.append('tree', { role: 'assistant', content: 'first answer' })).message;
+  const b = (await client.append('tree', { role: 'assistant', content: 'second answer' }, { parent: root.id })).message;
+  assert.deepEqual((await all(client.history('tree'))).map((m) => m.content), ['which zebra is fastest', 'second answer']);
+  assert.deepEqual((await all(client.history('tree', { leaf: a.id }))).map((m) => m.content), ['which zebra is fastest', 'first answer']);
+  await client.updateMessage('tree', b.id, { content: 'edited answer' });
+  assert.equal((await client.getMessage('tree', b.id)).content, 'edited answer');
+  assert.deepEqual((await client.search('tree', 'zebra')).map((h) => h.id), [root.id]);
+  await client.deleteMessage('tree', b.id);
+  await rejectsWith(client.getMessage('tree', b.id), 404, 'not_found');
+  await client.append('tree', { role: 'user', content: 'another root' }, { parent: null });
+  assert.deepEqual((await all(client.history('tree'))).map((m) => m.content), ['another root']);
+  await client.clear('tree');
+  assert.deepEqual(await all(client.history('tree')), []);
+});
+
+test('identifiers are single path segments', async () => {
+  for (const sid of ['a/b', 'what?x=1', '100% sure', '日本語 ✓', '...', '#frag', "it's (odd)!*"]) {
+    await client.append(sid, { role: 'user', content: sid });
+    assert.equal((await client.getSession(sid)).id, sid);
+    assert.deepEqual((await all(client.history(sid))).map((m) => m.content), [sid]);
+    await client.putState(sid, 'k/ey', { v: sid });
+    assert.deepEqual(await client.getState(sid, 'k/ey'), { v: sid });
+  }
+  // fetch would resolve these segments and reach another route: refused before sending.
+  for (const sid of ['.', '..']) {
+    await assert.rejects(client.append(sid, { role: 'user', content: 'x' }), (e) => e.code === 'invalid_request' && e.status === undefined);
+    await assert.rejects(client.getState('fine', sid), (e) => e.code === 'invalid_request');
+  }
+  assert.deepEqual(await all(client.history('messages')), [], 'nothing reached a session the dots would name');
+});
+
+test('sessions, state and compaction', async () => {
+  assert.equal((await client.createSession({ id: 'listed-1', name: 'one', userId: 'ada' })).name, 'one');
+  await rejectsWith(client.createSession({ id: 'listed-1' }), 409, 'conflict');
+  for (let i = 2; i <= 5; i++) await client.createSession({ id: `listed-${i}`, userId: 'ada' });
+  const listed = await all(client.listSessions({ userId: 'ada', pageSize: 2 }));
+  assert.deepEqual(listed.map((s) => s.id).sort(), ['listed-1', 'listed-2', 'listed-3', 'listed-4', 'listed-5']);
+  assert.deepEqual((await client.updateSession('listed-1', { metadata: { topic: 'x' } })).metadata, { topic: 'x' });
+
+  await rejectsWith(client.getState('listed-1', 'missing'), 404, 'not_found');
+  await client.putState('listed-1', 'plan', [1, { step: 'two' }]);
+  await client.putState('listed-1', 'nothing', null);
+  assert.deepEqual(await client.allState('listed-1'), { plan: [1, { step: 'two' }], nothing: null });
+  await client.deleteState('listed-1', 'plan');
+  assert.deepEqual(await client.allState('listed-1'), { nothing: null });
+
+  const ids = [];
+  for (let i = 0; i < 4; i++) ids.push((await client.append('listed-1', { role: 'user', content: `turn ${i}` })).message.id);
+  await client.addCompaction('listed-1', { summary: 'turns zero and one', fromMessageId: ids[0], toMessageId: ids[1] });
+  const shown = await all(client.history('listed-1'));
+  assert.deepEqual(shown.map((m) => m.content ?? m.parts[0].text), ['turns zero and one', 'turn 2', 'turn 3']);
+  await client.deleteSession('listed-1');
+  await rejectsWith(client.getSession('listed-1'), 404, 'not_found');
+});
+
+test('errors are typed', async () => {
+  await rejectsWith(client.messages('any', { limit: 1000 }), 400, 'invalid_request');
+  await assert.rejects(client.append('any', { content: 'no role' }), (e) => e.code === 'invalid_request' && /role/.test(e.message));
+  await rejectsWith(client.append('x'.repeat(300), { role: 'user', content: 'id too long' }), 400, 'invalid_request');
+});
+
+test('an unreachable server is its own error', async () => {
+  const port = await new Promise((resolve) => {
+    const probe = createServer().listen(0, '127.0.0.1', () => {
+      const { port } = probe.address();
+      probe.close(() => resolve(port));
+    });
+  });
+  await assert.rejects(new Client({ baseUrl: `http://127.0.0.1:${port}` }).getSession('x'), (e) => {
+    assert.ok(e instanceof SessiondbUnavailable);
+    assert.equal(e.code, 'unavailable');
+    assert.equal(e.status, undefined);
+    return true;
+  });
+});
+
+test('api keys keep namespaces apart', async () => {
+  const keyed = await serve('--api-key', 'k1=team-a', '--api-key', 'k2=team-b');
+  try {
+    const a = new Client({ baseUrl: keyed.url, apiKey: 'k1' });
+    const b = new Client({ baseUrl: keyed.url, apiKey: 'k2' });
+    await a.append('shared-name', { role: 'user', content: 'for team a' });
+    assert.deepEqual(await all(b.history('shared-name')), [], 'a key never sees another namespace');
+    await rejectsWith(new Client({ baseUrl: keyed.url }).getSession('shared-name'), 401, 'unauthorized');
+    await rejectsWith(new Client({ baseUrl: keyed.url, apiKey: 'wrong' }).getSession('shared-name'), 401, 'unauthorized');
+  } finally {
+    await keyed.stop();
+  }
+});

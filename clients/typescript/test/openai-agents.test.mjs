@@ -1,0 +1,136 @@
+// The OpenAI Agents SDK session on a real server, with the real SDK (@openai/agents from npm) and
+// a local stand-in for the model API.
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+
+import { Agent, MemorySession, OpenAIResponsesModel, run, setTracingDisabled, tool } from '@openai/agents';
+import OpenAI from 'openai';
+import { z } from 'zod';
+
+import { Client, SessiondbError } from '../dist/index.js';
+import { SessiondbSession } from '../dist/openai-agents.js';
+import { fakeResponses } from './fake-responses.mjs';
+import { serve } from './served.mjs';
+
+setTracingDisabled(true);
+
+// Items of every kind the SDK keeps in a session, in the shapes it produces them.
+const ITEMS = [
+  { role: 'user', content: 'What is the weather in Paris?' },
+  { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'and in Rome?' }] },
+  { type: 'reasoning', id: 'rs_1', content: [{ type: 'input_text', text: 'look it up' }] },
+  { type: 'function_call', id: 'fc_1', callId: 'call_1', name: 'weather', arguments: '{"city":"Paris"}', status: 'completed' },
+  { type: 'function_call_result', name: 'weather', callId: 'call_1', status: 'completed', output: { type: 'text', text: 'sunny, 21 °C' } },
+  { type: 'message', id: 'msg_1', role: 'assistant', status: 'completed', content: [{ type: 'output_text', text: 'Sunny in Paris 🌞' }] },
+  { role: 'system', content: 'be brief' },
+];
+
+let served;
+let client;
+before(async () => {
+  served = await serve();
+  client = new Client({ baseUrl: served.url });
+});
+after(() => served.stop());
+
+async function all(iterable) {
+  const out = [];
+  for await (const x of iterable) out.push(x);
+  return out;
+}
+
+test('items round trip exactly', async () => {
+  const session = new SessiondbSession({ client, sessionId: 'round-trip' });
+  assert.equal(await session.getSessionId(), 'round-trip');
+  await session.addItems(ITEMS.slice(0, 3));
+  await session.addItems(ITEMS.slice(3));
+  assert.deepEqual(await session.getItems(), ITEMS);
+  assert.deepEqual(await session.getItems(2), ITEMS.slice(-2));
+  assert.deepEqual(await session.getItems(100), ITEMS);
+  assert.deepEqual(await session.getItems(0), []);
+  assert.deepEqual(await new SessiondbSession({ client, sessionId: 'round-trip', limit: 3 }).getItems(), ITEMS.slice(-3));
+});
+
+test('stored messages are ordinary messages', async () => {
+  await new SessiondbSession({ client, sessionId: 'stored' }).addItems(ITEMS);
+  const stored = await all(client.history('stored'));
+  assert.deepEqual(stored.map((m) => m.role), ['user', 'user', 'assistant', 'assistant', 'tool', 'assistant', 'system']);
+  assert.equal(stored[0].content, 'What is the weather in Paris?');
+  assert.equal(stored[0].metadata, undefined, 'a plain message item needs nothing extra');
+  assert.deepEqual(stored[5].metadata, { openaiItem: { type: 'message', id: 'msg_1', status: 'completed' } });
+  assert.deepEqual(stored[3].metadata, { openaiItem: 'content' });
+  assert.deepEqual((await client.search('stored', 'weather')).map((h) => h.content), ['What is the weather in Paris?']);
+});
+
+test('pop and clear', async () => {
+  const session = new SessiondbSession({ client, sessionId: 'pop' });
+  assert.equal(await session.popItem(), undefined);
+  await session.addItems(ITEMS.slice(0, 4));
+  assert.deepEqual(await session.popItem(), ITEMS[3]);
+  assert.deepEqual(await session.popItem(), ITEMS[2]);
+  assert.deepEqual(await session.getItems(), ITEMS.slice(0, 2));
+  await session.addItems([ITEMS[4]]);
+  assert.deepEqual(await session.getItems(), [...ITEMS.slice(0, 2), ITEMS[4]]);
+  await session.clearSession();
+  assert.deepEqual(await session.getItems(), []);
+  assert.equal(await session.popItem(), undefined);
+});
+
+test('addItems stores all or nothing', async () => {
+  const session = new SessiondbSession({ client, sessionId: 'atomic' });
+  await session.addItems(ITEMS.slice(0, 1));
+  await assert.rejects(session.addItems([ITEMS[1], { role: 'user\u0000', content: 'a NUL in the role' }]),
+    (e) => e instanceof SessiondbError && e.code === 'invalid_request');
+  assert.deepEqual(await session.getItems(), ITEMS.slice(0, 1));
+});
+
+test('compactions show their summary', async () => {
+  const session = new SessiondbSession({ client, sessionId: 'compacted' });
+  await session.addItems(ITEMS);
+  const ids = (await all(client.history('compacted'))).map((m) => m.id);
+  await client.addCompaction('compacted', { summary: 'Asked about the weather in Paris.', fromMessageId: ids[0], toMessageId: ids[4] });
+  assert.deepEqual(await session.getItems(), [{ role: 'assistant', content: 'Asked about the weather in Paris.' }, ...ITEMS.slice(5)]);
+});
+
+// The same two runs (a tool call, then a follow-up) against an in-memory session and against
+// sessiondb: the model must be sent the same input, and the sessions must hold the same items.
+async function twoRuns(session) {
+  const modelApi = await fakeResponses();
+  try {
+    const model = new OpenAIResponsesModel(new OpenAI({ baseURL: modelApi.url, apiKey: 'x' }), 'gpt-4o');
+    const calls = [];
+    const weather = tool({
+      name: 'weather',
+      description: 'The weather in a city.',
+      parameters: z.object({ city: z.string() }),
+      execute: async ({ city }) => {
+        calls.push(city);
+        return `sunny in ${city}`;
+      },
+    });
+    const agent = new Agent({ name: 'forecaster', instructions: 'Answer briefly.', model, tools: [weather] });
+    modelApi.callTool('weather', { city: 'Rome' }, 'call_rome');
+    modelApi.reply('It is sunny in Rome.');
+    const first = await run(agent, 'Weather in Rome?', { session });
+    modelApi.reply('You asked about Rome.');
+    const second = await run(agent, 'Which city did I ask about?', { session });
+    return { outputs: [first.finalOutput, second.finalOutput], calls, inputs: modelApi.requests.map((r) => r.input), items: await session.getItems() };
+  } finally {
+    await modelApi.close();
+  }
+}
+
+test('runs with tool calls keep what an in-memory session keeps', async () => {
+  const reference = await twoRuns(new MemorySession());
+  const kept = await twoRuns(new SessiondbSession({ client, sessionId: 'agent-tools' }));
+  assert.deepEqual(kept.outputs, ['It is sunny in Rome.', 'You asked about Rome.']);
+  assert.deepEqual(kept.calls, ['Rome']);
+  assert.equal(kept.inputs.length, 3);
+  const sent = kept.inputs[2];
+  assert.deepEqual(sent.map((i) => i.type ?? i.role), ['user', 'function_call', 'function_call_output', 'message', 'user']);
+  assert.equal(sent[2].call_id, 'call_rome');
+  assert.deepEqual(kept.inputs, reference.inputs, 'the model saw the same conversation');
+  assert.deepEqual(kept.items, reference.items, 'the sessions hold the same items');
+  const stored = await all(client.history('agent-tools'));
+  assert.deepEqual(stored.map((m) => m.role), ['user', 'assistant', 'tool', 'assistant', 'user', 'assistant']);
+});
