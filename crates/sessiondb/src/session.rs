@@ -399,14 +399,14 @@ impl<S: Store> Session<S> {
         Ok(result)
     }
 
-    /// Appends `messages` atomically, each under the previous one; the first goes under
-    /// `options.parent`. All or nothing.
+    /// Appends `messages` atomically, each under the previous one (also when that one already
+    /// existed); the first goes under `options.parent`. All or nothing.
     pub async fn append_all(
         &self,
         messages: Vec<Message>,
         options: AppendOptions,
     ) -> Result<Vec<AppendResult>, Error> {
-        let mut parent = Some(options.parent);
+        let mut parent = options.parent;
         let mut ops = Vec::with_capacity(messages.len());
         let mut slots = Vec::with_capacity(messages.len());
         let settings = self.write_settings().await?;
@@ -418,9 +418,12 @@ impl<S: Store> Session<S> {
                 continue;
             }
             slots.push(Ok(()));
+            // Named by id rather than as the active leaf: a message that already exists is
+            // returned where it is and leaves the leaf alone, and the next one still goes under it.
+            let under = std::mem::replace(&mut parent, Parent::Id(prepared.id.to_string()));
             ops.push(WriteOp::Append {
                 message: prepared,
-                parent: parent.take().unwrap_or(Parent::ActiveLeaf),
+                parent: under,
             });
         }
         let mut outcomes = self.write(ops).await?.into_iter();

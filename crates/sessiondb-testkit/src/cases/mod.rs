@@ -91,6 +91,7 @@ macro_rules! for_each_case {
             tree::invalid_session_ids_are_refused,
             tree::branch_append_becomes_the_active_leaf,
             tree::append_all_chains_atomically,
+            tree::append_all_chains_under_messages_that_already_exist,
             tree::seq_strictly_increases_and_is_never_reused,
             tree::concurrent_appends_all_land,
             writes::update_replaces_body_and_keeps_position,

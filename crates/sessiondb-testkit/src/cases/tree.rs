@@ -2,7 +2,7 @@
 
 use futures::StreamExt;
 use serde_json::json;
-use sessiondb::{AppendOptions, Db, Error, HistoryOptions, Message, Source, Store};
+use sessiondb::{AppendOptions, AppendResult, Db, Error, HistoryOptions, Message, Source, Store};
 
 use crate::*;
 
@@ -264,6 +264,37 @@ pub async fn append_all_chains_atomically<S: Store>(db: Db<S>) {
         s.message("c1").await.unwrap().unwrap().parent_id.as_deref(),
         Some("a")
     );
+}
+
+pub async fn append_all_chains_under_messages_that_already_exist<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    chain(&s, &["a", "b", "c"]).await;
+    let batch = || {
+        vec![
+            text("a", "user", "again"),
+            text("x", "assistant", "new"),
+            text("y", "user", "new"),
+        ]
+    };
+    let inserted =
+        |results: Vec<AppendResult>| results.iter().map(|r| r.inserted).collect::<Vec<_>>();
+    // `a` exists and stays where it is; what follows it in the batch goes under it, not under
+    // the active leaf `c`.
+    let results = s
+        .append_all(batch(), AppendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(inserted(results), [false, true, true]);
+    assert_eq!(history_ids(&s, None).await, ["a", "x", "y"]);
+    assert_eq!(history_ids(&s, Some("c")).await, ["a", "b", "c"]);
+    // The same batch again (a client's retry) stores nothing and moves nothing.
+    let results = s
+        .append_all(batch(), AppendOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(inserted(results), [false, false, false]);
+    assert_eq!(history_ids(&s, None).await, ["a", "x", "y"]);
+    assert_eq!(s.branches("a").await.unwrap().len(), 2);
 }
 
 pub async fn seq_strictly_increases_and_is_never_reused<S: Store>(db: Db<S>) {
