@@ -1,5 +1,5 @@
 """sessiondb's Python client: the HTTP API (``Client``) and framework adapters
-(``sessiondb.openai_agents``, ``sessiondb.claude_agent_sdk``)."""
+(``sessiondb.openai_agents``, ``sessiondb.claude_agent_sdk``, ``sessiondb.langgraph``)."""
 
 from .client import Client, SessiondbError, SessiondbUnavailable
 

@@ -86,6 +86,13 @@ class Client:
             raw = answer.read()
         return json.loads(raw) if raw else None
 
+    def _lines(self, path: str, query: dict[str, Any] | None) -> Iterator[dict]:
+        """The JSON lines of an NDJSON answer, read as they arrive; closed when dropped."""
+        with self._open("GET", path, query, _OMITTED) as answer:
+            for line in answer:
+                if line.strip():
+                    yield json.loads(line)
+
     def _session_path(self, session_id: str, *rest: str) -> str:
         return "/".join(["/v1/sessions", _segment(session_id), *(_segment(r) for r in rest)])
 
@@ -151,6 +158,13 @@ class Client:
     def get_message(self, session_id: str, message_id: str) -> dict:
         return self.request("GET", self._session_path(session_id, "messages", message_id))
 
+    def replace_message(self, session_id: str, message_id: str, message: dict,
+                        upsert: bool = False) -> dict:
+        """``PUT``: the whole message; a missing one is a ``not_found`` error unless
+        ``upsert``, which appends it."""
+        return self.request("PUT", self._session_path(session_id, "messages", message_id),
+                            query={"upsert": "true"} if upsert else None, body=message)
+
     def update_message(self, session_id: str, message_id: str, **fields: Any) -> dict:
         """``PATCH``: the given ``role``, ``parts``, ``content``, ``metadata`` replace."""
         return self.request("PATCH", self._session_path(session_id, "messages", message_id),
@@ -168,11 +182,17 @@ class Client:
                 leaf: str | None = None) -> Iterator[dict]:
         """The path to ``leaf`` (the active leaf by default) with compactions applied, one
         message at a time as the server streams it; stopping early closes the stream."""
-        path = self._session_path(session_id, "history")
-        with self._open("GET", path, {"order": order, "leaf": leaf}, _OMITTED) as answer:
-            for line in answer:
-                if line.strip():
-                    yield json.loads(line)
+        return self._lines(self._session_path(session_id, "history"),
+                           {"order": order, "leaf": leaf})
+
+    def branches(self, session_id: str, message_id: str) -> list[dict]:
+        """The children of a message, oldest first."""
+        return self.request("GET", self._session_path(session_id, "branches", message_id))
+
+    def export(self, session_id: str) -> Iterator[dict]:
+        """The whole session as the server streams it: every message of the tree with its
+        ``parentId`` (``{message, parentId, createdAt}``), then compactions and state."""
+        return self._lines(self._session_path(session_id, "export"), None)
 
     def search(self, session_id: str, query: str, limit: int | None = None) -> list[dict]:
         return self.request("GET", self._session_path(session_id, "search"),

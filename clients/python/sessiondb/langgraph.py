@@ -1,0 +1,324 @@
+"""LangGraph's checkpointer on sessiondb: ``graph.compile(checkpointer=SessiondbSaver(client))``.
+
+How a thread is stored. Each (``thread_id``, ``checkpoint_ns``) pair is two sessiondb sessions,
+both recorded for the user ``prefix + thread_id`` (so ``delete_thread`` finds them in one
+listing):
+
+- the checkpoint session, whose message tree is the checkpoint tree: each checkpoint is a
+  message with the checkpoint's id, appended under its parent checkpoint (a new root when it
+  has none), so a replay from an older checkpoint is a branch, and the newest checkpoint is the
+  session's active leaf. The message holds the checkpoint without its channel values and its
+  metadata, each serialised by the saver's serde, and the parent's id.
+- the side session (its id ends in ``/writes``), which holds channel values and pending writes.
+  Each channel value is stored once per version, as the state key ``blob:<channel>:<version>``,
+  when a checkpoint names that version in ``new_versions``; a checkpoint reads the versions it
+  lists, so a value that did not change is not stored again (one LangGraph rewrites at every
+  step, such as a message list, is stored whole at every version). Pending writes of a
+  checkpoint are messages under a root message named after the checkpoint, one per
+  ``put_writes`` call, with an id made of the checkpoint, the task and its first write index,
+  so a repeated call stores nothing.
+
+A ``put`` writes the values first and the checkpoint message last: a checkpoint is never seen
+without its values (a crash between leaves unused values behind). ``list`` reads the checkpoint
+session's tree (``export``) and the requested checkpoints' values and writes one by one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import urllib.parse
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+)
+
+from .client import Client, SessiondbError
+
+THREAD_KEY = "langgraphThread"
+MAX_ID_CHARS = 256
+_END = object()
+
+
+def _encode(typed: tuple[str, bytes]) -> dict:
+    return {"type": typed[0], "data": base64.b64encode(typed[1]).decode()}
+
+
+def _decode(stored: dict) -> tuple[str, bytes]:
+    return stored["type"], base64.b64decode(stored["data"])
+
+
+class SessiondbSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer keeping threads on the sessiondb server behind ``client``.
+
+    ``prefix`` is put before every session id and owner it writes, to keep its threads apart
+    from other sessions of the namespace. The async methods run the blocking calls on a worker
+    thread. Each checkpoint and each ``put_writes`` call is a message, so a thread holds at most
+    the server's ``--max-messages-per-session`` of them (10,000 by default) per namespace.
+    """
+
+    def __init__(self, client: Client, prefix: str = "", *, serde: Any = None):
+        super().__init__(serde=serde)
+        self.client = client
+        self.prefix = prefix
+
+    # -- naming ------------------------------------------------------------------------------
+
+    def _bounded(self, name: str) -> str:
+        name = self.prefix + name
+        if len(name) <= MAX_ID_CHARS:
+            return name
+        return self.prefix + "sha256-" + hashlib.sha256(name.encode()).hexdigest()
+
+    def _sessions(self, thread_id: str, checkpoint_ns: str) -> tuple[str, str]:
+        """The checkpoint session and the side session of a thread's namespace."""
+        base = "/".join(urllib.parse.quote(p, safe="") for p in (thread_id, checkpoint_ns))
+        return self._bounded(base), self._bounded(base + "/writes")
+
+    def _owner(self, thread_id: str) -> str:
+        return self._bounded(thread_id)
+
+    def _blob_key(self, channel: str, version: Any) -> str:
+        key = "blob:" + urllib.parse.quote(channel, safe="") + ":" + str(version)
+        return key if len(key) <= MAX_ID_CHARS else "blob:" + hashlib.sha256(key.encode()).hexdigest()
+
+    def _ensure_sessions(self, thread_id: str, checkpoint_ns: str) -> tuple[str, str]:
+        """Creates the namespace's sessions with their owner unless they exist. Asked on every
+        write, not remembered: another process may have deleted the thread meanwhile, and a
+        session a write created by itself would have no owner for `delete_thread` to find."""
+        sessions = self._sessions(thread_id, checkpoint_ns)
+        for session_id in sessions:
+            try:
+                self.client.create_session(
+                    session_id, userId=self._owner(thread_id),
+                    metadata={THREAD_KEY: {"threadId": thread_id, "checkpointNs": checkpoint_ns}})
+            except SessiondbError as error:
+                if error.code != "conflict":
+                    raise
+        return sessions
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> RunnableConfig:
+        configurable = config["configurable"]
+        thread_id = configurable["thread_id"]
+        checkpoint_ns = configurable.get("checkpoint_ns", "")
+        parent_id = configurable.get("checkpoint_id")
+        checkpoints, side = self._ensure_sessions(thread_id, checkpoint_ns)
+
+        values = checkpoint["channel_values"]
+        for channel, version in new_versions.items():
+            blob = _encode(self.serde.dumps_typed(values[channel])) if channel in values \
+                else {"type": "empty"}
+            self.client.put_state(side, self._blob_key(channel, version), blob)
+
+        skeleton = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        content = {
+            "checkpoint": _encode(self.serde.dumps_typed(skeleton)),
+            "metadata": _encode(self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))),
+            "parentCheckpointId": parent_id,
+        }
+        self.client.append(checkpoints, {"id": checkpoint["id"], "role": "checkpoint",
+                                         "content": content}, parent=parent_id)
+        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns,
+                                 "checkpoint_id": checkpoint["id"]}}
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                   task_id: str, task_path: str = "") -> None:
+        if not writes:
+            return
+        configurable = config["configurable"]
+        checkpoint_id = configurable["checkpoint_id"]
+        _, side = self._ensure_sessions(configurable["thread_id"],
+                                        configurable.get("checkpoint_ns", ""))
+        indexed = [[WRITES_IDX_MAP.get(channel, i), channel,
+                    _encode(self.serde.dumps_typed(value))]
+                   for i, (channel, value) in enumerate(writes)]
+        message = {
+            "id": self._bounded_id(f"{checkpoint_id}:{task_id}:{indexed[0][0]}"),
+            "role": "writes",
+            "content": {"taskId": task_id, "taskPath": task_path, "writes": indexed},
+        }
+        if all(channel in WRITES_IDX_MAP for channel in (w[1] for w in indexed)):
+            # Special channels (an error, an interrupt) replace what the task wrote before.
+            try:
+                self.client.replace_message(side, message["id"], message)
+                return
+            except SessiondbError as error:
+                if error.code != "not_found":
+                    raise
+        anchor = {"id": self._bounded_id(checkpoint_id), "role": "checkpoint",
+                  "content": {"checkpointId": checkpoint_id}}
+        self.client.append_batch(side, [anchor, message], parent_id="")
+
+    @staticmethod
+    def _bounded_id(message_id: str) -> str:
+        if len(message_id) <= MAX_ID_CHARS:
+            return message_id
+        return "sha256-" + hashlib.sha256(message_id.encode()).hexdigest()
+
+    def delete_thread(self, thread_id: str) -> None:
+        for session in list(self.client.list_sessions(user_id=self._owner(thread_id))):
+            stored = (session.get("metadata") or {}).get(THREAD_KEY)
+            if isinstance(stored, dict) and stored.get("threadId") == thread_id:
+                try:
+                    self.client.delete_session(session["id"])
+                except SessiondbError as error:
+                    if error.code != "not_found":
+                        raise
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        configurable = config["configurable"]
+        thread_id = configurable["thread_id"]
+        checkpoint_ns = configurable.get("checkpoint_ns", "")
+        checkpoints, _ = self._sessions(thread_id, checkpoint_ns)
+        checkpoint_id = get_checkpoint_id(config)
+        try:
+            if checkpoint_id:
+                message = self.client.get_message(checkpoints, checkpoint_id)
+            else:
+                newest = self.client.messages(checkpoints, limit=1, order="desc")["items"]
+                if not newest:
+                    return None
+                message = newest[0]
+        except SessiondbError as error:
+            if error.code == "not_found":
+                return None
+            raise
+        return self._tuple(thread_id, checkpoint_ns, message["content"])
+
+    def _tuple(self, thread_id: str, checkpoint_ns: str, content: dict) -> CheckpointTuple:
+        _, side = self._sessions(thread_id, checkpoint_ns)
+        checkpoint = self.serde.loads_typed(_decode(content["checkpoint"]))
+        values = {}
+        for channel, version in checkpoint["channel_versions"].items():
+            try:
+                blob = self.client.get_state(side, self._blob_key(channel, version))
+            except SessiondbError as error:
+                if error.code == "not_found":
+                    continue
+                raise
+            if blob["type"] != "empty":
+                values[channel] = self.serde.loads_typed(_decode(blob))
+        checkpoint["channel_values"] = values
+
+        pending = []
+        for message in self._writes_of(side, checkpoint["id"]):
+            task_id = message["content"]["taskId"]
+            for idx, channel, value in message["content"]["writes"]:
+                pending.append((task_id, idx, channel, self.serde.loads_typed(_decode(value))))
+        pending.sort(key=lambda w: (w[0], w[1]))
+
+        def config_of(checkpoint_id: str) -> RunnableConfig:
+            return {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns,
+                                     "checkpoint_id": checkpoint_id}}
+
+        parent_id = content.get("parentCheckpointId")
+        return CheckpointTuple(
+            config=config_of(checkpoint["id"]),
+            checkpoint=checkpoint,
+            metadata=self.serde.loads_typed(_decode(content["metadata"])),
+            parent_config=config_of(parent_id) if parent_id else None,
+            pending_writes=[(task, channel, value) for task, _, channel, value in pending],
+        )
+
+    def _writes_of(self, side: str, checkpoint_id: str) -> list[dict]:
+        try:
+            return self.client.branches(side, self._bounded_id(checkpoint_id))
+        except SessiondbError as error:
+            if error.code == "not_found":
+                return []
+            raise
+
+    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+             before: RunnableConfig | None = None, limit: int | None = None
+             ) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first: of one namespace of a thread, of every namespace of a thread
+        (``checkpoint_ns`` absent), or of every thread (``config`` ``None``)."""
+        configurable = (config or {}).get("configurable", {})
+        before_id = get_checkpoint_id(before) if before else None
+        wanted_id = configurable.get("checkpoint_id")
+        found = []
+        for thread_id, checkpoint_ns in self._namespaces(configurable):
+            checkpoints, _ = self._sessions(thread_id, checkpoint_ns)
+            for line in self._export(checkpoints):
+                message = line.get("message")
+                if message is None or message.get("role") != "checkpoint":
+                    continue
+                if wanted_id and message["id"] != wanted_id:
+                    continue
+                if before_id and message["id"] >= before_id:
+                    continue
+                found.append((message["id"], thread_id, checkpoint_ns, message["content"]))
+        found.sort(key=lambda f: f[0], reverse=True)
+        yielded = 0
+        for _, thread_id, checkpoint_ns, content in found:
+            if limit is not None and yielded >= limit:
+                return
+            if filter:
+                metadata = self.serde.loads_typed(_decode(content["metadata"]))
+                if any(metadata.get(k) != v for k, v in filter.items()):
+                    continue
+            yield self._tuple(thread_id, checkpoint_ns, content)
+            yielded += 1
+
+    def _export(self, session_id: str) -> Iterator[dict]:
+        try:
+            yield from self.client.export(session_id)
+        except SessiondbError as error:
+            if error.code != "not_found":
+                raise
+
+    def _namespaces(self, configurable: dict) -> list[tuple[str, str]]:
+        thread_id = configurable.get("thread_id")
+        if thread_id is not None and "checkpoint_ns" in configurable:
+            return [(thread_id, configurable["checkpoint_ns"])]
+        owner = self._owner(thread_id) if thread_id is not None else None
+        found = []
+        for session in self.client.list_sessions(user_id=owner):
+            stored = (session.get("metadata") or {}).get(THREAD_KEY)
+            if not isinstance(stored, dict) or session["id"].endswith("/writes"):
+                continue
+            if thread_id is not None and stored.get("threadId") != thread_id:
+                continue
+            if not session["id"].startswith(self.prefix):
+                continue
+            found.append((stored["threadId"], stored["checkpointNs"]))
+        return found
+
+    # -- async -------------------------------------------------------------------------------
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await asyncio.to_thread(self.get_tuple, config)
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
+                   metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
+        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                          task_id: str, task_path: str = "") -> None:
+        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+                    before: RunnableConfig | None = None, limit: int | None = None
+                    ) -> AsyncIterator[CheckpointTuple]:
+        found = self.list(config, filter=filter, before=before, limit=limit)
+        while (item := await asyncio.to_thread(next, found, _END)) is not _END:
+            yield item

@@ -1,0 +1,138 @@
+"""The LangGraph checkpointer on a real server: LangGraph's own conformance suite
+(langgraph-checkpoint-conformance from PyPI) and real graphs."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import operator
+import unittest
+from typing import Annotated, TypedDict
+
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+from served import Served
+
+from sessiondb import Client
+from sessiondb.langgraph import SessiondbSaver
+
+
+class State(TypedDict):
+    steps: Annotated[list[str], operator.add]
+    topic: str
+
+
+def graph(checkpointer, *, ask: bool = False):
+    """Two nodes after each other; the second asks a human first when ``ask``."""
+    def research(state: State):
+        return {"steps": [f"research {state['topic']}"]}
+
+    def write(state: State):
+        if ask:
+            approved = interrupt({"question": f"write about {state['topic']}?"})
+            if not approved:
+                return {"steps": ["declined"]}
+        return {"steps": [f"write {state['topic']}"]}
+
+    builder = StateGraph(State)
+    builder.add_node("research", research)
+    builder.add_node("write", write)
+    builder.add_edge(START, "research")
+    builder.add_edge("research", "write")
+    builder.add_edge("write", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+class SaverTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.served = Served()
+        cls.client = Client(cls.served.url)
+        cls.prefixes = (f"saver-{n}:" for n in itertools.count())
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.served.stop()
+
+    def saver(self) -> SessiondbSaver:
+        return SessiondbSaver(self.client, prefix=next(self.prefixes))
+
+    def test_langgraphs_conformance_suite_passes(self):
+        @checkpointer_test(name="SessiondbSaver")
+        async def sessiondb_saver():
+            yield self.saver()
+
+        report = asyncio.run(validate(sessiondb_saver))
+        failures = {name: result.failures for name, result in report.results.items()
+                    if result.passed is False}
+        self.assertEqual(failures, {})
+        self.assertTrue(report.passed_all_base())
+        for capability in ["put", "put_writes", "get_tuple", "list", "delete_thread"]:
+            self.assertTrue(report.results[capability].passed, capability)
+            self.assertGreater(report.results[capability].tests_passed, 0, capability)
+
+    def test_a_graph_resumes_from_another_saver(self):
+        config = {"configurable": {"thread_id": "essay-1"}}
+        saver = self.saver()
+        first = graph(saver).invoke({"topic": "otters", "steps": []}, config)
+        self.assertEqual(first["steps"], ["research otters", "write otters"])
+        # A second process (another saver, same server) sees the thread and continues it.
+        again = graph(SessiondbSaver(self.client, prefix=saver.prefix))
+        self.assertEqual(again.get_state(config).values["steps"], first["steps"])
+        more = again.invoke({"topic": "otters", "steps": ["revise"]}, config)
+        self.assertEqual(more["steps"], ["research otters", "write otters", "revise",
+                                         "research otters", "write otters"])
+
+    def test_interrupts_survive_and_resume(self):
+        config = {"configurable": {"thread_id": "ask-1"}}
+        saver = self.saver()
+        paused = graph(saver, ask=True).invoke({"topic": "bees", "steps": []}, config)
+        self.assertEqual(paused["__interrupt__"][0].value, {"question": "write about bees?"})
+        resumed = graph(SessiondbSaver(self.client, prefix=saver.prefix), ask=True).invoke(
+            Command(resume=True), config)
+        self.assertEqual(resumed["steps"], ["research bees", "write bees"])
+
+    def test_history_and_time_travel_branch(self):
+        config = {"configurable": {"thread_id": "travel-1"}}
+        saver = self.saver()
+        app = graph(saver)
+        app.invoke({"topic": "owls", "steps": []}, config)
+        history = list(app.get_state_history(config))
+        self.assertEqual([len(s.values.get("steps", [])) for s in history], [2, 1, 0, 0])
+        after_research = history[1]
+        self.assertEqual(after_research.next, ("write",))
+        forked = app.update_state(after_research.config, {"topic": "crows"})
+        replay = app.invoke(None, forked)
+        self.assertEqual(replay["steps"], ["research owls", "write crows"])
+        latest = app.get_state(config)
+        self.assertEqual(latest.values["steps"], ["research owls", "write crows"])
+        # The replay is a branch: the original run's checkpoints are all still there.
+        self.assertEqual(len(list(app.get_state_history(config))), len(history) + 2)
+
+    def test_unchanged_values_are_stored_once(self):
+        config = {"configurable": {"thread_id": "blobs-1"}}
+        saver = self.saver()
+        graph(saver).invoke({"topic": "a" * 50_000, "steps": []}, config)
+        _, side = saver._sessions("blobs-1", "")
+        topics = [k for k in self.client.all_state(side) if k.startswith("blob:topic:")]
+        self.assertEqual(len(topics), 1, "one stored value for a topic set once")
+        checkpoints, _ = saver._sessions("blobs-1", "")
+        session = self.client.get_session(checkpoints)
+        self.assertLess(session["contentBytes"], 20_000, "checkpoints do not repeat the values")
+
+    def test_delete_thread_removes_every_namespace(self):
+        config = {"configurable": {"thread_id": "gone-1"}}
+        saver = self.saver()
+        graph(saver).invoke({"topic": "x", "steps": []}, config)
+        other = {"configurable": {"thread_id": "kept-1"}}
+        graph(saver).invoke({"topic": "y", "steps": []}, other)
+        saver.delete_thread("gone-1")
+        self.assertIsNone(saver.get_tuple(config))
+        self.assertEqual(list(saver.list(config)), [])
+        self.assertEqual(graph(saver).get_state(other).values["topic"], "y")
+        self.assertEqual([s["id"] for s in self.client.list_sessions(user_id=f"{saver.prefix}gone-1")], [])
+
+
+if __name__ == "__main__":
+    unittest.main()
