@@ -62,6 +62,25 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(list(c.history("tree")), [])
         self.assertEqual(c.get_session("tree")["messageCount"], 0)
 
+    def test_branches_export_and_whole_message_replacement(self):
+        c = self.client
+        c.append("tree2", {"id": "q", "role": "user", "content": "question"})
+        c.append("tree2", {"id": "r1", "role": "assistant", "content": "one"})
+        c.append("tree2", {"id": "r2", "role": "assistant", "content": "two"}, parent="q")
+        self.assertEqual([m["id"] for m in c.branches("tree2", "q")], ["r1", "r2"])
+        c.put_state("tree2", "k", 1)
+        lines = list(c.export("tree2"))
+        self.assertEqual([(l["message"]["id"], l["parentId"]) for l in lines if "message" in l],
+                         [("q", None), ("r1", "q"), ("r2", "q")])
+        self.assertEqual([l["state"] for l in lines if "state" in l], [{"key": "k", "value": 1}])
+        c.replace_message("tree2", "r1", {"role": "assistant", "content": "one, again"})
+        self.assertEqual(c.get_message("tree2", "r1")["content"], "one, again")
+        with self.assertRaises(SessiondbError) as caught:
+            c.replace_message("tree2", "nope", {"role": "user", "content": "x"})
+        self.assertEqual(caught.exception.code, "not_found")
+        c.replace_message("tree2", "nope", {"role": "user", "content": "x"}, upsert=True)
+        self.assertEqual(c.get_message("tree2", "nope")["content"], "x")
+
     def test_identifiers_are_single_path_segments(self):
         c = self.client
         for sid in ["a/b", "what?x=1", "100% sure", "日本語 ✓", "..", "#frag"]:

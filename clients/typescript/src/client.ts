@@ -46,6 +46,12 @@ export interface Page<T> {
   previousCursor?: string;
 }
 
+/** One line of `GET …/export`. */
+export type ExportLine =
+  | { message: StoredMessage; parentId: string | null; createdAt: number }
+  | { compaction: Compaction }
+  | { state: { key: string; value: Json } };
+
 export interface Compaction {
   id: string;
   summary: string;
@@ -267,6 +273,19 @@ export class Client {
     return this.request('GET', this.sessionPath(sessionId, 'messages', messageId));
   }
 
+  /** `PUT`: the whole message; a missing one is a `not_found` error unless `upsert`, which appends it. */
+  replaceMessage(
+    sessionId: string,
+    messageId: string,
+    message: MessageInput,
+    options: { upsert?: boolean } = {},
+  ): Promise<StoredMessage> {
+    return this.request('PUT', this.sessionPath(sessionId, 'messages', messageId), {
+      query: options.upsert ? { upsert: 'true' } : undefined,
+      body: message,
+    });
+  }
+
   /** `PATCH`: the given `role`, `parts`, `content`, `metadata` replace. */
   updateMessage(
     sessionId: string,
@@ -290,14 +309,24 @@ export class Client {
    * The path to `leaf` (the active leaf by default) with compactions applied, one message at a
    * time as the server streams it; leaving the loop early closes the stream.
    */
-  async *history(
+  history(
     sessionId: string,
     options: { order?: 'oldest' | 'newest'; leaf?: string } = {},
   ): AsyncGenerator<StoredMessage> {
-    const answer = await this.open('GET', this.sessionPath(sessionId, 'history'), {
-      order: options.order,
-      leaf: options.leaf,
-    });
+    return this.lines(this.sessionPath(sessionId, 'history'), { order: options.order, leaf: options.leaf });
+  }
+
+  /**
+   * The whole session as the server streams it: every message of the tree with its `parentId`
+   * (`{message, parentId, createdAt}`), then compactions and state.
+   */
+  export(sessionId: string): AsyncGenerator<ExportLine> {
+    return this.lines(this.sessionPath(sessionId, 'export'));
+  }
+
+  /** The JSON lines of an NDJSON answer, read as they arrive; closed when the loop ends. */
+  private async *lines<T>(path: string, query?: Query): AsyncGenerator<T> {
+    const answer = await this.open('GET', path, query);
     const reader = answer.body!.getReader();
     const decoder = new TextDecoder();
     let buffered = '';
@@ -309,14 +338,19 @@ export class Client {
         while ((newline = buffered.indexOf('\n')) >= 0) {
           const line = buffered.slice(0, newline);
           buffered = buffered.slice(newline + 1);
-          if (line.trim() !== '') yield JSON.parse(line) as StoredMessage;
+          if (line.trim() !== '') yield JSON.parse(line) as T;
         }
         if (done) break;
       }
-      if (buffered.trim() !== '') yield JSON.parse(buffered) as StoredMessage;
+      if (buffered.trim() !== '') yield JSON.parse(buffered) as T;
     } finally {
       await reader.cancel().catch(() => {});
     }
+  }
+
+  /** The children of a message, oldest first. */
+  branches(sessionId: string, messageId: string): Promise<StoredMessage[]> {
+    return this.request('GET', this.sessionPath(sessionId, 'branches', messageId));
   }
 
   search(sessionId: string, q: string, options: { limit?: number } = {}): Promise<SearchHit[]> {

@@ -76,6 +76,22 @@ test('branches, edits, deletes and search', async () => {
   assert.deepEqual(await all(client.history('tree')), []);
 });
 
+test('branches, export and whole-message replacement', async () => {
+  const root = (await client.append('tree2', { id: 'q', role: 'user', content: 'question' })).message;
+  await client.append('tree2', { id: 'r1', role: 'assistant', content: 'one' });
+  await client.append('tree2', { id: 'r2', role: 'assistant', content: 'two' }, { parent: root.id });
+  assert.deepEqual((await client.branches('tree2', 'q')).map((m) => m.id), ['r1', 'r2']);
+  await client.putState('tree2', 'k', 1);
+  const lines = await all(client.export('tree2'));
+  assert.deepEqual(lines.filter((l) => l.message).map((l) => [l.message.id, l.parentId]), [['q', null], ['r1', 'q'], ['r2', 'q']]);
+  assert.deepEqual(lines.filter((l) => l.state).map((l) => l.state), [{ key: 'k', value: 1 }]);
+  await client.replaceMessage('tree2', 'r1', { role: 'assistant', content: 'one, again' });
+  assert.equal((await client.getMessage('tree2', 'r1')).content, 'one, again');
+  await rejectsWith(client.replaceMessage('tree2', 'nope', { role: 'user', content: 'x' }), 404, 'not_found');
+  await client.replaceMessage('tree2', 'nope', { role: 'user', content: 'x' }, { upsert: true });
+  assert.equal((await client.getMessage('tree2', 'nope')).content, 'x');
+});
+
 test('identifiers are single path segments', async () => {
   for (const sid of ['a/b', 'what?x=1', '100% sure', '日本語 ✓', '...', '#frag', "it's (odd)!*"]) {
     await client.append(sid, { role: 'user', content: sid });
