@@ -13,7 +13,7 @@ import threading
 
 
 class Served:
-    def __init__(self, *args: str, data: str | None = None):
+    def __init__(self, *args: str, data: str | None = None, listen: str = "127.0.0.1:0"):
         binary = os.environ.get("SESSIONDB_BIN")
         if not binary:
             raise RuntimeError("SESSIONDB_BIN must name the sessiondb binary to test against")
@@ -23,7 +23,7 @@ class Served:
             data = self._tmp.name
         self.data = data
         self.process = subprocess.Popen(
-            [binary, "--data", data, "serve", "--listen", "127.0.0.1:0", *args],
+            [binary, "--data", data, "serve", "--listen", listen, *args],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "SESSIONDB_LOG": "warn"})
         for line in self.process.stderr:

@@ -73,6 +73,7 @@ class SessionStoreTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        cls.client.close()
         cls.served.stop()
 
     def store(self) -> SessiondbSessionStore:

@@ -18,6 +18,7 @@ class ClientTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        cls.client.close()
         cls.served.stop()
 
     def test_messages_round_trip_and_page(self):
@@ -143,24 +144,39 @@ class ClientTest(unittest.TestCase):
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         with self.assertRaises(SessiondbUnavailable) as caught:
-            Client(f"http://127.0.0.1:{port}", timeout=5).get_session("x")
+            with Client(f"http://127.0.0.1:{port}", timeout=5) as unreachable:
+                unreachable.get_session("x")
         self.assertEqual(caught.exception.code, "unavailable")
         self.assertIsNone(caught.exception.status)
 
+    def test_a_kept_connection_to_a_restarted_server_is_replaced(self):
+        served = Served()
+        address = served.url.removeprefix("http://")
+        client = Client(served.url)
+        self.addCleanup(client.close)
+        client.append("restarted", {"role": "user", "content": "before"})
+        served.stop(keep_data=True)
+        again = Served(data=served.data, listen=address)
+        self.addCleanup(served.stop)
+        self.addCleanup(again.stop)
+        # The kept connection went with the old process; the read is sent again on a new one.
+        self.assertEqual(client.get_session("restarted")["messageCount"], 1)
+        self.assertTrue(client.append("restarted", {"role": "user", "content": "after"})["inserted"])
+
     def test_api_keys(self):
         served = Served("--api-key", "k1=team-a", "--api-key", "k2=team-b")
-        try:
-            a, b = Client(served.url, api_key="k1"), Client(served.url, api_key="k2")
-            a.append("shared-name", {"role": "user", "content": "for team a"})
-            self.assertEqual(list(b.history("shared-name")), [], "a key never sees another namespace")
+        self.addCleanup(served.stop)
+        clients = {key: Client(served.url, api_key=key) for key in ["k1", "k2", None, "wrong"]}
+        for client in clients.values():
+            self.addCleanup(client.close)
+        clients["k1"].append("shared-name", {"role": "user", "content": "for team a"})
+        self.assertEqual(list(clients["k2"].history("shared-name")), [],
+                         "a key never sees another namespace")
+        for key in [None, "wrong"]:
             with self.assertRaises(SessiondbError) as caught:
-                Client(served.url).get_session("shared-name")
-            self.assertEqual((caught.exception.status, caught.exception.code), (401, "unauthorized"))
-            with self.assertRaises(SessiondbError) as caught:
-                Client(served.url, api_key="wrong").get_session("shared-name")
-            self.assertEqual(caught.exception.status, 401)
-        finally:
-            served.stop()
+                clients[key].get_session("shared-name")
+            self.assertEqual((caught.exception.status, caught.exception.code),
+                             (401, "unauthorized"))
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ class SaverTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        cls.client.close()
         cls.served.stop()
 
     def saver(self) -> SessiondbSaver:

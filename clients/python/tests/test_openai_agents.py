@@ -49,6 +49,7 @@ class SessionProtocolTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        cls.client.close()
         cls.served.stop()
 
     def test_is_an_sdk_session(self):
@@ -138,17 +139,15 @@ class SessionProtocolTest(unittest.TestCase):
 
     def test_items_survive_a_server_kill(self):
         served = Served()
+        with Client(served.url) as client:
+            run(SessiondbSession("durable", client).add_items(ITEMS))
+        served.stop(keep_data=True)
+        again = Served(data=served.data)
         try:
-            session = SessiondbSession("durable", Client(served.url))
-            run(session.add_items(ITEMS))
-            served.stop(keep_data=True)
-            again = Served(data=served.data)
-            try:
-                self.assertEqual(run(SessiondbSession("durable", Client(again.url)).get_items()),
-                                 ITEMS)
-            finally:
-                again.stop()
+            with Client(again.url) as client:
+                self.assertEqual(run(SessiondbSession("durable", client).get_items()), ITEMS)
         finally:
+            again.stop()
             served.stop()
 
 
@@ -163,6 +162,7 @@ class AgentRunTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        cls.client.close()
         cls.served.stop()
 
     def setUp(self):
@@ -242,7 +242,8 @@ class ReadmeExampleTest(unittest.TestCase):
         sent = model_api.requests[1]["input"]
         self.assertEqual(sent[0]["content"], "What city is the Golden Gate Bridge in?")
         self.assertEqual(sent[1]["content"][0]["text"], "San Francisco.")
-        stored = list(Client(served.url).history("user-42"))
+        with Client(served.url) as client:
+            stored = list(client.history("user-42"))
         self.assertEqual([m["role"] for m in stored], ["user", "assistant", "user", "assistant"])
 
 
