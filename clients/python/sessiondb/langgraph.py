@@ -7,20 +7,19 @@ listing):
 - the checkpoint session, whose message tree is the checkpoint tree: each checkpoint is a
   message with the checkpoint's id, appended under its parent checkpoint (a new root when it
   has none), so a replay from an older checkpoint is a branch, and the newest checkpoint is the
-  session's active leaf. The message holds the checkpoint without its channel values and its
-  metadata, each serialised by the saver's serde, and the parent's id.
-- the side session (its id ends in ``/writes``), which holds channel values and pending writes.
-  Each channel value is stored once per version, as the state key ``blob:<channel>:<version>``,
-  when a checkpoint names that version in ``new_versions``; a checkpoint reads the versions it
-  lists, so a value that did not change is not stored again (one LangGraph rewrites at every
-  step, such as a message list, is stored whole at every version). Pending writes of a
-  checkpoint are messages under a root message named after the checkpoint, one per
-  ``put_writes`` call, with an id made of the checkpoint, the task and its first write index,
-  so a repeated call stores nothing.
+  session's active leaf. The message holds the checkpoint without its channel values, its
+  metadata (both serialised by the saver's serde), the parent's id, the values of the channels
+  this checkpoint changed (``new_versions``), and for every channel the id of the checkpoint
+  that holds its value at this version. A value is stored once, by the checkpoint that changed
+  it: one LangGraph rewrites at every step (a message list) is stored whole at every version,
+  a value that did not change is not stored again.
+- the side session (its id ends in ``/writes``), holding pending writes: messages under a root
+  message named after their checkpoint, one per ``put_writes`` call, with an id made of the
+  checkpoint, the task and its first write index, so a repeated call stores nothing.
 
-A ``put`` writes the values first and the checkpoint message last: a checkpoint is never seen
-without its values (a crash between leaves unused values behind). ``list`` reads the checkpoint
-session's tree (``export``) and the requested checkpoints' values and writes one by one.
+A checkpoint is one append, so it is stored whole or not at all. Checkpoint messages never
+change, so the saver keeps recently written and read ones in memory (``cache_bytes``) and
+finds the values an older checkpoint holds there, asking the server only for those it lacks.
 """
 
 from __future__ import annotations
@@ -28,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import threading
 import urllib.parse
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -59,6 +60,37 @@ def _decode(stored: dict) -> tuple[str, bytes]:
     return stored["type"], base64.b64decode(stored["data"])
 
 
+class _Contents:
+    """Checkpoint message contents by (session, checkpoint id), least recently used dropped
+    first once their serialised values pass ``budget`` bytes. Safe to trust: a checkpoint
+    message never changes, and checkpoint ids are never reused."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.held = 0
+        self.entries: OrderedDict[tuple[str, str], tuple[dict, int]] = OrderedDict()
+        self.guard = threading.Lock()
+
+    def get(self, key: tuple[str, str]) -> dict | None:
+        with self.guard:
+            entry = self.entries.get(key)
+            if entry is None:
+                return None
+            self.entries.move_to_end(key)
+            return entry[0]
+
+    def put(self, key: tuple[str, str], content: dict) -> None:
+        size = sum(len(v.get("data", "")) for v in content["values"].values()) + 512
+        with self.guard:
+            if key in self.entries:
+                return
+            self.entries[key] = (content, size)
+            self.held += size
+            while self.held > self.budget and self.entries:
+                _, (_, dropped) = self.entries.popitem(last=False)
+                self.held -= dropped
+
+
 class SessiondbSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer keeping threads on the sessiondb server behind ``client``.
 
@@ -68,10 +100,13 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
     the server's ``--max-messages-per-session`` of them (10,000 by default) per namespace.
     """
 
-    def __init__(self, client: Client, prefix: str = "", *, serde: Any = None):
+    def __init__(self, client: Client, prefix: str = "", *, serde: Any = None,
+                 cache_bytes: int = 32 << 20):
         super().__init__(serde=serde)
         self.client = client
         self.prefix = prefix
+        self._contents = _Contents(cache_bytes)
+        self._created: set[str] = set()
 
     # -- naming ------------------------------------------------------------------------------
 
@@ -89,16 +124,19 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
     def _owner(self, thread_id: str) -> str:
         return self._bounded(thread_id)
 
-    def _blob_key(self, channel: str, version: Any) -> str:
-        key = "blob:" + urllib.parse.quote(channel, safe="") + ":" + str(version)
-        return key if len(key) <= MAX_ID_CHARS else "blob:" + hashlib.sha256(key.encode()).hexdigest()
+    @staticmethod
+    def _bounded_id(message_id: str) -> str:
+        if len(message_id) <= MAX_ID_CHARS:
+            return message_id
+        return "sha256-" + hashlib.sha256(message_id.encode()).hexdigest()
 
     def _ensure_sessions(self, thread_id: str, checkpoint_ns: str) -> tuple[str, str]:
-        """Creates the namespace's sessions with their owner unless they exist. Asked on every
-        write, not remembered: another process may have deleted the thread meanwhile, and a
-        session a write created by itself would have no owner for `delete_thread` to find."""
+        """Creates the namespace's sessions with their owner the first time this saver writes
+        to them (a ``conflict`` when another process did)."""
         sessions = self._sessions(thread_id, checkpoint_ns)
         for session_id in sessions:
+            if session_id in self._created:
+                continue
             try:
                 self.client.create_session(
                     session_id, userId=self._owner(thread_id),
@@ -106,6 +144,7 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
             except SessiondbError as error:
                 if error.code != "conflict":
                     raise
+            self._created.add(session_id)
         return sessions
 
     # -- writing -----------------------------------------------------------------------------
@@ -116,24 +155,35 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
         thread_id = configurable["thread_id"]
         checkpoint_ns = configurable.get("checkpoint_ns", "")
         parent_id = configurable.get("checkpoint_id")
-        checkpoints, side = self._ensure_sessions(thread_id, checkpoint_ns)
+        checkpoints, _ = self._ensure_sessions(thread_id, checkpoint_ns)
 
-        values = checkpoint["channel_values"]
+        checkpoint_id = checkpoint["id"]
+        channel_values = checkpoint["channel_values"]
+        values = {}
         for channel, version in new_versions.items():
-            blob = _encode(self.serde.dumps_typed(values[channel])) if channel in values \
-                else {"type": "empty"}
-            self.client.put_state(side, self._blob_key(channel, version), blob)
-
+            stored = _encode(self.serde.dumps_typed(channel_values[channel])) \
+                if channel in channel_values else {"type": "empty"}
+            values[channel] = {"version": version, **stored}
+        inherited = self._content(checkpoints, parent_id)["holders"] if parent_id else {}
+        holders = {}
+        for channel, version in checkpoint["channel_versions"].items():
+            if channel in values:
+                holders[channel] = [checkpoint_id, version]
+            elif channel in inherited:
+                holders[channel] = inherited[channel]
         skeleton = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         content = {
             "checkpoint": _encode(self.serde.dumps_typed(skeleton)),
             "metadata": _encode(self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))),
             "parentCheckpointId": parent_id,
+            "values": values,
+            "holders": holders,
         }
-        self.client.append(checkpoints, {"id": checkpoint["id"], "role": "checkpoint",
+        self.client.append(checkpoints, {"id": checkpoint_id, "role": "checkpoint",
                                          "content": content}, parent=parent_id)
+        self._contents.put((checkpoints, checkpoint_id), content)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns,
-                                 "checkpoint_id": checkpoint["id"]}}
+                                 "checkpoint_id": checkpoint_id}}
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                    task_id: str, task_path: str = "") -> None:
@@ -163,23 +213,38 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
                   "content": {"checkpointId": checkpoint_id}}
         self.client.append_batch(side, [anchor, message], parent_id="")
 
-    @staticmethod
-    def _bounded_id(message_id: str) -> str:
-        if len(message_id) <= MAX_ID_CHARS:
-            return message_id
-        return "sha256-" + hashlib.sha256(message_id.encode()).hexdigest()
-
     def delete_thread(self, thread_id: str) -> None:
-        for session in list(self.client.list_sessions(user_id=self._owner(thread_id))):
+        doomed = set(self._sessions(thread_id, ""))
+        for session in self.client.list_sessions(user_id=self._owner(thread_id)):
             stored = (session.get("metadata") or {}).get(THREAD_KEY)
             if isinstance(stored, dict) and stored.get("threadId") == thread_id:
-                try:
-                    self.client.delete_session(session["id"])
-                except SessiondbError as error:
-                    if error.code != "not_found":
-                        raise
+                doomed.add(session["id"])
+        # The root namespace's sessions are deleted by name as well: if another process
+        # deleted the thread while this saver went on writing, they exist without an owner.
+        for session_id in doomed:
+            try:
+                self.client.delete_session(session_id)
+            except SessiondbError as error:
+                if error.code != "not_found":
+                    raise
+        self._created -= doomed
 
     # -- reading -----------------------------------------------------------------------------
+
+    def _content(self, checkpoints: str, checkpoint_id: str) -> dict:
+        """A checkpoint message's content, from memory when this saver has it; a missing
+        checkpoint has no values (``{"values": {}, "holders": {}}``)."""
+        content = self._contents.get((checkpoints, checkpoint_id))
+        if content is not None:
+            return content
+        try:
+            content = self.client.get_message(checkpoints, checkpoint_id)["content"]
+        except SessiondbError as error:
+            if error.code == "not_found":
+                return {"values": {}, "holders": {}}
+            raise
+        self._contents.put((checkpoints, checkpoint_id), content)
+        return content
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         configurable = config["configurable"]
@@ -187,33 +252,29 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
         checkpoint_ns = configurable.get("checkpoint_ns", "")
         checkpoints, _ = self._sessions(thread_id, checkpoint_ns)
         checkpoint_id = get_checkpoint_id(config)
-        try:
-            if checkpoint_id:
-                message = self.client.get_message(checkpoints, checkpoint_id)
-            else:
-                newest = self.client.messages(checkpoints, limit=1, order="desc")["items"]
-                if not newest:
-                    return None
-                message = newest[0]
-        except SessiondbError as error:
-            if error.code == "not_found":
+        if checkpoint_id:
+            content = self._content(checkpoints, checkpoint_id)
+            if "checkpoint" not in content:
                 return None
-            raise
-        return self._tuple(thread_id, checkpoint_ns, message["content"])
+        else:
+            newest = self.client.messages(checkpoints, limit=1, order="desc")["items"]
+            if not newest:
+                return None
+            content = newest[0]["content"]
+            self._contents.put((checkpoints, newest[0]["id"]), content)
+        return self._tuple(thread_id, checkpoint_ns, content,
+                           lambda holder: self._content(checkpoints, holder))
 
-    def _tuple(self, thread_id: str, checkpoint_ns: str, content: dict) -> CheckpointTuple:
+    def _tuple(self, thread_id: str, checkpoint_ns: str, content: dict,
+               holder_content: Callable[[str], dict]) -> CheckpointTuple:
         _, side = self._sessions(thread_id, checkpoint_ns)
         checkpoint = self.serde.loads_typed(_decode(content["checkpoint"]))
         values = {}
-        for channel, version in checkpoint["channel_versions"].items():
-            try:
-                blob = self.client.get_state(side, self._blob_key(channel, version))
-            except SessiondbError as error:
-                if error.code == "not_found":
-                    continue
-                raise
-            if blob["type"] != "empty":
-                values[channel] = self.serde.loads_typed(_decode(blob))
+        for channel, (holder, version) in content["holders"].items():
+            held = content if holder == checkpoint["id"] else holder_content(holder)
+            stored = held["values"].get(channel)
+            if stored is not None and stored["version"] == version and stored["type"] != "empty":
+                values[channel] = self.serde.loads_typed(_decode(stored))
         checkpoint["channel_values"] = values
 
         pending = []
@@ -255,25 +316,27 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
         found = []
         for thread_id, checkpoint_ns in self._namespaces(configurable):
             checkpoints, _ = self._sessions(thread_id, checkpoint_ns)
-            for line in self._export(checkpoints):
-                message = line.get("message")
-                if message is None or message.get("role") != "checkpoint":
+            # The whole namespace is read anyway, so older checkpoints' values come from it.
+            contents = {line["message"]["id"]: line["message"]["content"]
+                        for line in self._export(checkpoints)
+                        if line.get("message", {}).get("role") == "checkpoint"}
+            for checkpoint_id, content in contents.items():
+                if wanted_id and checkpoint_id != wanted_id:
                     continue
-                if wanted_id and message["id"] != wanted_id:
+                if before_id and checkpoint_id >= before_id:
                     continue
-                if before_id and message["id"] >= before_id:
-                    continue
-                found.append((message["id"], thread_id, checkpoint_ns, message["content"]))
+                found.append((checkpoint_id, thread_id, checkpoint_ns, content, contents))
         found.sort(key=lambda f: f[0], reverse=True)
         yielded = 0
-        for _, thread_id, checkpoint_ns, content in found:
+        for _, thread_id, checkpoint_ns, content, contents in found:
             if limit is not None and yielded >= limit:
                 return
             if filter:
                 metadata = self.serde.loads_typed(_decode(content["metadata"]))
                 if any(metadata.get(k) != v for k, v in filter.items()):
                     continue
-            yield self._tuple(thread_id, checkpoint_ns, content)
+            yield self._tuple(thread_id, checkpoint_ns, content,
+                              lambda holder: contents.get(holder, {"values": {}}))
             yielded += 1
 
     def _export(self, session_id: str) -> Iterator[dict]:

@@ -1,0 +1,149 @@
+"""One round of the adapter benchmark (run by bench/adapters/run.py inside its virtualenv, with
+clients/python on PYTHONPATH): each framework on its own SQLite store and on sessiondb through
+the Python client, the same work in an order given on the command line. Prints one JSON line per
+store: {store, framework, ms: [...per step], size_bytes}.
+
+    driver.py SERVER_BINARY SCRATCH ORDER TURNS INVOKES
+"""
+import asyncio
+import json
+import operator
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from typing import Annotated, TypedDict
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "compare",
+                                "drivers"))
+from workload import texts  # noqa: E402  (the comparison's text generator)
+
+from agents import SQLiteSession  # noqa: E402
+from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
+from langgraph.graph import END, START, StateGraph  # noqa: E402
+
+from sessiondb import Client  # noqa: E402
+from sessiondb.langgraph import SessiondbSaver  # noqa: E402
+from sessiondb.openai_agents import SessiondbSession  # noqa: E402
+
+
+def dir_size(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+class Server:
+    """A release `sessiondb serve` on its own data directory (durable: synchronous=full)."""
+
+    def __init__(self, binary, data):
+        self.data = data
+        self.process = subprocess.Popen(
+            [binary, "--data", data, "serve", "--listen", "127.0.0.1:0"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "SESSIONDB_LOG": "warn"})
+        for line in self.process.stderr:
+            if line.startswith("sessiondb listening on "):
+                self.url = line.strip().removeprefix("sessiondb listening on ")
+                break
+        else:
+            raise RuntimeError("the server exited before listening")
+
+    def stop(self):
+        """Graceful stop (the store checkpoints and closes), then the files' size."""
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(timeout=30)
+        return dir_size(self.data)
+
+
+def turn_items(texts_iter):
+    for user, answer in zip(texts_iter, texts_iter):
+        yield [{"role": "user", "content": user},
+               {"type": "message", "id": "msg_x", "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": answer, "annotations": []}]}]
+
+
+async def openai_turns(session, turns):
+    """What the SDK's runner does with its session each turn: read the history, then store the
+    turn's input and output."""
+    ms = []
+    for items in turn_items(iter(texts(2 * turns))):
+        started = time.perf_counter()
+        await session.get_items()
+        await session.add_items(items)
+        ms.append((time.perf_counter() - started) * 1000)
+    return ms
+
+
+class State(TypedDict):
+    steps: Annotated[list[str], operator.add]
+    topic: str
+
+
+def langgraph_invokes(checkpointer, invokes):
+    """A two-node graph invoked again and again on one thread, each node adding ~200 characters
+    to an accumulating list (the shape of a message history)."""
+    lines = iter(texts(2 * invokes))
+
+    def research(state):
+        return {"steps": [next(lines)]}
+
+    def write(state):
+        return {"steps": [next(lines)]}
+
+    builder = StateGraph(State)
+    builder.add_node("research", research)
+    builder.add_node("write", write)
+    builder.add_edge(START, "research")
+    builder.add_edge("research", "write")
+    builder.add_edge("write", END)
+    app = builder.compile(checkpointer=checkpointer)
+    config = {"configurable": {"thread_id": "bench"}}
+    ms = []
+    for i in range(invokes):
+        started = time.perf_counter()
+        app.invoke({"topic": "benchmarks", "steps": []} if i == 0 else {"steps": []}, config)
+        ms.append((time.perf_counter() - started) * 1000)
+    return ms
+
+
+def emit(store, framework, ms, size_bytes):
+    print(json.dumps({"store": store, "framework": framework, "ms": ms,
+                      "size_bytes": size_bytes}), flush=True)
+
+
+def run(store, binary, scratch, turns, invokes):
+    folder = os.path.join(scratch, store)
+    os.makedirs(folder)
+    if store == "sqlite":
+        path = os.path.join(folder, "openai.db")
+        session = SQLiteSession("bench", path)
+        ms = asyncio.run(openai_turns(session, turns))
+        session.close()
+        emit("sqlite", "openai", ms, sum(os.path.getsize(p) for p in [path, path + "-wal"]
+                                         if os.path.exists(p)))
+        path = os.path.join(folder, "langgraph.db")
+        connection = sqlite3.connect(path, check_same_thread=False)
+        ms = langgraph_invokes(SqliteSaver(connection), invokes)
+        connection.close()
+        emit("sqlite", "langgraph", ms, sum(os.path.getsize(p) for p in [path, path + "-wal"]
+                                            if os.path.exists(p)))
+        return
+    for framework in ["openai", "langgraph"]:
+        server = Server(binary, os.path.join(folder, framework))
+        with Client(server.url) as client:
+            if framework == "openai":
+                ms = asyncio.run(openai_turns(SessiondbSession("bench", client), turns))
+            else:
+                ms = langgraph_invokes(SessiondbSaver(client), invokes)
+        emit("sessiondb", framework, ms, server.stop())
+
+
+def main():
+    binary, scratch, order, turns, invokes = sys.argv[1:6]
+    for store in order.split(","):
+        run(store, binary, scratch, int(turns), int(invokes))
+
+
+if __name__ == "__main__":
+    main()

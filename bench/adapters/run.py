@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Frameworks on their own SQLite stores and on sessiondb, side by side, in one run.
+
+    python3 bench/adapters/run.py [--turns 300] [--invokes 200] [--rounds 3] [--no-readme]
+
+What a user swapping stores wants to know: the OpenAI Agents SDK on its `SQLiteSession` (a file)
+against `SessiondbSession`, and LangGraph on its `SqliteSaver` against `SessiondbSaver`, both
+sessiondb adapters going through the Python client to a release `sessiondb serve` on this
+machine (durable, as the SQLite stores are by default). Per step: one conversation turn (the
+runner's read of the history, then storing the turn's input and output) or one graph invocation
+(two nodes, each adding ~200 characters to an accumulating list). Rounds alternate which store
+goes first. Writes bench/adapters/results.json and the section of bench/README.md between its
+`adapters:begin` / `adapters:end` markers.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.dirname(HERE)
+ROOT = os.path.dirname(BENCH)
+VENV = os.path.join(BENCH, ".peers", "adapters")
+RESULTS = os.path.join(HERE, "results.json")
+PACKAGES = ["openai-agents==0.24.0", "langgraph==1.2.22", "langgraph-checkpoint-sqlite==3.1.2"]
+FRAMEWORKS = {"openai": "OpenAI Agents SDK: one turn (SQLiteSession / SessiondbSession)",
+              "langgraph": "LangGraph: one invocation (SqliteSaver / SessiondbSaver)"}
+
+
+def log(message):
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def sh(cmd, **kwargs):
+    done = subprocess.run(cmd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          **kwargs)
+    if done.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{done.stdout}")
+    return done.stdout
+
+
+def python_with_packages():
+    python = os.path.join(VENV, "bin", "python")
+    marker = os.path.join(VENV, ".installed")
+    wanted = " ".join(PACKAGES)
+    if not (os.path.exists(marker) and open(marker).read() == wanted):
+        log(f"installing {wanted} (PyPI) into bench/.peers/adapters")
+        sh([sys.executable, "-m", "venv", VENV])
+        sh([python, "-m", "pip", "install", "-q", *PACKAGES])
+        open(marker, "w").write(wanted)
+    return python
+
+
+def summary(samples):
+    """Median of the per-round medians, over all steps and over the last fifth (the longest
+    history)."""
+    tail = max(1, len(samples[0]) // 5)
+    return {"median_ms": statistics.median(statistics.median(s) for s in samples),
+            "last_fifth_median_ms": statistics.median(statistics.median(s[-tail:]) for s in samples)}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--turns", type=int, default=300)
+    parser.add_argument("--invokes", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-readme", action="store_true")
+    args = parser.parse_args()
+    started = time.time()
+
+    log("building the server (cargo, release)")
+    sh(["cargo", "build", "--release", "-q", "-p", "sessiondb-cli"], cwd=ROOT)
+    binary = os.path.join(ROOT, "target", "release", "sessiondb")
+    python = python_with_packages()
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "clients", "python"),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+
+    runs = {}
+    for round_no in range(args.rounds):
+        order = ["sqlite", "sessiondb"] if round_no % 2 == 0 else ["sessiondb", "sqlite"]
+        log(f"round {round_no + 1}/{args.rounds}: {', '.join(order)}")
+        scratch = tempfile.mkdtemp(prefix="sessiondb-adapters-")
+        try:
+            out = sh([python, os.path.join(HERE, "driver.py"), binary, scratch, ",".join(order),
+                      str(args.turns), str(args.invokes)], env=env)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        for line in out.splitlines():
+            if line.startswith("{"):
+                row = json.loads(line)
+                runs.setdefault((row["framework"], row["store"]), []).append(row)
+
+    results = {"date": datetime.date.today().isoformat(), "turns": args.turns,
+               "invokes": args.invokes, "rounds": args.rounds, "machine": machine(),
+               "frameworks": {}}
+    for framework in FRAMEWORKS:
+        entry = {}
+        for store in ["sqlite", "sessiondb"]:
+            rows = runs[(framework, store)]
+            entry[store] = {**summary([r["ms"] for r in rows]),
+                            "size_bytes": statistics.median(r["size_bytes"] for r in rows)}
+        results["frameworks"][framework] = entry
+    with open(RESULTS, "w") as f:
+        json.dump(results, f, indent=2)
+        f.write("\n")
+    table = render(results)
+    print(table)
+    if not args.no_readme:
+        write_readme(table)
+    log(f"done in {(time.time() - started) / 60:.1f} min")
+
+
+def machine():
+    cores = os.cpu_count()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{cores} cores, {memory:.0f} GiB, Linux {platform.release()}"
+
+
+def render(results):
+    lines = [
+        f"Latest run: {results['date']}, `python3 bench/adapters/run.py` ({results['turns']} "
+        f"turns, {results['invokes']} invocations, {results['rounds']} rounds, medians). "
+        f"Machine: {results['machine']}. Ratio: the framework's own store ÷ sessiondb (above 1, "
+        f"sessiondb is faster or smaller).",
+        "",
+        "| step | own SQLite store ms | sessiondb (over HTTP) ms | ratio | own store, longest fifth ms | sessiondb, longest fifth ms | ratio | own store on disk | sessiondb on disk | ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for framework, title in FRAMEWORKS.items():
+        own, ours = results["frameworks"][framework]["sqlite"], results["frameworks"][framework]["sessiondb"]
+        lines.append(
+            f"| {title} | {own['median_ms']:.3f} | {ours['median_ms']:.3f} | "
+            f"{own['median_ms'] / ours['median_ms']:.2f}× | {own['last_fifth_median_ms']:.3f} | "
+            f"{ours['last_fifth_median_ms']:.3f} | "
+            f"{own['last_fifth_median_ms'] / ours['last_fifth_median_ms']:.2f}× | "
+            f"{own['size_bytes'] / 1e6:.2f} MB | {ours['size_bytes'] / 1e6:.2f} MB | "
+            f"{own['size_bytes'] / ours['size_bytes']:.1f}× |")
+    return "\n".join(lines)
+
+
+def write_readme(table):
+    path = os.path.join(BENCH, "README.md")
+    text = open(path).read()
+    begin, end = "<!-- adapters:begin -->", "<!-- adapters:end -->"
+    if begin not in text or end not in text:
+        sys.exit(f"{path} has no {begin} … {end} section")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    with open(path, "w") as f:
+        f.write(f"{head}{begin}\n{table}\n{end}{tail}")
+
+
+if __name__ == "__main__":
+    main()
