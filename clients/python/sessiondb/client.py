@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 _OMITTED: Any = object()
+# Idle connections a client keeps for the next requests; more are closed when returned.
+MAX_IDLE_CONNECTIONS = 8
 
 
 class SessiondbError(Exception):
@@ -44,9 +46,9 @@ class Client:
     anonymous, which a server without configured keys accepts.
 
     Methods cover sessions, messages, history, search, compactions and state, returning the
-    API's JSON as plain dicts and lists; any other route is reached with ``request``. Each thread
-    keeps one connection open to the server (about a third of a small request's time is a new
-    connection); a client may be shared between threads.
+    API's JSON as plain dicts and lists; any other route is reached with ``request``. Connections
+    are kept open between requests (a new one is about a third of a small request's time) and
+    shared by the threads using the client.
     """
 
     def __init__(self, base_url: str = "http://127.0.0.1:8787", api_key: str | None = None,
@@ -59,14 +61,13 @@ class Client:
             raise ValueError(f"base_url must be http(s)://host[:port][/path]: {base_url!r}")
         self._https = parts.scheme == "https"
         self._host, self._port, self._prefix = parts.hostname, parts.port, parts.path
-        self._local = threading.local()
-        self._open_connections: set[http.client.HTTPConnection] = set()
+        self._idle: list[http.client.HTTPConnection] = []
         self._guard = threading.Lock()
 
     def close(self) -> None:
-        """Closes the connections every thread kept; the next request opens a new one."""
+        """Closes the idle connections; the next request opens a new one."""
         with self._guard:
-            connections, self._open_connections = self._open_connections, set()
+            connections, self._idle = self._idle, []
         for connection in connections:
             connection.close()
 
@@ -82,23 +83,19 @@ class Client:
         kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
         return kind(self._host, self._port, timeout=self.timeout)
 
-    def _kept_connection(self) -> tuple[http.client.HTTPConnection, bool]:
-        """This thread's connection, and whether it was used before."""
-        connection = getattr(self._local, "connection", None)
-        if connection is not None and connection in self._open_connections:
-            return connection, True
-        connection = self._local.connection = self._connect()
+    def _checkout(self) -> tuple[http.client.HTTPConnection, bool]:
+        """An idle connection (``True``: it served requests before) or a new one."""
         with self._guard:
-            self._open_connections.add(connection)
-        return connection, False
+            if self._idle:
+                return self._idle.pop(), True
+        return self._connect(), False
 
-    def _forget_connection(self) -> None:
-        connection = getattr(self._local, "connection", None)
-        if connection is not None:
-            connection.close()
-            self._local.connection = None
-            with self._guard:
-                self._open_connections.discard(connection)
+    def _checkin(self, connection: http.client.HTTPConnection) -> None:
+        with self._guard:
+            if len(self._idle) < MAX_IDLE_CONNECTIONS:
+                self._idle.append(connection)
+                return
+        connection.close()
 
     def _prepare(self, path: str, query: dict[str, Any] | None,
                  body: Any) -> tuple[str, bytes | None, dict[str, str]]:
@@ -122,17 +119,23 @@ class Client:
                 body: Any = _OMITTED) -> Any:
         """Sends one request to ``path`` (``/v1/...``, segments already encoded) and returns the
         decoded JSON answer, or ``None`` for an empty one (204)."""
+        raw = self._exchange(method, path, query, body)
+        return json.loads(raw) if raw else None
+
+    def _exchange(self, method: str, path: str, query: dict[str, Any] | None,
+                  body: Any) -> bytes:
+        """One request on this thread's kept connection; the whole body of a 2xx answer."""
         target, data, headers = self._prepare(path, query, body)
         for attempt in range(2):
-            connection, reused = self._kept_connection()
-            # A kept connection that the server has closed meanwhile fails before any answer,
+            connection, reused = self._checkout()
+            # An idle connection that the server has closed meanwhile fails before any answer,
             # and the request is sent again on a new one: always when sending failed (nothing
             # reached the server), and when no answer came unless it was a POST, which the
             # server may have received and applied.
             try:
                 connection.request(method, target, body=data, headers=headers)
             except OSError as failure:
-                self._forget_connection()
+                connection.close()
                 if reused and attempt == 0 and not isinstance(failure, TimeoutError):
                     continue
                 raise self._unavailable(method, target, failure) from None
@@ -140,14 +143,15 @@ class Client:
                 answer = connection.getresponse()
                 raw = answer.read()
             except (http.client.HTTPException, OSError) as failure:
-                self._forget_connection()
+                connection.close()
                 closed = isinstance(failure, (http.client.RemoteDisconnected, ConnectionResetError))
                 if reused and attempt == 0 and closed and method != "POST":
                     continue
                 raise self._unavailable(method, target, failure) from None
+            self._checkin(connection)
             if answer.status >= 400:
                 raise _error_of(answer.status, answer.reason, raw)
-            return json.loads(raw) if raw else None
+            return raw
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _lines(self, path: str, query: dict[str, Any] | None) -> Iterator[dict]:
@@ -271,6 +275,13 @@ class Client:
         message at a time as the server streams it; stopping early closes the stream."""
         return self._lines(self._session_path(session_id, "history"),
                            {"order": order, "leaf": leaf})
+
+    def full_history(self, session_id: str, leaf: str | None = None) -> list[dict]:
+        """The whole path to ``leaf`` (the active leaf by default) with compactions applied, oldest
+        first, read at once on the kept connection (``history`` streams instead)."""
+        raw = self._exchange("GET", self._session_path(session_id, "history"),
+                             {"leaf": leaf}, _OMITTED)
+        return _json_lines(raw.split(b"\n"))
 
     def branches(self, session_id: str, message_id: str) -> list[dict]:
         """The children of a message, oldest first."""

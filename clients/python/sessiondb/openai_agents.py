@@ -84,7 +84,7 @@ class SessiondbSession:
 
     def _get_items(self, limit: int | None) -> list[dict]:
         if limit is None:
-            return [item_of_message(m) for m in self.client.history(self.session_id)]
+            return [item_of_message(m) for m in self.client.full_history(self.session_id)]
         if limit <= 0:
             return []
         newest: list[dict] = []

@@ -33,6 +33,8 @@ class ClientTest(unittest.TestCase):
                          ["hello there", "reply 0", "reply 1", "reply 2"])
         rest = c.messages("pages", limit=4, after=page["nextCursor"])
         self.assertEqual([m["content"] for m in rest["items"]], ["reply 3", "reply 4"])
+        self.assertEqual(c.full_history("pages"), list(c.history("pages")))
+        self.assertEqual(c.full_history("nobody"), [])
         newest = [m["content"] for m in c.history("pages", order="newest")]
         self.assertEqual(newest[0], "reply 4")
         self.assertEqual(len(newest), 6)
