@@ -26,16 +26,13 @@ interleave, and a store shared by several processes has no such lock.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import urllib.parse
 from typing import Any
 
-from .client import Client, SessiondbError
+from .client import MAX_ID_CHARS, Client, SessiondbError, bounded_id, joined_id
 
 ENTRY_KEY = "claudeEntry"
 WHOLE_ENTRY = "content"
 SESSION_KEY = "claudeSessionKey"
-MAX_ID_CHARS = 256
 
 
 def message_of_entry(entry: dict) -> dict:
@@ -96,20 +93,14 @@ class SessiondbSessionStore:
         self.client = client
         self.prefix = prefix
 
-    def _bounded(self, name: str) -> str:
-        name = self.prefix + name
-        if len(name) <= MAX_ID_CHARS:
-            return name
-        return self.prefix + "sha256-" + hashlib.sha256(name.encode()).hexdigest()
-
     def _session_id(self, key: dict) -> str:
         parts = [key["project_key"], key["session_id"]]
         if key.get("subpath"):
             parts.append(key["subpath"])
-        return self._bounded("/".join(urllib.parse.quote(p, safe="") for p in parts))
+        return bounded_id(joined_id(*parts), self.prefix)
 
     def _owner(self, project_key: str) -> str:
-        return self._bounded(project_key)
+        return bounded_id(project_key, self.prefix)
 
     def _project_sessions(self, project_key: str) -> list[tuple[dict, dict]]:
         """Every session of the project with its stored key, subagent transcripts included."""

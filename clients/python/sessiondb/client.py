@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import threading
@@ -35,9 +36,27 @@ class SessiondbUnavailable(SessiondbError):
         super().__init__(None, "unavailable", message)
 
 
+MAX_ID_CHARS = 256
+
+
 def _segment(value: str) -> str:
     # Identifiers are single path segments: '/', '?', '%' and the rest are percent-encoded.
     return urllib.parse.quote(value, safe="")
+
+
+def joined_id(*parts: str) -> str:
+    """One identifier naming several strings: each percent-encoded, joined with ``/``, so no
+    two lists of parts give the same result (the TypeScript client derives the same)."""
+    return "/".join(_segment(p) for p in parts)
+
+
+def bounded_id(name: str, prefix: str = "") -> str:
+    """``prefix + name``, or ``prefix`` and a SHA-256 of it when that passes the API's 256
+    characters."""
+    name = prefix + name
+    if len(name) <= MAX_ID_CHARS:
+        return name
+    return prefix + "sha256-" + hashlib.sha256(name.encode()).hexdigest()
 
 
 class Client:

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
 import threading
-import urllib.parse
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
@@ -45,10 +43,9 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 
-from .client import Client, SessiondbError
+from .client import Client, SessiondbError, bounded_id, joined_id
 
 THREAD_KEY = "langgraphThread"
-MAX_ID_CHARS = 256
 _END = object()
 
 
@@ -110,25 +107,13 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
 
     # -- naming ------------------------------------------------------------------------------
 
-    def _bounded(self, name: str) -> str:
-        name = self.prefix + name
-        if len(name) <= MAX_ID_CHARS:
-            return name
-        return self.prefix + "sha256-" + hashlib.sha256(name.encode()).hexdigest()
-
     def _sessions(self, thread_id: str, checkpoint_ns: str) -> tuple[str, str]:
         """The checkpoint session and the side session of a thread's namespace."""
-        base = "/".join(urllib.parse.quote(p, safe="") for p in (thread_id, checkpoint_ns))
-        return self._bounded(base), self._bounded(base + "/writes")
+        base = joined_id(thread_id, checkpoint_ns)
+        return bounded_id(base, self.prefix), bounded_id(base + "/writes", self.prefix)
 
     def _owner(self, thread_id: str) -> str:
-        return self._bounded(thread_id)
-
-    @staticmethod
-    def _bounded_id(message_id: str) -> str:
-        if len(message_id) <= MAX_ID_CHARS:
-            return message_id
-        return "sha256-" + hashlib.sha256(message_id.encode()).hexdigest()
+        return bounded_id(thread_id, self.prefix)
 
     def _ensure_sessions(self, thread_id: str, checkpoint_ns: str) -> tuple[str, str]:
         """Creates the namespace's sessions with their owner the first time this saver writes
@@ -197,7 +182,7 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
                     _encode(self.serde.dumps_typed(value))]
                    for i, (channel, value) in enumerate(writes)]
         message = {
-            "id": self._bounded_id(f"{checkpoint_id}:{task_id}:{indexed[0][0]}"),
+            "id": bounded_id(f"{checkpoint_id}:{task_id}:{indexed[0][0]}"),
             "role": "writes",
             "content": {"taskId": task_id, "taskPath": task_path, "writes": indexed},
         }
@@ -209,7 +194,7 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
             except SessiondbError as error:
                 if error.code != "not_found":
                     raise
-        anchor = {"id": self._bounded_id(checkpoint_id), "role": "checkpoint",
+        anchor = {"id": bounded_id(checkpoint_id), "role": "checkpoint",
                   "content": {"checkpointId": checkpoint_id}}
         self.client.append_batch(side, [anchor, message], parent_id="")
 
@@ -299,7 +284,7 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
 
     def _writes_of(self, side: str, checkpoint_id: str) -> list[dict]:
         try:
-            return self.client.branches(side, self._bounded_id(checkpoint_id))
+            return self.client.branches(side, bounded_id(checkpoint_id))
         except SessiondbError as error:
             if error.code == "not_found":
                 return []
