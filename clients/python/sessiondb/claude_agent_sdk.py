@@ -181,8 +181,4 @@ class SessiondbSessionStore:
                                          "subpath": subpath})
                        for subpath in self._list_subkeys(key)]
         for session_id in doomed:
-            try:
-                self.client.delete_session(session_id)
-            except SessiondbError as error:
-                if error.code != "not_found":
-                    raise
+            self.client.delete_session(session_id, missing_ok=True)

@@ -224,8 +224,14 @@ class Client:
         ``settings``."""
         return self.request("PATCH", self._session_path(session_id), body=fields)
 
-    def delete_session(self, session_id: str) -> None:
-        self.request("DELETE", self._session_path(session_id))
+    def delete_session(self, session_id: str, missing_ok: bool = False) -> None:
+        """Deletes the session with its messages, compactions, state and context; a missing
+        one is a ``not_found`` error unless ``missing_ok``."""
+        try:
+            self.request("DELETE", self._session_path(session_id))
+        except SessiondbError as error:
+            if not (missing_ok and error.code == "not_found"):
+                raise
 
     def list_sessions(self, user_id: str | None = None, sort: str | None = None,
                       order: str | None = None, page_size: int = 100) -> Iterator[dict]:

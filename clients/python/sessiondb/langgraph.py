@@ -207,11 +207,7 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
         # The root namespace's sessions are deleted by name as well: if another process
         # deleted the thread while this saver went on writing, they exist without an owner.
         for session_id in doomed:
-            try:
-                self.client.delete_session(session_id)
-            except SessiondbError as error:
-                if error.code != "not_found":
-                    raise
+            self.client.delete_session(session_id, missing_ok=True)
         self._created -= doomed
 
     # -- reading -----------------------------------------------------------------------------

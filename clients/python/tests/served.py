@@ -10,6 +10,9 @@ import os
 import subprocess
 import tempfile
 import threading
+import unittest
+
+from sessiondb import Client
 
 
 class Served:
@@ -41,3 +44,17 @@ class Served:
         self.process.stderr.close()
         if self._tmp is not None and not keep_data:
             self._tmp.cleanup()
+
+
+class ServedTest(unittest.TestCase):
+    """Tests sharing one server, and a client of it, for the whole class."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.served = Served()
+        cls.client = Client(cls.served.url)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.served.stop()

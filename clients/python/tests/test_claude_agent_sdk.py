@@ -14,9 +14,8 @@ from unittest import mock
 
 import claude_agent_sdk as claude
 from claude_agent_sdk.testing import run_session_store_conformance
-from served import Served
+from served import ServedTest
 
-from sessiondb import Client
 from sessiondb.claude_agent_sdk import SessiondbSessionStore
 
 SESSION = "4f1c2a9e-7b3d-4c5e-9a8b-1d2e3f4a5b6c"
@@ -64,17 +63,11 @@ def run(coroutine):
     return asyncio.run(coroutine)
 
 
-class SessionStoreTest(unittest.TestCase):
+class SessionStoreTest(ServedTest):
     @classmethod
     def setUpClass(cls):
-        cls.served = Served()
-        cls.client = Client(cls.served.url)
+        super().setUpClass()
         cls.prefixes = (f"store-{n}:" for n in itertools.count())
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.client.close()
-        cls.served.stop()
 
     def store(self) -> SessiondbSessionStore:
         return SessiondbSessionStore(self.client, prefix=next(self.prefixes))

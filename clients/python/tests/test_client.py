@@ -5,22 +5,12 @@ from __future__ import annotations
 import socket
 import unittest
 
-from served import Served
+from served import Served, ServedTest
 
 from sessiondb import Client, SessiondbError, SessiondbUnavailable
 
 
-class ClientTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.served = Served()
-        cls.client = Client(cls.served.url)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.client.close()
-        cls.served.stop()
-
+class ClientTest(ServedTest):
     def test_messages_round_trip_and_page(self):
         c = self.client
         first = c.append("pages", {"role": "user", "content": "hello there"})

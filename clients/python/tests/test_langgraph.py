@@ -12,9 +12,8 @@ from typing import Annotated, TypedDict
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
-from served import Served
+from served import ServedTest
 
-from sessiondb import Client
 from sessiondb.langgraph import SessiondbSaver
 
 
@@ -48,17 +47,11 @@ def graph(checkpointer, *, ask: bool = False, quote_topic: bool = True):
     return builder.compile(checkpointer=checkpointer)
 
 
-class SaverTest(unittest.TestCase):
+class SaverTest(ServedTest):
     @classmethod
     def setUpClass(cls):
-        cls.served = Served()
-        cls.client = Client(cls.served.url)
+        super().setUpClass()
         cls.prefixes = (f"saver-{n}:" for n in itertools.count())
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.client.close()
-        cls.served.stop()
 
     def saver(self) -> SessiondbSaver:
         return SessiondbSaver(self.client, prefix=next(self.prefixes))

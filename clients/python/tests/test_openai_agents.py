@@ -16,7 +16,7 @@ from agents.memory import Session
 from agents.models.openai_responses import OpenAIResponsesModel
 from fake_responses import FakeResponses
 from openai import AsyncOpenAI
-from served import Served
+from served import Served, ServedTest
 
 from sessiondb import Client, SessiondbError
 from sessiondb.openai_agents import SessiondbSession
@@ -41,17 +41,7 @@ def run(coroutine):
     return asyncio.run(coroutine)
 
 
-class SessionProtocolTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.served = Served()
-        cls.client = Client(cls.served.url)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.client.close()
-        cls.served.stop()
-
+class SessionProtocolTest(ServedTest):
     def test_is_an_sdk_session(self):
         self.assertIsInstance(SessiondbSession("s", self.client), Session)
 
@@ -151,19 +141,9 @@ class SessionProtocolTest(unittest.TestCase):
             served.stop()
 
 
-class AgentRunTest(unittest.TestCase):
+class AgentRunTest(ServedTest):
     """`Runner.run` with a sessiondb session: the SDK loads the history from sessiondb before
     each turn and saves the turn's items after it."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.served = Served()
-        cls.client = Client(cls.served.url)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.client.close()
-        cls.served.stop()
 
     def setUp(self):
         self.model_api = FakeResponses()

@@ -5,29 +5,22 @@ import assert from 'node:assert/strict';
 import { mkdirSync, mkdtempSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 
 import * as claude from '@anthropic-ai/claude-agent-sdk';
 
-import { Client } from '../dist/index.js';
 import { SessiondbSessionStore } from '../dist/claude-agent-sdk.js';
-import { serve } from './served.mjs';
+import { sharedServer } from './served.mjs';
 
 const SESSION = '4f1c2a9e-7b3d-4c5e-9a8b-1d2e3f4a5b6c';
 const KEY = { projectKey: 'proj', sessionId: 'sess' };
 const e = (fields) => ({ type: 'x', ...fields });
 
-let served;
-let client;
+const shared = sharedServer();
 let stores = 0;
-before(async () => {
-  served = await serve();
-  client = new Client({ baseUrl: served.url });
-});
-after(() => served.stop());
 
 /** A store of its own (a fresh prefix), as each contract wants. */
-const fresh = () => new SessiondbSessionStore({ client, prefix: `store-${++stores}:` });
+const fresh = () => new SessiondbSessionStore({ client: shared.client, prefix: `store-${++stores}:` });
 
 test('append then load gives the entries back in order; unknown keys load null', async () => {
   let store = fresh();
@@ -93,7 +86,7 @@ test('keys that would collide or overflow an id stay apart', async () => {
   assert.deepEqual((await store.listSessions(keys[0].projectKey)).map((s) => s.sessionId), [SESSION]);
   assert.deepEqual((await store.listSessions('a')).map((s) => s.sessionId), ['b/c']);
   // The same id as the Python client derives for this key (urllib.parse.quote, safe="").
-  assert.equal((await client.getSession(`${store.prefix}it%27s/%28odd%29%21%2A`)).userId, `${store.prefix}it's`);
+  assert.equal((await shared.client.getSession(`${store.prefix}it%27s/%28odd%29%21%2A`)).userId, `${store.prefix}it's`);
 });
 
 function transcript(cwd) {
@@ -145,7 +138,7 @@ test("the SDK's store helpers read what the CLI wrote", async () => {
     await claude.deleteSession(SESSION, { dir: cwd, sessionStore });
     assert.deepEqual((await claude.listSessions({ dir: cwd, sessionStore })).map((s) => s.sessionId), [fork.sessionId]);
 
-    const hits = await client.search(`${sessionStore.prefix}${project.split('/').pop()}/${fork.sessionId}`, 'tokenizer');
+    const hits = await shared.client.search(`${sessionStore.prefix}${project.split('/').pop()}/${fork.sessionId}`, 'tokenizer');
     assert.equal(hits.length, 1, 'a transcript is a searchable conversation');
   } finally {
     if (previous === undefined) delete process.env.CLAUDE_CONFIG_DIR;

@@ -1,24 +1,12 @@
 // The HTTP client against a real server.
 import assert from 'node:assert/strict';
 import { createServer } from 'node:net';
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 
 import { Client, SessiondbError, SessiondbUnavailable } from '../dist/index.js';
-import { serve } from './served.mjs';
+import { all, serve, sharedServer } from './served.mjs';
 
-let served;
-let client;
-before(async () => {
-  served = await serve();
-  client = new Client({ baseUrl: served.url });
-});
-after(() => served.stop());
-
-async function all(iterable) {
-  const out = [];
-  for await (const x of iterable) out.push(x);
-  return out;
-}
+const shared = sharedServer();
 
 async function rejectsWith(promise, status, code) {
   await assert.rejects(promise, (error) => {
@@ -30,112 +18,112 @@ async function rejectsWith(promise, status, code) {
 }
 
 test('messages round trip and page', async () => {
-  const first = await client.append('pages', { role: 'user', content: 'hello there' });
+  const first = await shared.client.append('pages', { role: 'user', content: 'hello there' });
   assert.equal(first.inserted, true);
-  const again = await client.append('pages', { id: first.message.id, role: 'user', content: 'x' });
+  const again = await shared.client.append('pages', { id: first.message.id, role: 'user', content: 'x' });
   assert.equal(again.inserted, false, 'an existing id is not appended twice');
-  await client.appendBatch('pages', [0, 1, 2, 3, 4].map((i) => ({ role: 'assistant', content: `reply ${i}` })));
-  const page = await client.messages('pages', { limit: 4 });
+  await shared.client.appendBatch('pages', [0, 1, 2, 3, 4].map((i) => ({ role: 'assistant', content: `reply ${i}` })));
+  const page = await shared.client.messages('pages', { limit: 4 });
   assert.deepEqual(page.items.map((m) => m.content), ['hello there', 'reply 0', 'reply 1', 'reply 2']);
-  const rest = await client.messages('pages', { limit: 4, after: page.nextCursor });
+  const rest = await shared.client.messages('pages', { limit: 4, after: page.nextCursor });
   assert.deepEqual(rest.items.map((m) => m.content), ['reply 3', 'reply 4']);
-  const newest = await all(client.history('pages', { order: 'newest' }));
+  const newest = await all(shared.client.history('pages', { order: 'newest' }));
   assert.deepEqual(newest.map((m) => m.content), ['reply 4', 'reply 3', 'reply 2', 'reply 1', 'reply 0', 'hello there']);
-  assert.equal((await client.getMessage('pages', first.message.id)).content, 'hello there');
-  assert.equal((await client.getSession('pages')).messageCount, 6);
+  assert.equal((await shared.client.getMessage('pages', first.message.id)).content, 'hello there');
+  assert.equal((await shared.client.getSession('pages')).messageCount, 6);
 });
 
 test('history streams long conversations and stops early', async () => {
   const text = 'ü'.repeat(3000); // multi-byte characters across the stream's chunks
-  await client.appendBatch('long', Array.from({ length: 300 }, (_, i) => ({ role: 'user', content: `${i} ${text}` })));
-  const read = await all(client.history('long'));
+  await shared.client.appendBatch('long', Array.from({ length: 300 }, (_, i) => ({ role: 'user', content: `${i} ${text}` })));
+  const read = await all(shared.client.history('long'));
   assert.equal(read.length, 300);
   assert.ok(read.every((m, i) => m.content === `${i} ${text}`));
   let taken = 0;
-  for await (const m of client.history('long', { order: 'newest' })) {
+  for await (const m of shared.client.history('long', { order: 'newest' })) {
     assert.equal(m.content, `${299 - taken} ${text}`);
     if (++taken === 3) break;
   }
-  assert.equal((await client.getSession('long')).messageCount, 300, 'the server still answers');
+  assert.equal((await shared.client.getSession('long')).messageCount, 300, 'the server still answers');
 });
 
 test('branches, edits, deletes and search', async () => {
-  const root = (await client.append('tree', { role: 'user', content: 'which zebra is fastest' })).message;
-  const a = (await client.append('tree', { role: 'assistant', content: 'first answer' })).message;
-  const b = (await client.append('tree', { role: 'assistant', content: 'second answer' }, { parent: root.id })).message;
-  assert.deepEqual((await all(client.history('tree'))).map((m) => m.content), ['which zebra is fastest', 'second answer']);
-  assert.deepEqual((await all(client.history('tree', { leaf: a.id }))).map((m) => m.content), ['which zebra is fastest', 'first answer']);
-  await client.updateMessage('tree', b.id, { content: 'edited answer' });
-  assert.equal((await client.getMessage('tree', b.id)).content, 'edited answer');
-  assert.deepEqual((await client.search('tree', 'zebra')).map((h) => h.id), [root.id]);
-  await client.deleteMessage('tree', b.id);
-  await rejectsWith(client.getMessage('tree', b.id), 404, 'not_found');
-  await client.append('tree', { role: 'user', content: 'another root' }, { parent: null });
-  assert.deepEqual((await all(client.history('tree'))).map((m) => m.content), ['another root']);
-  await client.clear('tree');
-  assert.deepEqual(await all(client.history('tree')), []);
+  const root = (await shared.client.append('tree', { role: 'user', content: 'which zebra is fastest' })).message;
+  const a = (await shared.client.append('tree', { role: 'assistant', content: 'first answer' })).message;
+  const b = (await shared.client.append('tree', { role: 'assistant', content: 'second answer' }, { parent: root.id })).message;
+  assert.deepEqual((await all(shared.client.history('tree'))).map((m) => m.content), ['which zebra is fastest', 'second answer']);
+  assert.deepEqual((await all(shared.client.history('tree', { leaf: a.id }))).map((m) => m.content), ['which zebra is fastest', 'first answer']);
+  await shared.client.updateMessage('tree', b.id, { content: 'edited answer' });
+  assert.equal((await shared.client.getMessage('tree', b.id)).content, 'edited answer');
+  assert.deepEqual((await shared.client.search('tree', 'zebra')).map((h) => h.id), [root.id]);
+  await shared.client.deleteMessage('tree', b.id);
+  await rejectsWith(shared.client.getMessage('tree', b.id), 404, 'not_found');
+  await shared.client.append('tree', { role: 'user', content: 'another root' }, { parent: null });
+  assert.deepEqual((await all(shared.client.history('tree'))).map((m) => m.content), ['another root']);
+  await shared.client.clear('tree');
+  assert.deepEqual(await all(shared.client.history('tree')), []);
 });
 
 test('branches, export and whole-message replacement', async () => {
-  const root = (await client.append('tree2', { id: 'q', role: 'user', content: 'question' })).message;
-  await client.append('tree2', { id: 'r1', role: 'assistant', content: 'one' });
-  await client.append('tree2', { id: 'r2', role: 'assistant', content: 'two' }, { parent: root.id });
-  assert.deepEqual((await client.branches('tree2', 'q')).map((m) => m.id), ['r1', 'r2']);
-  await client.putState('tree2', 'k', 1);
-  const lines = await all(client.export('tree2'));
+  const root = (await shared.client.append('tree2', { id: 'q', role: 'user', content: 'question' })).message;
+  await shared.client.append('tree2', { id: 'r1', role: 'assistant', content: 'one' });
+  await shared.client.append('tree2', { id: 'r2', role: 'assistant', content: 'two' }, { parent: root.id });
+  assert.deepEqual((await shared.client.branches('tree2', 'q')).map((m) => m.id), ['r1', 'r2']);
+  await shared.client.putState('tree2', 'k', 1);
+  const lines = await all(shared.client.export('tree2'));
   assert.deepEqual(lines.filter((l) => l.message).map((l) => [l.message.id, l.parentId]), [['q', null], ['r1', 'q'], ['r2', 'q']]);
   assert.deepEqual(lines.filter((l) => l.state).map((l) => l.state), [{ key: 'k', value: 1 }]);
-  await client.replaceMessage('tree2', 'r1', { role: 'assistant', content: 'one, again' });
-  assert.equal((await client.getMessage('tree2', 'r1')).content, 'one, again');
-  await rejectsWith(client.replaceMessage('tree2', 'nope', { role: 'user', content: 'x' }), 404, 'not_found');
-  await client.replaceMessage('tree2', 'nope', { role: 'user', content: 'x' }, { upsert: true });
-  assert.equal((await client.getMessage('tree2', 'nope')).content, 'x');
+  await shared.client.replaceMessage('tree2', 'r1', { role: 'assistant', content: 'one, again' });
+  assert.equal((await shared.client.getMessage('tree2', 'r1')).content, 'one, again');
+  await rejectsWith(shared.client.replaceMessage('tree2', 'nope', { role: 'user', content: 'x' }), 404, 'not_found');
+  await shared.client.replaceMessage('tree2', 'nope', { role: 'user', content: 'x' }, { upsert: true });
+  assert.equal((await shared.client.getMessage('tree2', 'nope')).content, 'x');
 });
 
 test('identifiers are single path segments', async () => {
   for (const sid of ['a/b', 'what?x=1', '100% sure', '日本語 ✓', '...', '#frag', "it's (odd)!*"]) {
-    await client.append(sid, { role: 'user', content: sid });
-    assert.equal((await client.getSession(sid)).id, sid);
-    assert.deepEqual((await all(client.history(sid))).map((m) => m.content), [sid]);
-    await client.putState(sid, 'k/ey', { v: sid });
-    assert.deepEqual(await client.getState(sid, 'k/ey'), { v: sid });
+    await shared.client.append(sid, { role: 'user', content: sid });
+    assert.equal((await shared.client.getSession(sid)).id, sid);
+    assert.deepEqual((await all(shared.client.history(sid))).map((m) => m.content), [sid]);
+    await shared.client.putState(sid, 'k/ey', { v: sid });
+    assert.deepEqual(await shared.client.getState(sid, 'k/ey'), { v: sid });
   }
   // fetch would resolve these segments and reach another route: refused before sending.
   for (const sid of ['.', '..']) {
-    await assert.rejects(client.append(sid, { role: 'user', content: 'x' }), (e) => e.code === 'invalid_request' && e.status === undefined);
-    await assert.rejects(client.getState('fine', sid), (e) => e.code === 'invalid_request');
+    await assert.rejects(shared.client.append(sid, { role: 'user', content: 'x' }), (e) => e.code === 'invalid_request' && e.status === undefined);
+    await assert.rejects(shared.client.getState('fine', sid), (e) => e.code === 'invalid_request');
   }
-  assert.deepEqual(await all(client.history('messages')), [], 'nothing reached a session the dots would name');
+  assert.deepEqual(await all(shared.client.history('messages')), [], 'nothing reached a session the dots would name');
 });
 
 test('sessions, state and compaction', async () => {
-  assert.equal((await client.createSession({ id: 'listed-1', name: 'one', userId: 'ada' })).name, 'one');
-  await rejectsWith(client.createSession({ id: 'listed-1' }), 409, 'conflict');
-  for (let i = 2; i <= 5; i++) await client.createSession({ id: `listed-${i}`, userId: 'ada' });
-  const listed = await all(client.listSessions({ userId: 'ada', pageSize: 2 }));
+  assert.equal((await shared.client.createSession({ id: 'listed-1', name: 'one', userId: 'ada' })).name, 'one');
+  await rejectsWith(shared.client.createSession({ id: 'listed-1' }), 409, 'conflict');
+  for (let i = 2; i <= 5; i++) await shared.client.createSession({ id: `listed-${i}`, userId: 'ada' });
+  const listed = await all(shared.client.listSessions({ userId: 'ada', pageSize: 2 }));
   assert.deepEqual(listed.map((s) => s.id).sort(), ['listed-1', 'listed-2', 'listed-3', 'listed-4', 'listed-5']);
-  assert.deepEqual((await client.updateSession('listed-1', { metadata: { topic: 'x' } })).metadata, { topic: 'x' });
+  assert.deepEqual((await shared.client.updateSession('listed-1', { metadata: { topic: 'x' } })).metadata, { topic: 'x' });
 
-  await rejectsWith(client.getState('listed-1', 'missing'), 404, 'not_found');
-  await client.putState('listed-1', 'plan', [1, { step: 'two' }]);
-  await client.putState('listed-1', 'nothing', null);
-  assert.deepEqual(await client.allState('listed-1'), { plan: [1, { step: 'two' }], nothing: null });
-  await client.deleteState('listed-1', 'plan');
-  assert.deepEqual(await client.allState('listed-1'), { nothing: null });
+  await rejectsWith(shared.client.getState('listed-1', 'missing'), 404, 'not_found');
+  await shared.client.putState('listed-1', 'plan', [1, { step: 'two' }]);
+  await shared.client.putState('listed-1', 'nothing', null);
+  assert.deepEqual(await shared.client.allState('listed-1'), { plan: [1, { step: 'two' }], nothing: null });
+  await shared.client.deleteState('listed-1', 'plan');
+  assert.deepEqual(await shared.client.allState('listed-1'), { nothing: null });
 
   const ids = [];
-  for (let i = 0; i < 4; i++) ids.push((await client.append('listed-1', { role: 'user', content: `turn ${i}` })).message.id);
-  await client.addCompaction('listed-1', { summary: 'turns zero and one', fromMessageId: ids[0], toMessageId: ids[1] });
-  const shown = await all(client.history('listed-1'));
+  for (let i = 0; i < 4; i++) ids.push((await shared.client.append('listed-1', { role: 'user', content: `turn ${i}` })).message.id);
+  await shared.client.addCompaction('listed-1', { summary: 'turns zero and one', fromMessageId: ids[0], toMessageId: ids[1] });
+  const shown = await all(shared.client.history('listed-1'));
   assert.deepEqual(shown.map((m) => m.content ?? m.parts[0].text), ['turns zero and one', 'turn 2', 'turn 3']);
-  await client.deleteSession('listed-1');
-  await rejectsWith(client.getSession('listed-1'), 404, 'not_found');
+  await shared.client.deleteSession('listed-1');
+  await rejectsWith(shared.client.getSession('listed-1'), 404, 'not_found');
 });
 
 test('errors are typed', async () => {
-  await rejectsWith(client.messages('any', { limit: 1000 }), 400, 'invalid_request');
-  await assert.rejects(client.append('any', { content: 'no role' }), (e) => e.code === 'invalid_request' && /role/.test(e.message));
-  await rejectsWith(client.append('x'.repeat(300), { role: 'user', content: 'id too long' }), 400, 'invalid_request');
+  await rejectsWith(shared.client.messages('any', { limit: 1000 }), 400, 'invalid_request');
+  await assert.rejects(shared.client.append('any', { content: 'no role' }), (e) => e.code === 'invalid_request' && /role/.test(e.message));
+  await rejectsWith(shared.client.append('x'.repeat(300), { role: 'user', content: 'id too long' }), 400, 'invalid_request');
 });
 
 test('an unreachable server is its own error', async () => {

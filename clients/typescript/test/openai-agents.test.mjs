@@ -1,16 +1,16 @@
 // The OpenAI Agents SDK session on a real server, with the real SDK (@openai/agents from npm) and
 // a local stand-in for the model API.
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 
 import { Agent, MemorySession, OpenAIResponsesModel, run, setTracingDisabled, tool } from '@openai/agents';
 import OpenAI from 'openai';
 import { z } from 'zod';
 
-import { Client, SessiondbError } from '../dist/index.js';
+import { SessiondbError } from '../dist/index.js';
 import { SessiondbSession } from '../dist/openai-agents.js';
 import { fakeResponses } from './fake-responses.mjs';
-import { serve } from './served.mjs';
+import { all, sharedServer } from './served.mjs';
 
 setTracingDisabled(true);
 
@@ -25,22 +25,10 @@ const ITEMS = [
   { role: 'system', content: 'be brief' },
 ];
 
-let served;
-let client;
-before(async () => {
-  served = await serve();
-  client = new Client({ baseUrl: served.url });
-});
-after(() => served.stop());
-
-async function all(iterable) {
-  const out = [];
-  for await (const x of iterable) out.push(x);
-  return out;
-}
+const shared = sharedServer();
 
 test('items round trip exactly', async () => {
-  const session = new SessiondbSession({ client, sessionId: 'round-trip' });
+  const session = new SessiondbSession({ client: shared.client, sessionId: 'round-trip' });
   assert.equal(await session.getSessionId(), 'round-trip');
   await session.addItems(ITEMS.slice(0, 3));
   await session.addItems(ITEMS.slice(3));
@@ -48,22 +36,22 @@ test('items round trip exactly', async () => {
   assert.deepEqual(await session.getItems(2), ITEMS.slice(-2));
   assert.deepEqual(await session.getItems(100), ITEMS);
   assert.deepEqual(await session.getItems(0), []);
-  assert.deepEqual(await new SessiondbSession({ client, sessionId: 'round-trip', limit: 3 }).getItems(), ITEMS.slice(-3));
+  assert.deepEqual(await new SessiondbSession({ client: shared.client, sessionId: 'round-trip', limit: 3 }).getItems(), ITEMS.slice(-3));
 });
 
 test('stored messages are ordinary messages', async () => {
-  await new SessiondbSession({ client, sessionId: 'stored' }).addItems(ITEMS);
-  const stored = await all(client.history('stored'));
+  await new SessiondbSession({ client: shared.client, sessionId: 'stored' }).addItems(ITEMS);
+  const stored = await all(shared.client.history('stored'));
   assert.deepEqual(stored.map((m) => m.role), ['user', 'user', 'assistant', 'assistant', 'tool', 'assistant', 'system']);
   assert.equal(stored[0].content, 'What is the weather in Paris?');
   assert.equal(stored[0].metadata, undefined, 'a plain message item needs nothing extra');
   assert.deepEqual(stored[5].metadata, { openaiItem: { type: 'message', id: 'msg_1', status: 'completed' } });
   assert.deepEqual(stored[3].metadata, { openaiItem: 'content' });
-  assert.deepEqual((await client.search('stored', 'weather')).map((h) => h.content), ['What is the weather in Paris?']);
+  assert.deepEqual((await shared.client.search('stored', 'weather')).map((h) => h.content), ['What is the weather in Paris?']);
 });
 
 test('pop and clear', async () => {
-  const session = new SessiondbSession({ client, sessionId: 'pop' });
+  const session = new SessiondbSession({ client: shared.client, sessionId: 'pop' });
   assert.equal(await session.popItem(), undefined);
   await session.addItems(ITEMS.slice(0, 4));
   assert.deepEqual(await session.popItem(), ITEMS[3]);
@@ -77,7 +65,7 @@ test('pop and clear', async () => {
 });
 
 test('addItems stores all or nothing', async () => {
-  const session = new SessiondbSession({ client, sessionId: 'atomic' });
+  const session = new SessiondbSession({ client: shared.client, sessionId: 'atomic' });
   await session.addItems(ITEMS.slice(0, 1));
   await assert.rejects(session.addItems([ITEMS[1], { role: 'user\u0000', content: 'a NUL in the role' }]),
     (e) => e instanceof SessiondbError && e.code === 'invalid_request');
@@ -85,10 +73,10 @@ test('addItems stores all or nothing', async () => {
 });
 
 test('compactions show their summary', async () => {
-  const session = new SessiondbSession({ client, sessionId: 'compacted' });
+  const session = new SessiondbSession({ client: shared.client, sessionId: 'compacted' });
   await session.addItems(ITEMS);
-  const ids = (await all(client.history('compacted'))).map((m) => m.id);
-  await client.addCompaction('compacted', { summary: 'Asked about the weather in Paris.', fromMessageId: ids[0], toMessageId: ids[4] });
+  const ids = (await all(shared.client.history('compacted'))).map((m) => m.id);
+  await shared.client.addCompaction('compacted', { summary: 'Asked about the weather in Paris.', fromMessageId: ids[0], toMessageId: ids[4] });
   assert.deepEqual(await session.getItems(), [{ role: 'assistant', content: 'Asked about the weather in Paris.' }, ...ITEMS.slice(5)]);
 });
 
@@ -122,7 +110,7 @@ async function twoRuns(session) {
 
 test('runs with tool calls keep what an in-memory session keeps', async () => {
   const reference = await twoRuns(new MemorySession());
-  const kept = await twoRuns(new SessiondbSession({ client, sessionId: 'agent-tools' }));
+  const kept = await twoRuns(new SessiondbSession({ client: shared.client, sessionId: 'agent-tools' }));
   assert.deepEqual(kept.outputs, ['It is sunny in Rome.', 'You asked about Rome.']);
   assert.deepEqual(kept.calls, ['Rome']);
   assert.equal(kept.inputs.length, 3);
@@ -131,6 +119,6 @@ test('runs with tool calls keep what an in-memory session keeps', async () => {
   assert.equal(sent[2].call_id, 'call_rome');
   assert.deepEqual(kept.inputs, reference.inputs, 'the model saw the same conversation');
   assert.deepEqual(kept.items, reference.items, 'the sessions hold the same items');
-  const stored = await all(client.history('agent-tools'));
+  const stored = await all(shared.client.history('agent-tools'));
   assert.deepEqual(stored.map((m) => m.role), ['user', 'assistant', 'tool', 'assistant', 'user', 'assistant']);
 });

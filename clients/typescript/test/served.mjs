@@ -6,6 +6,9 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
+import { after, before } from 'node:test';
+
+import { Client } from '../dist/index.js';
 
 export async function serve(...args) {
   const binary = process.env.SESSIONDB_BIN;
@@ -31,4 +34,24 @@ export async function serve(...args) {
       rmSync(data, { recursive: true, force: true });
     },
   };
+}
+
+/**
+ * One server for the whole test file, and a client of it: `shared.client` once `before` ran.
+ */
+export function sharedServer() {
+  const shared = {};
+  before(async () => {
+    shared.served = await serve();
+    shared.client = new Client({ baseUrl: shared.served.url });
+  });
+  after(() => shared.served.stop());
+  return shared;
+}
+
+/** Everything an async iterable yields. */
+export async function all(iterable) {
+  const out = [];
+  for await (const x of iterable) out.push(x);
+  return out;
 }
