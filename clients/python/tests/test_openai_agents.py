@@ -8,6 +8,7 @@ import base64
 import contextlib
 import io
 import pathlib
+import time
 import unittest
 
 from agents import (Agent, Runner, SessionSettings, function_tool, set_default_openai_api,
@@ -54,8 +55,8 @@ class SessionProtocolTest(ServedTest):
         self.assertEqual(run(session.get_items(limit=100)), ITEMS)
         self.assertEqual(run(session.get_items(limit=0)), [])
         # Another client of the same server sees the same conversation.
-        other = SessiondbSession("round-trip", Client(self.served.url))
-        self.assertEqual(run(other.get_items()), ITEMS)
+        with Client(self.served.url) as other:
+            self.assertEqual(run(SessiondbSession("round-trip", other).get_items()), ITEMS)
 
     def test_images_round_trip_exactly(self):
         image = "data:image/png;base64," + base64.b64encode(bytes(range(256)) * 40).decode()
@@ -126,6 +127,35 @@ class SessionProtocolTest(ServedTest):
                           *ITEMS[5:]])
         self.assertEqual(len(self.client.messages("compacted", limit=100)["items"]), len(ITEMS),
                          "compaction hides messages from the model, it deletes none")
+
+    def test_auto_compaction_shortens_what_the_model_is_sent(self):
+        """With `compactAfter` on the session, the server summarises the middle of a long
+        conversation by itself; the SDK then gets the summary in place of those items, while
+        every item stays stored."""
+        self.client.create_session("auto-compacted")
+        self.client.update_session("auto-compacted",
+                                   settings={"compactAfter": 1500, "keepRecentTokens": 300})
+        session = SessiondbSession("auto-compacted", self.client)
+        added = []
+        for turn in range(25):
+            items = [{"role": "user", "content": f"question {turn}: " + "why " * 40},
+                     {"role": "assistant", "content": f"answer {turn}: " + "because " * 40}]
+            run(session.add_items(items))
+            added += items
+        shown = run(session.get_items())
+        for _ in range(100):  # the server may still be summarising the last append
+            if len(shown) < len(added):
+                break
+            time.sleep(0.02)
+            shown = run(session.get_items())
+        self.assertLess(len(shown), len(added) // 2)
+        self.assertEqual(shown[:3], added[:3], "the first messages stay")
+        self.assertEqual(shown[-2:], added[-2:], "the most recent turn stays")
+        summaries = [item for item in shown if item not in added]
+        self.assertGreaterEqual(len(summaries), 1)
+        self.assertTrue(all(item["role"] == "assistant" for item in summaries), summaries)
+        self.assertEqual(len(self.client.messages("auto-compacted", limit=100)["items"]),
+                         len(added), "nothing is deleted")
 
     def test_items_survive_a_server_kill(self):
         served = Served()
