@@ -289,8 +289,8 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
              before: RunnableConfig | None = None, limit: int | None = None
              ) -> Iterator[CheckpointTuple]:
-        """Checkpoints newest first: of one namespace of a thread, of every namespace of a thread
-        (``checkpoint_ns`` absent), or of every thread (``config`` ``None``)."""
+        """Checkpoints newest first: of one thread or of every thread (no ``thread_id``, or
+        ``config`` ``None``), in one namespace or in every namespace (no ``checkpoint_ns``)."""
         configurable = (config or {}).get("configurable", {})
         before_id = get_checkpoint_id(before) if before else None
         wanted_id = configurable.get("checkpoint_id")
@@ -338,6 +338,8 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
             if not isinstance(stored, dict) or session["id"].endswith("/writes"):
                 continue
             if thread_id is not None and stored.get("threadId") != thread_id:
+                continue
+            if "checkpoint_ns" in configurable and stored.get("checkpointNs") != configurable["checkpoint_ns"]:
                 continue
             if not session["id"].startswith(self.prefix):
                 continue

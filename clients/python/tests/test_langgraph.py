@@ -9,6 +9,7 @@ import operator
 import unittest
 from typing import Annotated, TypedDict
 
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
@@ -126,6 +127,27 @@ class SaverTest(ServedTest):
         self.assertLess(self.client.get_session(checkpoints)["contentBytes"], 150_000)
         topic = SessiondbSaver(self.client, prefix=saver.prefix).get_tuple(config)
         self.assertEqual(topic.checkpoint["channel_values"]["topic"], "a" * 50_000)
+
+    def test_list_narrows_by_thread_and_namespace(self):
+        saver = self.saver()
+        for thread in ["list-a", "list-b"]:
+            for namespace in ["", "child:1"]:
+                config = {"configurable": {"thread_id": thread, "checkpoint_ns": namespace}}
+                saver.put(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
+
+        def where(config):
+            return sorted((t.config["configurable"]["thread_id"],
+                           t.config["configurable"]["checkpoint_ns"]) for t in saver.list(config))
+
+        both = [("list-a", ""), ("list-a", "child:1"), ("list-b", ""), ("list-b", "child:1")]
+        self.assertEqual(where(None), both)
+        self.assertEqual(where({"configurable": {}}), both)
+        self.assertEqual(where({"configurable": {"checkpoint_ns": "child:1"}}),
+                         [("list-a", "child:1"), ("list-b", "child:1")])
+        self.assertEqual(where({"configurable": {"thread_id": "list-b"}}),
+                         [("list-b", ""), ("list-b", "child:1")])
+        self.assertEqual(where({"configurable": {"thread_id": "list-b", "checkpoint_ns": ""}}),
+                         [("list-b", "")])
 
     def test_delete_thread_removes_every_namespace(self):
         config = {"configurable": {"thread_id": "gone-1"}}

@@ -12,13 +12,14 @@
  * `listSessionSummaries` is not implemented: its sidecar needs a read-fold-write that no other
  * writer interleaves, which several processes sharing one server cannot promise.
  */
-import { createHash } from 'node:crypto';
 import type { SessionKey, SessionStore, SessionStoreEntry } from '@anthropic-ai/claude-agent-sdk';
 
 import {
   Client,
+  MAX_ID_CHARS,
   SessiondbError,
-  quoteSegment,
+  boundedId,
+  joinedId,
   type Json,
   type MessageInput,
   type SessionRecord,
@@ -28,7 +29,6 @@ import {
 export const ENTRY_KEY = 'claudeEntry';
 export const SESSION_KEY = 'claudeSessionKey';
 const WHOLE_ENTRY = 'content';
-const MAX_ID_CHARS = 256;
 
 type Entry = { [key: string]: Json };
 type StoredKey = { projectKey: string; sessionId: string; subpath?: string };
@@ -101,19 +101,12 @@ export class SessiondbSessionStore implements SessionStore {
     this.prefix = options.prefix ?? '';
   }
 
-  private bounded(name: string): string {
-    const full = this.prefix + name;
-    if ([...full].length <= MAX_ID_CHARS) return full;
-    return `${this.prefix}sha256-${createHash('sha256').update(full, 'utf8').digest('hex')}`;
-  }
-
   private sessionIdOf(key: SessionKey): string {
-    const parts = [key.projectKey, key.sessionId, ...(key.subpath ? [key.subpath] : [])];
-    return this.bounded(parts.map(quoteSegment).join('/'));
+    return boundedId(joinedId(key.projectKey, key.sessionId, ...(key.subpath ? [key.subpath] : [])), this.prefix);
   }
 
   private owner(projectKey: string): string {
-    return this.bounded(projectKey);
+    return boundedId(projectKey, this.prefix);
   }
 
   /** Every session of the project with its stored key, subagent transcripts included. */
@@ -188,11 +181,7 @@ export class SessiondbSessionStore implements SessionStore {
       }
     }
     for (const sessionId of doomed) {
-      try {
-        await this.client.deleteSession(sessionId);
-      } catch (error) {
-        if (!(error instanceof SessiondbError && error.code === 'not_found')) throw error;
-      }
+      await this.client.deleteSession(sessionId, { missingOk: true });
     }
   }
 }

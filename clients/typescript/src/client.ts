@@ -1,4 +1,5 @@
 /** A client for the sessiondb HTTP API (Node 20's `fetch`, no dependencies). */
+import { createHash } from 'node:crypto';
 
 export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 
@@ -113,6 +114,23 @@ export function quoteSegment(value: string): string {
   );
 }
 
+export const MAX_ID_CHARS = 256;
+
+/**
+ * One identifier naming several strings: each percent-encoded, joined with `/`, so no two lists
+ * of parts give the same result (the Python client derives the same).
+ */
+export function joinedId(...parts: string[]): string {
+  return parts.map(quoteSegment).join('/');
+}
+
+/** `prefix + name`, or `prefix` and a SHA-256 of it when that passes the API's 256 characters. */
+export function boundedId(name: string, prefix = ''): string {
+  const full = prefix + name;
+  if ([...full].length <= MAX_ID_CHARS) return full;
+  return `${prefix}sha256-${createHash('sha256').update(full, 'utf8').digest('hex')}`;
+}
+
 /**
  * The sessiondb HTTP API. Methods map one to one to the API's routes and resolve to its JSON;
  * routes without a method are reached with {@link Client.request}.
@@ -203,8 +221,13 @@ export class Client {
     return this.request('PATCH', this.sessionPath(sessionId), { body: fields });
   }
 
-  async deleteSession(sessionId: string): Promise<void> {
-    await this.request('DELETE', this.sessionPath(sessionId));
+  /** Deletes the session and all it holds; a missing one is `not_found` unless `missingOk`. */
+  async deleteSession(sessionId: string, options: { missingOk?: boolean } = {}): Promise<void> {
+    try {
+      await this.request('DELETE', this.sessionPath(sessionId));
+    } catch (error) {
+      if (!(options.missingOk && error instanceof SessiondbError && error.code === 'not_found')) throw error;
+    }
   }
 
   /** Every session of the namespace, following the listing's cursors page after page. */

@@ -1,7 +1,9 @@
-//! The Python client and its framework adapters (`clients/python`): their unittest suite runs
-//! against the `sessiondb` binary cargo built, with the OpenAI Agents SDK and the Claude Agent
-//! SDK from PyPI installed into a virtualenv that is cached under cargo's target directory. Without `python3` (and its `venv`
-//! module) the test fails: `.ci/run` installs them.
+//! The Python and TypeScript clients and their framework adapters (`clients/`): each client's
+//! suite runs against the `sessiondb` binary cargo built, with the OpenAI Agents SDK, the Claude
+//! Agent SDK and LangGraph from PyPI (into a virtualenv cached under cargo's target directory)
+//! and from npm (`npm ci` into the package's `node_modules`, again only when its lock file
+//! changed), including LangGraph's own checkpointer conformance suites. Without `python3` (and
+//! its `venv` module) or `node` and `npm` the tests fail: `.ci/run` installs them.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -57,26 +59,48 @@ fn typescript_client_suite_passes_against_the_server() {
     );
     assert!(report.contains("\n# fail 0"), "{report}");
     assert!(!report.contains("\n# pass 0"), "{report}");
+
+    // LangGraph.js's checkpointer specification is written for vitest.
+    let spec = Command::new("node_modules/.bin/vitest")
+        .args(["run", "--globals", "test/langgraph.spec.mjs"])
+        .current_dir(&package)
+        .env("SESSIONDB_BIN", env!("CARGO_BIN_EXE_sessiondb"))
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run LangGraph's checkpointer specification");
+    let report = String::from_utf8_lossy(&spec.stdout);
+    assert!(
+        spec.status.success(),
+        "LangGraph's specification failed:\n{report}"
+    );
+    let summary = report
+        .lines()
+        .find(|l| l.trim_start().starts_with("Tests"))
+        .unwrap_or("");
+    assert!(
+        summary.contains(" passed (") && !summary.contains("failed"),
+        "{report}"
+    );
 }
 
 fn clients_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../clients")
 }
 
-/// `npm ci` (without optional packages: the Claude SDK's is a 400 MB binary the tests do not
-/// run) unless `node_modules` was installed from this very lock file.
+/// `npm ci` unless `node_modules` was installed from this very lock file. Optional packages
+/// come too (vitest needs its platform's native bundler; the Claude SDK's optional Claude Code
+/// binary, 400 MB, comes along unused).
 fn install_node_modules(package: &Path) {
-    let lock = std::fs::read(package.join("package-lock.json")).unwrap();
+    const NPM_CI: [&str; 3] = ["ci", "--no-audit", "--no-fund"];
+    // The stamp names the command too: the same lock installed another way is not the same tree.
+    let mut installed_from = std::fs::read(package.join("package-lock.json")).unwrap();
+    installed_from.extend_from_slice(NPM_CI.join(" ").as_bytes());
     let stamp = package.join("node_modules/.installed-from-lock");
-    if std::fs::read(&stamp).is_ok_and(|installed| installed == lock) {
+    if std::fs::read(&stamp).is_ok_and(|installed| installed == installed_from) {
         return;
     }
-    must_run(
-        Command::new("npm")
-            .args(["ci", "--omit=optional", "--no-audit", "--no-fund"])
-            .current_dir(package),
-    );
-    std::fs::write(stamp, lock).unwrap();
+    must_run(Command::new("npm").args(NPM_CI).current_dir(package));
+    std::fs::write(stamp, installed_from).unwrap();
 }
 
 /// The Python of a virtualenv holding `requirements`, made once per content of that file. It is

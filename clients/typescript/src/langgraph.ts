@@ -1,0 +1,390 @@
+/**
+ * LangGraph.js's checkpointer on sessiondb: `graph.compile({ checkpointer: new SessiondbSaver({
+ * client }) })`. The same layout as the Python client's `SessiondbSaver`:
+ *
+ * - each (`thread_id`, `checkpoint_ns`) is a checkpoint session, whose message tree is the
+ *   checkpoint tree (each checkpoint appended under its parent, so a replay is a branch and the
+ *   newest checkpoint is the active leaf), and a side session (`…/writes`) holding pending writes
+ *   as messages under a root message named after their checkpoint;
+ * - a checkpoint message holds the checkpoint without its channel values, its metadata, the
+ *   parent's id, the values of the channels it changed (`newVersions`) and for every channel the
+ *   id of the checkpoint holding its value at this version, so a value is stored once, by the
+ *   checkpoint that changed it;
+ * - both sessions are recorded for the user `prefix + thread_id`, which `deleteThread` lists.
+ *
+ * A checkpoint is one append, stored whole or not at all. Checkpoint messages never change, so
+ * the saver keeps recently written and read ones in memory and asks the server only for what it
+ * lacks.
+ */
+import type { RunnableConfig } from '@langchain/core/runnables';
+import {
+  BaseCheckpointSaver,
+  TASKS,
+  WRITES_IDX_MAP,
+  compareWritesSortKeys,
+  getCheckpointId,
+  maxChannelVersion,
+  writesSortKey,
+  type ChannelVersions,
+  type Checkpoint,
+  type CheckpointListOptions,
+  type CheckpointMetadata,
+  type CheckpointTuple,
+  type PendingWrite,
+  type SerializerProtocol,
+} from '@langchain/langgraph-checkpoint';
+
+import { Client, SessiondbError, boundedId, joinedId, type Json } from './client.js';
+
+export const THREAD_KEY = 'langgraphThread';
+
+type Stored = { type: string; data?: string };
+type Value = Stored & { version: string | number };
+/** What a checkpoint message holds. */
+type Content = {
+  checkpoint: Stored;
+  metadata: Stored;
+  parentCheckpointId: string | null;
+  values: Record<string, Value>;
+  holders: Record<string, [string, string | number]>;
+};
+type WritesContent = { taskId: string; taskPath: string; writes: Array<[number, string, Stored]> };
+
+const NO_CONTENT: Pick<Content, 'values' | 'holders'> = { values: {}, holders: {} };
+
+/** Checkpoint contents by session and id, least recently used dropped first past a byte budget. */
+class Contents {
+  private held = 0;
+  private readonly entries = new Map<string, { content: Content; size: number }>();
+
+  constructor(private readonly budget: number) {}
+
+  get(session: string, id: string): Content | undefined {
+    const key = `${session}\n${id}`;
+    const entry = this.entries.get(key);
+    if (entry === undefined) return undefined;
+    this.entries.delete(key);
+    this.entries.set(key, entry);
+    return entry.content;
+  }
+
+  put(session: string, id: string, content: Content): void {
+    const key = `${session}\n${id}`;
+    if (this.entries.has(key)) return;
+    const size = Object.values(content.values).reduce((sum, v) => sum + (v.data?.length ?? 0), 512);
+    this.entries.set(key, { content, size });
+    this.held += size;
+    for (const [oldest, entry] of this.entries) {
+      if (this.held <= this.budget) break;
+      this.entries.delete(oldest);
+      this.held -= entry.size;
+    }
+  }
+}
+
+export interface SessiondbSaverOptions {
+  client: Client;
+  /** Put before every session id and owner the saver writes. */
+  prefix?: string;
+  serde?: SerializerProtocol;
+  /** Memory for recently written and read checkpoints, in bytes of their values (32 MiB). */
+  cacheBytes?: number;
+}
+
+/**
+ * A LangGraph.js checkpointer keeping threads on the sessiondb server behind `client`. Each
+ * checkpoint and each `putWrites` call is a message, so a thread holds at most the server's
+ * `--max-messages-per-session` of them (10,000 by default) per namespace.
+ */
+export class SessiondbSaver extends BaseCheckpointSaver {
+  readonly client: Client;
+  readonly prefix: string;
+  private readonly contents: Contents;
+  private readonly created = new Set<string>();
+
+  constructor(options: SessiondbSaverOptions) {
+    super(options.serde);
+    this.client = options.client;
+    this.prefix = options.prefix ?? '';
+    this.contents = new Contents(options.cacheBytes ?? 32 << 20);
+  }
+
+  /** The checkpoint session and the side session of a thread's namespace. */
+  private sessionsOf(threadId: string, checkpointNs: string): [string, string] {
+    const base = joinedId(threadId, checkpointNs);
+    return [boundedId(base, this.prefix), boundedId(`${base}/writes`, this.prefix)];
+  }
+
+  private owner(threadId: string): string {
+    return boundedId(threadId, this.prefix);
+  }
+
+  /** Creates the namespace's sessions with their owner the first time this saver writes there. */
+  private async ensureSessions(threadId: string, checkpointNs: string): Promise<[string, string]> {
+    const sessions = this.sessionsOf(threadId, checkpointNs);
+    for (const id of sessions) {
+      if (this.created.has(id)) continue;
+      try {
+        await this.client.createSession({
+          id,
+          userId: this.owner(threadId),
+          metadata: { [THREAD_KEY]: { threadId, checkpointNs } },
+        });
+      } catch (error) {
+        if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
+      }
+      this.created.add(id);
+    }
+    return sessions;
+  }
+
+  private async encode(value: unknown): Promise<Stored> {
+    const [type, bytes] = await this.serde.dumpsTyped(value);
+    return { type, data: Buffer.from(bytes).toString('base64') };
+  }
+
+  private async decode(stored: Stored): Promise<unknown> {
+    return this.serde.loadsTyped(stored.type, new Uint8Array(Buffer.from(stored.data ?? '', 'base64')));
+  }
+
+  async put(
+    config: RunnableConfig,
+    checkpoint: Checkpoint,
+    metadata: CheckpointMetadata,
+    newVersions: ChannelVersions,
+  ): Promise<RunnableConfig> {
+    const threadId = config.configurable?.thread_id as string | undefined;
+    if (threadId === undefined) throw new Error('a checkpoint needs `configurable.thread_id`');
+    const checkpointNs = (config.configurable?.checkpoint_ns as string | undefined) ?? '';
+    const parentId = (config.configurable?.checkpoint_id as string | undefined) ?? null;
+    const [checkpoints] = await this.ensureSessions(threadId, checkpointNs);
+
+    const values: Record<string, Value> = {};
+    for (const [channel, version] of Object.entries(newVersions)) {
+      const stored = channel in checkpoint.channel_values
+        ? await this.encode((checkpoint.channel_values as Record<string, unknown>)[channel])
+        : { type: 'empty' };
+      values[channel] = { version, ...stored };
+    }
+    const inherited = parentId ? (await this.content(checkpoints, parentId)).holders : {};
+    const holders: Content['holders'] = {};
+    for (const [channel, version] of Object.entries(checkpoint.channel_versions)) {
+      if (channel in values) holders[channel] = [checkpoint.id, version];
+      else if (channel in inherited) holders[channel] = inherited[channel];
+    }
+    const { channel_values: _values, ...skeleton } = checkpoint;
+    const content: Content = {
+      checkpoint: await this.encode(skeleton),
+      metadata: await this.encode(metadata),
+      parentCheckpointId: parentId,
+      values,
+      holders,
+    };
+    await this.client.append(
+      checkpoints,
+      { id: checkpoint.id, role: 'checkpoint', content: content as unknown as Json },
+      { parent: parentId },
+    );
+    this.contents.put(checkpoints, checkpoint.id, content);
+    return { configurable: { thread_id: threadId, checkpoint_ns: checkpointNs, checkpoint_id: checkpoint.id } };
+  }
+
+  async putWrites(config: RunnableConfig, writes: PendingWrite[], taskId: string, taskPath = ''): Promise<void> {
+    const threadId = config.configurable?.thread_id as string | undefined;
+    const checkpointId = config.configurable?.checkpoint_id as string | undefined;
+    if (threadId === undefined || !checkpointId) {
+      throw new Error('pending writes need `configurable.thread_id` and `configurable.checkpoint_id`');
+    }
+    if (writes.length === 0) return;
+    const [, side] = await this.ensureSessions(threadId, (config.configurable?.checkpoint_ns as string | undefined) ?? '');
+    const indexed: WritesContent['writes'] = [];
+    for (const [i, [channel, value]] of writes.entries()) {
+      indexed.push([WRITES_IDX_MAP[channel] ?? i, channel, await this.encode(value)]);
+    }
+    const message = {
+      id: boundedId(`${checkpointId}:${taskId}:${indexed[0][0]}`),
+      role: 'writes',
+      content: { taskId, taskPath, writes: indexed } as unknown as Json,
+    };
+    if (indexed.every(([, channel]) => channel in WRITES_IDX_MAP)) {
+      // Special channels (an error, an interrupt) replace what the task wrote before.
+      try {
+        await this.client.replaceMessage(side, message.id, message);
+        return;
+      } catch (error) {
+        if (!(error instanceof SessiondbError && error.code === 'not_found')) throw error;
+      }
+    }
+    const anchor = { id: boundedId(checkpointId), role: 'checkpoint', content: { checkpointId } };
+    await this.client.appendBatch(side, [anchor, message], { parentId: '' });
+  }
+
+  async deleteThread(threadId: string): Promise<void> {
+    // The root namespace's sessions by name too: if another process deleted the thread while
+    // this saver went on writing, they exist without an owner.
+    const doomed = new Set(this.sessionsOf(threadId, ''));
+    for await (const session of this.client.listSessions({ userId: this.owner(threadId) })) {
+      const stored = session.metadata?.[THREAD_KEY] as { threadId?: string } | undefined;
+      if (stored?.threadId === threadId) doomed.add(session.id);
+    }
+    for (const id of doomed) {
+      await this.client.deleteSession(id, { missingOk: true });
+      this.created.delete(id);
+    }
+  }
+
+  /** A checkpoint message's content, from memory when the saver has it. */
+  private async content(checkpoints: string, id: string): Promise<Partial<Content> & Pick<Content, 'values' | 'holders'>> {
+    const held = this.contents.get(checkpoints, id);
+    if (held !== undefined) return held;
+    try {
+      const content = (await this.client.getMessage(checkpoints, id)).content as unknown as Content;
+      this.contents.put(checkpoints, id, content);
+      return content;
+    } catch (error) {
+      if (error instanceof SessiondbError && error.code === 'not_found') return NO_CONTENT;
+      throw error;
+    }
+  }
+
+  async getTuple(config: RunnableConfig): Promise<CheckpointTuple | undefined> {
+    const threadId = config.configurable?.thread_id as string | undefined;
+    if (threadId === undefined) return undefined;
+    const checkpointNs = (config.configurable?.checkpoint_ns as string | undefined) ?? '';
+    const [checkpoints] = this.sessionsOf(threadId, checkpointNs);
+    const wanted = getCheckpointId(config);
+    let content: Content;
+    if (wanted) {
+      const found = await this.content(checkpoints, wanted);
+      if (found.checkpoint === undefined) return undefined;
+      content = found as Content;
+    } else {
+      const [newest] = (await this.client.messages(checkpoints, { limit: 1, order: 'desc' })).items;
+      if (newest === undefined) return undefined;
+      content = newest.content as unknown as Content;
+      this.contents.put(checkpoints, newest.id, content);
+    }
+    return this.tuple(threadId, checkpointNs, content, (holder) => this.content(checkpoints, holder));
+  }
+
+  private async tuple(
+    threadId: string,
+    checkpointNs: string,
+    content: Content,
+    holderContent: (id: string) => Promise<Pick<Content, 'values'>>,
+  ): Promise<CheckpointTuple> {
+    const [, side] = this.sessionsOf(threadId, checkpointNs);
+    const checkpoint = (await this.decode(content.checkpoint)) as Checkpoint;
+    const values: Record<string, unknown> = {};
+    for (const [channel, [holder, version]] of Object.entries(content.holders)) {
+      const held = holder === checkpoint.id ? content : await holderContent(holder);
+      const stored = held.values[channel];
+      if (stored !== undefined && stored.version === version && stored.type !== 'empty') {
+        values[channel] = await this.decode(stored);
+      }
+    }
+    checkpoint.channel_values = values;
+    if (checkpoint.v < 4 && content.parentCheckpointId) {
+      // Checkpoints of format 1-3 kept pending sends as the parent's writes to TASKS; the
+      // current format has them as a channel, which LangGraph's savers fill in on read.
+      const sends = (await this.pendingWrites(side, content.parentCheckpointId))
+        .filter(([, channel]) => channel === TASKS)
+        .map(([, , value]) => value);
+      checkpoint.channel_values[TASKS] = sends;
+      const versions = Object.values(checkpoint.channel_versions);
+      checkpoint.channel_versions[TASKS] =
+        versions.length > 0 ? maxChannelVersion(...versions) : this.getNextVersion(undefined);
+    }
+
+    const configOf = (checkpointId: string): RunnableConfig => ({
+      configurable: { thread_id: threadId, checkpoint_ns: checkpointNs, checkpoint_id: checkpointId },
+    });
+    return {
+      config: configOf(checkpoint.id),
+      checkpoint,
+      metadata: (await this.decode(content.metadata)) as CheckpointMetadata,
+      parentConfig: content.parentCheckpointId ? configOf(content.parentCheckpointId) : undefined,
+      pendingWrites: await this.pendingWrites(side, checkpoint.id),
+    };
+  }
+
+  /** A checkpoint's pending writes in LangGraph's order (task path, task, index). */
+  private async pendingWrites(side: string, checkpointId: string): Promise<Array<[string, string, unknown]>> {
+    const pending: Array<{ key: ReturnType<typeof writesSortKey>; write: [string, string, unknown] }> = [];
+    for (const message of await this.writesOf(side, checkpointId)) {
+      const { taskId, taskPath, writes } = message.content as unknown as WritesContent;
+      for (const [idx, channel, value] of writes) {
+        pending.push({ key: writesSortKey(taskPath, taskId, idx), write: [taskId, channel, await this.decode(value)] });
+      }
+    }
+    pending.sort((a, b) => compareWritesSortKeys(a.key, b.key));
+    return pending.map((p) => p.write);
+  }
+
+  private async writesOf(side: string, checkpointId: string) {
+    try {
+      return await this.client.branches(side, boundedId(checkpointId));
+    } catch (error) {
+      if (error instanceof SessiondbError && error.code === 'not_found') return [];
+      throw error;
+    }
+  }
+
+  /**
+   * Checkpoints newest first: of one thread or of every thread (no `thread_id`), in one
+   * namespace or in every namespace (no `checkpoint_ns`).
+   */
+  async *list(config: RunnableConfig, options: CheckpointListOptions = {}): AsyncGenerator<CheckpointTuple> {
+    const { before, filter } = options;
+    let { limit } = options;
+    const beforeId = before?.configurable?.checkpoint_id as string | undefined;
+    const wantedId = config.configurable?.checkpoint_id as string | undefined;
+    const found: Array<{ id: string; threadId: string; checkpointNs: string; content: Content; contents: Map<string, Content> }> = [];
+    for (const [threadId, checkpointNs] of await this.namespaces(config)) {
+      const [checkpoints] = this.sessionsOf(threadId, checkpointNs);
+      // The whole namespace is read anyway, so older checkpoints' values come from it.
+      const contents = new Map<string, Content>();
+      try {
+        for await (const line of this.client.export(checkpoints)) {
+          if ('message' in line && line.message.role === 'checkpoint') {
+            contents.set(line.message.id, line.message.content as unknown as Content);
+          }
+        }
+      } catch (error) {
+        if (!(error instanceof SessiondbError && error.code === 'not_found')) throw error;
+      }
+      for (const [id, content] of contents) {
+        if (wantedId && id !== wantedId) continue;
+        if (beforeId && id >= beforeId) continue;
+        found.push({ id, threadId, checkpointNs, content, contents });
+      }
+    }
+    found.sort((a, b) => (a.id < b.id ? 1 : a.id > b.id ? -1 : 0));
+    for (const { threadId, checkpointNs, content, contents } of found) {
+      if (limit !== undefined && limit <= 0) return;
+      if (filter) {
+        const metadata = (await this.decode(content.metadata)) as Record<string, unknown>;
+        if (!Object.entries(filter).every(([key, value]) => metadata[key] === value)) continue;
+      }
+      if (limit !== undefined) limit -= 1;
+      yield await this.tuple(threadId, checkpointNs, content, async (holder) => contents.get(holder) ?? NO_CONTENT);
+    }
+  }
+
+  private async namespaces(config: RunnableConfig): Promise<Array<[string, string]>> {
+    const threadId = config.configurable?.thread_id as string | undefined;
+    const checkpointNs = config.configurable?.checkpoint_ns as string | undefined;
+    if (threadId !== undefined && checkpointNs !== undefined) return [[threadId, checkpointNs]];
+    const found: Array<[string, string]> = [];
+    const listing = this.client.listSessions(threadId === undefined ? {} : { userId: this.owner(threadId) });
+    for await (const session of listing) {
+      const stored = session.metadata?.[THREAD_KEY] as { threadId?: string; checkpointNs?: string } | undefined;
+      if (stored?.threadId === undefined || session.id.endsWith('/writes')) continue;
+      if (threadId !== undefined && stored.threadId !== threadId) continue;
+      if (checkpointNs !== undefined && stored.checkpointNs !== checkpointNs) continue;
+      if (!session.id.startsWith(this.prefix)) continue;
+      found.push([stored.threadId, stored.checkpointNs ?? '']);
+    }
+    return found;
+  }
+}

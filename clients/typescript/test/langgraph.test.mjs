@@ -1,0 +1,79 @@
+// The LangGraph.js checkpointer with real graphs on a real server (the specification itself is
+// langgraph.spec.mjs, run by vitest).
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import { Annotation, Command, END, START, StateGraph, interrupt } from '@langchain/langgraph';
+
+import { SessiondbSaver } from '../dist/langgraph.js';
+import { sharedServer } from './served.mjs';
+
+const shared = sharedServer();
+let savers = 0;
+const saver = (prefix = `saver-${++savers}:`) => new SessiondbSaver({ client: shared.client, prefix });
+
+const State = Annotation.Root({
+  steps: Annotation({ reducer: (a, b) => a.concat(b), default: () => [] }),
+  topic: Annotation(),
+});
+
+/** Two nodes after each other; the second asks a human first when `ask`. */
+function graph(checkpointer, { ask = false } = {}) {
+  return new StateGraph(State)
+    .addNode('research', (state) => ({ steps: [`research ${state.topic}`] }))
+    .addNode('write', (state) => {
+      if (ask && !interrupt({ question: `write about ${state.topic}?` })) return { steps: ['declined'] };
+      return { steps: [`write ${state.topic}`] };
+    })
+    .addEdge(START, 'research')
+    .addEdge('research', 'write')
+    .addEdge('write', END)
+    .compile({ checkpointer });
+}
+
+test('a graph continues from another saver', async () => {
+  const config = { configurable: { thread_id: 'essay-1' } };
+  const first = saver();
+  const done = await graph(first).invoke({ topic: 'otters' }, config);
+  assert.deepEqual(done.steps, ['research otters', 'write otters']);
+  const again = graph(saver(first.prefix));
+  assert.deepEqual((await again.getState(config)).values.steps, done.steps);
+  const more = await again.invoke({ topic: 'otters', steps: ['revise'] }, config);
+  assert.deepEqual(more.steps, ['research otters', 'write otters', 'revise', 'research otters', 'write otters']);
+});
+
+test('interrupts survive and resume', async () => {
+  const config = { configurable: { thread_id: 'ask-1' } };
+  const first = saver();
+  const paused = await graph(first, { ask: true }).invoke({ topic: 'bees' }, config);
+  assert.deepEqual(paused.__interrupt__[0].value, { question: 'write about bees?' });
+  const resumed = await graph(saver(first.prefix), { ask: true }).invoke(new Command({ resume: true }), config);
+  assert.deepEqual(resumed.steps, ['research bees', 'write bees']);
+});
+
+test('history and a time-travel branch', async () => {
+  const config = { configurable: { thread_id: 'travel-1' } };
+  const app = graph(saver());
+  await app.invoke({ topic: 'owls' }, config);
+  const history = [];
+  for await (const snapshot of app.getStateHistory(config)) history.push(snapshot);
+  assert.deepEqual(history.map((s) => (s.values.steps ?? []).length), [2, 1, 0, 0]);
+  const afterResearch = history[1];
+  assert.deepEqual(afterResearch.next, ['write']);
+  const forked = await app.updateState(afterResearch.config, { topic: 'crows' });
+  const replay = await app.invoke(null, forked);
+  assert.deepEqual(replay.steps, ['research owls', 'write crows']);
+  assert.deepEqual((await app.getState(config)).values.steps, ['research owls', 'write crows']);
+  let count = 0;
+  for await (const _ of app.getStateHistory(config)) count += 1;
+  assert.equal(count, history.length + 2, 'the replay is a branch: the first run stays');
+});
+
+test('deleteThread removes the thread and nothing else', async () => {
+  const checkpointer = saver();
+  await graph(checkpointer).invoke({ topic: 'x' }, { configurable: { thread_id: 'gone' } });
+  await graph(checkpointer).invoke({ topic: 'y' }, { configurable: { thread_id: 'kept' } });
+  await checkpointer.deleteThread('gone');
+  assert.equal(await checkpointer.getTuple({ configurable: { thread_id: 'gone' } }), undefined);
+  assert.equal((await graph(checkpointer).getState({ configurable: { thread_id: 'kept' } })).values.topic, 'y');
+});
