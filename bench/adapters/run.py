@@ -118,9 +118,11 @@ def main():
 
 
 def machine():
-    cores = os.cpu_count()
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{cores} cores, {memory:.0f} GiB, Linux {platform.release()}"
+    """As the comparison describes the machine (bench/compare/run.py)."""
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), platform.processor())
+    mem = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
+    return f"{os.cpu_count()} cores ({cpu}), {mem / 2**20:.0f} GiB, Linux {platform.release()}"
 
 
 def render(results):
