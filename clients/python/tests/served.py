@@ -1,7 +1,9 @@
 """A real `sessiondb serve` on a free loopback port with a data directory of its own.
 
 The binary is named by SESSIONDB_BIN (the Rust test that runs this suite passes the one cargo
-built); the tests fail, rather than skip, without it.
+built); the tests fail, rather than skip, without it. With SESSIONDB_TEST_DATABASES (PostgreSQL
+connection strings, comma-separated) each server takes a database of its own from that list and
+serves from it instead of the embedded store: the whole suite then runs on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -15,18 +17,31 @@ import unittest
 from sessiondb import Client
 
 
+_ON_POSTGRESQL = "SESSIONDB_TEST_DATABASES" in os.environ
+_DATABASES = [url for url in os.environ.get("SESSIONDB_TEST_DATABASES", "").split(",") if url]
+
+
 class Served:
-    def __init__(self, *args: str, data: str | None = None, listen: str = "127.0.0.1:0"):
+    """A server; ``like`` another (stopped with ``keep_data``) serves that one's storage again."""
+
+    def __init__(self, *args: str, like: Served | None = None, listen: str = "127.0.0.1:0"):
         binary = os.environ.get("SESSIONDB_BIN")
         if not binary:
             raise RuntimeError("SESSIONDB_BIN must name the sessiondb binary to test against")
         self._tmp = None
-        if data is None:
+        if like is not None:
+            self.data, self.database = like.data, like.database
+        else:
             self._tmp = tempfile.TemporaryDirectory(prefix="sessiondb-py-")
-            data = self._tmp.name
-        self.data = data
+            self.data = self._tmp.name
+            self.database = None
+            if _ON_POSTGRESQL:
+                if not _DATABASES:
+                    raise RuntimeError("SESSIONDB_TEST_DATABASES has no database left")
+                self.database = _DATABASES.pop(0)
+        storage = ["--database", self.database] if self.database else []
         self.process = subprocess.Popen(
-            [binary, "--data", data, "serve", "--listen", listen, *args],
+            [binary, "--data", self.data, "serve", "--listen", listen, *storage, *args],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "SESSIONDB_LOG": "warn"})
         for line in self.process.stderr:

@@ -148,7 +148,7 @@ class ClientTest(ServedTest):
         self.addCleanup(client.close)
         client.append("restarted", {"role": "user", "content": "before"})
         served.stop(keep_data=True)
-        again = Served(data=served.data, listen=address)
+        again = Served(like=served, listen=address)
         self.addCleanup(served.stop)
         self.addCleanup(again.stop)
         # The kept connection went with the old process; the read is sent again on a new one.

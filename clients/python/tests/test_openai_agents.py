@@ -162,7 +162,7 @@ class SessionProtocolTest(ServedTest):
         with Client(served.url) as client:
             run(SessiondbSession("durable", client).add_items(ITEMS))
         served.stop(keep_data=True)
-        again = Served(data=served.data)
+        again = Served(like=served)
         try:
             with Client(again.url) as client:
                 self.assertEqual(run(SessiondbSession("durable", client).get_items()), ITEMS)

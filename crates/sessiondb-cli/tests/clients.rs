@@ -2,16 +2,35 @@
 //! suite runs against the `sessiondb` binary cargo built, with the OpenAI Agents SDK, the Claude
 //! Agent SDK and LangGraph from PyPI (into a virtualenv cached under cargo's target directory)
 //! and from npm (`npm ci` into the package's `node_modules`, again only when its lock file
-//! changed), including LangGraph's own checkpointer conformance suites. Without `python3` (and
-//! its `venv` module) or `node` and `npm` the tests fail: `.ci/run` installs them.
+//! changed), including LangGraph's own checkpointer conformance suites. The Python suite runs a
+//! second time with its servers on PostgreSQL. Without `python3` (and its `venv` module) or
+//! `node` and `npm` the tests fail: `.ci/run` installs them.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use sessiondb_postgres::cluster::TempCluster;
+
 #[test]
 fn python_client_suite_passes_against_the_server() {
+    python_suite(&[]);
+}
+
+/// The same suite with every server it starts on a PostgreSQL database of its own.
+#[test]
+fn python_client_suite_passes_on_postgresql() {
+    let cluster = TempCluster::start()
+        .unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e}"));
+    let databases: Vec<String> = (0..12)
+        .map(|i| cluster.create_database(&format!("clients_{i}"), "template1"))
+        .collect::<Result<_, _>>()
+        .unwrap();
+    python_suite(&[("SESSIONDB_TEST_DATABASES", &databases.join(","))]);
+}
+
+fn python_suite(env: &[(&str, &str)]) {
     let clients = clients_dir().join("python");
     let python = virtualenv(&clients.join("tests/requirements.txt"));
     let run = Command::new(python)
@@ -20,6 +39,7 @@ fn python_client_suite_passes_against_the_server() {
         .env("PYTHONPATH", &clients)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("SESSIONDB_BIN", env!("CARGO_BIN_EXE_sessiondb"))
+        .envs(env.iter().copied())
         .output()
         .expect("run the Python suite");
     let report = String::from_utf8_lossy(&run.stderr);
@@ -124,13 +144,11 @@ fn virtualenv(requirements: &Path) -> PathBuf {
             // Another run finished first; its environment is as good as this one.
             std::fs::remove_dir_all(&building).unwrap();
         }
-        // Environments of earlier requirements (and builds that died) are not used again; the
-        // SDKs take about half a gigabyte.
+        // Environments of earlier requirements are not used again (the SDKs take about half a
+        // gigabyte); builds in progress (another test process's) are left alone.
         for entry in std::fs::read_dir(root).unwrap().flatten() {
-            let stale = entry
-                .file_name()
-                .to_string_lossy()
-                .starts_with("python-clients-");
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let stale = name.starts_with("python-clients-") && !name.contains("-building-");
             if stale && entry.path() != ready {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
