@@ -17,14 +17,16 @@ import unittest
 from sessiondb import Client
 
 
-_ON_POSTGRESQL = "SESSIONDB_TEST_DATABASES" in os.environ
+ON_POSTGRESQL = "SESSIONDB_TEST_DATABASES" in os.environ
 _DATABASES = [url for url in os.environ.get("SESSIONDB_TEST_DATABASES", "").split(",") if url]
 
 
 class Served:
-    """A server; ``like`` another (stopped with ``keep_data``) serves that one's storage again."""
+    """A server; ``like`` another (stopped with ``keep_data``) serves that one's storage again;
+    ``database`` serves that PostgreSQL database (beside other servers of it)."""
 
-    def __init__(self, *args: str, like: Served | None = None, listen: str = "127.0.0.1:0"):
+    def __init__(self, *args: str, like: Served | None = None, database: str | None = None,
+                 listen: str = "127.0.0.1:0"):
         binary = os.environ.get("SESSIONDB_BIN")
         if not binary:
             raise RuntimeError("SESSIONDB_BIN must name the sessiondb binary to test against")
@@ -34,8 +36,8 @@ class Served:
         else:
             self._tmp = tempfile.TemporaryDirectory(prefix="sessiondb-py-")
             self.data = self._tmp.name
-            self.database = None
-            if _ON_POSTGRESQL:
+            self.database = database
+            if ON_POSTGRESQL and database is None:
                 if not _DATABASES:
                     raise RuntimeError("SESSIONDB_TEST_DATABASES has no database left")
                 self.database = _DATABASES.pop(0)
