@@ -1,8 +1,11 @@
 // A real `sessiondb serve` on a free loopback port with a data directory of its own. The binary
 // is named by SESSIONDB_BIN (the Rust test that runs this suite passes the one cargo built); the
-// tests fail, rather than skip, without it.
+// tests fail, rather than skip, without it. With SESSIONDB_TEST_DATABASES (PostgreSQL connection
+// strings, comma-separated) each server claims a database of its own from that list (claims are
+// files in the directory SESSIONDB_TEST_CLAIMS, so test processes running at once never share
+// one) and serves from it instead of the embedded store.
 import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { closeSync, mkdtempSync, openSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -10,11 +13,29 @@ import { after, before } from 'node:test';
 
 import { Client } from '../dist/index.js';
 
+function claimDatabase() {
+  const listed = process.env.SESSIONDB_TEST_DATABASES;
+  if (listed === undefined) return undefined;
+  const claims = process.env.SESSIONDB_TEST_CLAIMS;
+  if (!claims) throw new Error('SESSIONDB_TEST_DATABASES needs SESSIONDB_TEST_CLAIMS (a directory)');
+  for (const [i, url] of listed.split(',').entries()) {
+    try {
+      closeSync(openSync(join(claims, `claimed-${i}`), 'wx'));
+      return url;
+    } catch (error) {
+      if (error.code !== 'EEXIST') throw error;
+    }
+  }
+  throw new Error('SESSIONDB_TEST_DATABASES has no database left');
+}
+
 export async function serve(...args) {
   const binary = process.env.SESSIONDB_BIN;
   if (!binary) throw new Error('SESSIONDB_BIN must name the sessiondb binary to test against');
   const data = mkdtempSync(join(tmpdir(), 'sessiondb-ts-'));
-  const child = spawn(binary, ['--data', data, 'serve', '--listen', '127.0.0.1:0', ...args], {
+  const database = claimDatabase();
+  const storage = database === undefined ? [] : ['--database', database];
+  const child = spawn(binary, ['--data', data, 'serve', '--listen', '127.0.0.1:0', ...storage, ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
     env: { ...process.env, SESSIONDB_LOG: 'warn' },
   });

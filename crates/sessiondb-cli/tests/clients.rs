@@ -2,8 +2,8 @@
 //! suite runs against the `sessiondb` binary cargo built, with the OpenAI Agents SDK, the Claude
 //! Agent SDK and LangGraph from PyPI (into a virtualenv cached under cargo's target directory)
 //! and from npm (`npm ci` into the package's `node_modules`, again only when its lock file
-//! changed), including LangGraph's own checkpointer conformance suites. The Python suite runs a
-//! second time with its servers on PostgreSQL. Without `python3` (and its `venv` module) or
+//! changed), including LangGraph's own checkpointer conformance suites. Each suite runs a second
+//! time with its servers on PostgreSQL. Without `python3` (and its `venv` module) or
 //! `node` and `npm` the tests fail: `.ci/run` installs them.
 
 use std::collections::hash_map::DefaultHasher;
@@ -21,13 +21,8 @@ fn python_client_suite_passes_against_the_server() {
 /// The same suite with every server it starts on a PostgreSQL database of its own.
 #[test]
 fn python_client_suite_passes_on_postgresql() {
-    let cluster = TempCluster::start()
-        .unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e}"));
-    let databases: Vec<String> = (0..12)
-        .map(|i| cluster.create_database(&format!("clients_{i}"), "template1"))
-        .collect::<Result<_, _>>()
-        .unwrap();
-    python_suite(&[("SESSIONDB_TEST_DATABASES", &databases.join(","))]);
+    let (_cluster, databases) = postgres_databases(12);
+    python_suite(&[("SESSIONDB_TEST_DATABASES", &databases)]);
 }
 
 fn python_suite(env: &[(&str, &str)]) {
@@ -49,8 +44,10 @@ fn python_suite(env: &[(&str, &str)]) {
     assert!(!report.contains("Ran 0 tests"), "{report}");
 }
 
+/// Both runs in one test: they share the package's `node_modules`, which two test processes
+/// must not install at once.
 #[test]
-fn typescript_client_suite_passes_against_the_server() {
+fn typescript_client_suite_passes_on_both_backends() {
     let package = clients_dir().join("typescript");
     install_node_modules(&package);
     must_run(
@@ -58,6 +55,20 @@ fn typescript_client_suite_passes_against_the_server() {
             .args(["-p", "."])
             .current_dir(&package),
     );
+    typescript_suite(&package, &[]);
+
+    let (_cluster, databases) = postgres_databases(10);
+    let claims = tempfile::tempdir().unwrap();
+    typescript_suite(
+        &package,
+        &[
+            ("SESSIONDB_TEST_DATABASES", &databases),
+            ("SESSIONDB_TEST_CLAIMS", claims.path().to_str().unwrap()),
+        ],
+    );
+}
+
+fn typescript_suite(package: &Path, env: &[(&str, &str)]) {
     let mut suites: Vec<PathBuf> = std::fs::read_dir(package.join("test"))
         .unwrap()
         .map(|entry| entry.unwrap().path())
@@ -68,8 +79,9 @@ fn typescript_client_suite_passes_against_the_server() {
     let run = Command::new("node")
         .arg("--test")
         .args(&suites)
-        .current_dir(&package)
+        .current_dir(package)
         .env("SESSIONDB_BIN", env!("CARGO_BIN_EXE_sessiondb"))
+        .envs(env.iter().copied())
         .output()
         .expect("run the TypeScript suite (node is needed)");
     let report = String::from_utf8_lossy(&run.stdout);
@@ -83,8 +95,9 @@ fn typescript_client_suite_passes_against_the_server() {
     // LangGraph.js's checkpointer specification is written for vitest.
     let spec = Command::new("node_modules/.bin/vitest")
         .args(["run", "--globals", "test/langgraph.spec.mjs"])
-        .current_dir(&package)
+        .current_dir(package)
         .env("SESSIONDB_BIN", env!("CARGO_BIN_EXE_sessiondb"))
+        .envs(env.iter().copied())
         .env("NO_COLOR", "1")
         .output()
         .expect("run LangGraph's checkpointer specification");
@@ -101,6 +114,18 @@ fn typescript_client_suite_passes_against_the_server() {
         summary.contains(" passed (") && !summary.contains("failed"),
         "{report}"
     );
+}
+
+/// A throw-away cluster with `count` empty databases, their connection strings comma-separated
+/// (as the suites' server helpers read them); the cluster stops when dropped.
+fn postgres_databases(count: usize) -> (TempCluster, String) {
+    let cluster = TempCluster::start()
+        .unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e}"));
+    let databases: Vec<String> = (0..count)
+        .map(|i| cluster.create_database(&format!("clients_{i}"), "template1"))
+        .collect::<Result<_, _>>()
+        .unwrap();
+    (cluster, databases.join(","))
 }
 
 fn clients_dir() -> PathBuf {
