@@ -1,9 +1,21 @@
 // The OpenAI Agents SDK session on a real server, with the real SDK (@openai/agents from npm) and
 // a local stand-in for the model API.
 import assert from 'node:assert/strict';
+import { readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import { test } from 'node:test';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 
-import { Agent, MemorySession, OpenAIResponsesModel, run, setTracingDisabled, tool } from '@openai/agents';
+import {
+  Agent,
+  MemorySession,
+  OpenAIResponsesModel,
+  run,
+  setDefaultOpenAIClient,
+  setOpenAIAPI,
+  setTracingDisabled,
+  tool,
+} from '@openai/agents';
 import OpenAI from 'openai';
 import { z } from 'zod';
 
@@ -121,4 +133,38 @@ test('runs with tool calls keep what an in-memory session keeps', async () => {
   assert.deepEqual(kept.items, reference.items, 'the sessions hold the same items');
   const stored = await all(shared.client.history('agent-tools'));
   assert.deepEqual(stored.map((m) => m.role), ['user', 'assistant', 'tool', 'assistant', 'user', 'assistant']);
+});
+
+test("the README's example runs as written", async () => {
+  const readme = readFileSync(new URL('../../../README.md', import.meta.url), 'utf8');
+  const block = readme.split('<!-- typescript-example -->\n```ts\n')[1].split('```')[0];
+  const modelApi = await fakeResponses();
+  try {
+    // The SDK's default model client points at the stand-in; the example is otherwise as shown,
+    // with the package's own name resolved to this build and the test server's address.
+    setDefaultOpenAIClient(new OpenAI({ baseURL: modelApi.url, apiKey: 'x' }));
+    setOpenAIAPI('responses');
+    modelApi.reply('San Francisco.');
+    modelApi.reply('California.');
+    const module = join(dirname(fileURLToPath(import.meta.url)), `readme-example-${process.pid}.mjs`);
+    writeFileSync(module, block
+      .replace("from 'sessiondb/openai-agents'", "from '../dist/openai-agents.js'")
+      .replace("from 'sessiondb'", "from '../dist/index.js'")
+      .replace('http://127.0.0.1:8787', shared.served.url));
+    const printed = [];
+    const log = console.log;
+    console.log = (...args) => printed.push(args.join(' '));
+    try {
+      await import(pathToFileURL(module).href);
+    } finally {
+      console.log = log;
+      rmSync(module, { force: true });
+    }
+    assert.deepEqual(printed, ['California.']);
+    assert.equal(modelApi.requests[1].input[0].content, 'What city is the Golden Gate Bridge in?');
+    const stored = await all(shared.client.history('user-42'));
+    assert.deepEqual(stored.map((m) => m.role), ['user', 'assistant', 'user', 'assistant']);
+  } finally {
+    await modelApi.close();
+  }
 });
