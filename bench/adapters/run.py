@@ -14,9 +14,9 @@ goes first. Writes bench/adapters/results.json and the section of bench/README.m
 """
 import argparse
 import datetime
+import importlib.util
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -118,11 +118,11 @@ def main():
 
 
 def machine():
-    """As the comparison describes the machine (bench/compare/run.py)."""
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), platform.processor())
-    mem = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
-    return f"{os.cpu_count()} cores ({cpu}), {mem / 2**20:.0f} GiB, Linux {platform.release()}"
+    """The machine as the comparison describes it (bench/compare/run.py's own function)."""
+    spec = importlib.util.spec_from_file_location("compare_run", os.path.join(BENCH, "compare", "run.py"))
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    return compare.machine()
 
 
 def render(results):
