@@ -41,7 +41,10 @@ export async function serve(...args) {
   });
   const lines = createInterface({ input: child.stderr });
   const url = await new Promise((resolve, reject) => {
-    child.on('exit', () => reject(new Error('the server exited before listening')));
+    child.on('exit', () => {
+      rmSync(data, { recursive: true, force: true });
+      reject(new Error('the server exited before listening'));
+    });
     lines.on('line', (line) => {
       if (line.startsWith('sessiondb listening on ')) resolve(line.slice('sessiondb listening on '.length).trim());
     });
