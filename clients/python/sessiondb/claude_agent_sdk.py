@@ -42,7 +42,7 @@ def message_of_entry(entry: dict) -> dict:
     if _usable_id(uuid):
         message["id"] = uuid
     api_message = entry.get("message")
-    if (isinstance(api_message, dict) and _role(api_message.get("role"))
+    if (isinstance(api_message, dict) and _usable_name(api_message.get("role"))
             and isinstance(api_message.get("content"), (str, list))):
         rest = dict(entry)
         rest["message"] = {k: v for k, v in api_message.items() if k != "content"}
@@ -50,7 +50,7 @@ def message_of_entry(entry: dict) -> dict:
                        metadata={ENTRY_KEY: rest})
     else:
         kind = entry.get("type")
-        message.update(role=kind if _role(kind) else "entry", content=entry,
+        message.update(role=kind if _usable_name(kind) else "entry", content=entry,
                        metadata={ENTRY_KEY: WHOLE_ENTRY})
     return message
 
@@ -68,7 +68,7 @@ def entry_of_message(message: dict) -> dict:
     return stored
 
 
-def _role(value: Any) -> bool:
+def _usable_name(value: Any) -> bool:
     """A role or id sessiondb takes: 1..256 characters, none of them a control character."""
     return (isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS
             and not any(c < "\x20" or "\x7f" <= c <= "\x9f" for c in value))
@@ -77,7 +77,7 @@ def _role(value: Any) -> bool:
 def _usable_id(value: Any) -> bool:
     # sessiondb refuses ids with control characters and reserves the `compaction_` prefix;
     # an entry with such a uuid gets a generated id (and is then not deduplicated).
-    return _role(value) and not value.startswith("compaction_")
+    return _usable_name(value) and not value.startswith("compaction_")
 
 
 class SessiondbSessionStore:

@@ -8,6 +8,7 @@ serves from it instead of the embedded store: the whole suite then runs on Postg
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import tempfile
@@ -64,12 +65,17 @@ class Served:
 
 
 class ServedTest(unittest.TestCase):
-    """Tests sharing one server, and a client of it, for the whole class."""
+    """Tests sharing one server, and a client of it, for the whole class; ``fresh_prefix``
+    names a set of sessions no other test of the class uses."""
 
     @classmethod
     def setUpClass(cls):
         cls.served = Served()
         cls.client = Client(cls.served.url)
+        cls._prefixes = itertools.count()
+
+    def fresh_prefix(self) -> str:
+        return f"{type(self).__name__}-{next(self._prefixes)}:"
 
     @classmethod
     def tearDownClass(cls):

@@ -4,7 +4,6 @@ suite and by its store helpers (claude-agent-sdk from PyPI)."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import os
 import pathlib
@@ -64,13 +63,8 @@ def run(coroutine):
 
 
 class SessionStoreTest(ServedTest):
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        cls.prefixes = (f"store-{n}:" for n in itertools.count())
-
     def store(self) -> SessiondbSessionStore:
-        return SessiondbSessionStore(self.client, prefix=next(self.prefixes))
+        return SessiondbSessionStore(self.client, prefix=self.fresh_prefix())
 
     def test_the_sdks_conformance_suite_passes(self):
         run(run_session_store_conformance(self.store))

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import operator
 import unittest
 from typing import Annotated, TypedDict
@@ -49,20 +48,15 @@ def graph(checkpointer, *, ask: bool = False, quote_topic: bool = True):
 
 
 class SaverTest(ServedTest):
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        cls.prefixes = (f"saver-{n}:" for n in itertools.count())
-
     def saver(self) -> SessiondbSaver:
-        return SessiondbSaver(self.client, prefix=next(self.prefixes))
+        return SessiondbSaver(self.client, prefix=self.fresh_prefix())
 
     def test_langgraphs_conformance_suite_passes(self):
         # Without its memory of checkpoints too, so every value is read from the server.
         for cache_bytes in [32 << 20, 0]:
             @checkpointer_test(name="SessiondbSaver")
             async def sessiondb_saver():
-                yield SessiondbSaver(self.client, prefix=next(self.prefixes),
+                yield SessiondbSaver(self.client, prefix=self.fresh_prefix(),
                                      cache_bytes=cache_bytes)
 
             report = asyncio.run(validate(sessiondb_saver))

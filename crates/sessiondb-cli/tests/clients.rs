@@ -9,7 +9,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 use sessiondb_postgres::cluster::TempCluster;
 
@@ -28,15 +28,14 @@ fn python_client_suite_passes_on_postgresql() {
 fn python_suite(env: &[(&str, &str)]) {
     let clients = clients_dir().join("python");
     let python = virtualenv(&clients.join("tests/requirements.txt"));
-    let run = Command::new(python)
-        .args(["-m", "unittest", "discover", "-s", "tests", "-v"])
-        .current_dir(&clients)
-        .env("PYTHONPATH", &clients)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env("SESSIONDB_BIN", env!("CARGO_BIN_EXE_sessiondb"))
-        .envs(env.iter().copied())
-        .output()
-        .expect("run the Python suite");
+    let run = run_suite(
+        Command::new(python)
+            .args(["-m", "unittest", "discover", "-s", "tests", "-v"])
+            .env("PYTHONPATH", &clients)
+            .env("PYTHONDONTWRITEBYTECODE", "1"),
+        &clients,
+        env,
+    );
     let report = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "the Python suite failed:\n{report}");
     // unittest prints its count last: a suite that found no tests must not pass for one that ran.
@@ -76,14 +75,11 @@ fn typescript_suite(package: &Path, env: &[(&str, &str)]) {
         .collect();
     suites.sort();
     assert!(suites.len() >= 3, "{suites:?}");
-    let run = Command::new("node")
-        .arg("--test")
-        .args(&suites)
-        .current_dir(package)
-        .env("SESSIONDB_BIN", env!("CARGO_BIN_EXE_sessiondb"))
-        .envs(env.iter().copied())
-        .output()
-        .expect("run the TypeScript suite (node is needed)");
+    let run = run_suite(
+        Command::new("node").arg("--test").args(&suites),
+        package,
+        env,
+    );
     let report = String::from_utf8_lossy(&run.stdout);
     assert!(
         run.status.success(),
@@ -93,14 +89,13 @@ fn typescript_suite(package: &Path, env: &[(&str, &str)]) {
     assert!(!report.contains("\n# pass 0"), "{report}");
 
     // LangGraph.js's checkpointer specification is written for vitest.
-    let spec = Command::new("node_modules/.bin/vitest")
-        .args(["run", "--globals", "test/langgraph.spec.mjs"])
-        .current_dir(package)
-        .env("SESSIONDB_BIN", env!("CARGO_BIN_EXE_sessiondb"))
-        .envs(env.iter().copied())
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run LangGraph's checkpointer specification");
+    let spec = run_suite(
+        Command::new("node_modules/.bin/vitest")
+            .args(["run", "--globals", "test/langgraph.spec.mjs"])
+            .env("NO_COLOR", "1"),
+        package,
+        env,
+    );
     let report = String::from_utf8_lossy(&spec.stdout);
     assert!(
         spec.status.success(),
@@ -114,6 +109,17 @@ fn typescript_suite(package: &Path, env: &[(&str, &str)]) {
         summary.contains(" passed (") && !summary.contains("failed"),
         "{report}"
     );
+}
+
+/// Runs a client suite's test runner in `dir` against the binary cargo built, with `env` (the
+/// PostgreSQL settings, when any) on top; the whole output, for the caller to judge.
+fn run_suite(runner: &mut Command, dir: &Path, env: &[(&str, &str)]) -> Output {
+    runner
+        .current_dir(dir)
+        .env("SESSIONDB_BIN", env!("CARGO_BIN_EXE_sessiondb"))
+        .envs(env.iter().copied())
+        .output()
+        .unwrap_or_else(|e| panic!("{runner:?}: {e}"))
 }
 
 /// A throw-away cluster with `count` empty databases, their connection strings comma-separated
