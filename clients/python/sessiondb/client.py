@@ -143,7 +143,7 @@ class Client:
 
     def _exchange(self, method: str, path: str, query: dict[str, Any] | None,
                   body: Any) -> bytes:
-        """One request on this thread's kept connection; the whole body of a 2xx answer."""
+        """One request on a kept (or new) connection; the whole body of a 2xx answer."""
         target, data, headers = self._prepare(path, query, body)
         for attempt in range(2):
             connection, reused = self._checkout()
