@@ -2,6 +2,7 @@
 //! server (`sessiondb serve`).
 #![forbid(unsafe_code)]
 
+mod backups;
 mod listing;
 mod serve;
 mod transfer;

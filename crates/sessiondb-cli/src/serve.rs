@@ -18,6 +18,8 @@ use sessiondb_postgres::{PgConfig, PgStore};
 use sessiondb_server::{App, Limits, Metrics, ServerConfig};
 use sessiondb_summarizers::{AnthropicSummarizer, ModelConfig, OpenAiSummarizer};
 
+use crate::backups::{self, BackupPlan, BackupStats};
+
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 
 #[derive(Debug, Args)]
@@ -66,6 +68,18 @@ pub struct ServeArgs {
     /// error and stores nothing, as on a full disk (embedded store only) [default: no limit].
     #[arg(long, env = "SESSIONDB_MAX_DATABASE_MIB")]
     max_database_mib: Option<u64>,
+    /// Directory for backups of the embedded store while it serves: one every --backup-every
+    /// and one on SIGUSR1, each in a new subdirectory named for its UTC start time, which opens
+    /// as a store of its own [default: no backups].
+    #[arg(long, env = "SESSIONDB_BACKUP_DIR")]
+    backup_dir: Option<PathBuf>,
+    /// Time between backups: a number and s, m, h or d [default: 1d].
+    #[arg(long, env = "SESSIONDB_BACKUP_EVERY")]
+    backup_every: Option<String>,
+    /// How many complete backups to keep; older ones are removed after each backup
+    /// [default: 7].
+    #[arg(long, env = "SESSIONDB_BACKUP_KEEP")]
+    backup_keep: Option<usize>,
     /// Log filter: a level (`info`) or `target=level` pairs [default: info].
     #[arg(long, env = "SESSIONDB_LOG")]
     log: Option<String>,
@@ -101,6 +115,9 @@ struct FileConfig {
     synchronous: Option<String>,
     row_cache_mib: Option<usize>,
     max_database_mib: Option<u64>,
+    backup_dir: Option<PathBuf>,
+    backup_every: Option<String>,
+    backup_keep: Option<usize>,
     log: Option<String>,
     #[serde(default)]
     keys: HashMap<String, String>,
@@ -201,6 +218,7 @@ pub struct Resolved {
     pub synchronous: Synchronous,
     pub row_cache_bytes: usize,
     pub max_database_bytes: Option<u64>,
+    pub backups: Option<BackupPlan>,
     pub log: String,
     pub server: ServerConfig,
     pub summarizer: SummarizerChoice,
@@ -215,7 +233,7 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
         }
         None => FileConfig::default(),
     };
-    let mut api_keys = file.keys;
+    let mut api_keys = std::mem::take(&mut file.keys);
     for pair in args.api_keys.iter().filter(|p| !p.is_empty()) {
         let Some((key, namespace)) = pair.split_once('=') else {
             bail!("--api-key takes KEY=NAMESPACE, got `{pair}`");
@@ -230,6 +248,7 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
             .with_context(|| format!("namespace `{namespace}` of an API key"))?;
     }
     let summarizer = summarizer_choice(&args, std::mem::take(&mut file.summarizer))?;
+    let backups = backup_plan(&args, &file)?;
     let defaults = Limits::default();
     let limits = Limits {
         max_body_bytes: args
@@ -261,6 +280,10 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
             .or(file.listen)
             .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default address")),
         backend: match args.database.or(file.database) {
+            Some(_) if backups.is_some() => bail!(
+                "--backup-dir backs up the embedded store; back a PostgreSQL database up with \
+                 its own tools (pg_dump, or the cluster's continuous archiving)"
+            ),
             Some(url) => Backend::Postgres {
                 url,
                 pool: args
@@ -284,10 +307,33 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
             .max_database_mib
             .or(file.max_database_mib)
             .map(|mib| mib.saturating_mul(1 << 20)),
+        backups,
         log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
         server: ServerConfig { api_keys, limits },
         summarizer,
     })
+}
+
+fn backup_plan(args: &ServeArgs, file: &FileConfig) -> anyhow::Result<Option<BackupPlan>> {
+    let every = args.backup_every.as_ref().or(file.backup_every.as_ref());
+    let keep = args.backup_keep.or(file.backup_keep);
+    let Some(dir) = args.backup_dir.as_ref().or(file.backup_dir.as_ref()) else {
+        if every.is_some() || keep.is_some() {
+            bail!("--backup-every and --backup-keep need --backup-dir");
+        }
+        return Ok(None);
+    };
+    let every = every.map_or(backups::DEFAULT_EVERY, String::as_str);
+    let every = backups::parse_interval(every).context("--backup-every")?;
+    let keep = keep.unwrap_or(backups::DEFAULT_KEEP);
+    if keep == 0 {
+        bail!("--backup-keep must keep at least one backup");
+    }
+    Ok(Some(BackupPlan {
+        dir: dir.clone(),
+        every,
+        keep,
+    }))
 }
 
 fn init_logging(filter: &str) -> anyhow::Result<()> {
@@ -307,8 +353,12 @@ fn init_logging(filter: &str) -> anyhow::Result<()> {
         .context("installing the logger")
 }
 
-/// Group-commit numbers of the embedded store, for `/metrics`.
-fn sqlite_metrics(store: &SqliteStore) -> sessiondb_server::BackendMetrics {
+/// Group-commit numbers of the embedded store, and its backups when they are on, for
+/// `/metrics`.
+fn sqlite_metrics(
+    store: &SqliteStore,
+    backups: Option<Arc<BackupStats>>,
+) -> sessiondb_server::BackendMetrics {
     let stats = store.write_stats();
     Box::new(move |out: &mut String| {
         use std::fmt::Write;
@@ -345,6 +395,24 @@ fn sqlite_metrics(store: &SqliteStore) -> sessiondb_server::BackendMetrics {
             stats.requests.load(Relaxed),
             stats.commits.load(Relaxed)
         );
+        if let Some(backups) = &backups {
+            let _ = writeln!(
+                out,
+                "# HELP sessiondb_backups_total Backups written while serving.\n\
+                 # TYPE sessiondb_backups_total counter\n\
+                 sessiondb_backups_total {}\n\
+                 # HELP sessiondb_backup_failures_total Backups that failed (serving went on).\n\
+                 # TYPE sessiondb_backup_failures_total counter\n\
+                 sessiondb_backup_failures_total {}\n\
+                 # HELP sessiondb_last_backup_timestamp_seconds When the newest backup written \
+                 began (Unix time; 0 before the first).\n\
+                 # TYPE sessiondb_last_backup_timestamp_seconds gauge\n\
+                 sessiondb_last_backup_timestamp_seconds {}",
+                backups.written.load(Relaxed),
+                backups.failed.load(Relaxed),
+                backups.last_written_unix.load(Relaxed)
+            );
+        }
     })
 }
 
@@ -389,8 +457,24 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
         match &config.backend {
             Backend::Embedded { data } => {
                 let store = open_store(data, &config)?;
-                let metrics = Metrics::with_backend(sqlite_metrics(&store));
+                let backup_stats = config.backups.as_ref().map(|_| Arc::default());
+                let metrics = Metrics::with_backend(sqlite_metrics(&store, backup_stats.clone()));
                 let app = App::new(Db::with_options(store, options), config.server, metrics);
+                let requests = backups::Requests::listen()?;
+                match (config.backups, backup_stats) {
+                    (Some(plan), Some(stats)) => {
+                        tracing::info!(dir = %plan.dir.display(), "backups on");
+                        let schedule = backups::Schedule {
+                            plan,
+                            stats,
+                            requests,
+                        };
+                        tokio::spawn(schedule.run(app.clone()));
+                    }
+                    _ => {
+                        tokio::spawn(requests.refuse("this server has no --backup-dir"));
+                    }
+                }
                 listen(config.listen, app, &data.display().to_string()).await
             }
             Backend::Postgres { url, pool } => {
@@ -398,6 +482,11 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
                     max_connections: *pool,
                     ..PgConfig::default()
                 };
+                let requests = backups::Requests::listen()?;
+                tokio::spawn(
+                    requests
+                        .refuse("a PostgreSQL database is backed up with its own tools (pg_dump)"),
+                );
                 let store = PgStore::connect_with(url, pg)
                     .await
                     .context("connecting to PostgreSQL")?;
@@ -442,6 +531,8 @@ fn open_store(data: &Path, resolved: &Resolved) -> anyhow::Result<SqliteStore> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use clap::Parser;
 
     use super::*;
@@ -539,6 +630,46 @@ mod tests {
         assert!(resolved(&["--synchronous", "sometimes"], None).is_err());
         std::fs::write(&file, "unknown = 1\n").unwrap();
         assert!(resolved(&["--config", path], None).is_err());
+    }
+
+    #[test]
+    fn backups_are_configured_by_flag_or_file_for_the_embedded_store_only() {
+        assert_eq!(resolved(&[], None).unwrap().backups, None);
+        let r = resolved(&["--backup-dir", "/b"], None).unwrap();
+        assert_eq!(
+            r.backups,
+            Some(BackupPlan {
+                dir: PathBuf::from("/b"),
+                every: Duration::from_secs(86_400),
+                keep: 7
+            })
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "backup_dir = \"/f\"\nbackup_every = \"6h\"\nbackup_keep = 3\n",
+        )
+        .unwrap();
+        let path = file.to_str().unwrap();
+        let r = resolved(&["--config", path, "--backup-keep", "2"], None).unwrap();
+        assert_eq!(
+            r.backups,
+            Some(BackupPlan {
+                dir: PathBuf::from("/f"),
+                every: Duration::from_secs(6 * 3_600),
+                keep: 2
+            })
+        );
+        for refused in [
+            &["--backup-every", "1h"][..],
+            &["--backup-keep", "3"],
+            &["--backup-dir", "/b", "--backup-keep", "0"],
+            &["--backup-dir", "/b", "--backup-every", "soon"],
+            &["--backup-dir", "/b", "--database", "postgres://db/x"],
+        ] {
+            assert!(resolved(refused, None).is_err(), "{refused:?} was accepted");
+        }
     }
 
     #[test]

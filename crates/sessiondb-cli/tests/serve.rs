@@ -136,6 +136,172 @@ async fn configuration_from_file_environment_and_flags() {
     }
 }
 
+/// The value of an unlabelled metric in the server's `/metrics`.
+async fn metric(base: &str, name: &str) -> u64 {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("{name} missing from /metrics"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Waits until the counter `name` reaches `count`, while `unchanged` stays 0.
+async fn wait_for_count(base: &str, name: &str, count: u64, unchanged: &str) {
+    for _ in 0..600 {
+        assert_eq!(metric(base, unchanged).await, 0, "{unchanged}");
+        if metric(base, name).await >= count {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{name} did not reach {count} within 30 s");
+}
+
+async fn wait_for_backups(base: &str, count: u64) {
+    let failures = "sessiondb_backup_failures_total";
+    wait_for_count(base, "sessiondb_backups_total", count, failures).await;
+}
+
+async fn append_one(base: &str, id: &str) {
+    let response = reqwest::Client::new()
+        .post(format!("{base}/v1/sessions/s/messages"))
+        .json(&json!({"id": id, "role": "user", "content": "x".repeat(300)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+}
+
+/// The backup directories under `dir`, oldest first.
+fn backups_in(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    found.sort();
+    found
+}
+
+async fn ids_in(store: &Path, session: &str) -> Vec<String> {
+    let db = Db::open(store).unwrap();
+    let session = db.session(session).unwrap();
+    let history = session.full_history(Default::default()).await.unwrap();
+    history.iter().map(|m| m.id.to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backups_while_serving_on_request_keep_the_newest_and_hold_what_was_acknowledged() {
+    let dir = free_dir();
+    let backups = dir.path().join("backups");
+    let served = Served::start(
+        &dir.path().join("data"),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--backup-dir",
+            backups.to_str().unwrap(),
+            "--backup-keep",
+            "2",
+        ],
+        &[],
+    );
+    let mut acknowledged = Vec::new();
+    for round in 1..=3u64 {
+        for i in 0..10 {
+            let id = format!("r{round}-{i}");
+            append_one(&served.base, &id).await;
+            acknowledged.push(id);
+        }
+        served.signal("USR1");
+        wait_for_backups(&served.base, round).await;
+    }
+    assert!(metric(&served.base, "sessiondb_last_backup_timestamp_seconds").await > 0);
+    // Unrelated entries of the directory are left alone by the pruning.
+    std::fs::write(backups.join("notes.txt"), "mine").unwrap();
+    append_one(&served.base, "r4").await;
+    served.signal("USR1");
+    wait_for_backups(&served.base, 4).await;
+    let kept = backups_in(&backups);
+    assert_eq!(kept.len(), 3, "two backups and the notes: {kept:?}");
+    assert_eq!(kept[2], backups.join("notes.txt"));
+    // Each backup opens as a store and holds what was acknowledged before its signal, while
+    // the server goes on serving from its own directory.
+    assert_eq!(ids_in(&kept[0], "s").await, acknowledged);
+    acknowledged.push("r4".into());
+    assert_eq!(ids_in(&kept[1], "s").await, acknowledged);
+    append_one(&served.base, "after").await;
+    assert!(served.terminate().success());
+    assert_eq!(ids_in(&dir.path().join("data"), "s").await.len(), 32);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_backup_is_counted_and_the_server_goes_on() {
+    let dir = free_dir();
+    // A file where the backups' directory should be: every backup fails.
+    let blocked = dir.path().join("backups");
+    std::fs::write(&blocked, "not a directory").unwrap();
+    let served = Served::start(
+        &dir.path().join("data"),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--backup-dir",
+            blocked.to_str().unwrap(),
+        ],
+        &[],
+    );
+    append_one(&served.base, "m").await;
+    served.signal("USR1");
+    let failures = "sessiondb_backup_failures_total";
+    wait_for_count(&served.base, failures, 1, "sessiondb_backups_total").await;
+    append_one(&served.base, "n").await;
+    assert_eq!(std::fs::read(&blocked).unwrap(), b"not a directory");
+    assert!(served.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backups_run_on_the_timer_and_none_without_a_backup_dir() {
+    let dir = free_dir();
+    let backups = dir.path().join("backups");
+    let served = Served::start(
+        &dir.path().join("data"),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--backup-dir",
+            backups.to_str().unwrap(),
+            "--backup-every",
+            "1s",
+        ],
+        &[],
+    );
+    append_one(&served.base, "m").await;
+    wait_for_backups(&served.base, 2).await;
+    let written = backups_in(&backups);
+    assert!(written.len() >= 2, "{written:?}");
+    assert_eq!(ids_in(written.last().unwrap(), "s").await, ["m"]);
+    drop(served);
+
+    // Without a backup directory, SIGUSR1 is logged and the server goes on.
+    let plain = Served::start(&dir.path().join("plain"), &["--listen", "127.0.0.1:0"], &[]);
+    plain.signal("USR1");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let text = reqwest::get(format!("{}/metrics", plain.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!text.contains("sessiondb_backups_total"), "{text}");
+    assert!(plain.terminate().success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_database_refuses_writes_and_keeps_serving_reads() {
     let dir = free_dir();

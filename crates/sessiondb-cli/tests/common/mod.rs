@@ -71,12 +71,17 @@ impl Served {
             * 1024
     }
 
-    pub fn terminate(mut self) -> std::process::ExitStatus {
-        let ok = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
+    /// Sends a signal by name (`TERM`, `USR1`).
+    pub fn signal(&self, name: &str) {
+        let sent = Command::new("kill")
+            .args([&format!("-{name}"), &self.pid().to_string()])
             .status()
             .unwrap();
-        assert!(ok.success());
+        assert!(sent.success(), "kill -{name}");
+    }
+
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        self.signal("TERM");
         for _ in 0..200 {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
