@@ -7,7 +7,7 @@ import http.client
 import json
 import threading
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 _OMITTED: Any = object()
@@ -124,7 +124,10 @@ class Client:
             target += "?" + urllib.parse.urlencode(pairs)
         headers = {"accept": "application/json"}
         data = None
-        if body is not _OMITTED:
+        if isinstance(body, bytes):
+            data = body
+            headers["content-type"] = "application/x-ndjson"
+        elif body is not _OMITTED:
             data = json.dumps(body).encode()
             headers["content-type"] = "application/json"
         if self.api_key is not None:
@@ -290,6 +293,12 @@ class Client:
         """Deletes one message; its children re-attach to the nearest surviving ancestor."""
         self.request("DELETE", self._session_path(session_id, "messages", message_id))
 
+    def delete_messages(self, session_id: str, message_ids: Iterable[str]) -> int:
+        """Deletes these messages at once (ids the session lacks are passed over) and returns
+        how many were deleted; children re-attach to their nearest surviving ancestor."""
+        return self.request("POST", self._session_path(session_id, "messages", "delete"),
+                            body={"ids": list(message_ids)})["deleted"]
+
     def clear(self, session_id: str) -> None:
         """Deletes every message of the session; the session and its metadata stay."""
         self.request("DELETE", self._session_path(session_id, "messages"))
@@ -316,6 +325,12 @@ class Client:
         """The whole session as the server streams it: every message of the tree with its
         ``parentId`` (``{message, parentId, createdAt}``), then compactions and state."""
         return self._lines(self._session_path(session_id, "export"), None)
+
+    def import_lines(self, session_id: str, lines: Iterable[dict]) -> dict:
+        """Imports lines as ``export`` gives them into the session (created if needed), all or
+        nothing; messages whose id the session has are skipped. ``{imported, skipped}``."""
+        body = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+        return self.request("POST", self._session_path(session_id, "import"), body=body)
 
     def search(self, session_id: str, query: str, limit: int | None = None) -> list[dict]:
         return self.request("GET", self._session_path(session_id, "search"),

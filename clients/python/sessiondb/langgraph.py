@@ -20,12 +20,17 @@ listing):
 A checkpoint is one append, so it is stored whole or not at all. Checkpoint messages never
 change, so the saver keeps recently written and read ones in memory (``cache_bytes``) and
 finds the values an older checkpoint holds there, asking the server only for those it lacks.
+
+``prune`` and ``delete_for_runs`` delete checkpoint messages; a value a remaining checkpoint
+still reads from a deleted one moves first to a message of the side session
+(``values:<checkpoint id>``), where readers look when the checkpoint is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -46,7 +51,11 @@ from langgraph.checkpoint.base import (
 from .client import Client, SessiondbError, bounded_id, joined_id
 
 THREAD_KEY = "langgraphThread"
+VALUES_PREFIX = "values:"
+# Import requests of copy_thread stay well under the server's body limit (64 MiB by default).
+IMPORT_REQUEST_BYTES = 8 << 20
 _END = object()
+_MISSING = {"values": {}, "holders": {}}
 
 
 def _encode(typed: tuple[str, bytes]) -> dict:
@@ -140,7 +149,8 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
         thread_id = configurable["thread_id"]
         checkpoint_ns = configurable.get("checkpoint_ns", "")
         parent_id = configurable.get("checkpoint_id")
-        checkpoints, _ = self._ensure_sessions(thread_id, checkpoint_ns)
+        sessions = self._ensure_sessions(thread_id, checkpoint_ns)
+        checkpoints = sessions[0]
 
         checkpoint_id = checkpoint["id"]
         channel_values = checkpoint["channel_values"]
@@ -149,7 +159,7 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
             stored = _encode(self.serde.dumps_typed(channel_values[channel])) \
                 if channel in channel_values else {"type": "empty"}
             values[channel] = {"version": version, **stored}
-        inherited = self._content(checkpoints, parent_id)["holders"] if parent_id else {}
+        inherited = self._content(sessions, parent_id).get("holders", {}) if parent_id else {}
         holders = {}
         for channel, version in checkpoint["channel_versions"].items():
             if channel in values:
@@ -210,41 +220,140 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
             self.client.delete_session(session_id, missing_ok=True)
         self._created -= doomed
 
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copies every namespace of a thread, checkpoints (the tree, ids, values and metadata
+        as they are) and pending writes, into the target thread, beside what it has (ids it
+        has already are skipped). Writes are copied before the checkpoints they belong to, in
+        imports of at most ``IMPORT_REQUEST_BYTES`` each stored whole, so a copy cut short
+        leaves whole checkpoints that have their writes."""
+        for _, checkpoint_ns in self._namespaces({"thread_id": source_thread_id}):
+            sources = self._sessions(source_thread_id, checkpoint_ns)
+            targets = self._ensure_sessions(target_thread_id, checkpoint_ns)
+            for source, target in reversed(list(zip(sources, targets))):
+                self._import(target, self._export(source))
+
+    def _import(self, session_id: str, lines: Iterator[dict]) -> None:
+        batch: list[dict] = []
+        size = 0
+        for line in lines:
+            line_size = len(json.dumps(line))
+            if batch and size + line_size > IMPORT_REQUEST_BYTES:
+                self.client.import_lines(session_id, batch)
+                batch, size = [], 0
+            batch.append(line)
+            size += line_size
+        if batch:
+            self.client.import_lines(session_id, batch)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``keep_latest``: each namespace of these threads keeps only its newest checkpoint
+        (with its pending writes and every value it reads); ``delete``: the threads go."""
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"unknown prune strategy {strategy!r}: keep_latest or delete")
+        for thread_id in thread_ids:
+            if strategy == "delete":
+                self.delete_thread(thread_id)
+                continue
+            for _, checkpoint_ns in self._namespaces({"thread_id": thread_id}):
+                contents = self._checkpoint_contents(thread_id, checkpoint_ns)
+                if contents:
+                    self._delete_checkpoints(thread_id, checkpoint_ns, contents,
+                                             set(contents) - {max(contents)})
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Deletes the checkpoints (and their pending writes) whose metadata names one of these
+        runs, in every thread of this saver. sessiondb keeps no index of run ids, so this reads
+        every checkpoint of the saver's threads once: a clean-up, not something for every run."""
+        wanted = set(run_ids)
+        if not wanted:
+            return
+        for thread_id, checkpoint_ns in self._namespaces({}):
+            contents = self._checkpoint_contents(thread_id, checkpoint_ns)
+            doomed = {checkpoint_id for checkpoint_id, content in contents.items()
+                      if self.serde.loads_typed(_decode(content["metadata"])).get("run_id")
+                      in wanted}
+            if doomed:
+                self._delete_checkpoints(thread_id, checkpoint_ns, contents, doomed)
+
+    def _delete_checkpoints(self, thread_id: str, checkpoint_ns: str,
+                            contents: dict[str, dict], doomed: set[str]) -> None:
+        """Deletes the ``doomed`` checkpoints of a namespace whose checkpoints are ``contents``,
+        and their writes. The values the others still read from them move to the side session
+        first, so no remaining checkpoint ever lacks one."""
+        checkpoints, side = self._sessions(thread_id, checkpoint_ns)
+        moved: dict[str, dict] = {}
+        for checkpoint_id, content in contents.items():
+            if checkpoint_id in doomed:
+                continue
+            for channel, (holder, version) in content["holders"].items():
+                stored = contents.get(holder, _MISSING)["values"].get(channel)
+                if holder in doomed and stored is not None and stored["version"] == version:
+                    moved.setdefault(holder, {})[channel] = stored
+        if moved:
+            self.client.append_batch(side, [
+                {"id": bounded_id(VALUES_PREFIX + holder), "role": "values",
+                 "content": {"values": values}}
+                for holder, values in moved.items()], parent_id="")
+        self.client.delete_messages(checkpoints, doomed)
+        # The doomed checkpoints' writes, and moved values no remaining checkpoint reads.
+        anchors = {bounded_id(checkpoint_id) for checkpoint_id in doomed}
+        read = {bounded_id(VALUES_PREFIX + holder)
+                for checkpoint_id, content in contents.items() if checkpoint_id not in doomed
+                for holder, _ in content["holders"].values()}
+        unused = [line["message"]["id"] for line in self._export(side) if "message" in line
+                  and (line["message"]["id"] in anchors or line.get("parentId") in anchors
+                       or (line["message"]["role"] == "values"
+                           and line["message"]["id"] not in read))]
+        if unused:
+            self.client.delete_messages(side, unused)
+
     # -- reading -----------------------------------------------------------------------------
 
-    def _content(self, checkpoints: str, checkpoint_id: str) -> dict:
-        """A checkpoint message's content, from memory when this saver has it; a missing
-        checkpoint has no values (``{"values": {}, "holders": {}}``)."""
+    def _content(self, sessions: tuple[str, str], checkpoint_id: str) -> dict:
+        """The content of a checkpoint message (for the values it holds and its holders), from
+        memory when this saver has it; for a checkpoint pruned away, the values that moved to
+        the side session; for one that never was, ``_MISSING``."""
+        checkpoints, side = sessions
         content = self._contents.get((checkpoints, checkpoint_id))
         if content is not None:
             return content
-        try:
-            content = self.client.get_message(checkpoints, checkpoint_id)["content"]
-        except SessiondbError as error:
-            if error.code == "not_found":
-                return {"values": {}, "holders": {}}
-            raise
-        self._contents.put((checkpoints, checkpoint_id), content)
-        return content
+        for session_id, message_id in [(checkpoints, checkpoint_id),
+                                       (side, bounded_id(VALUES_PREFIX + checkpoint_id))]:
+            try:
+                content = self.client.get_message(session_id, message_id)["content"]
+            except SessiondbError as error:
+                if error.code == "not_found":
+                    continue
+                raise
+            self._contents.put((checkpoints, checkpoint_id), content)
+            return content
+        return _MISSING
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         configurable = config["configurable"]
         thread_id = configurable["thread_id"]
         checkpoint_ns = configurable.get("checkpoint_ns", "")
-        checkpoints, _ = self._sessions(thread_id, checkpoint_ns)
+        sessions = self._sessions(thread_id, checkpoint_ns)
+        checkpoints = sessions[0]
         checkpoint_id = get_checkpoint_id(config)
+        # The checkpoint itself always comes from the server, even when remembered: it may
+        # have been deleted since (by this process or another).
         if checkpoint_id:
-            content = self._content(checkpoints, checkpoint_id)
-            if "checkpoint" not in content:
-                return None
+            try:
+                message = self.client.get_message(checkpoints, checkpoint_id)
+            except SessiondbError as error:
+                if error.code == "not_found":
+                    return None
+                raise
         else:
             newest = self.client.messages(checkpoints, limit=1, order="desc")["items"]
             if not newest:
                 return None
-            content = newest[0]["content"]
-            self._contents.put((checkpoints, newest[0]["id"]), content)
+            message = newest[0]
+        content = message["content"]
+        self._contents.put((checkpoints, message["id"]), content)
         return self._tuple(thread_id, checkpoint_ns, content,
-                           lambda holder: self._content(checkpoints, holder))
+                           lambda holder: self._content(sessions, holder))
 
     def _tuple(self, thread_id: str, checkpoint_ns: str, content: dict,
                holder_content: Callable[[str], dict]) -> CheckpointTuple:
@@ -296,11 +405,8 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
         wanted_id = configurable.get("checkpoint_id")
         found = []
         for thread_id, checkpoint_ns in self._namespaces(configurable):
-            checkpoints, _ = self._sessions(thread_id, checkpoint_ns)
             # The whole namespace is read anyway, so older checkpoints' values come from it.
-            contents = {line["message"]["id"]: line["message"]["content"]
-                        for line in self._export(checkpoints)
-                        if line.get("message", {}).get("role") == "checkpoint"}
+            contents = self._checkpoint_contents(thread_id, checkpoint_ns)
             for checkpoint_id, content in contents.items():
                 if wanted_id and checkpoint_id != wanted_id:
                     continue
@@ -316,9 +422,18 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
                 metadata = self.serde.loads_typed(_decode(content["metadata"]))
                 if any(metadata.get(k) != v for k, v in filter.items()):
                     continue
+            sessions = self._sessions(thread_id, checkpoint_ns)
             yield self._tuple(thread_id, checkpoint_ns, content,
-                              lambda holder: contents.get(holder, {"values": {}}))
+                              lambda holder: contents.get(holder)
+                              or self._content(sessions, holder))
             yielded += 1
+
+    def _checkpoint_contents(self, thread_id: str, checkpoint_ns: str) -> dict[str, dict]:
+        """Every checkpoint message's content of a thread's namespace, by checkpoint id."""
+        checkpoints, _ = self._sessions(thread_id, checkpoint_ns)
+        return {line["message"]["id"]: line["message"]["content"]
+                for line in self._export(checkpoints)
+                if line.get("message", {}).get("role") == "checkpoint"}
 
     def _export(self, session_id: str) -> Iterator[dict]:
         try:
@@ -361,6 +476,15 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
 
     async def adelete_thread(self, thread_id: str) -> None:
         await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
 
     async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
                     before: RunnableConfig | None = None, limit: int | None = None

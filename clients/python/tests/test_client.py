@@ -74,6 +74,23 @@ class ClientTest(ServedTest):
         c.replace_message("tree2", "nope", {"role": "user", "content": "x"}, upsert=True)
         self.assertEqual(c.get_message("tree2", "nope")["content"], "x")
 
+    def test_import_of_an_export_and_deletes_of_many(self):
+        c = self.client
+        c.append("orig", {"id": "a", "role": "user", "content": "first"})
+        c.append("orig", {"id": "b", "role": "assistant", "content": "second"})
+        c.append("orig", {"id": "c", "role": "assistant", "content": "other"}, parent="a")
+        c.put_state("orig", "k", [1])
+        self.assertEqual(c.import_lines("copy", c.export("orig")), {"imported": 4, "skipped": 0})
+        self.assertEqual(list(c.export("copy")), list(c.export("orig")))
+        self.assertEqual(c.import_lines("copy", c.export("orig")), {"imported": 1, "skipped": 3})
+        with self.assertRaises(SessiondbError) as caught:
+            c.import_lines("copy2", [{"message": {"id": "x", "role": "user", "content": "x"}},
+                                     {"message": {"role": ""}}])
+        self.assertEqual(caught.exception.code, "invalid_request")
+        self.assertEqual(c.messages("copy2")["items"], [])
+        self.assertEqual(c.delete_messages("copy", ["b", "c", "missing"]), 2)
+        self.assertEqual([m["id"] for m in c.full_history("copy")], ["a"])
+
     def test_identifiers_are_single_path_segments(self):
         c = self.client
         for sid in ["a/b", "what?x=1", "100% sure", "日本語 ✓", "..", "#frag"]:

@@ -64,7 +64,8 @@ class SaverTest(ServedTest):
                         if result.passed is False}
             self.assertEqual(failures, {}, cache_bytes)
             self.assertTrue(report.passed_all_base())
-            for capability in ["put", "put_writes", "get_tuple", "list", "delete_thread"]:
+            for capability in ["put", "put_writes", "get_tuple", "list", "delete_thread",
+                               "copy_thread", "prune", "delete_for_runs"]:
                 self.assertTrue(report.results[capability].passed, capability)
                 self.assertGreater(report.results[capability].tests_passed, 0, capability)
 
@@ -154,6 +155,82 @@ class SaverTest(ServedTest):
         self.assertEqual(list(saver.list(config)), [])
         self.assertEqual(graph(saver).get_state(other).values["topic"], "y")
         self.assertEqual([s["id"] for s in self.client.list_sessions(user_id=f"{saver.prefix}gone-1")], [])
+
+    def test_copy_thread_copies_an_interrupted_thread_that_then_resumes_on_its_own(self):
+        saver = self.saver()
+        source = {"configurable": {"thread_id": "copy-src"}}
+        copy = {"configurable": {"thread_id": "copy-dst"}}
+        paused = graph(saver, ask=True).invoke({"topic": "moths", "steps": []}, source)
+        self.assertIn("__interrupt__", paused)
+        saver.copy_thread("copy-src", "copy-dst")
+        # Another process, reading only from the server, resumes the copy.
+        other = graph(SessiondbSaver(self.client, prefix=saver.prefix, cache_bytes=0), ask=True)
+        history = [s.config["configurable"]["checkpoint_id"]
+                   for s in other.get_state_history(source)]
+        self.assertEqual([s.config["configurable"]["checkpoint_id"]
+                          for s in other.get_state_history(copy)], history)
+        declined = other.invoke(Command(resume=False), copy)
+        self.assertEqual(declined["steps"], ["research moths", "declined"])
+        # The source is still waiting for its answer.
+        self.assertEqual(other.get_state(source).next, ("write",))
+        approved = other.invoke(Command(resume=True), source)
+        self.assertEqual(approved["steps"], ["research moths", "write moths"])
+
+    def test_prune_keeps_the_latest_checkpoint_with_every_value_it_reads(self):
+        saver = self.saver()
+        config = {"configurable": {"thread_id": "prune-1"}}
+        app = graph(saver, quote_topic=False)
+        # The topic is written by the first checkpoints only; the latest reads it from them.
+        app.invoke({"topic": "t" * 5_000, "steps": []}, config)
+        before = app.get_state(config)
+        saver.prune(["prune-1"])
+        fresh = graph(SessiondbSaver(self.client, prefix=saver.prefix, cache_bytes=0),
+                      quote_topic=False)
+        states = list(fresh.get_state_history(config))
+        self.assertEqual(len(states), 1)
+        self.assertEqual(states[0].values, before.values)
+        self.assertEqual(states[0].config, before.config)
+        _, side = saver._sessions("prune-1", "")
+
+        def moved_values() -> set[str]:
+            return {line["message"]["id"].removeprefix("values:")
+                    for line in self.client.export(side)
+                    if line.get("message", {}).get("role") == "values"}
+
+        first_moved = moved_values()
+        self.assertTrue(first_moved, "the topic's holder was pruned and its value moved")
+        # The thread goes on from the kept checkpoint, and prunes again.
+        more = fresh.invoke({"topic": "u", "steps": ["again"]}, config)
+        self.assertEqual(more["steps"], ["research it", "write it", "again", "research it",
+                                         "write it"])
+        saver.prune(["prune-1"])
+        self.assertEqual(fresh.get_state(config).values, more)
+        # Moved values stay exactly while the kept checkpoint reads them: the new topic's
+        # holder moved, the old topic's went.
+        checkpoints, _ = saver._sessions("prune-1", "")
+        latest = self.client.messages(checkpoints, limit=1, order="desc")["items"][0]["content"]
+        read = {holder for holder, _ in latest["holders"].values()}
+        self.assertTrue(moved_values() and moved_values() <= read, (moved_values(), read))
+        self.assertFalse(moved_values() & first_moved)
+
+    def test_delete_for_runs_keeps_the_other_runs_whole(self):
+        saver = self.saver()
+        app = graph(saver)
+
+        def run(thread: str, run_id: str, values):
+            config = {"configurable": {"thread_id": thread}, "metadata": {"run_id": run_id}}
+            return app.invoke(values, config)
+
+        run("runs-1", "first", {"topic": "seals", "steps": []})
+        second = run("runs-1", "second", {"topic": "seals", "steps": ["more"]})
+        run("runs-2", "first", {"topic": "gulls", "steps": []})
+        saver.delete_for_runs(["first"])
+        fresh = SessiondbSaver(self.client, prefix=saver.prefix, cache_bytes=0)
+        left = {t.metadata.get("run_id") for t in fresh.list({"configurable": {"thread_id": "runs-1"}})}
+        self.assertEqual(left, {"second"})
+        self.assertEqual(list(fresh.list({"configurable": {"thread_id": "runs-2"}})), [])
+        self.assertEqual(graph(fresh).get_state({"configurable": {"thread_id": "runs-1"}}).values,
+                         second)
 
 
 if __name__ == "__main__":
