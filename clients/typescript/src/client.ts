@@ -146,7 +146,14 @@ export class Client {
     this.timeoutMs = options.timeoutMs ?? 30_000;
   }
 
-  private async open(method: string, path: string, query?: Query, body?: unknown): Promise<Response> {
+  /** `body` is sent as JSON; `ndjson`, when given, as NDJSON text instead. */
+  private async open(
+    method: string,
+    path: string,
+    query?: Query,
+    body?: unknown,
+    ndjson?: string,
+  ): Promise<Response> {
     // URL parsers (fetch's included) resolve "." and ".." segments, even percent-encoded, so a
     // request for an id such as ".." would reach another path; it is refused instead.
     if (path.split('/').some((segment) => segment === '.' || segment === '..')) {
@@ -158,14 +165,21 @@ export class Client {
       url += '?' + new URLSearchParams(pairs.map(([k, v]) => [k, String(v)])).toString();
     }
     const headers: Record<string, string> = { accept: 'application/json' };
-    if (body !== undefined) headers['content-type'] = 'application/json';
+    let payload: string | undefined;
+    if (ndjson !== undefined) {
+      headers['content-type'] = 'application/x-ndjson';
+      payload = ndjson;
+    } else if (body !== undefined) {
+      headers['content-type'] = 'application/json';
+      payload = JSON.stringify(body);
+    }
     if (this.apiKey !== undefined) headers.authorization = `Bearer ${this.apiKey}`;
     let answer: Response;
     try {
       answer = await fetch(url, {
         method,
         headers,
-        body: body === undefined ? undefined : JSON.stringify(body),
+        body: payload,
         signal: AbortSignal.timeout(this.timeoutMs),
       });
     } catch (failure) {
@@ -323,6 +337,17 @@ export class Client {
     await this.request('DELETE', this.sessionPath(sessionId, 'messages', messageId));
   }
 
+  /**
+   * Deletes these messages at once (ids the session lacks are passed over) and resolves to how
+   * many were deleted; children re-attach to their nearest surviving ancestor.
+   */
+  async deleteMessages(sessionId: string, messageIds: Iterable<string>): Promise<number> {
+    const answer = await this.request<{ deleted: number }>('POST', this.sessionPath(sessionId, 'messages', 'delete'), {
+      body: { ids: [...messageIds] },
+    });
+    return answer.deleted;
+  }
+
   /** Deletes every message of the session; the session and its metadata stay. */
   async clear(sessionId: string): Promise<void> {
     await this.request('DELETE', this.sessionPath(sessionId, 'messages'));
@@ -345,6 +370,20 @@ export class Client {
    */
   export(sessionId: string): AsyncGenerator<ExportLine> {
     return this.lines(this.sessionPath(sessionId, 'export'));
+  }
+
+  /**
+   * Imports lines as `export` gives them into the session (created if needed), all or nothing;
+   * messages whose id the session has are skipped.
+   */
+  async importLines(
+    sessionId: string,
+    lines: Iterable<ExportLine> | AsyncIterable<ExportLine>,
+  ): Promise<{ imported: number; skipped: number }> {
+    let text = '';
+    for await (const line of lines) text += JSON.stringify(line) + '\n';
+    const answer = await this.open('POST', this.sessionPath(sessionId, 'import'), undefined, undefined, text);
+    return (await answer.json()) as { imported: number; skipped: number };
   }
 
   /** The JSON lines of an NDJSON answer, read as they arrive; closed when the loop ends. */

@@ -47,6 +47,22 @@ test('history streams long conversations and stops early', async () => {
   assert.equal((await shared.client.getSession('long')).messageCount, 300, 'the server still answers');
 });
 
+test('import of an export and deletes of many', async () => {
+  const c = shared.client;
+  await c.append('orig', { id: 'a', role: 'user', content: 'first' });
+  await c.append('orig', { id: 'b', role: 'assistant', content: 'second' });
+  await c.append('orig', { id: 'c', role: 'assistant', content: 'other' }, { parent: 'a' });
+  await c.putState('orig', 'k', [1]);
+  assert.deepEqual(await c.importLines('copy', c.export('orig')), { imported: 4, skipped: 0 });
+  assert.deepEqual(await all(c.export('copy')), await all(c.export('orig')));
+  assert.deepEqual(await c.importLines('copy', c.export('orig')), { imported: 1, skipped: 3 });
+  const invalid = [{ message: { id: 'x', role: 'user', content: 'x' } }, { message: { role: '' } }];
+  await rejectsWith(c.importLines('copy2', invalid), 400, 'invalid_request');
+  assert.deepEqual((await c.messages('copy2')).items, []);
+  assert.equal(await c.deleteMessages('copy', ['b', 'c', 'missing']), 2);
+  assert.deepEqual((await all(c.history('copy'))).map((m) => m.id), ['a']);
+});
+
 test('branches, edits, deletes and search', async () => {
   const root = (await shared.client.append('tree', { role: 'user', content: 'which zebra is fastest' })).message;
   const a = (await shared.client.append('tree', { role: 'assistant', content: 'first answer' })).message;
