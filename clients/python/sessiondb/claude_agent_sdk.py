@@ -18,9 +18,14 @@ read a transcript as a conversation; the rest of the entry is kept under the met
 under their ``type`` as role, with ``claudeEntry`` set to ``"content"``. ``load`` rebuilds
 every entry exactly as it was appended.
 
-``list_session_summaries`` is not implemented (the SDK then lists with ``list_sessions`` and
-``load``): keeping the SDK's summary sidecar needs a read-fold-write that no other writer may
-interleave, and a store shared by several processes has no such lock.
+The summaries ``list_session_summaries`` returns (so the SDK lists a project's sessions in one
+listing instead of a ``load`` each) are kept in the session's metadata under ``claudeSummary``:
+the SDK's fold of every entry, with the id of the last entry folded and how many there were.
+Appends by several processes may interleave, and sessiondb has no compare-and-set, so the fold
+is checked instead: a summary counts only while its last entry and count are the session's
+leaf and message count. An append whose stored summary does not match after it is written
+folds the whole transcript again; a summary that does not match when listed is left out, and
+the SDK then reads that session with ``load``. A summary is never wrong, at worst missing.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ from .client import MAX_ID_CHARS, Client, SessiondbError, bounded_id, joined_id
 ENTRY_KEY = "claudeEntry"
 WHOLE_ENTRY = "content"
 SESSION_KEY = "claudeSessionKey"
+SUMMARY_KEY = "claudeSummary"
+# Summaries are the SDK's opaque fold output; the two SDKs' folds need not agree, so each
+# language trusts only its own.
+SUMMARY_SDK = "python"
 
 
 def message_of_entry(entry: dict) -> dict:
@@ -68,6 +77,26 @@ def entry_of_message(message: dict) -> dict:
     return stored
 
 
+def _summary(through: str | None, count: int, entry: dict | None) -> dict:
+    """A stored summary: the SDK's fold (``entry``) of ``count`` messages ending at ``through``."""
+    return {"sdk": SUMMARY_SDK, "through": through, "count": count, "entry": entry}
+
+
+def _summary_of(session: dict) -> dict | None:
+    """The session's stored summary, if this language wrote it."""
+    summary = (session.get("metadata") or {}).get(SUMMARY_KEY)
+    if isinstance(summary, dict) and summary.get("sdk") == SUMMARY_SDK:
+        return summary
+    return None
+
+
+def _matches(summary: dict, session: dict) -> bool:
+    """Whether the summary folded exactly the session's messages: it ends at the session's
+    leaf and counts as many. (Transcripts are linear: every append goes under the leaf.)"""
+    return (summary.get("entry") is not None and summary["through"] == session["leafId"]
+            and summary["count"] == session["messageCount"])
+
+
 def _usable_name(value: Any) -> bool:
     """A role or id sessiondb takes: 1..256 characters, none of them a control character."""
     return (isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS
@@ -92,6 +121,8 @@ class SessiondbSessionStore:
     def __init__(self, client: Client, prefix: str = ""):
         self.client = client
         self.prefix = prefix
+        # The summary this process last stored, by session id.
+        self._summaries: dict[str, dict] = {}
 
     def _session_id(self, key: dict) -> str:
         parts = [key["project_key"], key["session_id"]]
@@ -123,27 +154,57 @@ class SessiondbSessionStore:
         try:
             self.client.create_session(session_id, userId=self._owner(key["project_key"]),
                                        metadata={SESSION_KEY: stored_key})
+            if not key.get("subpath"):
+                self._summaries[session_id] = _summary(None, 0, None)
         except SessiondbError as error:
             if error.code != "conflict":
                 raise
-        self.client.append_batch(session_id, [message_of_entry(e) for e in entries])
+        stored = self.client.append_batch(session_id, [message_of_entry(e) for e in entries])
+        if not key.get("subpath"):
+            self._fold(key, session_id, entries, stored[-1]["id"])
+
+    def _fold(self, key: dict, session_id: str, entries: list[dict], last_id: str) -> None:
+        """Folds the appended entries into the session's stored summary; the whole transcript
+        instead when there is none to fold into, or the result does not match the session."""
+        from claude_agent_sdk import fold_session_summary
+
+        prev = self._summaries.get(session_id)
+        if prev is None:
+            prev = _summary_of(self.client.get_session(session_id))
+        if prev is not None:
+            summary = _summary(last_id, prev["count"] + len(entries),
+                               fold_session_summary(prev["entry"], key, entries))
+            session = self.client.update_session(session_id, metadata={SUMMARY_KEY: summary})
+            if _matches(summary, session):
+                self._summaries[session_id] = summary
+                return
+        # Interleaved with another append, or a batch partly stored before: fold it all.
+        messages = self._messages(session_id)
+        summary = _summary(messages[-1]["id"] if messages else None, len(messages),
+                           fold_session_summary(None, key, [entry_of_message(m) for m in messages]))
+        self.client.update_session(session_id, metadata={SUMMARY_KEY: summary})
+        self._summaries[session_id] = summary
 
     async def load(self, key: dict) -> list[dict] | None:
         return await asyncio.to_thread(self._load, key)
 
     def _load(self, key: dict) -> list[dict] | None:
         session_id = self._session_id(key)
-        entries: list[dict] = []
+        messages = self._messages(session_id)
+        if not messages and not self._exists(session_id):
+            return None
+        return [entry_of_message(m) for m in messages]
+
+    def _messages(self, session_id: str) -> list[dict]:
+        """The transcript's messages, oldest first."""
+        messages: list[dict] = []
         after = None
         while True:
             page = self.client.messages(session_id, limit=100, after=after)
-            entries.extend(entry_of_message(m) for m in page["items"])
+            messages.extend(page["items"])
             after = page.get("nextCursor")
             if after is None or not page["items"]:
-                break
-        if not entries and not self._exists(session_id):
-            return None
-        return entries
+                return messages
 
     def _exists(self, session_id: str) -> bool:
         try:
@@ -161,6 +222,21 @@ class SessiondbSessionStore:
         return [{"session_id": key["sessionId"], "mtime": session["updatedAt"]}
                 for session, key in self._project_sessions(project_key)
                 if not key.get("subpath")]
+
+    async def list_session_summaries(self, project_key: str) -> list[dict]:
+        return await asyncio.to_thread(self._list_session_summaries, project_key)
+
+    def _list_session_summaries(self, project_key: str) -> list[dict]:
+        found = []
+        for session, key in self._project_sessions(project_key):
+            summary = _summary_of(session)
+            if key.get("subpath") or summary is None or not _matches(summary, session):
+                continue
+            # Stamped with the time `list_sessions` gives (the same clock); a summary that
+            # matches its session is as new as the session.
+            found.append({**summary["entry"], "session_id": key["sessionId"],
+                          "mtime": session["updatedAt"]})
+        return found
 
     async def list_subkeys(self, key: dict) -> list[str]:
         return await asyncio.to_thread(self._list_subkeys, key)

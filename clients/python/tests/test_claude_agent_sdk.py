@@ -88,6 +88,35 @@ class SessionStoreTest(ServedTest):
         self.assertEqual([h["id"] for h in hits], [entries[3]["uuid"]])
         self.assertEqual(self.client.get_session(session_id)["userId"], f"{store.prefix}-repo")
 
+    def test_summaries_stay_true_when_appends_interleave(self):
+        first = self.store()
+        second = SessiondbSessionStore(self.client, prefix=first.prefix)  # another process
+        key = {"project_key": "-repo", "session_id": SESSION}
+        entries = transcript("/repo")
+
+        def expected(upto: int) -> list[dict]:
+            folded = claude.fold_session_summary(None, key, entries[:upto])
+            return [{**folded, "mtime": self.client.get_session(
+                f"{first.prefix}-repo/{SESSION}")["updatedAt"]}]
+
+        run(first.append(key, entries[:2]))
+        self.assertEqual(run(first.list_session_summaries("-repo")), expected(2))
+        run(second.append(key, entries[2:3]))  # folds onto what the first stored
+        self.assertEqual(run(second.list_session_summaries("-repo")), expected(3))
+        run(first.append(key, entries[3:5]))  # its own last summary is stale: folds it all
+        self.assertEqual(run(second.list_session_summaries("-repo")), expected(5))
+        run(second.append(key, entries[2:6]))  # a retried batch, partly stored before
+        self.assertEqual(run(first.list_session_summaries("-repo")), expected(6))
+        # A summary left behind by an append (here: one written without the fold) is not
+        # listed, and the SDK reads that session with `load` instead.
+        self.client.append_batch(f"{first.prefix}-repo/{SESSION}",
+                                 [{"role": "user", "content": "typed elsewhere"}])
+        self.assertEqual(run(first.list_session_summaries("-repo")), [])
+        self.assertEqual(run(first.list_sessions("-repo"))[0]["session_id"], SESSION)
+        run(first.append({**key, "subpath": "subagents/agent-1"}, [{"type": "x", "uuid": "s1"}]))
+        self.assertEqual(run(first.list_session_summaries("-repo")), [])
+        self.assertEqual(run(first.list_session_summaries("-elsewhere")), [])
+
     def test_long_keys_and_odd_characters(self):
         store = self.store()
         keys = [{"project_key": "-" + "very-long-path-" * 20, "session_id": SESSION},
@@ -125,7 +154,9 @@ class SessionStoreTest(ServedTest):
                     store, SESSION, directory=cwd))
                 self.assertEqual(len(from_store), 4)
                 self.assertEqual(from_store, local_messages)
-                listed = run(claude.list_sessions_from_store(store, directory=cwd))
+                # Listed from the stored summaries alone: no transcript is loaded.
+                with mock.patch.object(store, "load", side_effect=AssertionError("loaded")):
+                    listed = run(claude.list_sessions_from_store(store, directory=cwd))
                 self.assertEqual([(s.session_id, s.summary) for s in listed],
                                  [(SESSION, local_info.summary)])
                 self.assertEqual(listed[0].custom_title, "Tokenizer diaeresis")
@@ -133,6 +164,9 @@ class SessionStoreTest(ServedTest):
                 run(claude.rename_session_via_store(store, SESSION, "Renamed", directory=cwd))
                 info = run(claude.get_session_info_from_store(store, SESSION, directory=cwd))
                 self.assertEqual(info.custom_title, "Renamed")
+                with mock.patch.object(store, "load", side_effect=AssertionError("loaded")):
+                    listed = run(claude.list_sessions_from_store(store, directory=cwd))
+                self.assertEqual([s.custom_title for s in listed], ["Renamed"])
 
                 fork = run(claude.fork_session_via_store(
                     store, SESSION, directory=cwd,

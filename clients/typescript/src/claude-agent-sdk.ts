@@ -9,10 +9,17 @@
  * `uuid` (a retried batch is stored once). An entry carrying an API message is stored with that
  * message's role and content (so transcripts are searchable conversations), the rest under
  * `claudeEntry`; other entries are stored whole as `content` with `claudeEntry: "content"`.
- * `listSessionSummaries` is not implemented: its sidecar needs a read-fold-write that no other
- * writer interleaves, which several processes sharing one server cannot promise.
+ *
+ * The summaries `listSessionSummaries` returns (one listing instead of a `load` per session) are
+ * kept in the session's metadata under `claudeSummary`: the SDK's fold of every entry, with the
+ * id of the last entry folded and how many there were. Appends by several processes may
+ * interleave and sessiondb has no compare-and-set, so the fold is checked instead: a summary
+ * counts only while its last entry and count are the session's leaf and message count. An append
+ * whose stored summary does not match after it is written folds the whole transcript again; a
+ * summary that does not match when listed is left out (the SDK then loads that session). The two
+ * SDKs' folds need not agree, so each language trusts only the summaries it wrote.
  */
-import type { SessionKey, SessionStore, SessionStoreEntry } from '@anthropic-ai/claude-agent-sdk';
+import type { SessionKey, SessionStore, SessionStoreEntry, SessionSummaryEntry } from '@anthropic-ai/claude-agent-sdk';
 
 import {
   Client,
@@ -28,10 +35,27 @@ import {
 
 export const ENTRY_KEY = 'claudeEntry';
 export const SESSION_KEY = 'claudeSessionKey';
+export const SUMMARY_KEY = 'claudeSummary';
 const WHOLE_ENTRY = 'content';
+const SUMMARY_SDK = 'typescript';
 
 type Entry = { [key: string]: Json };
 type StoredKey = { projectKey: string; sessionId: string; subpath?: string };
+/** A stored summary: the SDK's fold (`entry`) of `count` messages ending at `through`. */
+type StoredSummary = { sdk: string; through: string | null; count: number; entry: SessionSummaryEntry | null };
+
+function summaryOf(session: SessionRecord): StoredSummary | undefined {
+  const summary = session.metadata?.[SUMMARY_KEY] as StoredSummary | undefined;
+  return summary !== null && typeof summary === 'object' && summary.sdk === SUMMARY_SDK ? summary : undefined;
+}
+
+/**
+ * Whether the summary folded exactly the session's messages: it ends at the session's leaf and
+ * counts as many. (Transcripts are linear: every append goes under the leaf.)
+ */
+function matches(summary: StoredSummary, session: SessionRecord): boolean {
+  return summary.entry !== null && summary.through === session.leafId && summary.count === session.messageCount;
+}
 
 /** A role or id sessiondb takes: 1..256 characters, none of them a control character. */
 function usableName(value: unknown): value is string {
@@ -95,6 +119,8 @@ export interface SessiondbSessionStoreOptions {
 export class SessiondbSessionStore implements SessionStore {
   readonly client: Client;
   readonly prefix: string;
+  /** The summary this process last stored, by session id. */
+  private readonly summaries = new Map<string, StoredSummary>();
 
   constructor(options: SessiondbSessionStoreOptions) {
     this.client = options.client;
@@ -130,24 +156,64 @@ export class SessiondbSessionStore implements SessionStore {
         userId: this.owner(key.projectKey),
         metadata: { [SESSION_KEY]: storedKey },
       });
+      if (!key.subpath) this.summaries.set(sessionId, { sdk: SUMMARY_SDK, through: null, count: 0, entry: null });
     } catch (error) {
       if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
     }
-    await this.client.appendBatch(sessionId, (entries as Entry[]).map(messageOfEntry));
+    const stored = await this.client.appendBatch(sessionId, (entries as Entry[]).map(messageOfEntry));
+    if (!key.subpath) await this.fold(key, sessionId, entries, stored[stored.length - 1].id);
+  }
+
+  /**
+   * Folds the appended entries into the session's stored summary; the whole transcript instead
+   * when there is none to fold into, or the result does not match the session.
+   */
+  private async fold(key: SessionKey, sessionId: string, entries: SessionStoreEntry[], lastId: string): Promise<void> {
+    const { foldSessionSummary } = await import('@anthropic-ai/claude-agent-sdk');
+    const store = async (summary: StoredSummary): Promise<SessionRecord> =>
+      this.client.updateSession(sessionId, { metadata: { [SUMMARY_KEY]: summary as unknown as Json } });
+    const prev = this.summaries.get(sessionId) ?? summaryOf(await this.client.getSession(sessionId));
+    if (prev !== undefined) {
+      const summary: StoredSummary = {
+        sdk: SUMMARY_SDK,
+        through: lastId,
+        count: prev.count + entries.length,
+        entry: foldSessionSummary(prev.entry ?? undefined, key, entries),
+      };
+      if (matches(summary, await store(summary))) {
+        this.summaries.set(sessionId, summary);
+        return;
+      }
+    }
+    // Interleaved with another append, or a batch partly stored before: fold it all.
+    const messages = await this.messagesOf(sessionId);
+    const summary: StoredSummary = {
+      sdk: SUMMARY_SDK,
+      through: messages.length > 0 ? messages[messages.length - 1].id : null,
+      count: messages.length,
+      entry: foldSessionSummary(undefined, key, messages.map(entryOfMessage)),
+    };
+    await store(summary);
+    this.summaries.set(sessionId, summary);
   }
 
   async load(key: SessionKey): Promise<SessionStoreEntry[] | null> {
     const sessionId = this.sessionIdOf(key);
-    const entries: SessionStoreEntry[] = [];
+    const messages = await this.messagesOf(sessionId);
+    if (messages.length === 0 && !(await this.exists(sessionId))) return null;
+    return messages.map(entryOfMessage);
+  }
+
+  /** The transcript's messages, oldest first. */
+  private async messagesOf(sessionId: string): Promise<StoredMessage[]> {
+    const messages: StoredMessage[] = [];
     let after: string | undefined;
     for (;;) {
       const page = await this.client.messages(sessionId, { limit: 100, after });
-      entries.push(...page.items.map(entryOfMessage));
+      messages.push(...page.items);
       after = page.nextCursor;
-      if (after === undefined || page.items.length === 0) break;
+      if (after === undefined || page.items.length === 0) return messages;
     }
-    if (entries.length === 0 && !(await this.exists(sessionId))) return null;
-    return entries;
   }
 
   private async exists(sessionId: string): Promise<boolean> {
@@ -164,6 +230,18 @@ export class SessiondbSessionStore implements SessionStore {
     return (await this.projectSessions(projectKey))
       .filter(([, key]) => !key.subpath)
       .map(([session, key]) => ({ sessionId: key.sessionId, mtime: session.updatedAt }));
+  }
+
+  async listSessionSummaries(projectKey: string): Promise<SessionSummaryEntry[]> {
+    const found: SessionSummaryEntry[] = [];
+    for (const [session, key] of await this.projectSessions(projectKey)) {
+      const summary = summaryOf(session);
+      if (key.subpath || summary === undefined || !matches(summary, session)) continue;
+      // Stamped with the time `listSessions` gives (the same clock): a summary that matches its
+      // session is as new as the session.
+      found.push({ ...(summary.entry as SessionSummaryEntry), sessionId: key.sessionId, mtime: session.updatedAt });
+    }
+    return found;
   }
 
   async listSubkeys(key: { projectKey: string; sessionId: string }): Promise<string[]> {

@@ -89,6 +89,33 @@ test('keys that would collide or overflow an id stay apart', async () => {
   assert.equal((await shared.client.getSession(`${store.prefix}it%27s/%28odd%29%21%2A`)).userId, `${store.prefix}it's`);
 });
 
+test('summaries list in one call and stay true when appends interleave', async () => {
+  const first = fresh();
+  const second = new SessiondbSessionStore({ client: shared.client, prefix: first.prefix }); // another process
+  const key = { projectKey: '-repo', sessionId: SESSION };
+  const entries = transcript('/repo');
+  const expected = async (upto) => {
+    const { updatedAt } = await shared.client.getSession(`${first.prefix}-repo/${SESSION}`);
+    return [{ ...claude.foldSessionSummary(undefined, key, entries.slice(0, upto)), mtime: updatedAt }];
+  };
+  await first.append(key, entries.slice(0, 2));
+  assert.deepEqual(await first.listSessionSummaries('-repo'), await expected(2));
+  await second.append(key, entries.slice(2, 3)); // folds onto what the first stored
+  assert.deepEqual(await second.listSessionSummaries('-repo'), await expected(3));
+  await first.append(key, entries.slice(3, 4)); // its own last summary is stale: folds it all
+  assert.deepEqual(await second.listSessionSummaries('-repo'), await expected(4));
+  await second.append(key, entries.slice(2, 5)); // a retried batch, partly stored before
+  assert.deepEqual(await first.listSessionSummaries('-repo'), await expected(5));
+  // A summary an append left behind (here: one written without the fold) is not listed; the SDK
+  // then loads that session.
+  await shared.client.appendBatch(`${first.prefix}-repo/${SESSION}`, [{ role: 'user', content: 'typed elsewhere' }]);
+  assert.deepEqual(await first.listSessionSummaries('-repo'), []);
+  assert.deepEqual((await first.listSessions('-repo')).map((s) => s.sessionId), [SESSION]);
+  await first.append({ ...key, subpath: 'subagents/agent-1' }, [e({ uuid: 's1' })]);
+  assert.deepEqual(await first.listSessionSummaries('-repo'), []);
+  assert.deepEqual(await first.listSessionSummaries('-elsewhere'), []);
+});
+
 function transcript(cwd) {
   const common = { isSidechain: false, userType: 'external', cwd, sessionId: SESSION, version: '2.0.14', gitBranch: 'main' };
   const usage = { input_tokens: 120, output_tokens: 40 };
@@ -124,11 +151,22 @@ test("the SDK's store helpers read what the CLI wrote", async () => {
     const sessionStore = fresh();
     await claude.importSessionToStore(SESSION, sessionStore, { dir: cwd });
     assert.deepEqual(await claude.getSessionMessages(SESSION, { dir: cwd, sessionStore }), local);
-    const listed = await claude.listSessions({ dir: cwd, sessionStore });
+    // Listed from the stored summaries alone: no transcript is loaded.
+    const listWithoutLoading = async () => {
+      const load = sessionStore.load;
+      sessionStore.load = () => assert.fail('a transcript was loaded to list sessions');
+      try {
+        return await claude.listSessions({ dir: cwd, sessionStore });
+      } finally {
+        sessionStore.load = load;
+      }
+    };
+    const listed = await listWithoutLoading();
     assert.deepEqual(listed.map((s) => [s.sessionId, s.customTitle]), [[SESSION, 'Tokenizer diaeresis']]);
 
     await claude.renameSession(SESSION, 'Renamed', { dir: cwd, sessionStore });
     assert.equal((await claude.getSessionInfo(SESSION, { dir: cwd, sessionStore })).customTitle, 'Renamed');
+    assert.deepEqual((await listWithoutLoading()).map((s) => s.customTitle), ['Renamed']);
 
     const fork = await claude.forkSession(SESSION, { dir: cwd, sessionStore, upToMessageId: '11111111-0000-4000-8000-000000000002' });
     const forked = await claude.getSessionMessages(fork.sessionId, { dir: cwd, sessionStore });
