@@ -3,7 +3,8 @@
 ``SessiondbSessionStore`` receives the transcripts Claude Code mirrors
 (``ClaudeAgentOptions(session_store=...)``) and gives them back for resume, listing, forking and
 the SDK's other store helpers. It passes the SDK's own conformance suite
-(``claude_agent_sdk.testing.run_session_store_conformance``) and needs no import of the SDK.
+(``claude_agent_sdk.testing.run_session_store_conformance``); of the SDK it uses only
+``fold_session_summary``, imported when a transcript is first appended.
 
 How keys and entries are stored. Each key (``project_key``, ``session_id`` and, for a subagent
 transcript, ``subpath``) is one sessiondb session, whose id joins the three percent-encoded
