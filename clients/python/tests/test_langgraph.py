@@ -150,8 +150,11 @@ class SaverTest(ServedTest):
         graph(saver).invoke({"topic": "x", "steps": []}, config)
         other = {"configurable": {"thread_id": "kept-1"}}
         graph(saver).invoke({"topic": "y", "steps": []}, other)
+        remembered = saver.get_tuple(config).config
         saver.delete_thread("gone-1")
         self.assertIsNone(saver.get_tuple(config))
+        # Nor does a checkpoint the saver remembers come back by its id.
+        self.assertIsNone(saver.get_tuple(remembered))
         self.assertEqual(list(saver.list(config)), [])
         self.assertEqual(graph(saver).get_state(other).values["topic"], "y")
         self.assertEqual([s["id"] for s in self.client.list_sessions(user_id=f"{saver.prefix}gone-1")], [])

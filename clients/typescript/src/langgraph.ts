@@ -34,7 +34,7 @@ import {
   type SerializerProtocol,
 } from '@langchain/langgraph-checkpoint';
 
-import { Client, SessiondbError, boundedId, joinedId, type Json } from './client.js';
+import { Client, SessiondbError, boundedId, joinedId, type Json, type StoredMessage } from './client.js';
 
 export const THREAD_KEY = 'langgraphThread';
 
@@ -253,17 +253,22 @@ export class SessiondbSaver extends BaseCheckpointSaver {
     const checkpointNs = (config.configurable?.checkpoint_ns as string | undefined) ?? '';
     const [checkpoints] = this.sessionsOf(threadId, checkpointNs);
     const wanted = getCheckpointId(config);
-    let content: Content;
+    // The checkpoint itself always comes from the server, even when remembered: it may have been
+    // deleted since (by this process or another).
+    let message: StoredMessage | undefined;
     if (wanted) {
-      const found = await this.content(checkpoints, wanted);
-      if (found.checkpoint === undefined) return undefined;
-      content = found as Content;
+      try {
+        message = await this.client.getMessage(checkpoints, wanted);
+      } catch (error) {
+        if (error instanceof SessiondbError && error.code === 'not_found') return undefined;
+        throw error;
+      }
     } else {
-      const [newest] = (await this.client.messages(checkpoints, { limit: 1, order: 'desc' })).items;
-      if (newest === undefined) return undefined;
-      content = newest.content as unknown as Content;
-      this.contents.put(checkpoints, newest.id, content);
+      [message] = (await this.client.messages(checkpoints, { limit: 1, order: 'desc' })).items;
+      if (message === undefined) return undefined;
     }
+    const content = message.content as unknown as Content;
+    this.contents.put(checkpoints, message.id, content);
     return this.tuple(threadId, checkpointNs, content, (holder) => this.content(checkpoints, holder));
   }
 

@@ -73,7 +73,10 @@ test('deleteThread removes the thread and nothing else', async () => {
   const checkpointer = saver();
   await graph(checkpointer).invoke({ topic: 'x' }, { configurable: { thread_id: 'gone' } });
   await graph(checkpointer).invoke({ topic: 'y' }, { configurable: { thread_id: 'kept' } });
+  const remembered = (await checkpointer.getTuple({ configurable: { thread_id: 'gone' } })).config;
   await checkpointer.deleteThread('gone');
   assert.equal(await checkpointer.getTuple({ configurable: { thread_id: 'gone' } }), undefined);
+  // Nor does a checkpoint the saver remembers come back by its id.
+  assert.equal(await checkpointer.getTuple(remembered), undefined);
   assert.equal((await graph(checkpointer).getState({ configurable: { thread_id: 'kept' } })).values.topic, 'y');
 });
