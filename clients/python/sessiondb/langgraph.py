@@ -49,6 +49,9 @@ from langgraph.checkpoint.base import (
 )
 
 from .client import Client, SessiondbError, bounded_id, joined_id
+from .langgraph_store import SessiondbStore
+
+__all__ = ["SessiondbSaver", "SessiondbStore"]
 
 THREAD_KEY = "langgraphThread"
 VALUES_PREFIX = "values:"

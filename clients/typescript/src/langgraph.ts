@@ -393,3 +393,5 @@ export class SessiondbSaver extends BaseCheckpointSaver {
     return found;
   }
 }
+
+export { SessiondbStore, type SessiondbStoreOptions } from './langgraph-store.js';

@@ -1,0 +1,126 @@
+// The LangGraph.js store on a real server: the same random operations on LangGraph.js's own
+// InMemoryStore and on sessiondb give the same answers, and a graph keeps memories in it.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import { Annotation, END, START, StateGraph } from '@langchain/langgraph';
+import { InMemoryStore } from '@langchain/langgraph-checkpoint';
+
+import { SessiondbStore } from '../dist/langgraph.js';
+import { itemMessageId } from '../dist/langgraph-store.js';
+import { sharedServer } from './served.mjs';
+
+const shared = sharedServer();
+let stores = 0;
+const fresh = () => new SessiondbStore({ client: shared.client, prefix: `store-${++stores}:` });
+
+const NAMESPACES = [['users', 'ada'], ['users', 'bob'], ['users', 'ada', 'notes'], ['team'], ['team', 'x y/z', 'ü']];
+const KEYS = ['pref', 'food', 'a/b', 'x'.repeat(300), 'tab\there', 'compaction_1', '100%'];
+const FILTERS = [
+  undefined, { kind: 'fact' }, { n: { $gte: 3 } }, { n: { $lt: 2 }, kind: 'todo' }, { kind: { $in: ['fact', 'todo'] } },
+  { kind: { $nin: ['fact'] } }, { kind: { $ne: 'fact' } }, { n: { $gt: 1, $lte: 4 } }, { missing: null },
+];
+
+/** A small seeded generator, so a failure replays. */
+function random(seed) {
+  let state = seed;
+  const next = () => ((state = (state * 1103515245 + 12345) % 2147483648) / 2147483648);
+  return { next, pick: (list) => list[Math.floor(next() * list.length)], int: (n) => Math.floor(next() * (n + 1)) };
+}
+
+const found = (items) => items.map((i) => JSON.stringify([i.namespace, i.key, i.value])).sort();
+
+test('answers as LangGraph.js InMemoryStore does', async () => {
+  const rng = random(7);
+  const ours = fresh();
+  const theirs = new InMemoryStore();
+  const alive = new Map();
+  for (let step = 0; step < 300; step += 1) {
+    const namespace = rng.pick(NAMESPACES);
+    const key = rng.pick(KEYS);
+    const roll = rng.next();
+    const at = JSON.stringify(namespace);
+    if (roll < 0.45) {
+      const value = { n: rng.int(5), kind: rng.pick(['fact', 'todo', null]), tags: rng.pick([['a'], []]) };
+      await ours.put(namespace, key, value);
+      await theirs.put(namespace, key, value);
+      if (!alive.has(at)) alive.set(at, [namespace, new Set()]);
+      alive.get(at)[1].add(key);
+    } else if (roll < 0.6) {
+      await ours.delete(namespace, key);
+      await theirs.delete(namespace, key);
+      alive.get(at)?.[1].delete(key);
+    } else if (roll < 0.8) {
+      const mine = await ours.get(namespace, key);
+      const expected = await theirs.get(namespace, key);
+      assert.equal(mine === null, expected === null, `step ${step}`);
+      if (expected !== null) {
+        assert.deepEqual([mine.namespace, mine.key, mine.value], [expected.namespace, expected.key, expected.value]);
+      }
+    } else if (roll < 0.93) {
+      const prefix = rng.pick([[], ['users'], ['users', 'ada'], ['team'], ['none']]);
+      const filter = rng.pick(FILTERS);
+      assert.deepEqual(
+        found(await ours.search(prefix, { filter, limit: 1000 })),
+        found(await theirs.search(prefix, { filter, limit: 1000 })),
+        `step ${step}: ${JSON.stringify([prefix, filter])}`,
+      );
+    } else {
+      const condition = rng.pick([undefined, { matchType: 'prefix', path: ['users'] }, { matchType: 'prefix', path: ['users', '*', 'notes'] },
+        { matchType: 'suffix', path: ['ada'] }, { matchType: 'suffix', path: ['*'] }]);
+      const maxDepth = rng.pick([undefined, 1, 2]);
+      const limit = 1 + rng.int(4);
+      const offset = rng.int(2);
+      const op = { matchConditions: condition ? [condition] : undefined, maxDepth, limit, offset };
+      // Namespaces holding items, as LangGraph's SQL stores list them (InMemoryStore also lists
+      // namespaces that were emptied).
+      const holding = [...alive.values()].filter(([ns, keys]) => keys.size > 0 && (!condition || theirs.doesMatch(condition, ns)))
+        .map(([ns]) => (maxDepth ? ns.slice(0, maxDepth) : ns));
+      const unique = [...new Map(holding.map((ns) => [JSON.stringify(ns), ns])).values()]
+        .sort((a, b) => a.join(':').localeCompare(b.join(':')));
+      assert.deepEqual((await ours.batch([op]))[0], unique.slice(offset, offset + limit), `step ${step}`);
+    }
+  }
+});
+
+test('searches give the newest update first and keep creation times', async () => {
+  const store = fresh();
+  for (const key of ['a', 'b', 'c']) {
+    await store.put(['docs'], key, { v: key });
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+  const { createdAt } = await store.get(['docs'], 'a');
+  await store.put(['docs'], 'a', { v: 'a2' });
+  assert.deepEqual((await store.search(['docs'])).map((i) => i.key), ['a', 'c', 'b']);
+  assert.deepEqual((await store.search(['docs'], { limit: 1, offset: 1 })).map((i) => i.key), ['c']);
+  const again = await store.get(['docs'], 'a');
+  assert.deepEqual([again.value, again.createdAt], [{ v: 'a2' }, createdAt]);
+  assert.ok(again.updatedAt > createdAt);
+  const other = new SessiondbStore({ client: shared.client, prefix: store.prefix }); // another process
+  assert.deepEqual((await other.get(['docs'], 'a')).value, { v: 'a2' });
+  assert.deepEqual(await other.listNamespaces(), [['docs']]);
+  // Stored as the Python client stores them (the ids below are the Python client's).
+  assert.equal(itemMessageId('tab\there'), 'key-sha256:5b8765931ded06ac39c11c47f83f7457636af4780d72900c1a0131f4ccb96c85');
+  assert.equal(itemMessageId('compaction_1'), 'key-sha256:77ce103db304a16cbed105b346cf52ded52b2787ed06943ba7f556e1f48ddd1b');
+  await store.put(['team', 'x y/z', 'ü'], 'k', { v: 1 });
+  assert.equal((await shared.client.getMessage(`${store.prefix}team/x%20y%2Fz/%C3%BC`, 'k')).content.v, 1);
+});
+
+test('a graph keeps memories across threads', async () => {
+  const State = Annotation.Root({ user: Annotation(), said: Annotation(), recalled: Annotation() });
+  const remember = async (state, config) => {
+    const namespace = ['memories', state.user];
+    const store = config.store;
+    await store.put(namespace, `m${(await store.search(namespace)).length}`, { text: state.said });
+    return { recalled: (await store.search(namespace, { limit: 100 })).map((i) => i.value.text).sort() };
+  };
+  const builder = new StateGraph(State).addNode('remember', remember).addEdge(START, 'remember').addEdge('remember', END);
+  const store = fresh();
+  const app = builder.compile({ store });
+  await app.invoke({ user: 'ada', said: 'likes tea' }, { configurable: { thread_id: 't1' } });
+  const out = await app.invoke({ user: 'ada', said: 'has a cat' }, { configurable: { thread_id: 't2' } });
+  assert.deepEqual(out.recalled, ['has a cat', 'likes tea']);
+  const other = builder.compile({ store: new SessiondbStore({ client: shared.client, prefix: store.prefix }) });
+  assert.deepEqual((await other.invoke({ user: 'bob', said: 'plays go' }, { configurable: { thread_id: 't3' } })).recalled, ['plays go']);
+  assert.deepEqual(await store.listNamespaces({ prefix: ['memories'] }), [['memories', 'ada'], ['memories', 'bob']]);
+});
