@@ -32,6 +32,9 @@ the SDK then reads that session with ``load``. A summary is never wrong, at wors
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import re
+import uuid
 from typing import Any
 
 from .client import MAX_ID_CHARS, Client, SessiondbError, bounded_id, joined_id
@@ -43,6 +46,8 @@ SUMMARY_KEY = "claudeSummary"
 # Summaries are the SDK's opaque fold output; the two SDKs' folds need not agree, so each
 # language trusts only its own.
 SUMMARY_SDK = "python"
+BINDINGS = "claude-bindings"
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
 def message_of_entry(entry: dict) -> dict:
@@ -259,3 +264,50 @@ class SessiondbSessionStore:
                        for subpath in self._list_subkeys(key)]
         for session_id in doomed:
             self.client.delete_session(session_id, missing_ok=True)
+
+
+class SessiondbSessionBinding:
+    """Stable Claude session ids for an application's own conversation ids.
+
+    Claude Code names a session by a UUID (``ClaudeAgentOptions(session_id=...)`` to start one,
+    ``resume=...`` to continue it). ``session_id(conversation_id)`` gives a UUID back as it is,
+    and for any other id the UUID bound to it, binding a new random one the first time; every
+    process sharing the server gets the same. A binding is a message whose id is the
+    conversation id, written by an append, which stores the first binding and gives the stored
+    one back to every later caller, so processes binding one id at once agree. Bindings are
+    spread over 256 sessions (``prefix + "claude-bindings/"`` and two hex digits of the id's
+    SHA-256), so the server's per-session message limit (10,000 by default) allows 2.5 million.
+    """
+
+    def __init__(self, client: Client, prefix: str = ""):
+        self.client = client
+        self.prefix = prefix
+
+    def _where(self, conversation_id: str) -> tuple[str, str]:
+        if not isinstance(conversation_id, str) or not conversation_id:
+            raise ValueError("a conversation id is a non-empty string")
+        digest = hashlib.sha256(conversation_id.encode()).hexdigest()
+        message_id = conversation_id if _usable_id(conversation_id) else "sha256:" + digest
+        return bounded_id(f"{BINDINGS}/{digest[:2]}", self.prefix), message_id
+
+    def _binding(self, conversation_id: str, session_id: str) -> dict:
+        return {"role": "binding", "content": session_id,
+                "metadata": {"conversationId": conversation_id}}
+
+    async def session_id(self, conversation_id: str) -> str:
+        if _UUID.fullmatch(conversation_id or ""):
+            return conversation_id
+        session, message_id = self._where(conversation_id)
+        binding = {"id": message_id, **self._binding(conversation_id, str(uuid.uuid4()))}
+        stored = await asyncio.to_thread(self.client.append, session, binding, None)
+        return stored["message"]["content"]
+
+    async def rebind(self, conversation_id: str, session_id: str) -> None:
+        """Binds the conversation to another session (a fork of its session, say)."""
+        if not _UUID.fullmatch(session_id or ""):
+            raise ValueError(f"a Claude session id is a UUID, not {session_id!r}")
+        if _UUID.fullmatch(conversation_id or ""):
+            raise ValueError("a UUID conversation id is its own session id and has no binding")
+        session, message_id = self._where(conversation_id)
+        await asyncio.to_thread(self.client.replace_message, session, message_id,
+                                self._binding(conversation_id, session_id), True)

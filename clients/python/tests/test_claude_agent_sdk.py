@@ -9,13 +9,14 @@ import os
 import pathlib
 import tempfile
 import unittest
+import uuid
 from unittest import mock
 
 import claude_agent_sdk as claude
 from claude_agent_sdk.testing import run_session_store_conformance
 from served import ServedTest
 
-from sessiondb.claude_agent_sdk import SessiondbSessionStore
+from sessiondb.claude_agent_sdk import SessiondbSessionBinding, SessiondbSessionStore
 
 SESSION = "4f1c2a9e-7b3d-4c5e-9a8b-1d2e3f4a5b6c"
 
@@ -116,6 +117,35 @@ class SessionStoreTest(ServedTest):
         run(first.append({**key, "subpath": "subagents/agent-1"}, [{"type": "x", "uuid": "s1"}]))
         self.assertEqual(run(first.list_session_summaries("-repo")), [])
         self.assertEqual(run(first.list_session_summaries("-elsewhere")), [])
+
+    def test_bindings_give_every_process_one_session_id_per_conversation(self):
+        prefix = self.fresh_prefix()
+        bindings = [SessiondbSessionBinding(self.client, prefix=prefix) for _ in range(8)]
+
+        async def bind_all(conversation_id):
+            return await asyncio.gather(*(b.session_id(conversation_id) for b in bindings))
+
+        # Eight processes binding one conversation at once agree on its session.
+        ids = {conversation: set(run(bind_all(conversation)))
+               for conversation in ["chat-1", "chat-2", "tab\there", "x" * 300]}
+        self.assertTrue(all(len(bound) == 1 for bound in ids.values()), ids)
+        sessions = [bound.pop() for bound in ids.values()]
+        self.assertEqual(len(set(sessions)), 4)
+        self.assertTrue(all(str(uuid.UUID(s)) == s for s in sessions))
+        self.assertEqual(run(bindings[0].session_id("chat-1")), sessions[0])
+        self.assertEqual(run(bindings[0].session_id(SESSION)), SESSION, "a UUID is its own id")
+        # Stored where the TypeScript client looks: chat-1's SHA-256 begins with ea.
+        stored = self.client.get_message(f"{prefix}claude-bindings/ea", "chat-1")
+        self.assertEqual(stored["content"], sessions[0])
+        # Rebinding (to a fork, say) moves every process to the new session.
+        fork = str(uuid.uuid4())
+        run(bindings[1].rebind("chat-1", fork))
+        self.assertEqual(run(bindings[2].session_id("chat-1")), fork)
+        for bad in [("chat-1", "not-a-uuid"), (SESSION, fork), ("", fork)]:
+            with self.assertRaises(ValueError):
+                run(bindings[0].rebind(*bad))
+        with self.assertRaises(ValueError):
+            run(bindings[0].session_id(""))
 
     def test_long_keys_and_odd_characters(self):
         store = self.store()

@@ -19,6 +19,8 @@
  * summary that does not match when listed is left out (the SDK then loads that session). The two
  * SDKs' folds need not agree, so each language trusts only the summaries it wrote.
  */
+import { createHash, randomUUID } from 'node:crypto';
+
 import type { SessionKey, SessionStore, SessionStoreEntry, SessionSummaryEntry } from '@anthropic-ai/claude-agent-sdk';
 
 import {
@@ -38,6 +40,8 @@ export const SESSION_KEY = 'claudeSessionKey';
 export const SUMMARY_KEY = 'claudeSummary';
 const WHOLE_ENTRY = 'content';
 const SUMMARY_SDK = 'typescript';
+const BINDINGS = 'claude-bindings';
+const UUID = /^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$/;
 
 type Entry = { [key: string]: Json };
 type StoredKey = { projectKey: string; sessionId: string; subpath?: string };
@@ -63,10 +67,15 @@ function usableName(value: unknown): value is string {
   return typeof value === 'string' && value.length > 0 && [...value].length <= MAX_ID_CHARS && !/[\u0000-\u001f\u007f-\u009f]/.test(value);
 }
 
+/** An id sessiondb takes for a message: a usable name without the reserved `compaction_` prefix. */
+function usableId(value: unknown): value is string {
+  return usableName(value) && !value.startsWith('compaction_');
+}
+
 /** The sessiondb message that stores one transcript entry. */
 export function messageOfEntry(entry: Entry): MessageInput {
   const message: Partial<MessageInput> = {};
-  if (usableName(entry.uuid) && !entry.uuid.startsWith('compaction_')) message.id = entry.uuid;
+  if (usableId(entry.uuid)) message.id = entry.uuid;
   const apiMessage = entry.message;
   if (
     apiMessage !== null &&
@@ -261,5 +270,53 @@ export class SessiondbSessionStore implements SessionStore {
     for (const sessionId of doomed) {
       await this.client.deleteSession(sessionId, { missingOk: true });
     }
+  }
+}
+
+/**
+ * Stable Claude session ids for an application's own conversation ids, stored as the Python
+ * client stores them.
+ *
+ * Claude Code names a session by a UUID (`sessionId` to start one, `resume` to continue it).
+ * `sessionId(conversationId)` gives a UUID back as it is, and for any other id the UUID bound to
+ * it, binding a new random one the first time; every process sharing the server gets the same. A
+ * binding is a message whose id is the conversation id, written by an append, which stores the
+ * first binding and gives the stored one back to every later caller, so processes binding one id
+ * at once agree. Bindings are spread over 256 sessions (`prefix + "claude-bindings/"` and two hex
+ * digits of the id's SHA-256), so the server's per-session message limit (10,000 by default)
+ * allows 2.5 million.
+ */
+export class SessiondbSessionBinding {
+  readonly client: Client;
+  readonly prefix: string;
+
+  constructor(options: SessiondbSessionStoreOptions) {
+    this.client = options.client;
+    this.prefix = options.prefix ?? '';
+  }
+
+  private where(conversationId: string): [string, string] {
+    if (typeof conversationId !== 'string' || conversationId === '') {
+      throw new TypeError('a conversation id is a non-empty string');
+    }
+    const digest = createHash('sha256').update(conversationId, 'utf8').digest('hex');
+    const messageId = usableId(conversationId) ? conversationId : `sha256:${digest}`;
+    return [boundedId(`${BINDINGS}/${digest.slice(0, 2)}`, this.prefix), messageId];
+  }
+
+  async sessionId(conversationId: string): Promise<string> {
+    if (UUID.test(conversationId)) return conversationId;
+    const [session, id] = this.where(conversationId);
+    const binding = { id, role: 'binding', content: randomUUID(), metadata: { conversationId } };
+    const stored = await this.client.append(session, binding, { parent: null });
+    return stored.message.content as string;
+  }
+
+  /** Binds the conversation to another session (a fork of its session, say). */
+  async rebind(conversationId: string, sessionId: string): Promise<void> {
+    if (!UUID.test(sessionId)) throw new TypeError(`a Claude session id is a UUID, not ${JSON.stringify(sessionId)}`);
+    if (UUID.test(conversationId)) throw new TypeError('a UUID conversation id is its own session id and has no binding');
+    const [session, id] = this.where(conversationId);
+    await this.client.replaceMessage(session, id, { role: 'binding', content: sessionId, metadata: { conversationId } }, { upsert: true });
   }
 }

@@ -2,6 +2,7 @@
 // checked case by case, and the SDK's own store helpers (@anthropic-ai/claude-agent-sdk from npm)
 // over a transcript as Claude Code writes it.
 import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
 import { mkdirSync, mkdtempSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -9,7 +10,7 @@ import { test } from 'node:test';
 
 import * as claude from '@anthropic-ai/claude-agent-sdk';
 
-import { SessiondbSessionStore } from '../dist/claude-agent-sdk.js';
+import { SessiondbSessionBinding, SessiondbSessionStore } from '../dist/claude-agent-sdk.js';
 import { sharedServer } from './served.mjs';
 
 const SESSION = '4f1c2a9e-7b3d-4c5e-9a8b-1d2e3f4a5b6c';
@@ -114,6 +115,30 @@ test('summaries list in one call and stay true when appends interleave', async (
   await first.append({ ...key, subpath: 'subagents/agent-1' }, [e({ uuid: 's1' })]);
   assert.deepEqual(await first.listSessionSummaries('-repo'), []);
   assert.deepEqual(await first.listSessionSummaries('-elsewhere'), []);
+});
+
+test('bindings give every process one session id per conversation', async () => {
+  const prefix = `binding-${++stores}:`;
+  const bindings = Array.from({ length: 8 }, () => new SessiondbSessionBinding({ client: shared.client, prefix }));
+  const sessions = [];
+  for (const conversation of ['chat-1', 'chat-2', 'tab\there', 'x'.repeat(300)]) {
+    // Eight processes binding one conversation at once agree on its session.
+    const bound = new Set(await Promise.all(bindings.map((b) => b.sessionId(conversation))));
+    assert.equal(bound.size, 1, conversation);
+    sessions.push(...bound);
+  }
+  assert.equal(new Set(sessions).size, 4);
+  assert.ok(sessions.every((s) => /^[0-9a-f-]{36}$/.test(s)));
+  assert.equal(await bindings[0].sessionId('chat-1'), sessions[0]);
+  assert.equal(await bindings[0].sessionId(SESSION), SESSION, 'a UUID is its own id');
+  // Stored where the Python client looks: chat-1's SHA-256 begins with ea.
+  assert.equal((await shared.client.getMessage(`${prefix}claude-bindings/ea`, 'chat-1')).content, sessions[0]);
+  const fork = randomUUID(); // rebinding (to a fork, say) moves every process to it
+  await bindings[1].rebind('chat-1', fork);
+  assert.equal(await bindings[2].sessionId('chat-1'), fork);
+  await assert.rejects(bindings[0].rebind('chat-1', 'not-a-uuid'), TypeError);
+  await assert.rejects(bindings[0].rebind(SESSION, fork), TypeError);
+  await assert.rejects(bindings[0].sessionId(''), TypeError);
 });
 
 function transcript(cwd) {
