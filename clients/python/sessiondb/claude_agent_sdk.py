@@ -37,7 +37,15 @@ import re
 import uuid
 from typing import Any
 
-from .client import MAX_ID_CHARS, Client, SessiondbError, bounded_id, joined_id
+from .client import (
+    Client,
+    SessiondbError,
+    bounded_id,
+    joined_id,
+    message_id_for,
+    usable_id,
+    usable_name,
+)
 
 ENTRY_KEY = "claudeEntry"
 WHOLE_ENTRY = "content"
@@ -54,10 +62,10 @@ def message_of_entry(entry: dict) -> dict:
     """The sessiondb message that stores one transcript entry."""
     message: dict[str, Any] = {}
     uuid = entry.get("uuid")
-    if _usable_id(uuid):
+    if usable_id(uuid):
         message["id"] = uuid
     api_message = entry.get("message")
-    if (isinstance(api_message, dict) and _usable_name(api_message.get("role"))
+    if (isinstance(api_message, dict) and usable_name(api_message.get("role"))
             and isinstance(api_message.get("content"), (str, list))):
         rest = dict(entry)
         rest["message"] = {k: v for k, v in api_message.items() if k != "content"}
@@ -65,7 +73,7 @@ def message_of_entry(entry: dict) -> dict:
                        metadata={ENTRY_KEY: rest})
     else:
         kind = entry.get("type")
-        message.update(role=kind if _usable_name(kind) else "entry", content=entry,
+        message.update(role=kind if usable_name(kind) else "entry", content=entry,
                        metadata={ENTRY_KEY: WHOLE_ENTRY})
     return message
 
@@ -101,18 +109,6 @@ def _matches(summary: dict, session: dict) -> bool:
     leaf and counts as many. (Transcripts are linear: every append goes under the leaf.)"""
     return (summary.get("entry") is not None and summary["through"] == session["leafId"]
             and summary["count"] == session["messageCount"])
-
-
-def _usable_name(value: Any) -> bool:
-    """A role or id sessiondb takes: 1..256 characters, none of them a control character."""
-    return (isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS
-            and not any(c < "\x20" or "\x7f" <= c <= "\x9f" for c in value))
-
-
-def _usable_id(value: Any) -> bool:
-    # sessiondb refuses ids with control characters and reserves the `compaction_` prefix;
-    # an entry with such a uuid gets a generated id (and is then not deduplicated).
-    return _usable_name(value) and not value.startswith("compaction_")
 
 
 class SessiondbSessionStore:
@@ -287,8 +283,7 @@ class SessiondbSessionBinding:
         if not isinstance(conversation_id, str) or not conversation_id:
             raise ValueError("a conversation id is a non-empty string")
         digest = hashlib.sha256(conversation_id.encode()).hexdigest()
-        message_id = conversation_id if _usable_id(conversation_id) else "sha256:" + digest
-        return bounded_id(f"{BINDINGS}/{digest[:2]}", self.prefix), message_id
+        return bounded_id(f"{BINDINGS}/{digest[:2]}", self.prefix), message_id_for(conversation_id)
 
     def _binding(self, conversation_id: str, session_id: str) -> dict:
         return {"role": "binding", "content": session_id,

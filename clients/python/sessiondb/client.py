@@ -59,6 +59,25 @@ def bounded_id(name: str, prefix: str = "") -> str:
     return prefix + "sha256-" + hashlib.sha256(name.encode()).hexdigest()
 
 
+def usable_name(value: Any) -> bool:
+    """Whether sessiondb takes ``value`` as a role or an id: 1..256 characters, none of them a
+    control character."""
+    return (isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS
+            and not any(c < "\x20" or "\x7f" <= c <= "\x9f" for c in value))
+
+
+def usable_id(value: Any) -> bool:
+    """Whether sessiondb takes ``value`` as a message id: a usable name without the reserved
+    ``compaction_`` prefix."""
+    return usable_name(value) and not value.startswith("compaction_")
+
+
+def message_id_for(name: str) -> str:
+    """``name`` as a message id when it is a usable one, else ``sha256:`` and its SHA-256 (the
+    TypeScript client derives the same)."""
+    return name if usable_id(name) else "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+
+
 class Client:
     """The sessiondb HTTP API at ``base_url`` (``http://127.0.0.1:8787`` is ``sessiondb serve``'s
     default). ``api_key`` is sent as ``Authorization: Bearer``; without one, requests are

@@ -4,10 +4,11 @@ How items are stored. Each namespace (a tuple of strings) is one sessiondb sessi
 joins the percent-encoded parts with ``/`` after the store's ``prefix`` (a SHA-256 of that past
 256 characters), recorded for the user ``prefix + "langgraph-store"`` with the namespace in its
 metadata under ``langgraphNamespace``, so one listing finds every namespace. Each item is one
-message of its namespace's session: the key as its id (a SHA-256 of the key when it is not a
-usable id), the value as its content and the key in its metadata under ``storeKey``. So a put
-is one request that stores the value or changes it in place (``PUT`` with ``upsert``), the
-server keeps the item's creation time and stamps its updates, and a get is one read by id.
+message of its namespace's session: the key as its id (``sha256:`` and a SHA-256 of the key
+when it is not a usable id), the value as its content and the key in its metadata under
+``storeKey``. So a put is one request that stores the value or changes it in place (``PUT``
+with ``upsert``), the server keeps the item's creation time and stamps its updates, and a get
+is one read by id.
 
 Searches read the matching namespaces' items and filter them here, newest update first (as
 LangGraph's SQL stores order them); ``query`` needs an embedding index, which this store does
@@ -18,7 +19,6 @@ at most the server's ``--max-messages-per-session`` items (10,000 by default).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any
@@ -36,20 +36,11 @@ from langgraph.store.base import (
     SearchOp,
 )
 
-from .client import MAX_ID_CHARS, Client, SessiondbError, bounded_id, joined_id
+from .client import Client, SessiondbError, bounded_id, joined_id, message_id_for
 
 NAMESPACE_KEY = "langgraphNamespace"
 ITEM_KEY = "storeKey"
 OWNER = "langgraph-store"
-
-
-def _message_id(key: str) -> str:
-    """The id of an item's message: the key itself when sessiondb takes it as an id (1..256
-    characters, no control character, not the reserved ``compaction_`` prefix)."""
-    if (0 < len(key) <= MAX_ID_CHARS and not key.startswith("compaction_")
-            and not any(c < "\x20" or "\x7f" <= c <= "\x9f" for c in key)):
-        return key
-    return "key-sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
 def _time(ms: int) -> datetime:
@@ -144,7 +135,7 @@ class SessiondbStore(BaseStore):
 
     def _get(self, namespace: tuple[str, ...], key: str) -> Item | None:
         try:
-            message = self.client.get_message(self._session(namespace), _message_id(key))
+            message = self.client.get_message(self._session(namespace), message_id_for(key))
         except SessiondbError as error:
             if error.code == "not_found":
                 return None
@@ -154,7 +145,7 @@ class SessiondbStore(BaseStore):
     def _put(self, op: PutOp) -> None:
         namespace = tuple(op.namespace)
         session_id = self._session(namespace)
-        message_id = _message_id(op.key)
+        message_id = message_id_for(op.key)
         if op.value is None:
             try:
                 self.client.delete_message(session_id, message_id)

@@ -25,10 +25,12 @@ import type { SessionKey, SessionStore, SessionStoreEntry, SessionSummaryEntry }
 
 import {
   Client,
-  MAX_ID_CHARS,
   SessiondbError,
   boundedId,
   joinedId,
+  messageIdFor,
+  usableId,
+  usableName,
   type Json,
   type MessageInput,
   type SessionRecord,
@@ -59,17 +61,6 @@ function summaryOf(session: SessionRecord): StoredSummary | undefined {
  */
 function matches(summary: StoredSummary, session: SessionRecord): boolean {
   return summary.entry !== null && summary.through === session.leafId && summary.count === session.messageCount;
-}
-
-/** A role or id sessiondb takes: 1..256 characters, none of them a control character. */
-function usableName(value: unknown): value is string {
-  // eslint-disable-next-line no-control-regex
-  return typeof value === 'string' && value.length > 0 && [...value].length <= MAX_ID_CHARS && !/[\u0000-\u001f\u007f-\u009f]/.test(value);
-}
-
-/** An id sessiondb takes for a message: a usable name without the reserved `compaction_` prefix. */
-function usableId(value: unknown): value is string {
-  return usableName(value) && !value.startsWith('compaction_');
 }
 
 /** The sessiondb message that stores one transcript entry. */
@@ -300,8 +291,7 @@ export class SessiondbSessionBinding {
       throw new TypeError('a conversation id is a non-empty string');
     }
     const digest = createHash('sha256').update(conversationId, 'utf8').digest('hex');
-    const messageId = usableId(conversationId) ? conversationId : `sha256:${digest}`;
-    return [boundedId(`${BINDINGS}/${digest.slice(0, 2)}`, this.prefix), messageId];
+    return [boundedId(`${BINDINGS}/${digest.slice(0, 2)}`, this.prefix), messageIdFor(conversationId)];
   }
 
   async sessionId(conversationId: string): Promise<string> {

@@ -116,6 +116,25 @@ export function quoteSegment(value: string): string {
 
 export const MAX_ID_CHARS = 256;
 
+/** Whether sessiondb takes `value` as a role or an id: 1..256 characters, none of them a control character. */
+export function usableName(value: unknown): value is string {
+  // eslint-disable-next-line no-control-regex
+  return typeof value === 'string' && value.length > 0 && [...value].length <= MAX_ID_CHARS && !/[\u0000-\u001f\u007f-\u009f]/.test(value);
+}
+
+/** Whether sessiondb takes `value` as a message id: a usable name without the reserved `compaction_` prefix. */
+export function usableId(value: unknown): value is string {
+  return usableName(value) && !value.startsWith('compaction_');
+}
+
+/**
+ * `name` as a message id when it is a usable one, else `sha256:` and its SHA-256 (the Python
+ * client derives the same).
+ */
+export function messageIdFor(name: string): string {
+  return usableId(name) ? name : `sha256:${createHash('sha256').update(name, 'utf8').digest('hex')}`;
+}
+
 /**
  * One identifier naming several strings: each percent-encoded, joined with `/`, so no two lists
  * of parts give the same result (the Python client derives the same).

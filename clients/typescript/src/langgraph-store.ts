@@ -6,15 +6,13 @@
  * session (id: the store's prefix, then the namespace's percent-encoded parts joined with `/`, or
  * a SHA-256 of that past 256 characters), recorded for the user `prefix + "langgraph-store"` with
  * the namespace in its metadata under `langgraphNamespace`; each item is one message with the key
- * as its id (a SHA-256 of the key when it is not a usable id), the value as its content and the
+ * as its id (`sha256:` and a SHA-256 of the key when it is not a usable id), the value as its content and the
  * key in its metadata under `storeKey`. A put is one request that stores the value or changes it
  * in place, the server keeps the creation time and stamps updates, and a get is one read by id.
  * Searches read the matching namespaces' items and filter them here with LangGraph.js's filter
  * operators, newest update first; `query` needs an embedding index, which this store does not
  * have, so it is ignored (as `InMemoryStore` without an index ignores it).
  */
-import { createHash } from 'node:crypto';
-
 import {
   BaseStore,
   type GetOperation,
@@ -28,21 +26,11 @@ import {
   type SearchOperation,
 } from '@langchain/langgraph-checkpoint';
 
-import { Client, MAX_ID_CHARS, SessiondbError, boundedId, joinedId, type Json, type StoredMessage } from './client.js';
+import { Client, SessiondbError, boundedId, joinedId, messageIdFor, type Json, type StoredMessage } from './client.js';
 
 export const NAMESPACE_KEY = 'langgraphNamespace';
 export const ITEM_KEY = 'storeKey';
 const OWNER = 'langgraph-store';
-
-/**
- * The id of an item's message: the key itself when sessiondb takes it as an id (1..256
- * characters, no control character, not the reserved `compaction_` prefix).
- */
-export function itemMessageId(key: string): string {
-  // eslint-disable-next-line no-control-regex
-  const usable = key.length > 0 && [...key].length <= MAX_ID_CHARS && !key.startsWith('compaction_') && !/[\u0000-\u001f\u007f-\u009f]/.test(key);
-  return usable ? key : `key-sha256:${createHash('sha256').update(key, 'utf8').digest('hex')}`;
-}
 
 /** LangGraph.js's filter semantics: operators `$eq $ne $gt $gte $lt $lte $in $nin`, else `===`. */
 function matchesFilter(value: unknown, wanted: unknown): boolean {
@@ -125,7 +113,7 @@ export class SessiondbStore extends BaseStore {
 
   private async getItem(op: GetOperation): Promise<Item | null> {
     try {
-      return this.itemOf(op.namespace, await this.client.getMessage(this.sessionOf(op.namespace), itemMessageId(op.key)));
+      return this.itemOf(op.namespace, await this.client.getMessage(this.sessionOf(op.namespace), messageIdFor(op.key)));
     } catch (error) {
       if (error instanceof SessiondbError && error.code === 'not_found') return null;
       throw error;
@@ -134,7 +122,7 @@ export class SessiondbStore extends BaseStore {
 
   private async putItem(op: PutOperation): Promise<void> {
     const sessionId = this.sessionOf(op.namespace);
-    const messageId = itemMessageId(op.key);
+    const messageId = messageIdFor(op.key);
     if (op.value === null) {
       try {
         await this.client.deleteMessage(sessionId, messageId);

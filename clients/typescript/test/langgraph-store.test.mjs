@@ -7,7 +7,7 @@ import { Annotation, END, START, StateGraph } from '@langchain/langgraph';
 import { InMemoryStore } from '@langchain/langgraph-checkpoint';
 
 import { SessiondbStore } from '../dist/langgraph.js';
-import { itemMessageId } from '../dist/langgraph-store.js';
+import { messageIdFor } from '../dist/index.js';
 import { sharedServer } from './served.mjs';
 
 const shared = sharedServer();
@@ -100,8 +100,8 @@ test('searches give the newest update first and keep creation times', async () =
   assert.deepEqual((await other.get(['docs'], 'a')).value, { v: 'a2' });
   assert.deepEqual(await other.listNamespaces(), [['docs']]);
   // Stored as the Python client stores them (the ids below are the Python client's).
-  assert.equal(itemMessageId('tab\there'), 'key-sha256:5b8765931ded06ac39c11c47f83f7457636af4780d72900c1a0131f4ccb96c85');
-  assert.equal(itemMessageId('compaction_1'), 'key-sha256:77ce103db304a16cbed105b346cf52ded52b2787ed06943ba7f556e1f48ddd1b');
+  assert.equal(messageIdFor('tab\there'), 'sha256:5b8765931ded06ac39c11c47f83f7457636af4780d72900c1a0131f4ccb96c85');
+  assert.equal(messageIdFor('compaction_1'), 'sha256:77ce103db304a16cbed105b346cf52ded52b2787ed06943ba7f556e1f48ddd1b');
   await store.put(['team', 'x y/z', 'ü'], 'k', { v: 1 });
   assert.equal((await shared.client.getMessage(`${store.prefix}team/x%20y%2Fz/%C3%BC`, 'k')).content.v, 1);
 });
