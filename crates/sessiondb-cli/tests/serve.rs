@@ -188,6 +188,18 @@ fn backups_in(dir: &Path) -> Vec<std::path::PathBuf> {
     found
 }
 
+/// A server on a free port over `dir/data`, backing up into `backups`, with `extra` flags.
+fn serve_backing_up(dir: &Path, backups: &Path, extra: &[&str]) -> Served {
+    let mut args = vec![
+        "--listen",
+        "127.0.0.1:0",
+        "--backup-dir",
+        backups.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    Served::start(&dir.join("data"), &args, &[])
+}
+
 async fn ids_in(store: &Path, session: &str) -> Vec<String> {
     let db = Db::open(store).unwrap();
     let session = db.session(session).unwrap();
@@ -199,18 +211,7 @@ async fn ids_in(store: &Path, session: &str) -> Vec<String> {
 async fn backups_while_serving_on_request_keep_the_newest_and_hold_what_was_acknowledged() {
     let dir = free_dir();
     let backups = dir.path().join("backups");
-    let served = Served::start(
-        &dir.path().join("data"),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--backup-dir",
-            backups.to_str().unwrap(),
-            "--backup-keep",
-            "2",
-        ],
-        &[],
-    );
+    let served = serve_backing_up(dir.path(), &backups, &["--backup-keep", "2"]);
     let mut acknowledged = Vec::new();
     for round in 1..=3u64 {
         for i in 0..10 {
@@ -246,16 +247,7 @@ async fn a_failed_backup_is_counted_and_the_server_goes_on() {
     // A file where the backups' directory should be: every backup fails.
     let blocked = dir.path().join("backups");
     std::fs::write(&blocked, "not a directory").unwrap();
-    let served = Served::start(
-        &dir.path().join("data"),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--backup-dir",
-            blocked.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let served = serve_backing_up(dir.path(), &blocked, &[]);
     append_one(&served.base, "m").await;
     served.signal("USR1");
     let failures = "sessiondb_backup_failures_total";
@@ -269,18 +261,7 @@ async fn a_failed_backup_is_counted_and_the_server_goes_on() {
 async fn backups_run_on_the_timer_and_none_without_a_backup_dir() {
     let dir = free_dir();
     let backups = dir.path().join("backups");
-    let served = Served::start(
-        &dir.path().join("data"),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--backup-dir",
-            backups.to_str().unwrap(),
-            "--backup-every",
-            "1s",
-        ],
-        &[],
-    );
+    let served = serve_backing_up(dir.path(), &backups, &["--backup-every", "1s"]);
     append_one(&served.base, "m").await;
     wait_for_backups(&served.base, 2).await;
     let written = backups_in(&backups);
