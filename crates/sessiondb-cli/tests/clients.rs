@@ -6,11 +6,14 @@
 //! time with its servers on PostgreSQL. Without `python3` (and its `venv` module) or
 //! `node` and `npm` the tests fail: `.ci/run` installs them.
 
+mod common;
+
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::Served;
 use sessiondb_postgres::cluster::TempCluster;
 
 #[test]
@@ -27,12 +30,8 @@ fn python_client_suite_passes_on_postgresql() {
 
 fn python_suite(env: &[(&str, &str)]) {
     let clients = clients_dir().join("python");
-    let python = virtualenv(&clients.join("tests/requirements.txt"));
     let run = run_suite(
-        Command::new(python)
-            .args(["-m", "unittest", "discover", "-s", "tests", "-v"])
-            .env("PYTHONPATH", &clients)
-            .env("PYTHONDONTWRITEBYTECODE", "1"),
+        python_in(&clients).args(["-m", "unittest", "discover", "-s", "tests", "-v"]),
         &clients,
         env,
     );
@@ -55,6 +54,7 @@ fn typescript_client_suite_passes_on_both_backends() {
             .current_dir(&package),
     );
     typescript_suite(&package, &[]);
+    both_clients_read_what_the_other_wrote(&package);
 
     let (_cluster, databases) = postgres_databases(10);
     let claims = tempfile::tempdir().unwrap();
@@ -109,6 +109,41 @@ fn typescript_suite(package: &Path, env: &[(&str, &str)]) {
         summary.contains(" passed (") && !summary.contains("failed"),
         "{report}"
     );
+}
+
+/// What one client stores the other reads as it was written: a Claude transcript, a session
+/// binding and LangGraph store items go from Python to TypeScript and back through one server.
+fn both_clients_read_what_the_other_wrote(package: &Path) {
+    let python = clients_dir().join("python");
+    let dir = tempfile::tempdir().unwrap();
+    let served = Served::start(&dir.path().join("data"), &["--listen", "127.0.0.1:0"], &[]);
+    let (from_python, from_typescript) = (dir.path().join("py.json"), dir.path().join("ts.json"));
+    must_run(
+        python_in(&python)
+            .args(["tests/interop.py", "write", &served.base])
+            .arg(&from_python),
+    );
+    must_run(
+        Command::new("node")
+            .args(["test/interop.mjs", &served.base])
+            .args([&from_python, &from_typescript])
+            .current_dir(package),
+    );
+    must_run(
+        python_in(&python)
+            .args(["tests/interop.py", "check", &served.base])
+            .arg(&from_typescript),
+    );
+}
+
+/// The clients' virtualenv's Python, run in the Python client's directory with it importable.
+fn python_in(clients: &Path) -> Command {
+    let mut python = Command::new(virtualenv(&clients.join("tests/requirements.txt")));
+    python
+        .current_dir(clients)
+        .env("PYTHONPATH", clients)
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    python
 }
 
 /// Runs a client suite's test runner in `dir` against the binary cargo built, with `env` (the

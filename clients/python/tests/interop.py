@@ -1,0 +1,65 @@
+"""The Python half of the check that both clients store alike (run by
+``crates/sessiondb-cli/tests/clients.rs`` with the TypeScript half, ``test/interop.mjs``, against
+one server): ``write URL OUT`` stores a Claude transcript, a session binding and LangGraph store
+items and writes what it stored to OUT; ``check URL IN`` reads what the TypeScript half added
+(described in IN) and asserts it is all there as written."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from sessiondb import Client
+from sessiondb.claude_agent_sdk import SessiondbSessionBinding, SessiondbSessionStore
+from sessiondb.langgraph import SessiondbStore
+
+PREFIX = "interop:"
+KEY = {"project_key": "-work-app", "session_id": "5f0c7d1e-2a3b-4c5d-8e9f-0a1b2c3d4e5f"}
+TRANSCRIPT = [
+    {"type": "user", "uuid": "e1", "parentUuid": None, "timestamp": "2026-12-04T10:00:00.000Z",
+     "message": {"role": "user", "content": "Which index does the listing use?"}},
+    {"type": "assistant", "uuid": "e2", "parentUuid": "e1", "timestamp": "2026-12-04T10:00:02.000Z",
+     "message": {"id": "msg_1", "role": "assistant", "model": "claude-x",
+                 "content": [{"type": "text", "text": "The one led by namespace."}]}},
+    {"type": "custom-title", "customTitle": "Listing index", "sessionId": KEY["session_id"]},
+]
+ITEMS = [(("users", "ada"), "pref", {"theme": "dark", "n": 3}),
+         (("users", "ada", "notes"), "tab\there", {"text": "a key that is hashed"}),
+         (("team", "x y/z", "ü"), "x" * 300, {"nested": {"level": 2}})]
+
+
+def write(client: Client, out: str) -> None:
+    store = SessiondbSessionStore(client, prefix=PREFIX)
+    asyncio.run(store.append(KEY, TRANSCRIPT))
+    binding = asyncio.run(SessiondbSessionBinding(client, prefix=PREFIX).session_id("chat-42"))
+    items = SessiondbStore(client, prefix=PREFIX)
+    for namespace, key, value in ITEMS:
+        items.put(namespace, key, value)
+    stored = [items.get(namespace, key) for namespace, key, _ in ITEMS]
+    with open(out, "w") as file:
+        json.dump({"key": KEY, "transcript": TRANSCRIPT, "binding": binding,
+                   "items": [{"namespace": list(i.namespace), "key": i.key, "value": i.value,
+                              "createdAt": i.created_at.isoformat()} for i in stored]}, file)
+
+
+def check(client: Client, given: str) -> None:
+    with open(given) as file:
+        added = json.load(file)
+    store = SessiondbSessionStore(client, prefix=PREFIX)
+    loaded = asyncio.run(store.load(KEY))
+    assert loaded == TRANSCRIPT + added["entries"], loaded
+    binding = SessiondbSessionBinding(client, prefix=PREFIX)
+    assert asyncio.run(binding.session_id("chat-7")) == added["binding"]
+    items = SessiondbStore(client, prefix=PREFIX)
+    for item in added["items"]:
+        got = items.get(tuple(item["namespace"]), item["key"])
+        assert got is not None and got.value == item["value"], (item, got)
+    found = {(i.namespace, i.key) for i in items.search(("users",), limit=100)}
+    assert found == {(("users", "ada"), "pref"), (("users", "ada", "notes"), "tab\there"),
+                     (("users", "bob"), "from-typescript")}, found
+
+
+if __name__ == "__main__":
+    action, url, path = sys.argv[1:]
+    {"write": write, "check": check}[action](Client(url), path)

@@ -1,0 +1,43 @@
+// The TypeScript half of the check that both clients store alike (run by
+// crates/sessiondb-cli/tests/clients.rs between the two steps of the Python half,
+// clients/python/tests/interop.py, against one server): reads what the Python half wrote
+// (described in IN), then adds its own and describes it in OUT for the Python half to read.
+//   node test/interop.mjs URL IN OUT
+import assert from 'node:assert/strict';
+import { readFileSync, writeFileSync } from 'node:fs';
+
+import { SessiondbSessionBinding, SessiondbSessionStore } from '../dist/claude-agent-sdk.js';
+import { Client } from '../dist/index.js';
+import { SessiondbStore } from '../dist/langgraph.js';
+
+const [url, given, out] = process.argv.slice(2);
+const written = JSON.parse(readFileSync(given, 'utf8'));
+const client = new Client({ baseUrl: url });
+const prefix = 'interop:';
+const key = { projectKey: written.key.project_key, sessionId: written.key.session_id };
+
+// A Claude transcript written from Python loads and lists the same.
+const store = new SessiondbSessionStore({ client, prefix });
+assert.deepEqual(await store.load(key), written.transcript);
+assert.deepEqual((await store.listSessions(key.projectKey)).map((s) => s.sessionId), [key.sessionId]);
+const binding = new SessiondbSessionBinding({ client, prefix });
+assert.equal(await binding.sessionId('chat-42'), written.binding);
+
+// LangGraph store items written from Python read the same, creation times included.
+const items = new SessiondbStore({ client, prefix });
+for (const item of written.items) {
+  const got = await items.get(item.namespace, item.key);
+  assert.deepEqual(got.value, item.value);
+  assert.equal(got.createdAt.getTime(), Date.parse(item.createdAt));
+}
+assert.deepEqual(await items.listNamespaces(), written.items.map((i) => i.namespace).sort((a, b) => a.join(':').localeCompare(b.join(':'))));
+assert.equal((await items.search(['users'])).length, 2);
+
+// Then this side writes, for the Python half to read.
+const entries = [{ type: 'user', uuid: 'e3', parentUuid: 'e2', timestamp: '2026-12-04T10:01:00.000Z', message: { role: 'user', content: 'And for search?' } }];
+await store.append(key, entries);
+const summaries = await store.listSessionSummaries(key.projectKey);
+assert.deepEqual(summaries.map((s) => s.sessionId), [key.sessionId], 'refolded from the whole transcript');
+const added = [{ namespace: ['users', 'bob'], key: 'from-typescript', value: { by: 'typescript' } }];
+for (const item of added) await items.put(item.namespace, item.key, item.value);
+writeFileSync(out, JSON.stringify({ entries, binding: await binding.sessionId('chat-7'), items: added }));
