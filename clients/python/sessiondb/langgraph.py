@@ -292,11 +292,12 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
                 stored = contents.get(holder, _MISSING)["values"].get(channel)
                 if holder in doomed and stored is not None and stored["version"] == version:
                     moved.setdefault(holder, {})[channel] = stored
-        if moved:
-            self.client.append_batch(side, [
-                {"id": bounded_id(VALUES_PREFIX + holder), "role": "values",
-                 "content": {"values": values}}
-                for holder, values in moved.items()], parent_id="")
+        for holder, values in moved.items():
+            # A replace, not an append: a run cut short before its deletes may have left a
+            # message for this holder with what other checkpoints read then.
+            self.client.replace_message(side, bounded_id(VALUES_PREFIX + holder),
+                                        {"role": "values", "content": {"values": values}},
+                                        upsert=True)
         self.client.delete_messages(checkpoints, doomed)
         # The doomed checkpoints' writes, and moved values no remaining checkpoint reads.
         anchors = {bounded_id(checkpoint_id) for checkpoint_id in doomed}

@@ -186,6 +186,14 @@ class SaverTest(ServedTest):
         # The topic is written by the first checkpoints only; the latest reads it from them.
         app.invoke({"topic": "t" * 5_000, "steps": []}, config)
         before = app.get_state(config)
+        # A prune cut short before its deletes left an empty message for a holder of the
+        # topic; this one replaces it.
+        checkpoints, side = saver._sessions("prune-1", "")
+        latest = self.client.messages(checkpoints, limit=1, order="desc")["items"][0]
+        holder = latest["content"]["holders"]["topic"][0]
+        self.assertNotEqual(holder, latest["id"])
+        self.client.append(side, {"id": f"values:{holder}", "role": "values",
+                                  "content": {"values": {}}}, parent=None)
         saver.prune(["prune-1"])
         fresh = graph(SessiondbSaver(self.client, prefix=saver.prefix, cache_bytes=0),
                       quote_topic=False)
@@ -193,7 +201,6 @@ class SaverTest(ServedTest):
         self.assertEqual(len(states), 1)
         self.assertEqual(states[0].values, before.values)
         self.assertEqual(states[0].config, before.config)
-        _, side = saver._sessions("prune-1", "")
 
         def moved_values() -> set[str]:
             return {line["message"]["id"].removeprefix("values:")
@@ -210,7 +217,6 @@ class SaverTest(ServedTest):
         self.assertEqual(fresh.get_state(config).values, more)
         # Moved values stay exactly while the kept checkpoint reads them: the new topic's
         # holder moved, the old topic's went.
-        checkpoints, _ = saver._sessions("prune-1", "")
         latest = self.client.messages(checkpoints, limit=1, order="desc")["items"][0]["content"]
         read = {holder for holder, _ in latest["holders"].values()}
         self.assertTrue(moved_values() and moved_values() <= read, (moved_values(), read))
