@@ -193,7 +193,25 @@ fn run_command(cli: Cli) -> anyhow::Result<()> {
         | Command::Sessions { remote, .. } => remote.url.is_some(),
         _ => false,
     };
-    let db = if remote { None } else { Some(open(&cli.data)?) };
+    let db = if remote {
+        None
+    } else {
+        Some(open(&cli.data).map_err(|error| {
+            let locked = matches!(
+                error.downcast_ref::<sessiondb::Error>(),
+                Some(sessiondb::Error::Store(
+                    sessiondb::StoreError::Locked { .. }
+                ))
+            );
+            match &cli.command {
+                Command::Backup { .. } if locked => error.context(
+                    "a running server holds this store: it backs itself up when started with \
+                     --backup-dir DIR, at once on SIGUSR1 (`kill -USR1 <pid>`)",
+                ),
+                _ => error,
+            }
+        })?)
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

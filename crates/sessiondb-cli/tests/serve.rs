@@ -269,8 +269,22 @@ async fn backups_run_on_the_timer_and_none_without_a_backup_dir() {
     assert_eq!(ids_in(written.last().unwrap(), "s").await, ["m"]);
     drop(served);
 
-    // Without a backup directory, SIGUSR1 is logged and the server goes on.
+    // Without a backup directory, SIGUSR1 is logged and the server goes on; `sessiondb
+    // backup` cannot open the store it holds and says how to back it up.
     let plain = Served::start(&dir.path().join("plain"), &["--listen", "127.0.0.1:0"], &[]);
+    let refused = Command::new(env!("CARGO_BIN_EXE_sessiondb"))
+        .arg("--data")
+        .arg(dir.path().join("plain"))
+        .arg("backup")
+        .arg(dir.path().join("copy"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        said.contains("--backup-dir") && said.contains("already open"),
+        "{said}"
+    );
     plain.signal("USR1");
     tokio::time::sleep(Duration::from_millis(200)).await;
     let text = reqwest::get(format!("{}/metrics", plain.base))
