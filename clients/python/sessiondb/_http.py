@@ -2,9 +2,9 @@
 a buffered reader.
 
 The standard library's ``http.client`` parses every answer's headers with the ``email`` package,
-which costs about as much as the rest of a small request on a loopback connection (~100 µs of
-~200); sessiondb's answers need none of it: a status line, a few headers, then a body framed by
-``Content-Length`` or chunked.
+about a quarter of a small request on a loopback connection (~0.05 ms of ~0.2); sessiondb's
+answers need none of it: a status line, a few headers, then a body framed by ``Content-Length``
+or chunked.
 """
 
 from __future__ import annotations
