@@ -1,5 +1,7 @@
-/** A client for the sessiondb HTTP API (Node 20's `fetch`, no dependencies). */
+/** A client for the sessiondb HTTP API (Node's `http` with kept connections, no dependencies). */
 import { createHash } from 'node:crypto';
+import http from 'node:http';
+import https from 'node:https';
 
 export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 
@@ -158,30 +160,46 @@ export class Client {
   readonly baseUrl: string;
   readonly apiKey: string | undefined;
   readonly timeoutMs: number;
+  private readonly url: URL;
+  private readonly transport: typeof http | typeof https;
+  /** Kept connections (fetch's cost about 0.1 ms more per request on a loopback connection). */
+  private readonly agent: http.Agent;
 
   constructor(options: ClientOptions = {}) {
     this.baseUrl = (options.baseUrl ?? 'http://127.0.0.1:8787').replace(/\/+$/, '');
     this.apiKey = options.apiKey;
     this.timeoutMs = options.timeoutMs ?? 30_000;
+    this.url = new URL(this.baseUrl);
+    if (this.url.protocol !== 'http:' && this.url.protocol !== 'https:') {
+      throw new TypeError(`baseUrl must be http(s)://host[:port][/path]: ${this.baseUrl}`);
+    }
+    this.transport = this.url.protocol === 'https:' ? https : http;
+    this.agent = new this.transport.Agent({ keepAlive: true, maxFreeSockets: 8 });
   }
 
-  /** `body` is sent as JSON; `ndjson`, when given, as NDJSON text instead. */
+  /** Closes the kept connections; the next request opens a new one. */
+  close(): void {
+    this.agent.destroy();
+  }
+
+  /**
+   * The answer to one request, its body not yet read (a 2xx: errors are thrown typed). `body`
+   * is sent as JSON; `ndjson`, when given, as NDJSON text instead. A request that failed on a
+   * kept connection before any answer is sent again on a new one, unless it is a POST, which
+   * the server may have received and applied.
+   */
   private async open(
     method: string,
     path: string,
     query?: Query,
     body?: unknown,
     ndjson?: string,
-  ): Promise<Response> {
-    // URL parsers (fetch's included) resolve "." and ".." segments, even percent-encoded, so a
-    // request for an id such as ".." would reach another path; it is refused instead.
-    if (path.split('/').some((segment) => segment === '.' || segment === '..')) {
-      throw new SessiondbError(undefined, 'invalid_request', `the ids "." and ".." cannot be sent through fetch: ${path}`);
-    }
-    let url = this.baseUrl + path;
+  ): Promise<http.IncomingMessage> {
+    // The path is sent as it is (no URL parser resolves "." or ".." segments on the way).
+    let target = this.url.pathname.replace(/\/+$/, '') + path;
     const pairs = Object.entries(query ?? {}).filter(([, v]) => v !== undefined);
     if (pairs.length > 0) {
-      url += '?' + new URLSearchParams(pairs.map(([k, v]) => [k, String(v)])).toString();
+      target += '?' + new URLSearchParams(pairs.map(([k, v]) => [k, String(v)])).toString();
     }
     const headers: Record<string, string> = { accept: 'application/json' };
     let payload: string | undefined;
@@ -192,21 +210,39 @@ export class Client {
       headers['content-type'] = 'application/json';
       payload = JSON.stringify(body);
     }
-    if (this.apiKey !== undefined) headers.authorization = `Bearer ${this.apiKey}`;
-    let answer: Response;
-    try {
-      answer = await fetch(url, {
-        method,
-        headers,
-        body: payload,
-        signal: AbortSignal.timeout(this.timeoutMs),
-      });
-    } catch (failure) {
-      const reason = failure instanceof Error ? (failure.cause ?? failure.message) : failure;
-      throw new SessiondbUnavailable(`${method} ${url}: ${String(reason)}`);
+    if (payload !== undefined || ['POST', 'PUT', 'PATCH'].includes(method)) {
+      headers['content-length'] = String(Buffer.byteLength(payload ?? ''));
     }
-    if (!answer.ok) throw await errorOf(answer);
-    return answer;
+    if (this.apiKey !== undefined) headers.authorization = `Bearer ${this.apiKey}`;
+    for (let attempt = 0; ; attempt += 1) {
+      let answer: http.IncomingMessage;
+      try {
+        answer = await this.send(method, target, headers, payload);
+      } catch (failure) {
+        const { reused, error } = failure as { reused: boolean; error: Error };
+        if (reused && attempt === 0 && method !== 'POST' && !(error instanceof TimeoutError)) continue;
+        throw new SessiondbUnavailable(`${method} ${target} on ${this.baseUrl}: ${error.message}`);
+      }
+      if (answer.statusCode! >= 400) throw await errorOf(answer);
+      return answer;
+    }
+  }
+
+  private send(
+    method: string,
+    path: string,
+    headers: Record<string, string>,
+    payload: string | undefined,
+  ): Promise<http.IncomingMessage> {
+    return new Promise((resolve, reject) => {
+      const request = this.transport.request(
+        { agent: this.agent, host: this.url.hostname.replace(/^\[|\]$/g, ''), port: this.url.port || undefined, method, path, headers, timeout: this.timeoutMs },
+        resolve,
+      );
+      request.on('error', (error) => reject({ reused: request.reusedSocket, error }));
+      request.on('timeout', () => request.destroy(new TimeoutError(`no answer within ${this.timeoutMs} ms`)));
+      request.end(payload);
+    });
   }
 
   /**
@@ -218,8 +254,7 @@ export class Client {
     path: string,
     options: { query?: Query; body?: unknown } = {},
   ): Promise<T> {
-    const answer = await this.open(method, path, options.query, options.body);
-    const text = await answer.text();
+    const text = await bodyOf(await this.open(method, path, options.query, options.body), `${method} ${path}`);
     return (text === '' ? undefined : JSON.parse(text)) as T;
   }
 
@@ -401,31 +436,36 @@ export class Client {
   ): Promise<{ imported: number; skipped: number }> {
     let text = '';
     for await (const line of lines) text += JSON.stringify(line) + '\n';
-    const answer = await this.open('POST', this.sessionPath(sessionId, 'import'), undefined, undefined, text);
-    return (await answer.json()) as { imported: number; skipped: number };
+    const path = this.sessionPath(sessionId, 'import');
+    const answer = await this.open('POST', path, undefined, undefined, text);
+    return JSON.parse(await bodyOf(answer, `POST ${path}`)) as { imported: number; skipped: number };
   }
 
   /** The JSON lines of an NDJSON answer, read as they arrive; closed when the loop ends. */
   private async *lines<T>(path: string, query?: Query): AsyncGenerator<T> {
     const answer = await this.open('GET', path, query);
-    const reader = answer.body!.getReader();
-    const decoder = new TextDecoder();
+    answer.setEncoding('utf8');
     let buffered = '';
     try {
-      for (;;) {
-        const { done, value } = await reader.read();
-        buffered += decoder.decode(value, { stream: !done });
-        let newline: number;
-        while ((newline = buffered.indexOf('\n')) >= 0) {
-          const line = buffered.slice(0, newline);
-          buffered = buffered.slice(newline + 1);
-          if (line.trim() !== '') yield JSON.parse(line) as T;
+      try {
+        for await (const chunk of answer) {
+          buffered += chunk as string;
+          let newline: number;
+          while ((newline = buffered.indexOf('\n')) >= 0) {
+            const line = buffered.slice(0, newline);
+            buffered = buffered.slice(newline + 1);
+            if (line.trim() !== '') yield JSON.parse(line) as T;
+          }
         }
-        if (done) break;
+      } catch (failure) {
+        if (failure instanceof SyntaxError) throw failure;
+        throw new SessiondbUnavailable(`GET ${path} on ${this.baseUrl}: ${(failure as Error).message}`);
       }
+      if (!answer.complete) throw new SessiondbUnavailable(`GET ${path} on ${this.baseUrl}: the answer was cut short`);
       if (buffered.trim() !== '') yield JSON.parse(buffered) as T;
     } finally {
-      await reader.cancel().catch(() => {});
+      // A stream left half read is not worth keeping its connection for.
+      if (!answer.complete) answer.destroy();
     }
   }
 
@@ -475,15 +515,30 @@ export class Client {
   }
 }
 
-async function errorOf(answer: Response): Promise<SessiondbError> {
-  const text = await answer.text();
+class TimeoutError extends Error {}
+
+/** The whole body of an answer, as text; a connection that breaks meanwhile is unavailable. */
+async function bodyOf(answer: http.IncomingMessage, what: string): Promise<string> {
+  const chunks: Buffer[] = [];
+  try {
+    for await (const chunk of answer) chunks.push(chunk as Buffer);
+  } catch (failure) {
+    throw new SessiondbUnavailable(`${what}: ${(failure as Error).message}`);
+  }
+  if (!answer.complete) throw new SessiondbUnavailable(`${what}: the answer was cut short`);
+  return Buffer.concat(chunks).toString('utf8');
+}
+
+async function errorOf(answer: http.IncomingMessage): Promise<SessiondbError> {
+  const status = answer.statusCode!;
+  const text = await bodyOf(answer, `an answer ${status}`);
   try {
     const { error } = JSON.parse(text) as { error: { code: string; message: string } };
     if (typeof error.code === 'string' && typeof error.message === 'string') {
-      return new SessiondbError(answer.status, error.code, error.message);
+      return new SessiondbError(status, error.code, error.message);
     }
   } catch {
     // Not the API's error shape (a proxy in between, or the HTTP layer's own answer).
   }
-  return new SessiondbError(answer.status, 'http_error', text || answer.statusText);
+  return new SessiondbError(status, 'http_error', text || (answer.statusMessage ?? ''));
 }
