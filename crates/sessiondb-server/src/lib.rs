@@ -168,6 +168,13 @@ pub async fn serve<S: Store>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let router = router(app.clone());
+    // Without TCP_NODELAY, a streamed answer's last small write waits for the client to
+    // acknowledge the one before, which a kept connection's delayed ACK holds for ~40 ms.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |stream| {
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY on an accepted connection: {error}");
+        }
+    });
     axum::serve(listener, router)
         .with_graceful_shutdown(async move {
             shutdown.await;
