@@ -18,6 +18,7 @@ class CannedServer:
     def __init__(self, answers: list[bytes | None]):
         self.answers = list(answers)
         self.requests: list[bytes] = []
+        self.connections = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         threading.Thread(target=self._serve, daemon=True).start()
@@ -31,6 +32,7 @@ class CannedServer:
                 connection, _ = self.listener.accept()
             except OSError:
                 return  # closed
+            self.connections += 1
             reader = connection.makefile("rb")
             while self.answers:
                 head = b""
@@ -91,6 +93,24 @@ class HttpTest(unittest.TestCase):
         self.assertIn(b"host: 127.0.0.1:", server.requests[0])
         self.assertTrue(server.requests[4].endswith(b'\r\n\r\n{"x": 1}'))
         self.assertIn(b"content-length: 8\r\n", server.requests[4])
+
+    def test_a_stream_read_to_its_end_keeps_its_connection_and_one_left_half_read_does_not(self):
+        lines = b'{"id": "a"}\n{"id": "b"}\n{"id": "c"}\n'
+        stream = (b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
+                  b"transfer-encoding: chunked\r\n\r\n"
+                  + b"".join(b"%x\r\n%s\r\n" % (len(line), line)
+                             for line in lines.splitlines(keepends=True))
+                  + b"0\r\n\r\n")
+        server = self.serve([stream, json_answer(b"{}"), stream, json_answer(b"{}")])
+        client = self.client(server)
+        self.assertEqual([m["id"] for m in client.history("s")], ["a", "b", "c"])
+        client.request("GET", "/after")
+        self.assertEqual(server.connections, 1)
+        half = client.history("s")
+        self.assertEqual(next(half)["id"], "a")
+        half.close()
+        client.request("GET", "/after")
+        self.assertEqual(server.connections, 2)
 
     def test_error_answers_are_typed(self):
         server = self.serve([
