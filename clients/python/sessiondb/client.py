@@ -196,11 +196,9 @@ class Client:
         else:
             connection.close()
 
-    def _exchange(self, method: str, path: str, query: dict[str, Any] | None,
-                  body: Any) -> bytes:
-        """One request; the whole body of a 2xx answer."""
-        target, data, headers = self._prepare(path, query, body)
-        connection, answer = self._start(method, target, headers, data)
+    def _read(self, connection: Connection, answer: Answer, method: str, target: str) -> bytes:
+        """The whole body of a 2xx answer (an error answer raises its typed error); the
+        connection goes back to the pool, or is closed when reading failed."""
         try:
             raw = answer.read()
         except OSError as failure:
@@ -211,21 +209,23 @@ class Client:
             raise _error_of(answer.status, answer.reason, raw)
         return raw
 
+    def _exchange(self, method: str, path: str, query: dict[str, Any] | None,
+                  body: Any) -> bytes:
+        """One request; the whole body of a 2xx answer."""
+        target, data, headers = self._prepare(path, query, body)
+        connection, answer = self._start(method, target, headers, data)
+        return self._read(connection, answer, method, target)
+
     def _lines(self, path: str, query: dict[str, Any] | None) -> Iterator[dict]:
         """The JSON lines of an NDJSON answer, read as they arrive; its connection is kept for
         the next request once the stream was read to its end, and closed if it was left half
         read."""
         target, data, headers = self._prepare(path, query, _OMITTED)
         connection, answer = self._start("GET", target, headers, data)
+        if answer.status >= 400:
+            self._read(connection, answer, "GET", target)
         read_to_end = False
         try:
-            if answer.status >= 400:
-                try:
-                    raw = answer.read()
-                except OSError as failure:
-                    raise self._unavailable("GET", target, failure) from None
-                read_to_end = True
-                raise _error_of(answer.status, answer.reason, raw)
             # Parse each block's lines at once: one `json.loads` per line costs 3-4x one per
             # block (200 messages: 2.3 ms read line by line, 0.6 ms this way).
             pending = b""
