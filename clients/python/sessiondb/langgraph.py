@@ -212,13 +212,10 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
         self.client.append_batch(side, [anchor, message], parent_id="")
 
     def delete_thread(self, thread_id: str) -> None:
-        doomed = set(self._sessions(thread_id, ""))
-        for session in self.client.list_sessions(user_id=self._owner(thread_id)):
-            stored = (session.get("metadata") or {}).get(THREAD_KEY)
-            if isinstance(stored, dict) and stored.get("threadId") == thread_id:
-                doomed.add(session["id"])
         # The root namespace's sessions are deleted by name as well: if another process
         # deleted the thread while this saver went on writing, they exist without an owner.
+        namespaces = {ns for _, ns in self._namespaces({"thread_id": thread_id})} | {""}
+        doomed = {session_id for ns in namespaces for session_id in self._sessions(thread_id, ns)}
         for session_id in doomed:
             self.client.delete_session(session_id, missing_ok=True)
         self._created -= doomed
@@ -285,12 +282,14 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
         first, so no remaining checkpoint ever lacks one."""
         checkpoints, side = self._sessions(thread_id, checkpoint_ns)
         moved: dict[str, dict] = {}
+        read: set[str] = set()  # the values messages remaining checkpoints may read
         for checkpoint_id, content in contents.items():
             if checkpoint_id in doomed:
                 continue
             for channel, (holder, version) in content["holders"].items():
-                stored = contents.get(holder, _MISSING)["values"].get(channel)
-                if holder in doomed and stored is not None and stored["version"] == version:
+                read.add(bounded_id(VALUES_PREFIX + holder))
+                stored = contents[holder]["values"].get(channel) if holder in doomed else None
+                if stored is not None and stored["version"] == version:
                     moved.setdefault(holder, {})[channel] = stored
         for holder, values in moved.items():
             # A replace, not an append: a run cut short before its deletes may have left a
@@ -301,9 +300,6 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
         self.client.delete_messages(checkpoints, doomed)
         # The doomed checkpoints' writes, and moved values no remaining checkpoint reads.
         anchors = {bounded_id(checkpoint_id) for checkpoint_id in doomed}
-        read = {bounded_id(VALUES_PREFIX + holder)
-                for checkpoint_id, content in contents.items() if checkpoint_id not in doomed
-                for holder, _ in content["holders"].values()}
         unused = [line["message"]["id"] for line in self._export(side) if "message" in line
                   and (line["message"]["id"] in anchors or line.get("parentId") in anchors
                        or (line["message"]["role"] == "values"

@@ -222,11 +222,8 @@ export class SessiondbSaver extends BaseCheckpointSaver {
   async deleteThread(threadId: string): Promise<void> {
     // The root namespace's sessions by name too: if another process deleted the thread while
     // this saver went on writing, they exist without an owner.
-    const doomed = new Set(this.sessionsOf(threadId, ''));
-    for await (const session of this.client.listSessions({ userId: this.owner(threadId) })) {
-      const stored = session.metadata?.[THREAD_KEY] as { threadId?: string } | undefined;
-      if (stored?.threadId === threadId) doomed.add(session.id);
-    }
+    const namespaces = new Set(['', ...(await this.namespaces({ configurable: { thread_id: threadId } })).map(([, ns]) => ns)]);
+    const doomed = [...namespaces].flatMap((ns) => this.sessionsOf(threadId, ns));
     for (const id of doomed) {
       await this.client.deleteSession(id, { missingOk: true });
       this.created.delete(id);
