@@ -454,15 +454,18 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
         .build()
         .context("starting the runtime")?;
     runtime.block_on(async move {
+        let requests = backups::Requests::listen()?;
         match &config.backend {
             Backend::Embedded { data } => {
                 let store = open_store(data, &config)?;
-                let backup_stats = config.backups.as_ref().map(|_| Arc::default());
-                let metrics = Metrics::with_backend(sqlite_metrics(&store, backup_stats.clone()));
+                let scheduled = config
+                    .backups
+                    .map(|plan| (plan, Arc::<BackupStats>::default()));
+                let stats = scheduled.as_ref().map(|(_, stats)| stats.clone());
+                let metrics = Metrics::with_backend(sqlite_metrics(&store, stats));
                 let app = App::new(Db::with_options(store, options), config.server, metrics);
-                let requests = backups::Requests::listen()?;
-                match (config.backups, backup_stats) {
-                    (Some(plan), Some(stats)) => {
+                match scheduled {
+                    Some((plan, stats)) => {
                         tracing::info!(dir = %plan.dir.display(), "backups on");
                         let schedule = backups::Schedule {
                             plan,
@@ -471,7 +474,7 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
                         };
                         tokio::spawn(schedule.run(app.clone()));
                     }
-                    _ => {
+                    None => {
                         tokio::spawn(requests.refuse("this server has no --backup-dir"));
                     }
                 }
@@ -482,7 +485,6 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
                     max_connections: *pool,
                     ..PgConfig::default()
                 };
-                let requests = backups::Requests::listen()?;
                 tokio::spawn(
                     requests
                         .refuse("a PostgreSQL database is backed up with its own tools (pg_dump)"),
