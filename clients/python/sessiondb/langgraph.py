@@ -11,19 +11,25 @@ listing):
   metadata (both serialised by the saver's serde), the parent's id, the values of the channels
   this checkpoint changed (``new_versions``), and for every channel the id of the checkpoint
   that holds its value at this version. A value is stored once, by the checkpoint that changed
-  it: one LangGraph rewrites at every step (a message list) is stored whole at every version,
-  a value that did not change is not stored again.
+  it; a value that did not change is not stored again. A value that extends the channel's
+  previous one (a list LangGraph appended to, such as a message history) is stored as what was
+  added: the serialised items after the previous value's, and where they go. A chain of such
+  extensions ends in a whole value at most ``MAX_EXTENSION_DEPTH`` links below, so a thread's
+  growing history takes space in proportion to its length instead of its square, and a cold
+  read rebuilds a value from at most that many messages.
 - the side session (its id ends in ``/writes``), holding pending writes: messages under a root
   message named after their checkpoint, one per ``put_writes`` call, with an id made of the
   checkpoint, the task and its first write index, so a repeated call stores nothing.
 
 A checkpoint is one append, so it is stored whole or not at all. Checkpoint messages never
 change, so the saver keeps recently written and read ones in memory (``cache_bytes``) and
-finds the values an older checkpoint holds there, asking the server only for those it lacks.
+finds the values an older checkpoint holds there, asking the server only for those it lacks;
+it also keeps the serialised values it wrote or rebuilt, which a value extending them needs.
 
 ``prune`` and ``delete_for_runs`` delete checkpoint messages; a value a remaining checkpoint
-still reads from a deleted one moves first to a message of the side session
-(``values:<checkpoint id>``), where readers look when the checkpoint is gone.
+still reads from a deleted one (directly or as the base of an extension) moves first, whole, to
+a message of the side session (``values:<checkpoint id>``), where readers look when the
+checkpoint is gone.
 """
 
 from __future__ import annotations
@@ -57,6 +63,10 @@ THREAD_KEY = "langgraphThread"
 VALUES_PREFIX = "values:"
 # Import requests of copy_thread stay well under the server's body limit (64 MiB by default).
 IMPORT_REQUEST_BYTES = 8 << 20
+# Links of extensions at most between a value and the whole one it is rebuilt from.
+MAX_EXTENSION_DEPTH = 16
+# Values smaller than this are stored whole: each link costs a cold read one more message.
+MIN_EXTENDED_BYTES = 1024
 _END = object()
 _MISSING = {"values": {}, "holders": {}}
 
@@ -69,18 +79,47 @@ def _decode(stored: dict) -> tuple[str, bytes]:
     return stored["type"], base64.b64decode(stored["data"])
 
 
-class _Contents:
-    """Checkpoint message contents by (session, checkpoint id), least recently used dropped
-    first once their serialised values pass ``budget`` bytes. Safe to trust: a checkpoint
-    message never changes, and checkpoint ids are never reused."""
+def _msgpack_array(data: bytes) -> tuple[int, int] | None:
+    """(items, header bytes) when ``data`` is a msgpack array."""
+    if not data:
+        return None
+    first = data[0]
+    if 0x90 <= first <= 0x9F:
+        return first & 0x0F, 1
+    if first == 0xDC and len(data) >= 3:
+        return int.from_bytes(data[1:3], "big"), 3
+    if first == 0xDD and len(data) >= 5:
+        return int.from_bytes(data[1:5], "big"), 5
+    return None
+
+
+def _extension(old: bytes, new: bytes) -> tuple[bytes, int, bytes] | None:
+    """How msgpack array ``new`` extends msgpack array ``old``: its header, where ``old``'s
+    items start and the items after them, so that ``new == header + old[start:] + added``; None
+    unless ``new`` begins with exactly ``old``'s items (a reducer that added nothing gives an
+    equal array, nothing added). A msgpack item's encoding is self-delimiting, so the byte
+    comparison is the whole check."""
+    was, now = _msgpack_array(old), _msgpack_array(new)
+    if was is None or now is None or now[0] < was[0]:
+        return None
+    items = old[was[1]:]
+    if not new.startswith(items, now[1]):
+        return None
+    return new[:now[1]], was[1], new[now[1] + len(items):]
+
+
+class _Memory:
+    """Entries least recently used dropped first once their sizes pass ``budget`` bytes. What
+    the saver keeps here is safe to trust: a checkpoint message never changes, and checkpoint
+    ids are never reused."""
 
     def __init__(self, budget: int):
         self.budget = budget
         self.held = 0
-        self.entries: OrderedDict[tuple[str, str], tuple[dict, int]] = OrderedDict()
+        self.entries: OrderedDict[tuple, tuple[Any, int]] = OrderedDict()
         self.guard = threading.Lock()
 
-    def get(self, key: tuple[str, str]) -> dict | None:
+    def get(self, key: tuple) -> Any:
         with self.guard:
             entry = self.entries.get(key)
             if entry is None:
@@ -88,12 +127,12 @@ class _Contents:
             self.entries.move_to_end(key)
             return entry[0]
 
-    def put(self, key: tuple[str, str], content: dict) -> None:
-        size = sum(len(v.get("data", "")) for v in content["values"].values()) + 512
+    def put(self, key: tuple, value: Any, size: int) -> None:
         with self.guard:
-            if key in self.entries:
-                return
-            self.entries[key] = (content, size)
+            replaced = self.entries.pop(key, None)
+            if replaced is not None:
+                self.held -= replaced[1]
+            self.entries[key] = (value, size)
             self.held += size
             while self.held > self.budget and self.entries:
                 _, (_, dropped) = self.entries.popitem(last=False)
@@ -114,7 +153,10 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
         super().__init__(serde=serde)
         self.client = client
         self.prefix = prefix
-        self._contents = _Contents(cache_bytes)
+        # Checkpoint contents by (session, checkpoint id), and serialised values by (session,
+        # holder, channel) as (version, type, bytes, links below), half of the budget each.
+        self._contents = _Memory(cache_bytes // 2)
+        self._values = _Memory(cache_bytes // 2)
         self._created: set[str] = set()
 
     # -- naming ------------------------------------------------------------------------------
@@ -157,12 +199,15 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
 
         checkpoint_id = checkpoint["id"]
         channel_values = checkpoint["channel_values"]
+        inherited = self._content(sessions, parent_id).get("holders", {}) if parent_id else {}
         values = {}
         for channel, version in new_versions.items():
-            stored = _encode(self.serde.dumps_typed(channel_values[channel])) \
-                if channel in channel_values else {"type": "empty"}
-            values[channel] = {"version": version, **stored}
-        inherited = self._content(sessions, parent_id).get("holders", {}) if parent_id else {}
+            if channel in channel_values:
+                values[channel] = self._stored(checkpoints, checkpoint_id, channel, version,
+                                               self.serde.dumps_typed(channel_values[channel]),
+                                               inherited.get(channel))
+            else:
+                values[channel] = {"version": version, "type": "empty"}
         holders = {}
         for channel, version in checkpoint["channel_versions"].items():
             if channel in values:
@@ -179,9 +224,37 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
         }
         self.client.append(checkpoints, {"id": checkpoint_id, "role": "checkpoint",
                                          "content": content}, parent=parent_id)
-        self._contents.put((checkpoints, checkpoint_id), content)
+        self._remember(checkpoints, checkpoint_id, content)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns,
                                  "checkpoint_id": checkpoint_id}}
+
+    def _stored(self, checkpoints: str, checkpoint_id: str, channel: str, version: Any,
+                typed: tuple[str, bytes], previous: list | None) -> dict:
+        """A channel's new value as its checkpoint stores it: as an extension of the channel's
+        ``previous`` value (its holder and version) when this saver has that value in memory,
+        the new one extends it and its chain is short enough; else whole."""
+        kind, data = typed
+        entry: dict[str, Any] = {"version": version, "type": kind}
+        depth = 0
+        base = self._values.get((checkpoints, previous[0], channel)) if previous else None
+        if (base is not None and base[0] == previous[1] and base[1] == kind == "msgpack"
+                and len(base[2]) >= MIN_EXTENDED_BYTES and base[3] < MAX_EXTENSION_DEPTH
+                and (extension := _extension(base[2], data)) is not None):
+            head, start, added = extension
+            depth = base[3] + 1
+            entry.update(base=list(previous), head=base64.b64encode(head).decode(),
+                         span=[start, len(base[2])], depth=depth)
+            data_stored = added
+        else:
+            data_stored = data
+        entry["data"] = base64.b64encode(data_stored).decode()
+        self._values.put((checkpoints, checkpoint_id, channel), (version, kind, data, depth),
+                         len(data))
+        return entry
+
+    def _remember(self, checkpoints: str, checkpoint_id: str, content: dict) -> None:
+        size = sum(len(v.get("data", "")) for v in content["values"].values()) + 512
+        self._contents.put((checkpoints, checkpoint_id), content, size)
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                    task_id: str, task_path: str = "") -> None:
@@ -280,17 +353,37 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
         """Deletes the ``doomed`` checkpoints of a namespace whose checkpoints are ``contents``,
         and their writes. The values the others still read from them move to the side session
         first, so no remaining checkpoint ever lacks one."""
-        checkpoints, side = self._sessions(thread_id, checkpoint_ns)
+        sessions = self._sessions(thread_id, checkpoint_ns)
+        checkpoints, side = sessions
+
+        def content_of(holder: str) -> dict:
+            return contents.get(holder) or self._content(sessions, holder)
+
         moved: dict[str, dict] = {}
         read: set[str] = set()  # the values messages remaining checkpoints may read
         for checkpoint_id, content in contents.items():
             if checkpoint_id in doomed:
                 continue
             for channel, (holder, version) in content["holders"].items():
-                read.add(bounded_id(VALUES_PREFIX + holder))
-                stored = contents[holder]["values"].get(channel) if holder in doomed else None
-                if stored is not None and stored["version"] == version:
-                    moved.setdefault(holder, {})[channel] = stored
+                # Down the chain of extensions to the first link in a doomed checkpoint, which
+                # moves whole (so no chain leads into a deleted checkpoint), or to its end.
+                while True:
+                    read.add(bounded_id(VALUES_PREFIX + holder))
+                    held = contents.get(holder)
+                    stored = held["values"].get(channel) if held else None
+                    if stored is None or stored["version"] != version:
+                        break
+                    if holder in doomed:
+                        if "base" in stored:
+                            kind, data = self._value(sessions, content_of, holder, channel,
+                                                     version)
+                            stored = {"version": version, "type": kind,
+                                      "data": base64.b64encode(data).decode()}
+                        moved.setdefault(holder, {})[channel] = stored
+                        break
+                    if "base" not in stored:
+                        break
+                    holder, version = stored["base"]
         for holder, values in moved.items():
             # A replace, not an append: a run cut short before its deletes may have left a
             # message for this holder with what other checkpoints read then.
@@ -309,12 +402,13 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
 
     # -- reading -----------------------------------------------------------------------------
 
-    def _content(self, sessions: tuple[str, str], checkpoint_id: str) -> dict:
+    def _content(self, sessions: tuple[str, str], checkpoint_id: str, *,
+                 remembered: bool = True) -> dict:
         """The content of a checkpoint message (for the values it holds and its holders), from
-        memory when this saver has it; for a checkpoint pruned away, the values that moved to
-        the side session; for one that never was, ``_MISSING``."""
+        memory when this saver has it (and ``remembered``); for a checkpoint pruned away, the
+        values that moved to the side session; for one that never was, ``_MISSING``."""
         checkpoints, side = sessions
-        content = self._contents.get((checkpoints, checkpoint_id))
+        content = self._contents.get((checkpoints, checkpoint_id)) if remembered else None
         if content is not None:
             return content
         for session_id, message_id in [(checkpoints, checkpoint_id),
@@ -325,7 +419,7 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
                 if error.code == "not_found":
                     continue
                 raise
-            self._contents.put((checkpoints, checkpoint_id), content)
+            self._remember(checkpoints, checkpoint_id, content)
             return content
         return _MISSING
 
@@ -351,20 +445,23 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
                 return None
             message = newest[0]
         content = message["content"]
-        self._contents.put((checkpoints, message["id"]), content)
+        self._remember(checkpoints, message["id"], content)
         return self._tuple(thread_id, checkpoint_ns, content,
                            lambda holder: self._content(sessions, holder))
 
     def _tuple(self, thread_id: str, checkpoint_ns: str, content: dict,
                holder_content: Callable[[str], dict]) -> CheckpointTuple:
-        _, side = self._sessions(thread_id, checkpoint_ns)
+        checkpoints, side = self._sessions(thread_id, checkpoint_ns)
         checkpoint = self.serde.loads_typed(_decode(content["checkpoint"]))
+
+        def content_of(holder: str) -> dict:
+            return content if holder == checkpoint["id"] else holder_content(holder)
+
         values = {}
         for channel, (holder, version) in content["holders"].items():
-            held = content if holder == checkpoint["id"] else holder_content(holder)
-            stored = held["values"].get(channel)
-            if stored is not None and stored["version"] == version and stored["type"] != "empty":
-                values[channel] = self.serde.loads_typed(_decode(stored))
+            value = self._value((checkpoints, side), content_of, holder, channel, version)
+            if value is not None:
+                values[channel] = self.serde.loads_typed(value)
         checkpoint["channel_values"] = values
 
         pending = []
@@ -386,6 +483,35 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
             parent_config=config_of(parent_id) if parent_id else None,
             pending_writes=[(task, channel, value) for task, _, channel, value in pending],
         )
+
+    def _value(self, sessions: tuple[str, str], content_of: Callable[[str], dict], holder: str,
+               channel: str, version: Any, *, fresh: bool = False) -> tuple[str, bytes] | None:
+        """The serialised value ``channel`` had at ``version``, held by checkpoint ``holder``
+        (whose content ``content_of`` gives): stored whole, or rebuilt from the values its
+        extensions lead down to. None when the channel was empty then or nothing holds it."""
+        key = (sessions[0], holder, channel)
+        known = self._values.get(key)
+        if known is not None and known[0] == version:
+            return known[1], known[2]
+        stored = content_of(holder)["values"].get(channel)
+        if stored is None or stored["version"] != version or stored["type"] == "empty":
+            return None
+        data = base64.b64decode(stored["data"])
+        if "base" in stored:
+            base_holder, base_version = stored["base"]
+            below = self._value(sessions, content_of, base_holder, channel, base_version)
+            if below is None:
+                if fresh:
+                    raise LookupError(f"the value of {channel!r} in checkpoint {holder} extends "
+                                      f"one of checkpoint {base_holder} that is not stored")
+                # This content was read before a prune deleted its base; the prune moved the
+                # value itself whole to the side session first.
+                return self._value(sessions, lambda h: self._content(sessions, h, remembered=False),
+                                   holder, channel, version, fresh=True)
+            start, end = stored["span"]
+            data = base64.b64decode(stored["head"]) + below[1][start:end] + data
+        self._values.put(key, (version, stored["type"], data, stored.get("depth", 0)), len(data))
+        return stored["type"], data
 
     def _writes_of(self, side: str, checkpoint_id: str) -> list[dict]:
         try:

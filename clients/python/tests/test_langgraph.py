@@ -14,7 +14,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 from served import ServedTest
 
-from sessiondb.langgraph import SessiondbSaver
+from sessiondb.langgraph import MAX_EXTENSION_DEPTH, SessiondbSaver
 
 
 class State(TypedDict):
@@ -122,6 +122,69 @@ class SaverTest(ServedTest):
         self.assertLess(self.client.get_session(checkpoints)["contentBytes"], 150_000)
         topic = SessiondbSaver(self.client, prefix=saver.prefix).get_tuple(config)
         self.assertEqual(topic.checkpoint["channel_values"]["topic"], "a" * 50_000)
+
+    def test_a_growing_list_is_stored_as_what_each_step_added(self):
+        config = {"configurable": {"thread_id": "grow-1"}}
+        saver = self.saver()
+        app = graph(saver, quote_topic=False)
+        line = "x" * 300
+        expected: list[str] = []
+        for turn in range(40):
+            app.invoke({"topic": "t", "steps": [f"{turn} {line}"]}, config)
+            expected += [f"{turn} {line}", "research it", "write it"]
+        checkpoints, _ = saver._sessions("grow-1", "")
+        stored = [line["message"]["content"]["values"].get("steps")
+                  for line in self.client.export(checkpoints) if "message" in line]
+        steps = [value for value in stored if value and value["type"] != "empty"]
+        extended = [value for value in steps if "base" in value]
+        self.assertGreater(len(extended), len(steps) // 2, "most versions are extensions")
+        self.assertTrue(all(value["depth"] <= MAX_EXTENSION_DEPTH for value in extended))
+        self.assertGreater(len(steps) - len(extended), 2, "chains end in whole values")
+        # Whole copies of the list at every version would take the square of its length:
+        # 120 versions of up to 120 items of ~300 bytes, ~2.9 MB in base64.
+        self.assertLess(self.client.get_session(checkpoints)["contentBytes"], 600_000)
+
+        # Every version reads back right in another process with no memory, cold.
+        fresh = graph(SessiondbSaver(self.client, prefix=saver.prefix, cache_bytes=0),
+                      quote_topic=False)
+        self.assertEqual(fresh.get_state(config).values["steps"], expected)
+        history = list(fresh.get_state_history(config))
+        for state in history:
+            steps_then = state.values.get("steps", [])
+            self.assertEqual(steps_then, expected[:len(steps_then)])
+        self.assertEqual(sorted({len(s.values.get("steps", [])) for s in history}),
+                         [0] + list(range(1, len(expected) + 1)))
+        # The saver that wrote them reads them back from memory as they were.
+        self.assertEqual(app.get_state(config).values["steps"], expected)
+        # A copy keeps the chains, which lead to the copied checkpoints.
+        saver.copy_thread("grow-1", "grow-1-copy")
+        copied = {"configurable": {"thread_id": "grow-1-copy"}}
+        self.assertEqual(fresh.get_state(copied).values["steps"], expected)
+
+    def test_a_prune_elsewhere_leaves_extensions_readable_from_memory(self):
+        config = {"configurable": {"thread_id": "grow-2"}}
+        saver = self.saver()
+        app = graph(saver, quote_topic=False)
+        for turn in range(12):
+            app.invoke({"topic": "t", "steps": [f"{turn} " + "y" * 400]}, config)
+        before = app.get_state(config).values
+        # Another process prunes: the chain under the latest checkpoint's list goes, its value
+        # moves whole. This saver still remembers checkpoint contents from before the prune.
+        other = SessiondbSaver(self.client, prefix=saver.prefix)
+        other.prune(["grow-2"])
+        # As if this saver's memory had since dropped the values it rebuilt and the oldest
+        # contents: the chain it remembers now leads to checkpoints the prune deleted.
+        saver._values.entries.clear()
+        for key in list(saver._contents.entries)[:-3]:
+            del saver._contents.entries[key]
+        self.assertEqual(app.get_state(config).values, before)
+        fresh = graph(SessiondbSaver(self.client, prefix=saver.prefix, cache_bytes=0),
+                      quote_topic=False)
+        self.assertEqual(fresh.get_state(config).values, before)
+        # The thread goes on from the pruned one, extending the moved value.
+        more = app.invoke({"topic": "t", "steps": ["after"]}, config)
+        self.assertEqual(more["steps"], before["steps"] + ["after", "research it", "write it"])
+        self.assertEqual(fresh.get_state(config).values, more)
 
     def test_list_narrows_by_thread_and_namespace(self):
         saver = self.saver()

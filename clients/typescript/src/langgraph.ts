@@ -10,11 +10,16 @@
  *   parent's id, the values of the channels it changed (`newVersions`) and for every channel the
  *   id of the checkpoint holding its value at this version, so a value is stored once, by the
  *   checkpoint that changed it;
+ * - a value that extends the channel's previous one (an array LangGraph appended to, such as a
+ *   message history) is stored as what was added after the previous value's items, with the
+ *   previous value's holder and version; a chain of these ends in a whole value at most
+ *   `MAX_EXTENSION_DEPTH` links below, so a growing history takes space in proportion to its
+ *   length rather than its square;
  * - both sessions are recorded for the user `prefix + thread_id`, which `deleteThread` lists.
  *
  * A checkpoint is one append, stored whole or not at all. Checkpoint messages never change, so
  * the saver keeps recently written and read ones in memory and asks the server only for what it
- * lacks.
+ * lacks, and keeps the serialised values it wrote or rebuilt, which a value extending them needs.
  */
 import type { RunnableConfig } from '@langchain/core/runnables';
 import {
@@ -39,7 +44,14 @@ import { Client, SessiondbError, boundedId, joinedId, type Json, type StoredMess
 export const THREAD_KEY = 'langgraphThread';
 
 type Stored = { type: string; data?: string };
-type Value = Stored & { version: string | number };
+type Version = string | number;
+/**
+ * A stored channel value: whole (`data`), or an extension of the value `base` names (its holder
+ * and version), which is `head + base[span[0]..span[1]] + data` and has `depth` links below it.
+ */
+type Value = Stored & { version: Version; base?: [string, Version]; head?: string; span?: [number, number]; depth?: number };
+/** A serialised value the saver wrote or rebuilt. */
+type Known = { version: Version; type: string; bytes: Uint8Array; depth: number };
 /** What a checkpoint message holds. */
 type Content = {
   checkpoint: Stored;
@@ -52,27 +64,54 @@ type WritesContent = { taskId: string; taskPath: string; writes: Array<[number, 
 
 const NO_CONTENT: Pick<Content, 'values' | 'holders'> = { values: {}, holders: {} };
 
-/** Checkpoint contents by session and id, least recently used dropped first past a byte budget. */
-class Contents {
+/** Links of extensions at most between a value and the whole one it is rebuilt from. */
+export const MAX_EXTENSION_DEPTH = 16;
+/** Values smaller than this are stored whole: each link costs a cold read one more message. */
+export const MIN_EXTENDED_BYTES = 1024;
+const OPENING_BRACKET = 0x5b;
+const CLOSING_BRACKET = 0x5d;
+const COMMA = 0x2c;
+
+/**
+ * How JSON array `next` extends JSON array `previous` (both as the serde writes them, without
+ * spaces): the bytes after `previous`'s items, so that `next` is `previous` without its closing
+ * bracket followed by them. Undefined unless `next` begins with exactly `previous`'s items (a
+ * reducer that added nothing gives an equal array, and the bytes after are its closing bracket).
+ */
+function extension(previous: Uint8Array, next: Uint8Array): Uint8Array | undefined {
+  const kept = previous.length - 1;
+  if (previous[0] !== OPENING_BRACKET || previous[kept] !== CLOSING_BRACKET || next.length < previous.length) {
+    return undefined;
+  }
+  const follows = next.length === previous.length ? CLOSING_BRACKET : COMMA;
+  if (next[kept] !== follows || !Buffer.from(next.buffer, next.byteOffset, kept).equals(previous.subarray(0, kept))) {
+    return undefined;
+  }
+  return next.subarray(kept);
+}
+
+/** Entries by key, least recently used dropped first once their sizes pass a byte budget. */
+class Memory<T> {
   private held = 0;
-  private readonly entries = new Map<string, { content: Content; size: number }>();
+  private readonly entries = new Map<string, { value: T; size: number }>();
 
   constructor(private readonly budget: number) {}
 
-  get(session: string, id: string): Content | undefined {
-    const key = `${session}\n${id}`;
+  get(key: string): T | undefined {
     const entry = this.entries.get(key);
     if (entry === undefined) return undefined;
     this.entries.delete(key);
     this.entries.set(key, entry);
-    return entry.content;
+    return entry.value;
   }
 
-  put(session: string, id: string, content: Content): void {
-    const key = `${session}\n${id}`;
-    if (this.entries.has(key)) return;
-    const size = Object.values(content.values).reduce((sum, v) => sum + (v.data?.length ?? 0), 512);
-    this.entries.set(key, { content, size });
+  put(key: string, value: T, size: number): void {
+    const replaced = this.entries.get(key);
+    if (replaced !== undefined) {
+      this.entries.delete(key);
+      this.held -= replaced.size;
+    }
+    this.entries.set(key, { value, size });
     this.held += size;
     for (const [oldest, entry] of this.entries) {
       if (this.held <= this.budget) break;
@@ -99,14 +138,18 @@ export interface SessiondbSaverOptions {
 export class SessiondbSaver extends BaseCheckpointSaver {
   readonly client: Client;
   readonly prefix: string;
-  private readonly contents: Contents;
+  /** Checkpoint contents by session and id, and serialised values by session, holder and channel. */
+  private readonly contents: Memory<Content>;
+  private readonly values: Memory<Known>;
   private readonly created = new Set<string>();
 
   constructor(options: SessiondbSaverOptions) {
     super(options.serde);
     this.client = options.client;
     this.prefix = options.prefix ?? '';
-    this.contents = new Contents(options.cacheBytes ?? 32 << 20);
+    const budget = options.cacheBytes ?? 32 << 20;
+    this.contents = new Memory(Math.floor(budget / 2));
+    this.values = new Memory(Math.floor(budget / 2));
   }
 
   /** The checkpoint session and the side session of a thread's namespace. */
@@ -159,14 +202,15 @@ export class SessiondbSaver extends BaseCheckpointSaver {
     const parentId = (config.configurable?.checkpoint_id as string | undefined) ?? null;
     const [checkpoints] = await this.ensureSessions(threadId, checkpointNs);
 
+    const inherited = parentId ? (await this.content(checkpoints, parentId)).holders : {};
     const values: Record<string, Value> = {};
     for (const [channel, version] of Object.entries(newVersions)) {
-      const stored = channel in checkpoint.channel_values
-        ? await this.encode((checkpoint.channel_values as Record<string, unknown>)[channel])
-        : { type: 'empty' };
-      values[channel] = { version, ...stored };
+      values[channel] = channel in checkpoint.channel_values
+        ? this.stored(checkpoints, checkpoint.id, channel, version,
+          await this.serde.dumpsTyped((checkpoint.channel_values as Record<string, unknown>)[channel]),
+          inherited[channel])
+        : { version, type: 'empty' };
     }
-    const inherited = parentId ? (await this.content(checkpoints, parentId)).holders : {};
     const holders: Content['holders'] = {};
     for (const [channel, version] of Object.entries(checkpoint.channel_versions)) {
       if (channel in values) holders[channel] = [checkpoint.id, version];
@@ -185,8 +229,78 @@ export class SessiondbSaver extends BaseCheckpointSaver {
       { id: checkpoint.id, role: 'checkpoint', content: content as unknown as Json },
       { parent: parentId },
     );
-    this.contents.put(checkpoints, checkpoint.id, content);
+    this.remember(checkpoints, checkpoint.id, content);
     return { configurable: { thread_id: threadId, checkpoint_ns: checkpointNs, checkpoint_id: checkpoint.id } };
+  }
+
+  /**
+   * A channel's new value as its checkpoint stores it: as an extension of the channel's
+   * `previous` value (holder and version) when the saver has that value in memory, the new one
+   * extends it and its chain is short enough; else whole.
+   */
+  private stored(
+    checkpoints: string,
+    checkpointId: string,
+    channel: string,
+    version: Version,
+    [type, bytes]: [string, Uint8Array],
+    previous: [string, Version] | undefined,
+  ): Value {
+    const base = previous && this.values.get(`${checkpoints}\n${previous[0]}\n${channel}`);
+    const added = base && base.version === previous[1] && base.type === type && type === 'json'
+      && base.bytes.length >= MIN_EXTENDED_BYTES && base.depth < MAX_EXTENSION_DEPTH
+      ? extension(base.bytes, bytes)
+      : undefined;
+    const depth = added && base ? base.depth + 1 : 0;
+    this.values.put(`${checkpoints}\n${checkpointId}\n${channel}`, { version, type, bytes, depth }, bytes.length);
+    if (added === undefined || previous === undefined || base === undefined) {
+      return { version, type, data: Buffer.from(bytes).toString('base64') };
+    }
+    return {
+      version,
+      type,
+      base: previous,
+      head: '',
+      span: [0, base.bytes.length - 1],
+      depth,
+      data: Buffer.from(added).toString('base64'),
+    };
+  }
+
+  private remember(checkpoints: string, id: string, content: Content): void {
+    const size = Object.values(content.values).reduce((sum, v) => sum + (v.data?.length ?? 0), 512);
+    this.contents.put(`${checkpoints}\n${id}`, content, size);
+  }
+
+  /**
+   * The serialised value `channel` had at `version`, held by checkpoint `holder` (whose content
+   * `contentOf` gives): stored whole, or rebuilt from the values its extensions lead down to.
+   * Undefined when the channel was empty then or nothing holds it.
+   */
+  private async value(
+    checkpoints: string,
+    contentOf: (id: string) => Promise<Pick<Content, 'values'>>,
+    holder: string,
+    channel: string,
+    version: Version,
+  ): Promise<[string, Uint8Array] | undefined> {
+    const key = `${checkpoints}\n${holder}\n${channel}`;
+    const known = this.values.get(key);
+    if (known !== undefined && known.version === version) return [known.type, known.bytes];
+    const stored = (await contentOf(holder)).values[channel];
+    if (stored === undefined || stored.version !== version || stored.type === 'empty') return undefined;
+    let bytes: Uint8Array = Buffer.from(stored.data ?? '', 'base64');
+    if (stored.base !== undefined) {
+      const [baseHolder, baseVersion] = stored.base;
+      const below = await this.value(checkpoints, contentOf, baseHolder, channel, baseVersion);
+      if (below === undefined) {
+        throw new Error(`the value of ${JSON.stringify(channel)} in checkpoint ${holder} extends one of checkpoint ${baseHolder} that is not stored`);
+      }
+      const [start, end] = stored.span ?? [0, 0];
+      bytes = Buffer.concat([Buffer.from(stored.head ?? '', 'base64'), below[1].subarray(start, end), bytes]);
+    }
+    this.values.put(key, { version, type: stored.type, bytes, depth: stored.depth ?? 0 }, bytes.length);
+    return [stored.type, bytes];
   }
 
   async putWrites(config: RunnableConfig, writes: PendingWrite[], taskId: string, taskPath = ''): Promise<void> {
@@ -232,11 +346,11 @@ export class SessiondbSaver extends BaseCheckpointSaver {
 
   /** A checkpoint message's content, from memory when the saver has it. */
   private async content(checkpoints: string, id: string): Promise<Partial<Content> & Pick<Content, 'values' | 'holders'>> {
-    const held = this.contents.get(checkpoints, id);
+    const held = this.contents.get(`${checkpoints}\n${id}`);
     if (held !== undefined) return held;
     try {
       const content = (await this.client.getMessage(checkpoints, id)).content as unknown as Content;
-      this.contents.put(checkpoints, id, content);
+      this.remember(checkpoints, id, content);
       return content;
     } catch (error) {
       if (error instanceof SessiondbError && error.code === 'not_found') return NO_CONTENT;
@@ -265,7 +379,7 @@ export class SessiondbSaver extends BaseCheckpointSaver {
       if (message === undefined) return undefined;
     }
     const content = message.content as unknown as Content;
-    this.contents.put(checkpoints, message.id, content);
+    this.remember(checkpoints, message.id, content);
     return this.tuple(threadId, checkpointNs, content, (holder) => this.content(checkpoints, holder));
   }
 
@@ -275,15 +389,13 @@ export class SessiondbSaver extends BaseCheckpointSaver {
     content: Content,
     holderContent: (id: string) => Promise<Pick<Content, 'values'>>,
   ): Promise<CheckpointTuple> {
-    const [, side] = this.sessionsOf(threadId, checkpointNs);
+    const [checkpoints, side] = this.sessionsOf(threadId, checkpointNs);
     const checkpoint = (await this.decode(content.checkpoint)) as Checkpoint;
+    const contentOf = async (holder: string) => (holder === checkpoint.id ? content : holderContent(holder));
     const values: Record<string, unknown> = {};
     for (const [channel, [holder, version]] of Object.entries(content.holders)) {
-      const held = holder === checkpoint.id ? content : await holderContent(holder);
-      const stored = held.values[channel];
-      if (stored !== undefined && stored.version === version && stored.type !== 'empty') {
-        values[channel] = await this.decode(stored);
-      }
+      const value = await this.value(checkpoints, contentOf, holder, channel, version);
+      if (value !== undefined) values[channel] = await this.serde.loadsTyped(...value);
     }
     checkpoint.channel_values = values;
     if (checkpoint.v < 4 && content.parentCheckpointId) {

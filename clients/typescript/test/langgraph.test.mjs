@@ -5,7 +5,7 @@ import { test } from 'node:test';
 
 import { Annotation, Command, END, START, StateGraph, interrupt } from '@langchain/langgraph';
 
-import { SessiondbSaver } from '../dist/langgraph.js';
+import { MAX_EXTENSION_DEPTH, SessiondbSaver } from '../dist/langgraph.js';
 import { sharedServer } from './served.mjs';
 
 const shared = sharedServer();
@@ -79,4 +79,41 @@ test('deleteThread removes the thread and nothing else', async () => {
   // Nor does a checkpoint the saver remembers come back by its id.
   assert.equal(await checkpointer.getTuple(remembered), undefined);
   assert.equal((await graph(checkpointer).getState({ configurable: { thread_id: 'kept' } })).values.topic, 'y');
+});
+
+test('a growing list is stored as what each step added', async () => {
+  const config = { configurable: { thread_id: 'grow-1' } };
+  const writer = saver();
+  const app = graph(writer);
+  const line = 'x'.repeat(300);
+  const expected = [];
+  for (let turn = 0; turn < 40; turn += 1) {
+    await app.invoke({ topic: 't', steps: [`${turn} ${line}`] }, config);
+    expected.push(`${turn} ${line}`, 'research t', 'write t');
+  }
+  const [checkpoints] = writer.sessionsOf('grow-1', '');
+  const steps = [];
+  for await (const entry of shared.client.export(checkpoints)) {
+    const value = entry.message?.content.values.steps;
+    if (value && value.type !== 'empty') steps.push(value);
+  }
+  const extended = steps.filter((value) => value.base !== undefined);
+  assert.ok(extended.length > steps.length / 2, `most versions are extensions: ${extended.length} of ${steps.length}`);
+  assert.ok(extended.every((value) => value.depth <= MAX_EXTENSION_DEPTH));
+  assert.ok(steps.length - extended.length > 2, 'chains end in whole values');
+  // Whole copies at every version would take the square of the list's length (~3 MB here).
+  assert.ok((await shared.client.getSession(checkpoints)).contentBytes < 600_000);
+
+  // Every version reads back right in another process with no memory, cold.
+  const fresh = graph(new SessiondbSaver({ client: shared.client, prefix: writer.prefix, cacheBytes: 0 }));
+  assert.deepEqual((await fresh.getState(config)).values.steps, expected);
+  const lengths = new Set();
+  for await (const state of fresh.getStateHistory(config)) {
+    const then = state.values.steps ?? [];
+    assert.deepEqual(then, expected.slice(0, then.length));
+    lengths.add(then.length);
+  }
+  assert.equal(lengths.size, expected.length + 1);
+  // The saver that wrote them reads them back from memory as they were.
+  assert.deepEqual((await app.getState(config)).values.steps, expected);
 });
