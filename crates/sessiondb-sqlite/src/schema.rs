@@ -19,6 +19,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0009_ids_first.sql"),
     include_str!("../migrations/0010_search_ids_first.sql"),
     include_str!("../migrations/0011_contentless_search.sql"),
+    include_str!("../migrations/0012_text_off_page.sql"),
 ];
 
 /// The schema version this build creates and reads.
@@ -144,4 +145,72 @@ pub(crate) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         tx.commit().map_err(backend_error)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::{Connection, params};
+    use sessiondb_core::SessionKey;
+
+    use super::{MIGRATIONS, migrate};
+    use crate::queries::reassemble;
+
+    /// Schema 12 moves the text of rows that spill over their page into continuation slices
+    /// and keeps every older continuation slice; each message reads back as it was.
+    #[test]
+    fn migration_12_moves_texts_off_the_page_and_keeps_each_message() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        for (index, sql) in MIGRATIONS[..11].iter().enumerate() {
+            conn.execute_batch(sql).unwrap();
+            conn.pragma_update(None, "user_version", index as i64 + 1)
+                .unwrap();
+        }
+        let key = SessionKey::new("", "s").unwrap();
+        let short = "s".repeat(300);
+        let long = "l".repeat(3_000);
+        let chunked = ["a".repeat(1_000), "b".repeat(500)];
+        for (seq, (id, content, chunks)) in [
+            ("short", short.as_str(), 0),
+            ("long", long.as_str(), 0),
+            ("chunked", chunked[0].as_str(), 1),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            conn.execute(
+                "INSERT INTO messages (namespace, session_id, seq, id, role, content,
+                     content_chunks, bytes, token_estimate, content_hash, created_at)
+                 VALUES ('', 's', ?1, ?2, 'user', ?3, ?4, 0, 0, x'00', 0)",
+                params![seq as i64 + 1, id, content, chunks],
+            )
+            .unwrap();
+        }
+        conn.execute(
+            "INSERT INTO message_chunks (namespace, session_id, id, idx, content)
+             VALUES ('', 's', 'chunked', 1, ?1)",
+            [&chunked[1]],
+        )
+        .unwrap();
+
+        migrate(&mut conn).unwrap();
+        let layout = |id: &str| -> (String, i64) {
+            conn.query_row(
+                "SELECT content, content_chunks FROM messages WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap()
+        };
+        assert_eq!(layout("short"), (short.clone(), 0));
+        assert_eq!(layout("long"), (String::new(), 1));
+        assert_eq!(layout("chunked"), (chunked[0].clone(), 1));
+        for (id, text) in [
+            ("short", short),
+            ("long", long),
+            ("chunked", chunked.concat()),
+        ] {
+            let (on_row, chunks) = layout(id);
+            assert_eq!(reassemble(&conn, &key, id, on_row, chunks).unwrap(), text);
+        }
+    }
 }

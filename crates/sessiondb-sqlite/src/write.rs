@@ -23,6 +23,54 @@ use crate::{attachments, backend_error, context, registry};
 type Result<T> = std::result::Result<T, StoreError>;
 
 /// Runs one statement with a parameter list.
+/// The most of a `messages` row SQLite keeps on the row's B-tree page: an index B-tree's largest
+/// local payload on a 4 KiB page, (4096 - 12) * 64 / 255 - 23. A longer row spills into an
+/// overflow page of its own, mostly empty for a message of a few KB.
+const MAX_ROW_ON_PAGE: usize = 1002;
+/// What a `messages` row's columns other than its texts typically take with the record header
+/// (its integers, the content hash); a row the estimate lets through that is longer after all
+/// takes an overflow page, as every row did before schema 12.
+const ROW_FIXED_BYTES: usize = 100;
+/// Continuation slices of a text of a few KB kept off its row: four of them with their keys
+/// (namespace, session and message id of usual lengths) fit a 4 KiB `message_chunks` page, so
+/// such a text leaves at most part of a page unused. 1,900-byte slices (two to a page) left
+/// messages of ~3 KB a page each, 2.2 times their JSON.
+const OFF_PAGE_SLICE_BYTES: usize = 950;
+/// Longer texts go off the row in slices of up to [`MAX_SLICE_BYTES`]: SQLite fills their
+/// overflow pages whole, so only the last page of one is partly unused, and a text of a few
+/// hundred KB is not hundreds of rows to read.
+const OFF_PAGE_SMALL_SLICES_UP_TO: usize = 16 * 1024;
+
+/// Where a message's JSON is stored: on its `messages` row when the row fits on its page (the
+/// text, no continuation slices); else the row keeps no text and all of it goes to continuation
+/// slices in `message_chunks`, a rowid table, which keeps its rows on its pages side by side.
+/// Migration 12 moves older rows by the same bound (rows written before with continuation
+/// slices keep their layout: readers take both).
+fn placed_text<'a>(
+    key: &SessionKey,
+    id: &str,
+    parent_id: Option<&str>,
+    role: &str,
+    json: &'a str,
+) -> (&'a str, Vec<&'a str>) {
+    let row = json.len()
+        + key.namespace.len()
+        + key.session_id.len()
+        + id.len()
+        + parent_id.map_or(0, str::len)
+        + role.len()
+        + ROW_FIXED_BYTES;
+    if row <= MAX_ROW_ON_PAGE {
+        return (json, Vec::new());
+    }
+    let slice = if json.len() <= OFF_PAGE_SMALL_SLICES_UP_TO {
+        OFF_PAGE_SLICE_BYTES
+    } else {
+        MAX_SLICE_BYTES
+    };
+    ("", split_slices(json, slice))
+}
+
 fn exec(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) -> Result<usize> {
     conn.prepare_cached(sql)
         .and_then(|mut stmt| stmt.execute(params))
@@ -234,7 +282,13 @@ impl WriteTx for SqliteTx<'_> {
                 ..PathTotals::default()
             }),
         };
-        let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
+        let (on_row, slices) = placed_text(
+            self.key,
+            &message.id,
+            stored.parent_id.as_deref(),
+            &message.role,
+            stored.json(),
+        );
         exec(
             self.conn,
             "INSERT INTO messages (namespace, session_id, seq, id, parent_id, parent_seq, role,
@@ -250,8 +304,8 @@ impl WriteTx for SqliteTx<'_> {
                 stored.parent_id.as_deref(),
                 parent_seq,
                 message.role,
-                slices[0],
-                slices.len() as i64 - 1,
+                on_row,
+                slices.len() as i64,
                 message.bytes() as i64,
                 message.token_estimate as i64,
                 &message.content_hash.0[..],
@@ -315,8 +369,14 @@ impl WriteTx for SqliteTx<'_> {
         message: &PreparedMessage,
         stored: &StoredMessage,
     ) -> Result<()> {
-        let slices = split_slices(stored.json(), MAX_SLICE_BYTES);
-        let chunks = slices.len() as i64 - 1;
+        let (on_row, slices) = placed_text(
+            self.key,
+            &message.id,
+            current.parent_id.as_deref(),
+            &message.role,
+            stored.json(),
+        );
+        let chunks = slices.len() as i64;
         exec(
             self.conn,
             "UPDATE messages SET role = ?4, content = ?5, content_chunks = ?6, bytes = ?7,
@@ -327,7 +387,7 @@ impl WriteTx for SqliteTx<'_> {
                 self.key.session_id,
                 current.seq,
                 message.role,
-                slices[0],
+                on_row,
                 chunks,
                 message.bytes() as i64,
                 message.token_estimate as i64,
@@ -497,19 +557,14 @@ impl SqliteTx<'_> {
         Ok(Some(walked))
     }
 
+    /// Writes continuation slices 1, 2, … of message `id`.
     fn write_chunks(&self, id: &str, slices: &[&str]) -> Result<()> {
-        for (idx, slice) in slices.iter().enumerate().skip(1) {
+        for (idx, slice) in (1..).zip(slices) {
             exec(
                 self.conn,
                 "INSERT OR REPLACE INTO message_chunks (namespace, session_id, id, idx, content)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![
-                    self.key.namespace,
-                    self.key.session_id,
-                    id,
-                    idx as i64,
-                    slice
-                ],
+                params![self.key.namespace, self.key.session_id, id, idx, slice],
             )?;
         }
         Ok(())
