@@ -67,6 +67,8 @@ IMPORT_REQUEST_BYTES = 8 << 20
 MAX_EXTENSION_DEPTH = 16
 # Values smaller than this are stored whole: each link costs a cold read one more message.
 MIN_EXTENDED_BYTES = 1024
+# Checkpoints a cold read takes up a path at most, in one request, for the links of chains.
+PREFETCHED_CHECKPOINTS = 4 * MAX_EXTENSION_DEPTH
 _END = object()
 _MISSING = {"values": {}, "holders": {}}
 
@@ -446,8 +448,40 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
             message = newest[0]
         content = message["content"]
         self._remember(checkpoints, message["id"], content)
+        self._prefetch_chains(checkpoints, message["id"], content)
         return self._tuple(thread_id, checkpoint_ns, content,
                            lambda holder: self._content(sessions, holder))
+
+    def _prefetch_chains(self, checkpoints: str, checkpoint_id: str, content: dict) -> None:
+        """When values of a checkpoint extend values this saver does not have in memory (a
+        process that did not write them), reads the checkpoints up its path in one request,
+        newest first, until each of those chains reaches a whole value, so rebuilding them asks
+        for no link on its own. The links are the checkpoint's ancestors."""
+        chains = set()
+        for channel, stored in content["values"].items():
+            base = stored.get("base")
+            known = self._values.get((checkpoints, base[0], channel)) if base else None
+            if base and (known is None or known[0] != base[1]):
+                chains.add(channel)
+        if not chains:
+            return
+        path = self.client.history(checkpoints, order="newest", leaf=checkpoint_id)
+        try:
+            for read, message in enumerate(path):
+                if read >= PREFETCHED_CHECKPOINTS:
+                    break
+                if message.get("role") != "checkpoint":
+                    continue
+                values = message["content"]["values"]
+                self._remember(checkpoints, message["id"], message["content"])
+                chains -= {c for c in chains if c in values and "base" not in values[c]}
+                if not chains:
+                    break
+        except SessiondbError as error:
+            if error.code != "not_found":  # deleted meanwhile: the links are asked for alone
+                raise
+        finally:
+            path.close()
 
     def _tuple(self, thread_id: str, checkpoint_ns: str, content: dict,
                holder_content: Callable[[str], dict]) -> CheckpointTuple:

@@ -14,6 +14,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 from served import ServedTest
 
+from sessiondb import Client
 from sessiondb.langgraph import MAX_EXTENSION_DEPTH, SessiondbSaver
 
 
@@ -143,6 +144,17 @@ class SaverTest(ServedTest):
         # Whole copies of the list at every version would take the square of its length:
         # 120 versions of up to 120 items of ~300 bytes, ~2.9 MB in base64.
         self.assertLess(self.client.get_session(checkpoints)["contentBytes"], 600_000)
+
+        # Another process (a client and saver of its own) reads the latest state cold: the
+        # chain under it comes in one request, not a request per link.
+        with Client(self.served.url) as other:
+            requests = []
+            start = other._start
+            other._start = lambda *a, **k: requests.append(a[:2]) or start(*a, **k)
+            state = graph(SessiondbSaver(other, prefix=saver.prefix),
+                          quote_topic=False).get_state(config)
+            self.assertEqual(state.values["steps"], expected)
+            self.assertLessEqual(len(requests), 5, requests)
 
         # Every version reads back right in another process with no memory, cold.
         fresh = graph(SessiondbSaver(self.client, prefix=saver.prefix, cache_bytes=0),

@@ -68,6 +68,8 @@ const NO_CONTENT: Pick<Content, 'values' | 'holders'> = { values: {}, holders: {
 export const MAX_EXTENSION_DEPTH = 16;
 /** Values smaller than this are stored whole: each link costs a cold read one more message. */
 export const MIN_EXTENDED_BYTES = 1024;
+/** Checkpoints a cold read takes up a path at most, in one request, for the links of chains. */
+const PREFETCHED_CHECKPOINTS = 4 * MAX_EXTENSION_DEPTH;
 const OPENING_BRACKET = 0x5b;
 const CLOSING_BRACKET = 0x5d;
 const COMMA = 0x2c;
@@ -380,7 +382,41 @@ export class SessiondbSaver extends BaseCheckpointSaver {
     }
     const content = message.content as unknown as Content;
     this.remember(checkpoints, message.id, content);
+    await this.prefetchChains(checkpoints, message.id, content);
     return this.tuple(threadId, checkpointNs, content, (holder) => this.content(checkpoints, holder));
+  }
+
+  /**
+   * When values of a checkpoint extend values this saver does not have in memory (a process
+   * that did not write them), reads the checkpoints up its path in one request, newest first,
+   * until each of those chains reaches a whole value, so rebuilding them asks for no link on its
+   * own. The links are the checkpoint's ancestors.
+   */
+  private async prefetchChains(checkpoints: string, checkpointId: string, content: Content): Promise<void> {
+    const chains = new Set<string>();
+    for (const [channel, stored] of Object.entries(content.values)) {
+      if (stored.base === undefined) continue;
+      const known = this.values.get(`${checkpoints}\n${stored.base[0]}\n${channel}`);
+      if (known === undefined || known.version !== stored.base[1]) chains.add(channel);
+    }
+    if (chains.size === 0) return;
+    let read = 0;
+    try {
+      for await (const message of this.client.history(checkpoints, { order: 'newest', leaf: checkpointId })) {
+        if (read++ >= PREFETCHED_CHECKPOINTS) break;
+        if (message.role !== 'checkpoint') continue;
+        const held = message.content as unknown as Content;
+        this.remember(checkpoints, message.id, held);
+        for (const channel of chains) {
+          const stored = held.values[channel];
+          if (stored !== undefined && stored.base === undefined) chains.delete(channel);
+        }
+        if (chains.size === 0) break;
+      }
+    } catch (error) {
+      // Deleted meanwhile: the links are asked for one at a time.
+      if (!(error instanceof SessiondbError && error.code === 'not_found')) throw error;
+    }
   }
 
   private async tuple(

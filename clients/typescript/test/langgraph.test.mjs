@@ -5,6 +5,7 @@ import { test } from 'node:test';
 
 import { Annotation, Command, END, START, StateGraph, interrupt } from '@langchain/langgraph';
 
+import { Client } from '../dist/index.js';
 import { MAX_EXTENSION_DEPTH, SessiondbSaver } from '../dist/langgraph.js';
 import { sharedServer } from './served.mjs';
 
@@ -103,6 +104,20 @@ test('a growing list is stored as what each step added', async () => {
   assert.ok(steps.length - extended.length > 2, 'chains end in whole values');
   // Whole copies at every version would take the square of the list's length (~3 MB here).
   assert.ok((await shared.client.getSession(checkpoints)).contentBytes < 600_000);
+
+  // Another process (a client and saver of its own) reads the latest state cold: the chain
+  // under it comes in one request, not a request per link.
+  const other = new Client({ baseUrl: shared.served.url });
+  const requests = [];
+  const open = other.open.bind(other);
+  other.open = (method, path, ...rest) => {
+    requests.push(`${method} ${path}`);
+    return open(method, path, ...rest);
+  };
+  const state = await graph(new SessiondbSaver({ client: other, prefix: writer.prefix })).getState(config);
+  assert.deepEqual(state.values.steps, expected);
+  assert.ok(requests.length <= 5, requests.join('\n'));
+  other.close();
 
   // Every version reads back right in another process with no memory, cold.
   const fresh = graph(new SessiondbSaver({ client: shared.client, prefix: writer.prefix, cacheBytes: 0 }));
