@@ -11,21 +11,30 @@ with ``upsert``), the server keeps the item's creation time and stamps its updat
 is one read by id.
 
 Searches read the matching namespaces' items and filter them here, newest update first (as
-LangGraph's SQL stores order them); ``query`` needs an embedding index, which this store does
-not have, so it is ignored, as ``InMemoryStore`` without an index ignores it. A namespace holds
-at most the server's ``--max-messages-per-session`` items (10,000 by default).
+LangGraph's SQL stores order them). With an ``index`` (LangGraph's ``IndexConfig``: ``embed``
+and ``fields``), a put embeds the texts at the item's fields (or the op's own ``index``) and
+keeps their vectors in the item's metadata under ``storeVectors`` (path to the float64 values,
+little-endian, in base64: exact and a third of the size of JSON numbers); a search with a
+``query`` ranks the matching items by the cosine similarity of the query's embedding with their
+closest vector, as ``InMemoryStore`` does, and says so in ``score``. Without an index
+``query`` is ignored, as there. A namespace holds at most the server's
+``--max-messages-per-session`` items (10,000 by default).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import base64
+import math
+import struct
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from langgraph.store.base import (
     BaseStore,
     GetOp,
+    IndexConfig,
     Item,
     ListNamespacesOp,
     MatchCondition,
@@ -34,13 +43,31 @@ from langgraph.store.base import (
     Result,
     SearchItem,
     SearchOp,
+    ensure_embeddings,
+    get_text_at_path,
+    tokenize_path,
 )
 
 from .client import Client, SessiondbError, bounded_id, joined_id, message_id_for
 
 NAMESPACE_KEY = "langgraphNamespace"
 ITEM_KEY = "storeKey"
+VECTORS_KEY = "storeVectors"
 OWNER = "langgraph-store"
+
+
+def _encode_vector(vector: Sequence[float]) -> str:
+    return base64.b64encode(struct.pack(f"<{len(vector)}d", *vector)).decode()
+
+
+def _decode_vector(stored: str) -> tuple[float, ...]:
+    raw = base64.b64decode(stored)
+    return struct.unpack(f"<{len(raw) // 8}d", raw)
+
+
+def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    norms = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
+    return sum(x * y for x, y in zip(a, b)) / norms if norms else 0.0
 
 
 def _time(ms: int) -> datetime:
@@ -97,10 +124,14 @@ class SessiondbStore(BaseStore):
 
     supports_ttl = False
 
-    def __init__(self, client: Client, prefix: str = ""):
+    def __init__(self, client: Client, prefix: str = "", *, index: IndexConfig | None = None):
         self.client = client
         self.prefix = prefix
         self._created: set[str] = set()
+        self.index_config = index
+        self.embeddings = ensure_embeddings(index["embed"]) if index else None
+        self._fields = [(f, f if f == "$" else tokenize_path(f))
+                        for f in ((index or {}).get("fields") or ["$"])]
 
     def _session(self, namespace: tuple[str, ...]) -> str:
         return bounded_id(joined_id(*namespace), self.prefix)
@@ -109,23 +140,60 @@ class SessiondbStore(BaseStore):
         return bounded_id(OWNER, self.prefix)
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
+        ops = list(ops)
+        texts, queries = self._to_embed(ops)
+        documents = self.embeddings.embed_documents(texts) if texts else []
+        return self._run(ops, dict(zip(texts, documents)),
+                         {q: self.embeddings.embed_query(q) for q in queries})
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        ops = list(ops)
+        texts, queries = self._to_embed(ops)
+        documents = await self.embeddings.aembed_documents(texts) if texts else []
+        embedded = await asyncio.gather(*(self.embeddings.aembed_query(q) for q in queries))
+        return await asyncio.to_thread(self._run, ops, dict(zip(texts, documents)),
+                                       dict(zip(queries, embedded)))
+
+    def _to_embed(self, ops: list[Op]) -> tuple[list[str], list[str]]:
+        """The texts the puts of ``ops`` index and the queries of its searches, each once."""
+        if self.embeddings is None:
+            return [], []
+        texts = {text: None for op in ops if isinstance(op, PutOp)
+                 for _, text in self._texts(op)}
+        queries = {op.query: None for op in ops if isinstance(op, SearchOp) and op.query}
+        return list(texts), list(queries)
+
+    def _texts(self, op: PutOp) -> list[tuple[str, str]]:
+        """(path, text) pairs a put indexes: at the store's fields, or at the op's own; a field
+        holding several texts gives ``path.0``, ``path.1``, … as ``InMemoryStore`` names them."""
+        if self.embeddings is None or op.value is None or op.index is False:
+            return []
+        fields = self._fields if op.index is None else [(f, tokenize_path(f)) for f in op.index]
+        found = []
+        for path, field in fields:
+            texts = get_text_at_path(op.value, field)
+            if len(texts) == 1:
+                found.append((path, texts[0]))
+            else:
+                found.extend((f"{path}.{i}", text) for i, text in enumerate(texts))
+        return found
+
+    def _run(self, ops: list[Op], documents: dict[str, list[float]],
+             queries: dict[str, list[float]]) -> list[Result]:
         results: list[Result] = []
         for op in ops:
             if isinstance(op, GetOp):
                 results.append(self._get(op.namespace, op.key))
             elif isinstance(op, PutOp):
-                self._put(op)
+                self._put(op, {path: documents[text] for path, text in self._texts(op)})
                 results.append(None)
             elif isinstance(op, SearchOp):
-                results.append(self._search(op))
+                results.append(self._search(op, queries.get(op.query) if op.query else None))
             elif isinstance(op, ListNamespacesOp):
                 results.append(self._list_namespaces(op))
             else:
                 raise ValueError(f"unknown store operation {type(op).__name__}")
         return results
-
-    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
-        return await asyncio.to_thread(self.batch, list(ops))
 
     def _item(self, namespace: tuple[str, ...], message: dict) -> Item:
         created = message["createdAt"]
@@ -142,7 +210,7 @@ class SessiondbStore(BaseStore):
             raise
         return self._item(namespace, message)
 
-    def _put(self, op: PutOp) -> None:
+    def _put(self, op: PutOp, vectors: dict[str, list[float]]) -> None:
         namespace = tuple(op.namespace)
         session_id = self._session(namespace)
         message_id = message_id_for(op.key)
@@ -163,8 +231,11 @@ class SessiondbStore(BaseStore):
                 if error.code != "conflict":
                     raise
             self._created.add(session_id)
+        metadata: dict[str, Any] = {ITEM_KEY: op.key}
+        if vectors:
+            metadata[VECTORS_KEY] = {path: _encode_vector(v) for path, v in vectors.items()}
         self.client.replace_message(session_id, message_id, {
-            "role": "item", "content": op.value, "metadata": {ITEM_KEY: op.key}}, upsert=True)
+            "role": "item", "content": op.value, "metadata": metadata}, upsert=True)
 
     def _namespaces(self) -> list[tuple[str, ...]]:
         """Every namespace holding at least one item."""
@@ -176,24 +247,40 @@ class SessiondbStore(BaseStore):
                 found.append(tuple(stored))
         return found
 
-    def _search(self, op: SearchOp) -> list[SearchItem]:
+    def _search(self, op: SearchOp, query: list[float] | None) -> list[SearchItem]:
         prefix = tuple(op.namespace_prefix)
-        found: list[tuple[int, int, Item]] = []
+        found: list[tuple[int, int, Item, list[tuple[float, ...]]]] = []
         for namespace in self._namespaces():
             if namespace[:len(prefix)] != prefix:
                 continue
             for position, line in enumerate(self.client.export(self._session(namespace))):
                 message = line.get("message")
-                if message is None or ITEM_KEY not in (message.get("metadata") or {}):
+                metadata = (message or {}).get("metadata") or {}
+                if ITEM_KEY not in metadata:
                     continue
                 item = self._item(namespace, message)
                 if all(_matches(item.value.get(k), v) for k, v in (op.filter or {}).items()):
+                    vectors = [_decode_vector(v) for v in metadata.get(VECTORS_KEY, {}).values()]
                     found.append((message.get("updatedAt") or message["createdAt"], position,
-                                  item))
+                                  item, vectors))
         found.sort(key=lambda f: (f[0], f[1]), reverse=True)
-        return [SearchItem(namespace=item.namespace, key=item.key, value=item.value,
-                           created_at=item.created_at, updated_at=item.updated_at)
-                for _, _, item in found[op.offset:op.offset + op.limit]]
+        if query is None:
+            return [self._search_item(item, None)
+                    for _, _, item, _ in found[op.offset:op.offset + op.limit]]
+        # As InMemoryStore ranks: an item scores with its closest vector; items without vectors
+        # only fill a page that scored items leave short.
+        scored = sorted(((max(_cosine(query, v) for v in vectors), item)
+                         for _, _, item, vectors in found if vectors),
+                        key=lambda pair: pair[0], reverse=True)
+        kept = [(score, item) for score, item in scored[op.offset:op.offset + op.limit]]
+        scoreless = [item for _, _, item, vectors in found if not vectors]
+        kept += [(None, item) for item in scoreless[:max(0, op.limit - len(kept))]]
+        return [self._search_item(item, score) for score, item in kept]
+
+    @staticmethod
+    def _search_item(item: Item, score: float | None) -> SearchItem:
+        return SearchItem(namespace=item.namespace, key=item.key, value=item.value,
+                          created_at=item.created_at, updated_at=item.updated_at, score=score)
 
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         namespaces = [ns for ns in self._namespaces()

@@ -7,6 +7,7 @@ import asyncio
 import random
 import time
 import unittest
+import zlib
 from typing import TypedDict
 
 from langgraph.graph import END, START, StateGraph
@@ -30,6 +31,20 @@ def random_value(rng: random.Random) -> dict:
 FILTERS = [None, {"kind": "fact"}, {"n": {"$gte": 3}}, {"n": {"$lt": 2}, "kind": "todo"},
            {"tags": ["a", "b"]}, {"nested": {"level": 1}}, {"kind": {"$ne": "fact"}},
            {"n": {"$gt": 1, "$lte": 4}}, {"missing": None}]
+
+
+WORDS = ["tea", "cat", "go", "rain", "bike", "jazz", "map", "salt"]
+
+
+def sentence(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 4)))
+
+
+def embed(texts: list[str]) -> list[list[float]]:
+    """A deterministic stand-in for a model: how often each word of ``WORDS`` occurs, and a
+    dimension from a checksum of the text, so that different texts never tie."""
+    return [[float(text.split().count(w)) for w in WORDS] + [zlib.crc32(text.encode()) / 2**32]
+            for text in texts]
 
 
 def found(items) -> list[tuple]:
@@ -82,6 +97,69 @@ class StoreTest(ServedTest):
                            and (condition is None or _does_match(condition, ns))]
                 cut = sorted({ns[:depth] if depth else ns for ns in holding})
                 self.assertEqual(ours.batch([op])[0], cut[offset:offset + limit], (step, op))
+
+    def test_ranks_by_meaning_as_langgraphs_in_memory_store_does(self):
+        rng = random.Random(11)
+        index = {"dims": len(WORDS) + 1, "embed": embed, "fields": ["text", "notes[*]"]}
+        ours = SessiondbStore(self.client, prefix=self.fresh_prefix(), index=index)
+        theirs = InMemoryStore(index=index)
+        namespaces = [("docs", "a"), ("docs", "b"), ("other",)]
+        for step in range(120):
+            namespace, key = rng.choice(namespaces), f"k{rng.randint(0, 14)}"
+            roll = rng.random()
+            if roll < 0.5:
+                value = {"text": f"{sentence(rng)} #{step}", "title": f"{rng.choice(WORDS)} {step}",
+                         "n": rng.randint(0, 3)}
+                if rng.random() < 0.3:
+                    value["notes"] = [f"{sentence(rng)} #{step}a", f"{sentence(rng)} #{step}b"]
+                if rng.random() < 0.2:
+                    del value["text"]
+                fields = rng.choice([None, None, ["title"], ["notes[0]"]])
+                ours.put(namespace, key, value, index=fields)
+                # InMemoryStore keeps the vectors of a key's earlier value at paths a later put
+                # does not index; LangGraph's SQL stores replace them, as this store does.
+                theirs.delete(namespace, key)
+                theirs.put(namespace, key, value, index=fields)
+            elif roll < 0.6:
+                ours.delete(namespace, key)
+                theirs.delete(namespace, key)
+            else:
+                prefix = rng.choice([(), ("docs",), ("docs", "b"), ("other",)])
+                query = sentence(rng)
+                wanted = rng.choice([None, {"n": {"$gte": 1}}])
+                limit, offset = rng.randint(1, 8), rng.randint(0, 3)
+                mine = ours.search(prefix, query=query, filter=wanted, limit=limit,
+                                   offset=offset)
+                expected = theirs.search(prefix, query=query, filter=wanted, limit=limit,
+                                         offset=offset)
+                scored = [(i.namespace, i.key, i.score) for i in expected if i.score is not None]
+                self.assertEqual([(i.namespace, i.key) for i in mine if i.score is not None],
+                                 [(ns, key) for ns, key, _ in scored], (step, query))
+                for item, (_, _, score) in zip(mine, scored):
+                    self.assertAlmostEqual(item.score, score, places=9)
+                # Items without vectors fill a short page, each store taking them in its own
+                # order (this one newest update first).
+                self.assertEqual(len(mine), len(expected), step)
+        # Another store on the same server, with the same index, ranks from the stored vectors.
+        other = SessiondbStore(self.client, prefix=ours.prefix, index=index)
+        query = "tea cat"
+        self.assertEqual([(i.key, i.score) for i in other.search(("docs",), query=query)],
+                         [(i.key, i.score) for i in ours.search(("docs",), query=query)])
+        # An async caller embeds through the async interface.
+        mine = asyncio.run(ours.asearch(("docs",), query=query, limit=3))
+        self.assertEqual([i.key for i in mine],
+                         [i.key for i in theirs.search(("docs",), query=query, limit=3)])
+
+    def test_an_item_put_without_index_has_no_vectors(self):
+        store = SessiondbStore(self.client, prefix=self.fresh_prefix(),
+                               index={"dims": len(WORDS) + 1, "embed": embed})
+        store.put(("n",), "indexed", {"text": "tea"})
+        store.put(("n",), "plain", {"text": "tea"}, index=False)
+        store.put(("n",), "again", {"text": "tea"})
+        store.put(("n",), "again", {"text": "cat"}, index=False)
+        ranked = [(i.key, i.score is not None) for i in store.search(("n",), query="tea")]
+        self.assertEqual(ranked[0], ("indexed", True))
+        self.assertEqual(sorted(ranked[1:]), [("again", False), ("plain", False)])
 
     def test_searches_give_the_newest_update_first_and_keep_creation_times(self):
         store = self.store()

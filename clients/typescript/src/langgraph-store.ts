@@ -10,12 +10,17 @@
  * key in its metadata under `storeKey`. A put is one request that stores the value or changes it
  * in place, the server keeps the creation time and stamps updates, and a get is one read by id.
  * Searches read the matching namespaces' items and filter them here with LangGraph.js's filter
- * operators, newest update first; `query` needs an embedding index, which this store does not
- * have, so it is ignored (as `InMemoryStore` without an index ignores it).
+ * operators, newest update first. With an `index` (`IndexConfig`: `embeddings` and `fields`), a
+ * put embeds the texts at the item's fields (or the op's own `index`) and keeps their vectors in
+ * the item's metadata under `storeVectors` (path to the float64 values, little-endian, in
+ * base64, as the Python client keeps them); a search with a `query` ranks the matching items by
+ * the cosine similarity of the query's embedding with their closest vector, as `InMemoryStore`
+ * does, with the `score`. Without an index `query` is ignored, as there.
  */
 import {
   BaseStore,
   type GetOperation,
+  type IndexConfig,
   type Item,
   type ListNamespacesOperation,
   type MatchCondition,
@@ -30,7 +35,104 @@ import { Client, SessiondbError, boundedId, joinedId, messageIdFor, type Json, t
 
 export const NAMESPACE_KEY = 'langgraphNamespace';
 export const ITEM_KEY = 'storeKey';
+export const VECTORS_KEY = 'storeVectors';
 const OWNER = 'langgraph-store';
+
+function encodeVector(vector: number[]): string {
+  const bytes = new DataView(new ArrayBuffer(vector.length * 8));
+  vector.forEach((value, i) => bytes.setFloat64(i * 8, value, true));
+  return Buffer.from(bytes.buffer).toString('base64');
+}
+
+function decodeVector(stored: string): number[] {
+  const raw = Buffer.from(stored, 'base64');
+  const bytes = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
+  return Array.from({ length: raw.byteLength / 8 }, (_, i) => bytes.getFloat64(i * 8, true));
+}
+
+/**
+ * A field path's tokens: names, `[n]` / `[*]` / `[-1]` indexes, `*` and `{a,b.c}` groups, as
+ * LangGraph.js's `InMemoryStore` reads them (its reader is not exported; the one the package
+ * exports reads only names and indexes, and nothing at `$`).
+ */
+function tokenizePath(path: string): string[] {
+  const tokens: string[] = [];
+  let name = '';
+  for (let i = 0; i < path.length; ) {
+    const open = path[i];
+    if (open === '[' || open === '{') {
+      if (name) tokens.push(name);
+      name = '';
+      const close = open === '[' ? ']' : '}';
+      let depth = 0;
+      let token = '';
+      do {
+        if (path[i] === open) depth += 1;
+        else if (path[i] === close) depth -= 1;
+        token += path[i];
+        i += 1;
+      } while (i < path.length && depth > 0);
+      tokens.push(token);
+      continue;
+    }
+    if (open === '.') {
+      if (name) tokens.push(name);
+      name = '';
+    } else name += open;
+    i += 1;
+  }
+  if (name) tokens.push(name);
+  return tokens;
+}
+
+/** A leaf's text: strings, numbers and booleans as they print, objects and arrays as JSON. */
+function textOf(value: unknown): string[] {
+  if (typeof value === 'string' || typeof value === 'number' || typeof value === 'boolean') return [String(value)];
+  if (value !== null && typeof value === 'object') return [JSON.stringify(value, null, 2)];
+  return [];
+}
+
+/** The texts at a tokenized path of `value`, as LangGraph.js's `InMemoryStore` extracts them. */
+function textsAt(value: unknown, tokens: string[], at = 0): string[] {
+  if (at === 0 && (tokens.length === 0 || (tokens.length === 1 && tokens[0] === '$'))) {
+    return [JSON.stringify(value, null, 2)];
+  }
+  if (at >= tokens.length) return textOf(value);
+  const token = tokens[at];
+  const found: string[] = at === 0 && token === '$' ? [JSON.stringify(value, null, 2)] : [];
+  const object = value !== null && typeof value === 'object' ? (value as Record<string, unknown>) : undefined;
+  if (token.startsWith('[') && token.endsWith(']')) {
+    if (!Array.isArray(value)) return [];
+    const index = token.slice(1, -1);
+    if (index === '*') for (const item of value) found.push(...textsAt(item, tokens, at + 1));
+    else {
+      let i = parseInt(index, 10);
+      if (i < 0) i += value.length;
+      if (i >= 0 && i < value.length) found.push(...textsAt(value[i], tokens, at + 1));
+    }
+  } else if (token.startsWith('{') && token.endsWith('}')) {
+    if (object === undefined) return [];
+    for (const field of token.slice(1, -1).split(',').map((f) => f.trim())) {
+      let current: unknown = object;
+      for (const name of tokenizePath(field)) {
+        current = current !== null && typeof current === 'object' && name in current
+          ? (current as Record<string, unknown>)[name]
+          : undefined;
+        if (current === undefined) break;
+      }
+      if (current !== undefined && current !== null) found.push(...textOf(current));
+    }
+  } else if (token === '*') {
+    if (object !== undefined) for (const item of Object.values(object)) found.push(...textsAt(item, tokens, at + 1));
+  } else if (object !== undefined && token in object) found.push(...textsAt(object[token], tokens, at + 1));
+  return found;
+}
+
+function cosine(a: number[], b: number[]): number {
+  const dot = b.reduce((sum, value, i) => sum + value * a[i], 0);
+  const norms = Math.sqrt(a.reduce((sum, v) => sum + v * v, 0)) * Math.sqrt(b.reduce((sum, v) => sum + v * v, 0));
+  return norms ? dot / norms : 0;
+}
 
 /** LangGraph.js's filter semantics: operators `$eq $ne $gt $gte $lt $lte $in $nin`, else `===`. */
 function matchesFilter(value: unknown, wanted: unknown): boolean {
@@ -68,18 +170,39 @@ export interface SessiondbStoreOptions {
    * from other sessions of the sessiondb namespace.
    */
   prefix?: string;
+  /** Embeddings for semantic search (`query`), and the fields of a value they index. */
+  index?: IndexConfig;
 }
 
 /** A LangGraph.js `BaseStore` on the sessiondb server behind `client`. */
 export class SessiondbStore extends BaseStore {
   readonly client: Client;
   readonly prefix: string;
+  readonly index: IndexConfig | undefined;
+  private readonly fields: Array<[string, string[]]>;
   private readonly created = new Set<string>();
 
   constructor(options: SessiondbStoreOptions) {
     super();
     this.client = options.client;
     this.prefix = options.prefix ?? '';
+    this.index = options.index;
+    this.fields = (options.index?.fields ?? ['$']).map((p) => [p, tokenizePath(p)]);
+  }
+
+  /** (path, text) pairs a put indexes; a field holding several texts gives `path.0`, `path.1`, …. */
+  private textsOf(op: PutOperation): Array<[string, string]> {
+    if (this.index === undefined || op.value === null || op.index === false) return [];
+    const fields: Array<[string, string[]]> = op.index === undefined || op.index === null
+      ? this.fields
+      : op.index.map((ix) => [ix, tokenizePath(ix)]);
+    const found: Array<[string, string]> = [];
+    for (const [path, field] of fields) {
+      const texts = textsAt(op.value, field);
+      if (texts.length === 1) found.push([path, texts[0]]);
+      else texts.forEach((text, i) => found.push([`${path}.${i}`, text]));
+    }
+    return found;
   }
 
   private sessionOf(namespace: string[]): string {
@@ -91,12 +214,24 @@ export class SessiondbStore extends BaseStore {
   }
 
   async batch<Op extends Operation[]>(operations: Op): Promise<OperationResults<Op>> {
+    // Each text and query is embedded once, before any operation runs.
+    const texts = [...new Set(operations.flatMap((op) => ('value' in op ? this.textsOf(op).map(([, text]) => text) : [])))];
+    const queries = this.index === undefined
+      ? []
+      : [...new Set(operations.flatMap((op) => ('namespacePrefix' in op && op.query ? [op.query] : [])))];
+    const embeddings = this.index?.embeddings;
+    const documents = new Map<string, number[]>();
+    if (texts.length > 0 && embeddings) (await embeddings.embedDocuments(texts)).forEach((v, i) => documents.set(texts[i], v));
+    const queryVectors = new Map<string, number[]>();
+    for (const query of queries) queryVectors.set(query, await embeddings!.embedQuery(query));
+
     const results: unknown[] = [];
     for (const op of operations) {
-      if ('namespacePrefix' in op) results.push(await this.searchItems(op));
+      if ('namespacePrefix' in op) results.push(await this.searchItems(op, op.query ? queryVectors.get(op.query) : undefined));
       else if ('matchConditions' in op) results.push(await this.namespacesFor(op));
-      else if ('value' in op) results.push(await this.putItem(op));
-      else results.push(await this.getItem(op as GetOperation));
+      else if ('value' in op) {
+        results.push(await this.putItem(op, this.textsOf(op).map(([path, text]) => [path, documents.get(text)!])));
+      } else results.push(await this.getItem(op as GetOperation));
     }
     return results as OperationResults<Op>;
   }
@@ -120,7 +255,7 @@ export class SessiondbStore extends BaseStore {
     }
   }
 
-  private async putItem(op: PutOperation): Promise<void> {
+  private async putItem(op: PutOperation, vectors: Array<[string, number[]]>): Promise<void> {
     const sessionId = this.sessionOf(op.namespace);
     const messageId = messageIdFor(op.key);
     if (op.value === null) {
@@ -140,10 +275,14 @@ export class SessiondbStore extends BaseStore {
       }
       this.created.add(sessionId);
     }
+    const metadata: Record<string, Json> = { [ITEM_KEY]: op.key };
+    if (vectors.length > 0) {
+      metadata[VECTORS_KEY] = Object.fromEntries(vectors.map(([path, vector]) => [path, encodeVector(vector)]));
+    }
     await this.client.replaceMessage(
       sessionId,
       messageId,
-      { role: 'item', content: op.value as Json, metadata: { [ITEM_KEY]: op.key } },
+      { role: 'item', content: op.value as Json, metadata },
       { upsert: true },
     );
   }
@@ -160,9 +299,9 @@ export class SessiondbStore extends BaseStore {
     return found;
   }
 
-  private async searchItems(op: SearchOperation): Promise<SearchItem[]> {
+  private async searchItems(op: SearchOperation, query: number[] | undefined): Promise<SearchItem[]> {
     const prefix = op.namespacePrefix;
-    const found: Array<[number, number, Item]> = [];
+    const found: Array<{ time: number; position: number; item: Item; vectors: number[][] }> = [];
     for (const namespace of await this.namespaces()) {
       if (!prefix.every((part, i) => namespace[i] === part)) continue;
       let position = 0;
@@ -172,13 +311,25 @@ export class SessiondbStore extends BaseStore {
         if (message === undefined || message.metadata?.[ITEM_KEY] === undefined) continue;
         const item = this.itemOf(namespace, message);
         if (Object.entries(op.filter ?? {}).every(([k, wanted]) => matchesFilter(item.value[k], wanted))) {
-          found.push([message.updatedAt ?? message.createdAt, position, item]);
+          const stored = (message.metadata[VECTORS_KEY] ?? {}) as Record<string, string>;
+          const vectors = Object.values(stored).map(decodeVector);
+          found.push({ time: message.updatedAt ?? message.createdAt, position, item, vectors });
         }
       }
     }
-    found.sort((a, b) => b[0] - a[0] || b[1] - a[1]);
+    found.sort((a, b) => b.time - a.time || b.position - a.position);
     const offset = op.offset ?? 0;
-    return found.slice(offset, offset + (op.limit ?? 10)).map(([, , item]) => item);
+    const limit = op.limit ?? 10;
+    if (query === undefined) return found.slice(offset, offset + limit).map(({ item }) => item);
+    // As InMemoryStore ranks: an item scores with its closest vector; items without vectors
+    // only fill a page that scored items leave short.
+    const scored = found
+      .filter(({ vectors }) => vectors.length > 0)
+      .map(({ item, vectors }) => ({ ...item, score: Math.max(...vectors.map((v) => cosine(query, v))) }))
+      .sort((a, b) => b.score - a.score);
+    const kept: SearchItem[] = scored.slice(offset, offset + limit);
+    const scoreless = found.filter(({ vectors }) => vectors.length === 0).map(({ item }) => ({ ...item, score: undefined }));
+    return kept.concat(scoreless.slice(0, Math.max(0, limit - kept.length)));
   }
 
   private async namespacesFor(op: ListNamespacesOperation): Promise<string[][]> {

@@ -2,6 +2,7 @@
 // InMemoryStore and on sessiondb give the same answers, and a graph keeps memories in it.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import { crc32 } from 'node:zlib';
 
 import { Annotation, END, START, StateGraph } from '@langchain/langgraph';
 import { InMemoryStore } from '@langchain/langgraph-checkpoint';
@@ -123,4 +124,71 @@ test('a graph keeps memories across threads', async () => {
   const other = builder.compile({ store: new SessiondbStore({ client: shared.client, prefix: store.prefix }) });
   assert.deepEqual((await other.invoke({ user: 'bob', said: 'plays go' }, { configurable: { thread_id: 't3' } })).recalled, ['plays go']);
   assert.deepEqual(await store.listNamespaces({ prefix: ['memories'] }), [['memories', 'ada'], ['memories', 'bob']]);
+});
+
+const WORDS = ['tea', 'cat', 'go', 'rain', 'bike', 'jazz', 'map', 'salt'];
+const sentence = (rng) => Array.from({ length: 1 + rng.int(3) }, () => rng.pick(WORDS)).join(' ');
+/** A deterministic stand-in for a model: word counts, and a checksum so texts never tie. */
+const embedText = (text) => [...WORDS.map((w) => text.split(' ').filter((t) => t === w).length), crc32(text) / 2 ** 32];
+const embeddings = {
+  embedDocuments: async (texts) => texts.map(embedText),
+  embedQuery: async (text) => embedText(text),
+};
+
+test('ranks by meaning as LangGraph.js InMemoryStore does', async () => {
+  const rng = random(11);
+  const index = { dims: WORDS.length + 1, embeddings, fields: ['text', 'notes[*]'] };
+  const ours = new SessiondbStore({ client: shared.client, prefix: `store-${++stores}:`, index });
+  const theirs = new InMemoryStore({ index });
+  const namespaces = [['docs', 'a'], ['docs', 'b'], ['other']];
+  // LangGraph.js's InMemoryStore never drops an item's vectors, not even when the item is
+  // deleted, so a key put again would rank by its old texts there: each put takes a new key.
+  const stored = [];
+  for (let step = 0; step < 120; step += 1) {
+    const roll = rng.next();
+    if (roll < 0.5) {
+      const namespace = rng.pick(namespaces);
+      const key = `k${step}`;
+      stored.push([namespace, key]);
+      const value = { text: `${sentence(rng)} #${step}`, title: `${rng.pick(WORDS)} ${step}`, n: rng.int(3) };
+      if (rng.next() < 0.3) value.notes = [`${sentence(rng)} #${step}a`, `${sentence(rng)} #${step}b`];
+      if (rng.next() < 0.2) delete value.text;
+      const fields = rng.pick([undefined, undefined, ['title'], ['notes[0]']]);
+      await ours.put(namespace, key, value, fields);
+      await theirs.put(namespace, key, value, fields);
+    } else if (roll < 0.6 && stored.length > 0) {
+      const [namespace, key] = stored.splice(rng.int(stored.length - 1), 1)[0];
+      await ours.delete(namespace, key);
+      await theirs.delete(namespace, key);
+    } else {
+      const prefix = rng.pick([[], ['docs'], ['docs', 'b'], ['other']]);
+      const options = { query: sentence(rng), filter: rng.pick([undefined, { n: { $gte: 1 } }]), limit: 1 + rng.int(7), offset: rng.int(3) };
+      const mine = await ours.search(prefix, options);
+      const expected = await theirs.search(prefix, options);
+      const scored = expected.filter((i) => i.score !== undefined);
+      assert.deepEqual(
+        mine.filter((i) => i.score !== undefined).map((i) => [i.namespace, i.key]),
+        scored.map((i) => [i.namespace, i.key]),
+        `step ${step}`,
+      );
+      mine.slice(0, scored.length).forEach((item, i) => assert.ok(Math.abs(item.score - scored[i].score) < 1e-9));
+      // Items without vectors fill a short page, each store taking them in its own order.
+      assert.equal(mine.length, expected.length, `step ${step}`);
+    }
+  }
+  // Another store on the same server, with the same index, ranks from the stored vectors.
+  const other = new SessiondbStore({ client: shared.client, prefix: ours.prefix, index });
+  const ranked = async (store) => (await store.search(['docs'], { query: 'tea cat' })).map((i) => [i.key, i.score]);
+  assert.deepEqual(await ranked(other), await ranked(ours));
+});
+
+test('a put replaces the vectors of the value it replaces', async () => {
+  const store = new SessiondbStore({ client: shared.client, prefix: `store-${++stores}:`, index: { dims: WORDS.length + 1, embeddings } });
+  await store.put(['n'], 'indexed', { text: 'tea' });
+  await store.put(['n'], 'plain', { text: 'tea' }, false);
+  await store.put(['n'], 'again', { text: 'tea' });
+  await store.put(['n'], 'again', { text: 'cat' }, false);
+  const ranked = (await store.search(['n'], { query: 'tea' })).map((i) => [i.key, i.score !== undefined]);
+  assert.deepEqual(ranked[0], ['indexed', true]);
+  assert.deepEqual(ranked.slice(1).sort(), [['again', false], ['plain', false]]);
 });
