@@ -1,7 +1,7 @@
 """The Python half of the check that both clients store alike (run by
 ``crates/sessiondb-cli/tests/clients.rs`` with the TypeScript half, ``test/interop.mjs``, against
 one server): ``write URL OUT`` stores a Claude transcript, a session binding and LangGraph store
-items and writes what it stored to OUT; ``check URL IN`` reads what the TypeScript half added
+items (some with embeddings, and their ranking for a query) and writes what it stored to OUT; ``check URL IN`` reads what the TypeScript half added
 (described in IN) and asserts it is all there as written."""
 
 from __future__ import annotations
@@ -24,6 +24,15 @@ TRANSCRIPT = [
                  "content": [{"type": "text", "text": "The one led by namespace."}]}},
     {"type": "custom-title", "customTitle": "Listing index", "sessionId": KEY["session_id"]},
 ]
+MEMORIES = ["tea at four", "a cat named Io", "rain all week", "jazz on sundays"]
+QUERY = "a quiet cat"
+
+
+def embed(texts: list[str]) -> list[list[float]]:
+    """The stand-in model both halves share: vowel counts and the length."""
+    return [[float(t.count(v)) for v in "aeiou"] + [float(len(t))] for t in texts]
+
+
 ITEMS = [(("users", "ada"), "pref", {"theme": "dark", "n": 3}),
          (("users", "ada", "notes"), "tab\there", {"text": "a key that is hashed"}),
          (("team", "x y/z", "ü"), "x" * 300, {"nested": {"level": 2}})]
@@ -37,8 +46,15 @@ def write(client: Client, out: str) -> None:
     for namespace, key, value in ITEMS:
         items.put(namespace, key, value)
     stored = [items.get(namespace, key) for namespace, key, _ in ITEMS]
+    # Memories embedded here are ranked there from the vectors stored with them.
+    memories = SessiondbStore(client, prefix=PREFIX,
+                              index={"dims": 6, "embed": embed, "fields": ["text"]})
+    for i, text in enumerate(MEMORIES):
+        memories.put(("memories",), f"m{i}", {"text": text})
+    ranked = [[i.key, i.score] for i in memories.search(("memories",), query=QUERY)]
     with open(out, "w") as file:
-        json.dump({"key": KEY, "transcript": TRANSCRIPT, "binding": binding,
+        json.dump({"key": KEY, "transcript": TRANSCRIPT, "binding": binding, "query": QUERY,
+                   "ranked": ranked,
                    "items": [{"namespace": list(i.namespace), "key": i.key, "value": i.value,
                               "createdAt": i.created_at.isoformat()} for i in stored]}, file)
 

@@ -30,8 +30,17 @@ for (const item of written.items) {
   assert.deepEqual(got.value, item.value);
   assert.equal(got.createdAt.getTime(), Date.parse(item.createdAt));
 }
-assert.deepEqual(await items.listNamespaces(), written.items.map((i) => i.namespace).sort((a, b) => a.join(':').localeCompare(b.join(':'))));
+assert.deepEqual(await items.listNamespaces(), [['memories'], ...written.items.map((i) => i.namespace)].sort((a, b) => a.join(':').localeCompare(b.join(':'))));
 assert.equal((await items.search(['users'])).length, 2);
+
+// Memories embedded in Python rank the same here, from the vectors stored with them (only the
+// query is embedded, by the same stand-in model).
+const embed = (t) => [...'aeiou'].map((v) => t.split(v).length - 1).concat(t.length);
+const embeddings = { embedDocuments: async (texts) => texts.map(embed), embedQuery: async (text) => embed(text) };
+const memories = new SessiondbStore({ client, prefix, index: { dims: 6, embeddings, fields: ['text'] } });
+const ranked = (await memories.search(['memories'], { query: written.query })).map((i) => [i.key, i.score]);
+assert.deepEqual(ranked.map(([k]) => k), written.ranked.map(([k]) => k));
+ranked.forEach(([, score], i) => assert.ok(Math.abs(score - written.ranked[i][1]) < 1e-12, `${score} ${written.ranked[i][1]}`));
 
 // Then this side writes, for the Python half to read.
 const entries = [{ type: 'user', uuid: 'e3', parentUuid: 'e2', timestamp: '2026-12-04T10:01:00.000Z', message: { role: 'user', content: 'And for search?' } }];
