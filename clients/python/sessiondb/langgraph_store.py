@@ -249,7 +249,7 @@ class SessiondbStore(BaseStore):
 
     def _search(self, op: SearchOp, query: list[float] | None) -> list[SearchItem]:
         prefix = tuple(op.namespace_prefix)
-        found: list[tuple[int, int, Item, list[tuple[float, ...]]]] = []
+        found: list[tuple[int, int, Item, dict[str, str]]] = []
         for namespace in self._namespaces():
             if namespace[:len(prefix)] != prefix:
                 continue
@@ -260,16 +260,15 @@ class SessiondbStore(BaseStore):
                     continue
                 item = self._item(namespace, message)
                 if all(_matches(item.value.get(k), v) for k, v in (op.filter or {}).items()):
-                    vectors = [_decode_vector(v) for v in metadata.get(VECTORS_KEY, {}).values()]
                     found.append((message.get("updatedAt") or message["createdAt"], position,
-                                  item, vectors))
+                                  item, metadata.get(VECTORS_KEY) or {}))
         found.sort(key=lambda f: (f[0], f[1]), reverse=True)
         if query is None:
             return [self._search_item(item, None)
                     for _, _, item, _ in found[op.offset:op.offset + op.limit]]
         # As InMemoryStore ranks: an item scores with its closest vector; items without vectors
         # only fill a page that scored items leave short.
-        scored = sorted(((max(_cosine(query, v) for v in vectors), item)
+        scored = sorted(((max(_cosine(query, _decode_vector(v)) for v in vectors.values()), item)
                          for _, _, item, vectors in found if vectors),
                         key=lambda pair: pair[0], reverse=True)
         kept = [(score, item) for score, item in scored[op.offset:op.offset + op.limit]]

@@ -301,7 +301,7 @@ export class SessiondbStore extends BaseStore {
 
   private async searchItems(op: SearchOperation, query: number[] | undefined): Promise<SearchItem[]> {
     const prefix = op.namespacePrefix;
-    const found: Array<{ time: number; position: number; item: Item; vectors: number[][] }> = [];
+    const found: Array<{ time: number; position: number; item: Item; vectors: string[] }> = [];
     for (const namespace of await this.namespaces()) {
       if (!prefix.every((part, i) => namespace[i] === part)) continue;
       let position = 0;
@@ -311,8 +311,7 @@ export class SessiondbStore extends BaseStore {
         if (message === undefined || message.metadata?.[ITEM_KEY] === undefined) continue;
         const item = this.itemOf(namespace, message);
         if (Object.entries(op.filter ?? {}).every(([k, wanted]) => matchesFilter(item.value[k], wanted))) {
-          const stored = (message.metadata[VECTORS_KEY] ?? {}) as Record<string, string>;
-          const vectors = Object.values(stored).map(decodeVector);
+          const vectors = Object.values((message.metadata[VECTORS_KEY] ?? {}) as Record<string, string>);
           found.push({ time: message.updatedAt ?? message.createdAt, position, item, vectors });
         }
       }
@@ -325,7 +324,7 @@ export class SessiondbStore extends BaseStore {
     // only fill a page that scored items leave short.
     const scored = found
       .filter(({ vectors }) => vectors.length > 0)
-      .map(({ item, vectors }) => ({ ...item, score: Math.max(...vectors.map((v) => cosine(query, v))) }))
+      .map(({ item, vectors }) => ({ ...item, score: Math.max(...vectors.map((v) => cosine(query, decodeVector(v)))) }))
       .sort((a, b) => b.score - a.score);
     const kept: SearchItem[] = scored.slice(offset, offset + limit);
     const scoreless = found.filter(({ vectors }) => vectors.length === 0).map(({ item }) => ({ ...item, score: undefined }));
