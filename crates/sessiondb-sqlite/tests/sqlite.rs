@@ -974,16 +974,17 @@ fn requests_failing_midway_in_a_group_leave_nothing() {
 const CHILD_DIR: &str = "SESSIONDB_CRASH_DIR";
 const CHILD_PREFIX: &str = "SESSIONDB_CRASH_PREFIX";
 
-/// The body of message `id`: every 5th message is several MiB (so it is chunked).
+/// The body of message `id`: of every 5 messages one is several MiB (kept in slices of 1.5 MB)
+/// and one a few KB (too long for its row's page: kept in slices of 950 bytes).
 fn crash_body(id: &str, index: usize) -> String {
     let unit = id
         .bytes()
         .fold(0u32, |a, b| a.wrapping_mul(31).wrapping_add(b as u32));
     let ch = char::from(b'a' + (unit % 26) as u8);
-    let len = if index % 5 == 4 {
-        3 * 1024 * 1024 + index
-    } else {
-        200 + index % 50
+    let len = match index % 5 {
+        4 => 3 * 1024 * 1024 + index,
+        2 => 1_000 + (index * 37) % 12_000,
+        _ => 200 + index % 50,
     };
     format!("{id}:{}", ch.to_string().repeat(len))
 }
