@@ -76,8 +76,13 @@ const WORDS: [&str; 8] = [
 ];
 
 fn op_strategy() -> impl Strategy<Value = Op> {
-    let text = proptest::collection::vec(proptest::sample::select(&WORDS[..]), 0..4)
-        .prop_map(|words| words.join(" "))
+    // Now and then a text of a few KB, so updates move rows between the layouts a backend may
+    // keep short and long texts in (SQLite keeps a text too long for its row's page off it).
+    let text = (
+        proptest::collection::vec(proptest::sample::select(&WORDS[..]), 0..4),
+        prop_oneof![6 => Just(1usize), 1 => Just(200), 1 => Just(1_000)],
+    )
+        .prop_map(|(words, times)| vec![words.join(" "); times].join(" "))
         .boxed();
     let parent = prop_oneof![
         3 => Just(ParentChoice::Leaf),
