@@ -19,14 +19,28 @@ little-endian, in base64: exact and a third of the size of JSON numbers); a sear
 closest vector, as ``InMemoryStore`` does, and says so in ``score``. Without an index
 ``query`` is ignored, as there. A namespace holds at most the server's
 ``--max-messages-per-session`` items (10,000 by default).
+
+Time to live (``ttl=`` on a put, the store's ``ttl`` config), as LangGraph's SQL stores keep it:
+an item put with a TTL expires that many minutes after it was last put or read (reads restart
+it unless ``refresh_ttl`` is false or the config's ``refresh_on_read`` is), ``sweep_ttl`` (or the
+thread ``start_ttl_sweeper`` runs) deletes expired items, and until then they are still read
+unless the config's ``omit_expired`` is set. The TTL is in the item's metadata (``storeTtl``,
+minutes), written with its value, so a put without one drops it; the time it last restarted is
+a state key of the namespace's session (``ttl:<item's message id>``), so a read that restarts it
+changes neither the item nor its ``updated_at``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
+import hashlib
+import logging
 import math
 import struct
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -43,6 +57,7 @@ from langgraph.store.base import (
     Result,
     SearchItem,
     SearchOp,
+    TTLConfig,
     ensure_embeddings,
     get_text_at_path,
     tokenize_path,
@@ -53,7 +68,27 @@ from .client import Client, SessiondbError, bounded_id, joined_id, message_id_fo
 NAMESPACE_KEY = "langgraphNamespace"
 ITEM_KEY = "storeKey"
 VECTORS_KEY = "storeVectors"
+TTL_KEY = "storeTtl"
 OWNER = "langgraph-store"
+
+logger = logging.getLogger(__name__)
+
+
+def _restarted_key(message_id: str) -> str:
+    """The state key holding when an item's TTL last restarted (epoch ms)."""
+    key = "ttl:" + message_id
+    return key if len(key) <= 256 else "ttl:sha256:" + hashlib.sha256(message_id.encode()).hexdigest()
+
+
+def _expires_at(message: dict, restarted: int | None) -> float | None:
+    """When an item expires (epoch ms): its TTL after it last restarted, or after its last put
+    when that time was never recorded; None without a TTL."""
+    minutes = (message.get("metadata") or {}).get(TTL_KEY)
+    if minutes is None:
+        return None
+    started = restarted if restarted is not None else (message.get("updatedAt")
+                                                        or message["createdAt"])
+    return started + minutes * 60_000
 
 
 def _encode_vector(vector: Sequence[float]) -> str:
@@ -122,12 +157,18 @@ class SessiondbStore(BaseStore):
     blocking calls on a worker thread.
     """
 
-    supports_ttl = False
+    supports_ttl = True
 
-    def __init__(self, client: Client, prefix: str = "", *, index: IndexConfig | None = None):
+    def __init__(self, client: Client, prefix: str = "", *, index: IndexConfig | None = None,
+                 ttl: TTLConfig | None = None):
         self.client = client
         self.prefix = prefix
         self._created: set[str] = set()
+        self.ttl_config = ttl
+        self._sweeper: threading.Thread | None = None
+        self._stop_sweeping = threading.Event()
+        # The clock TTLs run on (epoch ms).
+        self._now_ms = lambda: int(time.time() * 1000)
         self.index_config = index
         self.embeddings = ensure_embeddings(index["embed"]) if index else None
         self._fields = [(f, f if f == "$" else tokenize_path(f))
@@ -183,7 +224,7 @@ class SessiondbStore(BaseStore):
         results: list[Result] = []
         for op in ops:
             if isinstance(op, GetOp):
-                results.append(self._get(op.namespace, op.key))
+                results.append(self._get(op.namespace, op.key, op.refresh_ttl))
             elif isinstance(op, PutOp):
                 self._put(op, {path: documents[text] for path, text in self._texts(op)})
                 results.append(None)
@@ -201,13 +242,25 @@ class SessiondbStore(BaseStore):
                     namespace=namespace, created_at=_time(created),
                     updated_at=_time(message.get("updatedAt") or created))
 
-    def _get(self, namespace: tuple[str, ...], key: str) -> Item | None:
+    def _omit_expired(self) -> bool:
+        return bool((self.ttl_config or {}).get("omit_expired"))
+
+    def _get(self, namespace: tuple[str, ...], key: str, refresh: bool) -> Item | None:
+        session_id = self._session(namespace)
         try:
-            message = self.client.get_message(self._session(namespace), message_id_for(key))
+            message = self.client.get_message(session_id, message_id_for(key))
         except SessiondbError as error:
             if error.code == "not_found":
                 return None
             raise
+        if (message.get("metadata") or {}).get(TTL_KEY) is not None:
+            restarted_key = _restarted_key(message["id"])
+            if self._omit_expired():
+                restarted = self.client.get_state(session_id, restarted_key, default=None)
+                if _expires_at(message, restarted) < self._now_ms():
+                    return None
+            if refresh:
+                self.client.put_state(session_id, restarted_key, self._now_ms())
         return self._item(namespace, message)
 
     def _put(self, op: PutOp, vectors: dict[str, list[float]]) -> None:
@@ -234,8 +287,14 @@ class SessiondbStore(BaseStore):
         metadata: dict[str, Any] = {ITEM_KEY: op.key}
         if vectors:
             metadata[VECTORS_KEY] = {path: _encode_vector(v) for path, v in vectors.items()}
+        if op.ttl is not None:
+            metadata[TTL_KEY] = op.ttl
         self.client.replace_message(session_id, message_id, {
             "role": "item", "content": op.value, "metadata": metadata}, upsert=True)
+        if op.ttl is not None:
+            # An unchanged value is not written again, so its update time does not restart
+            # the TTL; this does.
+            self.client.put_state(session_id, _restarted_key(message_id), self._now_ms())
 
     def _namespaces(self) -> list[tuple[str, ...]]:
         """Every namespace holding at least one item."""
@@ -247,21 +306,51 @@ class SessiondbStore(BaseStore):
                 found.append(tuple(stored))
         return found
 
+    def _read_namespace(self, session_id: str) -> tuple[list[dict], dict[str, Any]]:
+        """A namespace's item messages in their order, and its TTL restart times by state key
+        (one export)."""
+        messages, restarted = [], {}
+        for line in self.client.export(session_id):
+            message, state = line.get("message"), line.get("state")
+            if message is not None and ITEM_KEY in (message.get("metadata") or {}):
+                messages.append(message)
+            elif state is not None and state["key"].startswith("ttl:"):
+                restarted[state["key"]] = state["value"]
+        return messages, restarted
+
     def _search(self, op: SearchOp, query: list[float] | None) -> list[SearchItem]:
         prefix = tuple(op.namespace_prefix)
+        now = self._now_ms()
         found: list[tuple[int, int, Item, dict[str, str]]] = []
+        restartable: dict[tuple, tuple[str, str]] = {}  # item -> its session and state key
         for namespace in self._namespaces():
             if namespace[:len(prefix)] != prefix:
                 continue
-            for position, line in enumerate(self.client.export(self._session(namespace))):
-                message = line.get("message")
-                metadata = (message or {}).get("metadata") or {}
-                if ITEM_KEY not in metadata:
-                    continue
+            session_id = self._session(namespace)
+            messages, restarted = self._read_namespace(session_id)
+            for position, message in enumerate(messages):
+                metadata = message["metadata"]
                 item = self._item(namespace, message)
-                if all(_matches(item.value.get(k), v) for k, v in (op.filter or {}).items()):
-                    found.append((message.get("updatedAt") or message["createdAt"], position,
-                                  item, metadata.get(VECTORS_KEY) or {}))
+                if not all(_matches(item.value.get(k), v) for k, v in (op.filter or {}).items()):
+                    continue
+                if metadata.get(TTL_KEY) is not None:
+                    restarted_key = _restarted_key(message["id"])
+                    expires = _expires_at(message, restarted.get(restarted_key))
+                    if self._omit_expired() and expires < now:
+                        continue
+                    restartable[(namespace, item.key)] = (session_id, restarted_key)
+                found.append((message.get("updatedAt") or message["createdAt"], position,
+                              item, metadata.get(VECTORS_KEY) or {}))
+        results = self._ranked(op, query, found)
+        if op.refresh_ttl:
+            for result in results:
+                if (result.namespace, result.key) in restartable:
+                    self.client.put_state(*restartable[(result.namespace, result.key)], now)
+        return results
+
+    def _ranked(self, op: SearchOp, query: list[float] | None,
+                found: list[tuple[int, int, Item, dict[str, str]]]) -> list[SearchItem]:
+        """The page of ``found`` a search returns: newest update first, or by meaning."""
         found.sort(key=lambda f: (f[0], f[1]), reverse=True)
         if query is None:
             return [self._search_item(item, None)
@@ -284,6 +373,73 @@ class SessiondbStore(BaseStore):
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         namespaces = [ns for ns in self._namespaces()
                       if all(_namespace_matches(c, ns) for c in op.match_conditions or ())]
+        if self._omit_expired():
+            namespaces = [ns for ns in namespaces if self._holds_live_items(ns)]
         if op.max_depth is not None:
             namespaces = [ns[:op.max_depth] for ns in namespaces]
         return sorted(set(namespaces))[op.offset:op.offset + op.limit]
+
+    def _holds_live_items(self, namespace: tuple[str, ...]) -> bool:
+        messages, restarted = self._read_namespace(self._session(namespace))
+        now = self._now_ms()
+        return any((_expires_at(m, restarted.get(_restarted_key(m["id"]))) or now) >= now
+                   for m in messages)
+
+    # -- time to live ------------------------------------------------------------------------
+
+    def sweep_ttl(self) -> int:
+        """Deletes the items whose TTL has run out, and the restart times of items that are gone
+        or have no TTL; returns how many items it deleted."""
+        deleted = 0
+        for namespace in self._namespaces():
+            session_id = self._session(namespace)
+            messages, restarted = self._read_namespace(session_id)
+            now = self._now_ms()
+            expired, live = [], set()
+            for message in messages:
+                restarted_key = _restarted_key(message["id"])
+                expires = _expires_at(message, restarted.get(restarted_key))
+                if expires is not None and expires < now:
+                    expired.append(message["id"])
+                elif expires is not None:
+                    live.add(restarted_key)
+            if expired:
+                deleted += self.client.delete_messages(session_id, expired)
+            for key in restarted.keys() - live:
+                self.client.delete_state(session_id, key)
+        return deleted
+
+    def start_ttl_sweeper(self, sweep_interval_minutes: int | None = None
+                          ) -> concurrent.futures.Future[None]:
+        """Runs ``sweep_ttl`` on a thread every ``sweep_interval_minutes`` (the config's, else 5)
+        until ``stop_ttl_sweeper``; the future is done when the thread ends. Without a TTL
+        config there is nothing to sweep, and the future is done at once."""
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        if not self.ttl_config or (self._sweeper is not None and self._sweeper.is_alive()):
+            done.set_result(None)
+            return done
+        interval = float(sweep_interval_minutes or self.ttl_config.get("sweep_interval_minutes")
+                         or 5)
+        self._stop_sweeping.clear()
+
+        def sweep() -> None:
+            while not self._stop_sweeping.wait(interval * 60):
+                try:
+                    swept = self.sweep_ttl()
+                    if swept:
+                        logger.info("swept %d expired store items", swept)
+                except Exception:  # a failed sweep is retried at the next interval
+                    logger.exception("sweeping expired store items failed")
+            done.set_result(None)
+
+        self._sweeper = threading.Thread(target=sweep, name="sessiondb-ttl-sweeper", daemon=True)
+        self._sweeper.start()
+        return done
+
+    def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
+        """Stops the sweeper thread; whether it has ended within ``timeout`` seconds."""
+        if self._sweeper is None:
+            return True
+        self._stop_sweeping.set()
+        self._sweeper.join(timeout)
+        return not self._sweeper.is_alive()

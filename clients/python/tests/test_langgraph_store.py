@@ -161,6 +161,68 @@ class StoreTest(ServedTest):
         self.assertEqual(ranked[0], ("indexed", True))
         self.assertEqual(sorted(ranked[1:]), [("again", False), ("plain", False)])
 
+    def test_items_expire_as_their_ttl_says(self):
+        clock = [1_000_000]
+        store = SessiondbStore(self.client, prefix=self.fresh_prefix(),
+                               ttl={"default_ttl": 2.0})
+        store._now_ms = lambda: clock[0]
+
+        def minutes(n: float) -> None:
+            clock[0] += int(n * 60_000)
+
+        store.put(("t",), "short", {"v": 1}, ttl=1.0)
+        store.put(("t",), "default", {"v": 2})  # the config's 2 minutes
+        store.put(("t",), "forever", {"v": 3}, ttl=None)
+        store.put(("t",), "dropped", {"v": 4}, ttl=1.0)
+        store.put(("t",), "dropped", {"v": 4}, ttl=None)  # a put without a TTL drops it
+        minutes(0.9)
+        self.assertIsNotNone(store.get(("t",), "short"))  # a read restarts it
+        minutes(0.9)
+        self.assertEqual(store.sweep_ttl(), 0)
+        self.assertIsNotNone(store.get(("t",), "short", refresh_ttl=False))
+        minutes(0.3)  # 1.2 minutes after "short" was last read, 2.1 after "default" was put
+        # Expired items are read until swept (the config does not omit them).
+        self.assertEqual(len(store.search(("t",), refresh_ttl=False)), 4)
+        self.assertEqual(store.sweep_ttl(), 2)
+        self.assertEqual(sorted(i.key for i in store.search(("t",))), ["dropped", "forever"])
+        minutes(1_000)
+        self.assertEqual(store.sweep_ttl(), 0)
+        # A search restarts the TTLs of what it returns.
+        store.put(("u",), "a", {"v": 1}, ttl=1.0)
+        store.put(("u",), "b", {"v": 2}, ttl=1.0)
+        minutes(0.9)
+        self.assertEqual([i.key for i in store.search(("u",), limit=1)], ["b"])
+        minutes(0.2)
+        self.assertEqual(store.sweep_ttl(), 1)
+        self.assertEqual([i.key for i in store.search(("u",))], ["b"])
+        # No restart times are left behind for items that are gone or have no TTL.
+        left = {key for ns in [("t",), ("u",)] for key in self.client.all_state(store._session(ns))}
+        self.assertEqual(left, {"ttl:b"})
+
+    def test_expired_items_can_be_omitted_before_the_sweep(self):
+        clock = [5_000_000]
+        store = SessiondbStore(self.client, prefix=self.fresh_prefix(),
+                               ttl={"omit_expired": True, "refresh_on_read": False})
+        store._now_ms = lambda: clock[0]
+        store.put(("gone",), "k", {"v": 1}, ttl=1.0)
+        store.put(("kept",), "k", {"v": 2}, ttl=1.0)
+        clock[0] += 30_000
+        self.assertIsNotNone(store.get(("kept",), "k", refresh_ttl=True))
+        clock[0] += 40_000
+        self.assertIsNone(store.get(("gone",), "k"))
+        self.assertEqual(store.search(("gone",)), [])
+        self.assertEqual(store.list_namespaces(), [("kept",)])
+        self.assertEqual(store.get(("kept",), "k").value, {"v": 2})
+        # The sweeper runs sweep_ttl until stopped.
+        done = store.start_ttl_sweeper(sweep_interval_minutes=0.001)
+        for _ in range(200):
+            if not self.client.messages(store._session(("gone",)))["items"]:
+                break
+            time.sleep(0.05)
+        self.assertTrue(store.stop_ttl_sweeper(timeout=5))
+        self.assertIsNone(done.result(timeout=5))
+        self.assertEqual(self.client.messages(store._session(("gone",)))["items"], [])
+
     def test_searches_give_the_newest_update_first_and_keep_creation_times(self):
         store = self.store()
         for key in ["a", "b", "c"]:
