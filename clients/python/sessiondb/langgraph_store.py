@@ -296,12 +296,13 @@ class SessiondbStore(BaseStore):
             # the TTL; this does.
             self.client.put_state(session_id, _restarted_key(message_id), self._now_ms())
 
-    def _namespaces(self) -> list[tuple[str, ...]]:
-        """Every namespace holding at least one item."""
+    def _namespaces(self, *, emptied: bool = False) -> list[tuple[str, ...]]:
+        """Every namespace holding at least one item (and with ``emptied`` those holding
+        none any more)."""
         found = []
         for session in self.client.list_sessions(user_id=self._owner()):
             stored = (session.get("metadata") or {}).get(NAMESPACE_KEY)
-            if isinstance(stored, list) and session["messageCount"] > 0 \
+            if isinstance(stored, list) and (emptied or session["messageCount"] > 0) \
                     and session["id"] == self._session(tuple(stored)):
                 found.append(tuple(stored))
         return found
@@ -391,7 +392,8 @@ class SessiondbStore(BaseStore):
         """Deletes the items whose TTL has run out, and the restart times of items that are gone
         or have no TTL; returns how many items it deleted."""
         deleted = 0
-        for namespace in self._namespaces():
+        # Emptied namespaces too: deleted items may have left their restart times there.
+        for namespace in self._namespaces(emptied=True):
             session_id = self._session(namespace)
             messages, restarted = self._read_namespace(session_id)
             now = self._now_ms()

@@ -195,8 +195,13 @@ class StoreTest(ServedTest):
         minutes(0.2)
         self.assertEqual(store.sweep_ttl(), 1)
         self.assertEqual([i.key for i in store.search(("u",))], ["b"])
-        # No restart times are left behind for items that are gone or have no TTL.
-        left = {key for ns in [("t",), ("u",)] for key in self.client.all_state(store._session(ns))}
+        # No restart times are left behind for items that are gone or have no TTL, also where
+        # a delete emptied the namespace.
+        store.put(("v",), "x", {"v": 1}, ttl=1.0)
+        store.delete(("v",), "x")
+        self.assertEqual(store.sweep_ttl(), 0)
+        left = {key for ns in [("t",), ("u",), ("v",)]
+                for key in self.client.all_state(store._session(ns))}
         self.assertEqual(left, {"ttl:b"})
 
     def test_expired_items_can_be_omitted_before_the_sweep(self):
