@@ -237,19 +237,16 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
         the new one extends it and its chain is short enough; else whole."""
         kind, data = typed
         entry: dict[str, Any] = {"version": version, "type": kind}
-        depth = 0
+        depth, kept = 0, data
         base = self._values.get((checkpoints, previous[0], channel)) if previous else None
         if (base is not None and base[0] == previous[1] and base[1] == kind == "msgpack"
                 and len(base[2]) >= MIN_EXTENDED_BYTES and base[3] < MAX_EXTENSION_DEPTH
                 and (extension := _extension(base[2], data)) is not None):
-            head, start, added = extension
+            head, start, kept = extension
             depth = base[3] + 1
             entry.update(base=list(previous), head=base64.b64encode(head).decode(),
                          span=[start, len(base[2])], depth=depth)
-            data_stored = added
-        else:
-            data_stored = data
-        entry["data"] = base64.b64encode(data_stored).decode()
+        entry["data"] = base64.b64encode(kept).decode()
         self._values.put((checkpoints, checkpoint_id, channel), (version, kind, data, depth),
                          len(data))
         return entry

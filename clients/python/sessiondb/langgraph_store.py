@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
-import hashlib
 import logging
 import math
 import struct
@@ -76,18 +75,19 @@ logger = logging.getLogger(__name__)
 
 def _restarted_key(message_id: str) -> str:
     """The state key holding when an item's TTL last restarted (epoch ms)."""
-    key = "ttl:" + message_id
-    return key if len(key) <= 256 else "ttl:sha256:" + hashlib.sha256(message_id.encode()).hexdigest()
+    return bounded_id(message_id, "ttl:")
 
 
-def _expires_at(message: dict, restarted: int | None) -> float | None:
-    """When an item expires (epoch ms): its TTL after it last restarted, or after its last put
-    when that time was never recorded; None without a TTL."""
+def _expires_at(message: dict, restarted: dict[str, Any]) -> float | None:
+    """When an item expires (epoch ms): its TTL after it last restarted (``restarted``: restart
+    times by state key), or after its last put when that time was never recorded; None without
+    a TTL."""
     minutes = (message.get("metadata") or {}).get(TTL_KEY)
     if minutes is None:
         return None
-    started = restarted if restarted is not None else (message.get("updatedAt")
-                                                        or message["createdAt"])
+    started = restarted.get(_restarted_key(message["id"]))
+    if started is None:
+        started = message.get("updatedAt") or message["createdAt"]
     return started + minutes * 60_000
 
 
@@ -182,27 +182,27 @@ class SessiondbStore(BaseStore):
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         ops = list(ops)
-        texts, queries = self._to_embed(ops)
+        indexed, texts, queries = self._to_embed(ops)
         documents = self.embeddings.embed_documents(texts) if texts else []
-        return self._run(ops, dict(zip(texts, documents)),
+        return self._run(ops, indexed, dict(zip(texts, documents)),
                          {q: self.embeddings.embed_query(q) for q in queries})
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         ops = list(ops)
-        texts, queries = self._to_embed(ops)
+        indexed, texts, queries = self._to_embed(ops)
         documents = await self.embeddings.aembed_documents(texts) if texts else []
         embedded = await asyncio.gather(*(self.embeddings.aembed_query(q) for q in queries))
-        return await asyncio.to_thread(self._run, ops, dict(zip(texts, documents)),
+        return await asyncio.to_thread(self._run, ops, indexed, dict(zip(texts, documents)),
                                        dict(zip(queries, embedded)))
 
-    def _to_embed(self, ops: list[Op]) -> tuple[list[str], list[str]]:
-        """The texts the puts of ``ops`` index and the queries of its searches, each once."""
-        if self.embeddings is None:
-            return [], []
-        texts = {text: None for op in ops if isinstance(op, PutOp)
-                 for _, text in self._texts(op)}
-        queries = {op.query: None for op in ops if isinstance(op, SearchOp) and op.query}
-        return list(texts), list(queries)
+    def _to_embed(self, ops: list[Op]) -> tuple[list[list[tuple[str, str]]], list[str], list[str]]:
+        """The (path, text) pairs each op indexes (none but for puts), and the texts and the
+        search queries to embed, each once."""
+        indexed = [self._texts(op) if isinstance(op, PutOp) else [] for op in ops]
+        texts = {text: None for pairs in indexed for _, text in pairs}
+        queries = {op.query: None for op in ops if isinstance(op, SearchOp) and op.query} \
+            if self.embeddings is not None else {}
+        return indexed, list(texts), list(queries)
 
     def _texts(self, op: PutOp) -> list[tuple[str, str]]:
         """(path, text) pairs a put indexes: at the store's fields, or at the op's own; a field
@@ -219,14 +219,14 @@ class SessiondbStore(BaseStore):
                 found.extend((f"{path}.{i}", text) for i, text in enumerate(texts))
         return found
 
-    def _run(self, ops: list[Op], documents: dict[str, list[float]],
-             queries: dict[str, list[float]]) -> list[Result]:
+    def _run(self, ops: list[Op], indexed: list[list[tuple[str, str]]],
+             documents: dict[str, list[float]], queries: dict[str, list[float]]) -> list[Result]:
         results: list[Result] = []
-        for op in ops:
+        for op, pairs in zip(ops, indexed):
             if isinstance(op, GetOp):
                 results.append(self._get(op.namespace, op.key, op.refresh_ttl))
             elif isinstance(op, PutOp):
-                self._put(op, {path: documents[text] for path, text in self._texts(op)})
+                self._put(op, {path: documents[text] for path, text in pairs})
                 results.append(None)
             elif isinstance(op, SearchOp):
                 results.append(self._search(op, queries.get(op.query) if op.query else None))
@@ -257,7 +257,7 @@ class SessiondbStore(BaseStore):
             restarted_key = _restarted_key(message["id"])
             if self._omit_expired():
                 restarted = self.client.get_state(session_id, restarted_key, default=None)
-                if _expires_at(message, restarted) < self._now_ms():
+                if _expires_at(message, {restarted_key: restarted}) < self._now_ms():
                     return None
             if refresh:
                 self.client.put_state(session_id, restarted_key, self._now_ms())
@@ -334,12 +334,12 @@ class SessiondbStore(BaseStore):
                 item = self._item(namespace, message)
                 if not all(_matches(item.value.get(k), v) for k, v in (op.filter or {}).items()):
                     continue
-                if metadata.get(TTL_KEY) is not None:
-                    restarted_key = _restarted_key(message["id"])
-                    expires = _expires_at(message, restarted.get(restarted_key))
+                expires = _expires_at(message, restarted)
+                if expires is not None:
                     if self._omit_expired() and expires < now:
                         continue
-                    restartable[(namespace, item.key)] = (session_id, restarted_key)
+                    restartable[(namespace, item.key)] = (session_id,
+                                                          _restarted_key(message["id"]))
                 found.append((message.get("updatedAt") or message["createdAt"], position,
                               item, metadata.get(VECTORS_KEY) or {}))
         results = self._ranked(op, query, found)
@@ -383,8 +383,7 @@ class SessiondbStore(BaseStore):
     def _holds_live_items(self, namespace: tuple[str, ...]) -> bool:
         messages, restarted = self._read_namespace(self._session(namespace))
         now = self._now_ms()
-        return any((_expires_at(m, restarted.get(_restarted_key(m["id"]))) or now) >= now
-                   for m in messages)
+        return any((_expires_at(m, restarted) or now) >= now for m in messages)
 
     # -- time to live ------------------------------------------------------------------------
 
@@ -399,12 +398,11 @@ class SessiondbStore(BaseStore):
             now = self._now_ms()
             expired, live = [], set()
             for message in messages:
-                restarted_key = _restarted_key(message["id"])
-                expires = _expires_at(message, restarted.get(restarted_key))
+                expires = _expires_at(message, restarted)
                 if expires is not None and expires < now:
                     expired.append(message["id"])
                 elif expires is not None:
-                    live.add(restarted_key)
+                    live.add(_restarted_key(message["id"]))
             if expired:
                 deleted += self.client.delete_messages(session_id, expired)
             for key in restarted.keys() - live:

@@ -94,9 +94,6 @@ function textOf(value: unknown): string[] {
 
 /** The texts at a tokenized path of `value`, as LangGraph.js's `InMemoryStore` extracts them. */
 function textsAt(value: unknown, tokens: string[], at = 0): string[] {
-  if (at === 0 && (tokens.length === 0 || (tokens.length === 1 && tokens[0] === '$'))) {
-    return [JSON.stringify(value, null, 2)];
-  }
   if (at >= tokens.length) return textOf(value);
   const token = tokens[at];
   const found: string[] = at === 0 && token === '$' ? [JSON.stringify(value, null, 2)] : [];
@@ -215,7 +212,8 @@ export class SessiondbStore extends BaseStore {
 
   async batch<Op extends Operation[]>(operations: Op): Promise<OperationResults<Op>> {
     // Each text and query is embedded once, before any operation runs.
-    const texts = [...new Set(operations.flatMap((op) => ('value' in op ? this.textsOf(op).map(([, text]) => text) : [])))];
+    const indexed = operations.map((op) => ('value' in op ? this.textsOf(op) : []));
+    const texts = [...new Set(indexed.flatMap((pairs) => pairs.map(([, text]) => text)))];
     const queries = this.index === undefined
       ? []
       : [...new Set(operations.flatMap((op) => ('namespacePrefix' in op && op.query ? [op.query] : [])))];
@@ -226,12 +224,11 @@ export class SessiondbStore extends BaseStore {
     for (const query of queries) queryVectors.set(query, await embeddings!.embedQuery(query));
 
     const results: unknown[] = [];
-    for (const op of operations) {
+    for (const [i, op] of operations.entries()) {
       if ('namespacePrefix' in op) results.push(await this.searchItems(op, op.query ? queryVectors.get(op.query) : undefined));
       else if ('matchConditions' in op) results.push(await this.namespacesFor(op));
-      else if ('value' in op) {
-        results.push(await this.putItem(op, this.textsOf(op).map(([path, text]) => [path, documents.get(text)!])));
-      } else results.push(await this.getItem(op as GetOperation));
+      else if ('value' in op) results.push(await this.putItem(op, indexed[i].map(([path, text]) => [path, documents.get(text)!])));
+      else results.push(await this.getItem(op as GetOperation));
     }
     return results as OperationResults<Op>;
   }
