@@ -551,6 +551,14 @@ mod tests {
         resolve(Serve::try_parse_from(argv)?.args, data)
     }
 
+    /// A configuration file holding `toml`, in a directory that lives as long as the guard.
+    fn config_file(toml: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, toml).unwrap();
+        (dir, file)
+    }
+
     #[test]
     fn no_flags_means_loopback_8787_over_the_local_data_directory() {
         let r = resolved(&[], None).unwrap();
@@ -570,13 +578,9 @@ mod tests {
 
     #[test]
     fn flags_win_over_the_file_and_bad_values_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("c.toml");
-        std::fs::write(
-            &file,
+        let (_dir, file) = config_file(
             "data = \"/from/file\"\nsynchronous = \"normal\"\nrow_cache_mib = 3\nmax_database_mib = 7\n[limits]\nmax_body_bytes = 10\nmax_message_bytes = 5\n",
-        )
-        .unwrap();
+        );
         let path = file.to_str().unwrap();
         let r = resolved(&["--config", path, "--max-body-bytes", "20"], None).unwrap();
         assert_eq!(r.server.limits.max_body_bytes, 20);
@@ -646,13 +650,8 @@ mod tests {
                 keep: 7
             })
         );
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("c.toml");
-        std::fs::write(
-            &file,
-            "backup_dir = \"/f\"\nbackup_every = \"6h\"\nbackup_keep = 3\n",
-        )
-        .unwrap();
+        let (_dir, file) =
+            config_file("backup_dir = \"/f\"\nbackup_every = \"6h\"\nbackup_keep = 3\n");
         let path = file.to_str().unwrap();
         let r = resolved(&["--config", path, "--backup-keep", "2"], None).unwrap();
         assert_eq!(
@@ -712,13 +711,9 @@ mod tests {
         );
         assert!(resolved(&["--summarizer", "oracle"], None).is_err());
 
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("c.toml");
-        std::fs::write(
-            &file,
+        let (_dir, file) = config_file(
             "[summarizer]\nkind = \"anthropic\"\nmodel = \"claude-x\"\napi_key = \"k\"\nurl = \"http://127.0.0.1:9\"\n",
-        )
-        .unwrap();
+        );
         let r = resolved(&["--config", file.to_str().unwrap()], None).unwrap();
         let SummarizerChoice::Anthropic(config) = r.summarizer else {
             panic!("{:?}", r.summarizer)
