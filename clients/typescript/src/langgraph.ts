@@ -92,6 +92,9 @@ function extension(previous: Uint8Array, next: Uint8Array): Uint8Array | undefin
   return next.subarray(kept);
 }
 
+/** A memory key: a checkpoint's (session, id), or a value's (session, holder, channel). */
+const memoryKey = (...parts: string[]): string => parts.join('\n');
+
 /** Entries by key, least recently used dropped first once their sizes pass a byte budget. */
 class Memory<T> {
   private held = 0;
@@ -248,13 +251,13 @@ export class SessiondbSaver extends BaseCheckpointSaver {
     [type, bytes]: [string, Uint8Array],
     previous: [string, Version] | undefined,
   ): Value {
-    const base = previous && this.values.get(`${checkpoints}\n${previous[0]}\n${channel}`);
+    const base = previous && this.values.get(memoryKey(checkpoints, previous[0], channel));
     const added = base && base.version === previous[1] && base.type === type && type === 'json'
       && base.bytes.length >= MIN_EXTENDED_BYTES && base.depth < MAX_EXTENSION_DEPTH
       ? extension(base.bytes, bytes)
       : undefined;
     const depth = added && base ? base.depth + 1 : 0;
-    this.values.put(`${checkpoints}\n${checkpointId}\n${channel}`, { version, type, bytes, depth }, bytes.length);
+    this.values.put(memoryKey(checkpoints, checkpointId, channel), { version, type, bytes, depth }, bytes.length);
     if (added === undefined || previous === undefined || base === undefined) {
       return { version, type, data: Buffer.from(bytes).toString('base64') };
     }
@@ -271,7 +274,7 @@ export class SessiondbSaver extends BaseCheckpointSaver {
 
   private remember(checkpoints: string, id: string, content: Content): void {
     const size = Object.values(content.values).reduce((sum, v) => sum + (v.data?.length ?? 0), 512);
-    this.contents.put(`${checkpoints}\n${id}`, content, size);
+    this.contents.put(memoryKey(checkpoints, id), content, size);
   }
 
   /**
@@ -286,7 +289,7 @@ export class SessiondbSaver extends BaseCheckpointSaver {
     channel: string,
     version: Version,
   ): Promise<[string, Uint8Array] | undefined> {
-    const key = `${checkpoints}\n${holder}\n${channel}`;
+    const key = memoryKey(checkpoints, holder, channel);
     const known = this.values.get(key);
     if (known !== undefined && known.version === version) return [known.type, known.bytes];
     const stored = (await contentOf(holder)).values[channel];
@@ -348,7 +351,7 @@ export class SessiondbSaver extends BaseCheckpointSaver {
 
   /** A checkpoint message's content, from memory when the saver has it. */
   private async content(checkpoints: string, id: string): Promise<Partial<Content> & Pick<Content, 'values' | 'holders'>> {
-    const held = this.contents.get(`${checkpoints}\n${id}`);
+    const held = this.contents.get(memoryKey(checkpoints, id));
     if (held !== undefined) return held;
     try {
       const content = (await this.client.getMessage(checkpoints, id)).content as unknown as Content;
@@ -396,7 +399,7 @@ export class SessiondbSaver extends BaseCheckpointSaver {
     const chains = new Set<string>();
     for (const [channel, stored] of Object.entries(content.values)) {
       if (stored.base === undefined) continue;
-      const known = this.values.get(`${checkpoints}\n${stored.base[0]}\n${channel}`);
+      const known = this.values.get(memoryKey(checkpoints, stored.base[0], channel));
       if (known === undefined || known.version !== stored.base[1]) chains.add(channel);
     }
     if (chains.size === 0) return;
