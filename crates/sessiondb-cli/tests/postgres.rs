@@ -110,12 +110,7 @@ async fn stored_rows(url: &str, session: &str) -> Vec<(String, i64, Option<i64>)
 
 /// The session's history (root → leaf) through the server, as ids.
 async fn history(base: &str, session: &str) -> Vec<String> {
-    let text = reqwest::get(format!("{base}/v1/sessions/{session}/history"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = common::get_text(&format!("{base}/v1/sessions/{session}/history")).await;
     text.lines()
         .map(|l| {
             let m: Value = serde_json::from_str(l).unwrap();

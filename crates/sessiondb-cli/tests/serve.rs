@@ -138,12 +138,7 @@ async fn configuration_from_file_environment_and_flags() {
 
 /// The value of an unlabelled metric in the server's `/metrics`.
 async fn metric(base: &str, name: &str) -> u64 {
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = common::get_text(&format!("{base}/metrics")).await;
     let line = text
         .lines()
         .find(|l| l.split_whitespace().next() == Some(name))
@@ -287,12 +282,7 @@ async fn backups_run_on_the_timer_and_none_without_a_backup_dir() {
     );
     plain.signal("USR1");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let text = reqwest::get(format!("{}/metrics", plain.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = common::get_text(&format!("{}/metrics", plain.base)).await;
     assert!(!text.contains("sessiondb_backups_total"), "{text}");
     assert!(plain.terminate().success());
 }

@@ -104,3 +104,8 @@ pub fn readme_block(marker: &str) -> String {
         .unwrap_or_else(|| panic!("the README's block after {marker}"))
         .to_owned()
 }
+
+/// The body of a GET of `url`, as text.
+pub async fn get_text(url: &str) -> String {
+    reqwest::get(url).await.unwrap().text().await.unwrap()
+}
