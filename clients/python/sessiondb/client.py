@@ -362,6 +362,11 @@ class Client:
         """The children of a message, oldest first."""
         return self.request("GET", self._session_path(session_id, "branches", message_id))
 
+    def rows(self, session_id: str, leaf: str | None = None) -> list[dict]:
+        """The path to ``leaf`` (the active leaf by default), root first, as rows without
+        content: ``{id, role, bytes, tokenEstimate}``."""
+        return self.request("GET", self._session_path(session_id, "rows"), {"leaf": leaf})
+
     def export(self, session_id: str) -> Iterator[dict]:
         """The whole session as the server streams it: every message of the tree with its
         ``parentId`` (``{message, parentId, createdAt}``), then compactions and state."""

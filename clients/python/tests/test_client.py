@@ -61,6 +61,10 @@ class ClientTest(ServedTest):
         c.append("tree2", {"id": "r1", "role": "assistant", "content": "one"})
         c.append("tree2", {"id": "r2", "role": "assistant", "content": "two"}, parent="q")
         self.assertEqual([m["id"] for m in c.branches("tree2", "q")], ["r1", "r2"])
+        self.assertEqual([(r["id"], r["role"]) for r in c.rows("tree2")],
+                         [("q", "user"), ("r2", "assistant")])
+        self.assertEqual([r["id"] for r in c.rows("tree2", leaf="r1")], ["q", "r1"])
+        self.assertEqual(c.rows("tree2", leaf="r1")[1]["bytes"], len('{"id":"r1","role":"assistant","content":"one"}'))
         c.put_state("tree2", "k", 1)
         lines = list(c.export("tree2"))
         self.assertEqual([(l["message"]["id"], l["parentId"]) for l in lines if "message" in l],

@@ -63,6 +63,14 @@ export interface Compaction {
   createdAt: number;
 }
 
+/** One row of a path as `GET …/rows` gives it, without the message's content. */
+export interface RowStat {
+  id: string;
+  role: string;
+  bytes: number;
+  tokenEstimate: number;
+}
+
 export interface SearchHit {
   id: string;
   role: string;
@@ -472,6 +480,11 @@ export class Client {
   /** The children of a message, oldest first. */
   branches(sessionId: string, messageId: string): Promise<StoredMessage[]> {
     return this.request('GET', this.sessionPath(sessionId, 'branches', messageId));
+  }
+
+  /** The path to `leaf` (the active leaf by default), root first, as rows without content. */
+  rows(sessionId: string, options: { leaf?: string } = {}): Promise<RowStat[]> {
+    return this.request('GET', this.sessionPath(sessionId, 'rows'), { query: { leaf: options.leaf } });
   }
 
   search(sessionId: string, q: string, options: { limit?: number } = {}): Promise<SearchHit[]> {

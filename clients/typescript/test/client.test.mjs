@@ -85,6 +85,10 @@ test('branches, export and whole-message replacement', async () => {
   await shared.client.append('tree2', { id: 'r1', role: 'assistant', content: 'one' });
   await shared.client.append('tree2', { id: 'r2', role: 'assistant', content: 'two' }, { parent: root.id });
   assert.deepEqual((await shared.client.branches('tree2', 'q')).map((m) => m.id), ['r1', 'r2']);
+  assert.deepEqual((await shared.client.rows('tree2')).map((r) => [r.id, r.role]), [['q', 'user'], ['r2', 'assistant']]);
+  const toFirst = await shared.client.rows('tree2', { leaf: 'r1' });
+  assert.deepEqual(toFirst.map((r) => r.id), ['q', 'r1']);
+  assert.equal(toFirst[1].bytes, '{"id":"r1","role":"assistant","content":"one"}'.length);
   await shared.client.putState('tree2', 'k', 1);
   const lines = await all(shared.client.export('tree2'));
   assert.deepEqual(lines.filter((l) => l.message).map((l) => [l.message.id, l.parentId]), [['q', null], ['r1', 'q'], ['r2', 'q']]);
