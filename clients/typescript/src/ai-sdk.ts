@@ -1,0 +1,266 @@
+/**
+ * The AI SDK's chat persistence on sessiondb: `createChat`, `loadChat` and `saveChat` as the
+ * AI SDK's message persistence guide has them, for `useChat` and
+ * `toUIMessageStreamResponse({ originalMessages, generateMessageId, onFinish })`.
+ *
+ * A chat is a session and a `UIMessage` is a message, stored as it is (sessiondb's message
+ * model is the UIMessage shape), so search, compaction, the converters and every other client
+ * read the chat too. `saveChat` stores what changed: new messages in one write, changed ones
+ * replaced; a regenerated answer or an edit's new answer becomes a branch beside the answer it
+ * replaces, which stays readable (`alternatives`, `loadChat({ leaf })`).
+ */
+import type { UIMessage } from 'ai';
+
+import { Client, type Json, type MessageInput, SessiondbError, type StoredMessage, usableId } from './client.js';
+
+/** Roles a `UIMessage` has; stored messages of other roles (other clients' tool rows) are left out on load. */
+const UI_ROLES = new Set(['system', 'user', 'assistant']);
+/** Ids of the messages that stand for compactions in a compacted read. */
+const COMPACTION_PREFIX = 'compaction_';
+/** Most messages `GET …/messages` gives in one page. */
+const PAGE_SIZE = 100;
+
+export interface SessiondbChatStoreOptions {
+  client: Client;
+}
+
+export interface ChatSummary {
+  id: string;
+  title: string | null;
+  userId: string | null;
+  metadata: { [key: string]: Json };
+  createdAt: number;
+  updatedAt: number;
+  /** Messages on the chat's active path. */
+  messageCount: number;
+}
+
+export interface LoadChatOptions {
+  /** The path to this message instead of the active one (an earlier regeneration, say). */
+  leaf?: string;
+  /**
+   * `false` reads the messages exactly as stored; `true` (the default) reads them as a model
+   * should see them: a compaction's summary (an assistant message) in place of the messages it
+   * covers. The two differ only once the chat has been compacted.
+   */
+  compacted?: boolean;
+}
+
+/**
+ * Chats in sessiondb for the AI SDK. Message ids are the `UIMessage` ids, so every message to
+ * save needs one: pass `generateMessageId` (e.g. `createIdGenerator()`) to
+ * `toUIMessageStreamResponse`, as the AI SDK's persistence guide does.
+ */
+export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
+  readonly client: Client;
+
+  constructor(options: SessiondbChatStoreOptions) {
+    this.client = options.client;
+  }
+
+  /** Creates an empty chat and resolves to its id (a `conflict` error if `id` is taken). */
+  async createChat(options: {
+    id?: string;
+    title?: string;
+    userId?: string;
+    metadata?: { [key: string]: Json };
+  } = {}): Promise<string> {
+    const { title, ...rest } = options;
+    const session = await this.client.createSession({ ...rest, ...(title === undefined ? {} : { name: title }) });
+    return session.id;
+  }
+
+  /** The chat's messages, oldest first; an unknown chat has none. */
+  async loadChat(chatId: string, options: LoadChatOptions = {}): Promise<MESSAGE[]> {
+    const stored: StoredMessage[] = [];
+    if (options.compacted === false) {
+      if (options.leaf !== undefined) {
+        throw invalid('`leaf` reads a path with compactions applied; it takes no `compacted: false`');
+      }
+      stored.push(...(await this.storedPath(chatId)));
+    } else {
+      for await (const message of this.client.history(chatId, { leaf: options.leaf })) stored.push(message);
+    }
+    return stored.filter((m) => UI_ROLES.has(m.role)).map((m) => uiMessageOf(m) as MESSAGE);
+  }
+
+  /**
+   * Stores `messages` as the chat's conversation (the chat is created if needed). Messages the
+   * chat has on its active path are replaced where their content differs (an answer continued
+   * after a tool result, an edited question); from the first message it lacks on, the rest are
+   * appended in one write, all or none, after the message before it, so a regenerated answer
+   * or the answer to an edited question becomes the active branch and the one it replaces stays
+   * beside it. Nothing is deleted: stored messages missing from `messages` stay where they are.
+   * Compaction summaries in `messages` (from a compacted `loadChat`) are passed over.
+   */
+  async saveChat({ chatId, messages }: { chatId: string; messages: MESSAGE[] }): Promise<void> {
+    const given = checkedMessages(messages);
+    const onPath = new Map((await this.storedPath(chatId)).map((m) => [m.id, m]));
+    let known = 0;
+    for (const message of given) {
+      const stored = onPath.get(message.id);
+      if (stored === undefined) break;
+      await this.replaceIfChanged(chatId, message, stored);
+      known++;
+    }
+    if (known === given.length) return;
+    const tail = given.slice(known);
+    const parentId = known === 0 ? '' : given[known - 1].id;
+    const answered = await this.client.appendBatch(chatId, tail.map(messageInputOf), { parentId });
+    // A message of the tail may exist off the active path (the caller went back to an earlier
+    // branch): the batch keeps the stored one, so it is compared as the path's are.
+    for (const [i, stored] of answered.entries()) await this.replaceIfChanged(chatId, tail[i], stored);
+  }
+
+  /** Chats newest first (by last update), all of them or one user's. */
+  async *listChats(options: { userId?: string } = {}): AsyncGenerator<ChatSummary> {
+    for await (const session of this.client.listSessions({ userId: options.userId, sort: 'updatedAt', order: 'desc' })) {
+      yield {
+        id: session.id,
+        title: session.name,
+        userId: session.userId,
+        metadata: session.metadata,
+        createdAt: session.createdAt,
+        updatedAt: session.updatedAt,
+        messageCount: session.messageCount,
+      };
+    }
+  }
+
+  /** Deletes the chat and everything it holds; an unknown chat is not an error. */
+  async deleteChat(chatId: string): Promise<void> {
+    await this.client.deleteSession(chatId, { missingOk: true });
+  }
+
+  /**
+   * The versions of a message, oldest first: it and its siblings, the messages stored under the
+   * same parent (earlier regenerations of an answer, the answers before an edit), for a UI's
+   * "‹ 2 / 3 ›". `loadChat(chatId, { leaf })` reads the conversation through one of them.
+   */
+  async alternatives(chatId: string, messageId: string): Promise<MESSAGE[]> {
+    const path = await this.client.rows(chatId, { leaf: messageId });
+    if (path.length < 2) return [uiMessageOf(await this.client.getMessage(chatId, messageId)) as MESSAGE];
+    const siblings = await this.client.branches(chatId, path[path.length - 2].id);
+    return siblings.filter((m) => UI_ROLES.has(m.role)).map((m) => uiMessageOf(m) as MESSAGE);
+  }
+
+  /** The active path as stored (no compaction applied), page after page. */
+  private async storedPath(chatId: string): Promise<StoredMessage[]> {
+    const path: StoredMessage[] = [];
+    let after: string | undefined;
+    for (;;) {
+      const page = await this.client.messages(chatId, { limit: PAGE_SIZE, after });
+      path.push(...page.items);
+      if (page.nextCursor === undefined || page.items.length === 0) return path;
+      after = page.nextCursor;
+    }
+  }
+
+  /** Replaces the stored message with `message` when their contents differ. */
+  private async replaceIfChanged(chatId: string, message: UIMessage, stored: StoredMessage): Promise<void> {
+    if (!sameContent(message, stored)) await this.client.replaceMessage(chatId, message.id, messageInputOf(message));
+  }
+}
+
+function isSummary(message: UIMessage): boolean {
+  return typeof message.id === 'string' && message.id.startsWith(COMPACTION_PREFIX);
+}
+
+function invalid(message: string): SessiondbError {
+  return new SessiondbError(undefined, 'invalid_request', message);
+}
+
+/**
+ * The messages to save, checked: each a UIMessage with an id sessiondb takes, no id twice. A
+ * compaction's summary (in a chat loaded compacted) is the store's own and is left out.
+ */
+function checkedMessages<M extends UIMessage>(messages: M[]): M[] {
+  if (!Array.isArray(messages)) throw invalid('`messages` must be an array of UIMessages');
+  const seen = new Set<string>();
+  for (const [i, message] of messages.entries()) {
+    if (message === null || typeof message !== 'object') throw invalid(`message ${i} is not an object`);
+    if (isSummary(message)) continue;
+    if (!usableId(message.id)) {
+      throw invalid(
+        `message ${i} has no usable id (${JSON.stringify(message.id)}): ids are 1 to 256 characters without ` +
+          'control characters or the `compaction_` prefix; give the stream a `generateMessageId`',
+      );
+    }
+    if (seen.has(message.id)) throw invalid(`message id ${JSON.stringify(message.id)} appears twice`);
+    seen.add(message.id);
+    if (!UI_ROLES.has(message.role)) throw invalid(`message ${i} has role ${JSON.stringify(message.role)}`);
+    if (!Array.isArray(message.parts)) throw invalid(`message ${i} has no \`parts\` array`);
+  }
+  return messages.filter((m) => !isSummary(m));
+}
+
+/** The message sessiondb stores for a UIMessage: its fields as they are. */
+function messageInputOf(message: UIMessage): MessageInput {
+  return message as unknown as MessageInput;
+}
+
+/** The UIMessage of a stored message: without the store's times; text content as a text part. */
+function uiMessageOf(stored: StoredMessage): UIMessage {
+  const { createdAt: _created, updatedAt: _updated, content, ...fields } = stored;
+  const message = fields as unknown as UIMessage;
+  if (message.parts === undefined) {
+    message.parts = typeof content === 'string' ? [{ type: 'text', text: content }] : [];
+  }
+  return message;
+}
+
+/**
+ * Whether a stored message holds what `message` would store: equal JSON once the store's
+ * times are set aside and `message` is cleaned as the server cleans a write (OpenAI's
+ * `itemId` and `reasoningEncryptedContent` provider metadata and blank reasoning parts are not
+ * stored), so a message read back and saved again is not rewritten.
+ */
+function sameContent(message: UIMessage, stored: StoredMessage): boolean {
+  const { createdAt: _created, updatedAt: _updated, ...fields } = stored;
+  return jsonEqual(storedForm(message), fields as Json);
+}
+
+function storedForm(message: UIMessage): Json {
+  const copy = JSON.parse(JSON.stringify(message)) as { [key: string]: Json };
+  delete copy.createdAt;
+  delete copy.updatedAt;
+  if (Array.isArray(copy.parts)) {
+    copy.parts = copy.parts.filter((part) => {
+      if (part === null || typeof part !== 'object' || Array.isArray(part)) return true;
+      for (const key of ['providerMetadata', 'callProviderMetadata']) withoutEphemeralMetadata(part, key);
+      return !isBlankReasoning(part);
+    });
+  }
+  return copy;
+}
+
+function withoutEphemeralMetadata(part: { [key: string]: Json }, key: string): void {
+  const meta = part[key];
+  if (meta === null || typeof meta !== 'object' || Array.isArray(meta)) return;
+  const openai = meta.openai;
+  if (openai !== null && typeof openai === 'object' && !Array.isArray(openai)) {
+    delete openai.itemId;
+    delete openai.reasoningEncryptedContent;
+    if (Object.keys(openai).length === 0) delete meta.openai;
+  }
+  if (Object.keys(meta).length === 0) delete part[key];
+}
+
+function isBlankReasoning(part: { [key: string]: Json }): boolean {
+  if (part.type !== 'reasoning') return false;
+  const blank = typeof part.text !== 'string' || part.text.trim() === '';
+  const meta = part.providerMetadata;
+  const hasMetadata = meta !== null && typeof meta === 'object' && !Array.isArray(meta) && Object.keys(meta).length > 0;
+  return blank && !hasMetadata;
+}
+
+/** Deep equality of JSON values, object keys in any order. */
+function jsonEqual(a: Json, b: Json): boolean {
+  if (a === b) return true;
+  if (a === null || b === null || typeof a !== 'object' || typeof b !== 'object') return false;
+  if (Array.isArray(a) || Array.isArray(b)) {
+    return Array.isArray(a) && Array.isArray(b) && a.length === b.length && a.every((x, i) => jsonEqual(x, b[i]));
+  }
+  const keys = Object.keys(a);
+  return keys.length === Object.keys(b).length && keys.every((k) => k in b && jsonEqual(a[k], b[k]));
+}
