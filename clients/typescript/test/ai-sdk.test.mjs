@@ -15,7 +15,7 @@ import { z } from 'zod';
 
 import { Client, SessiondbError } from '../dist/index.js';
 import { SessiondbChatStore } from '../dist/ai-sdk.js';
-import { fakeChatCompletions } from './fake-chat-completions.mjs';
+import { fakeChatCompletions } from './fake-openai.mjs';
 import { all, sharedServer } from './served.mjs';
 
 const shared = sharedServer();

@@ -21,7 +21,7 @@ import { z } from 'zod';
 
 import { SessiondbError } from '../dist/index.js';
 import { SessiondbSession } from '../dist/openai-agents.js';
-import { fakeResponses } from './fake-responses.mjs';
+import { fakeResponses } from './fake-openai.mjs';
 import { all, sharedServer } from './served.mjs';
 
 setTracingDisabled(true);
