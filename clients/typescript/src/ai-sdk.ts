@@ -77,7 +77,7 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
       if (options.leaf !== undefined) {
         throw invalid('`leaf` reads a path with compactions applied; it takes no `compacted: false`');
       }
-      stored.push(...(await this.storedPath(chatId)));
+      stored.push(...(await this.storedPages(chatId)));
     } else {
       for await (const message of this.client.history(chatId, { leaf: options.leaf })) stored.push(message);
     }
@@ -144,8 +144,21 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
     return siblings.filter((m) => UI_ROLES.has(m.role)).map((m) => uiMessageOf(m) as MESSAGE);
   }
 
-  /** The active path as stored (no compaction applied), page after page. */
+  /**
+   * The active path as stored. The history is one streamed request however long the chat, and
+   * it is the stored path unless the chat has been compacted (a summary stands in it); then
+   * the stored messages are read page after page.
+   */
   private async storedPath(chatId: string): Promise<StoredMessage[]> {
+    const path: StoredMessage[] = [];
+    for await (const message of this.client.history(chatId)) {
+      if (isSummary(message)) return this.storedPages(chatId);
+      path.push(message);
+    }
+    return path;
+  }
+
+  private async storedPages(chatId: string): Promise<StoredMessage[]> {
     const path: StoredMessage[] = [];
     let after: string | undefined;
     for (;;) {
@@ -162,7 +175,7 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
   }
 }
 
-function isSummary(message: UIMessage): boolean {
+function isSummary(message: { id?: unknown }): boolean {
   return typeof message.id === 'string' && message.id.startsWith(COMPACTION_PREFIX);
 }
 

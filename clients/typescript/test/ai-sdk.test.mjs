@@ -31,14 +31,14 @@ after(() => fake.close());
 
 const store = () => new SessiondbChatStore({ client: shared.client });
 
-/** A store whose client records each JSON request it sends, as `METHOD /last/path/segment`. */
+/** A store whose client records each request it sends, as `METHOD path-after-the-session`. */
 function countingStore() {
   const client = new Client({ baseUrl: shared.client.baseUrl });
   const sent = [];
-  const request = client.request.bind(client);
-  client.request = (method, path, options) => {
+  const open = client.open.bind(client);
+  client.open = (method, path, ...rest) => {
     sent.push(`${method} ${path.split('/').slice(4).join('/')}`);
-    return request(method, path, options);
+    return open(method, path, ...rest);
   };
   return { chats: new SessiondbChatStore({ client }), sent };
 }
@@ -90,7 +90,7 @@ test('answers streamed by the AI SDK are saved in onFinish and load back exactly
   sent.length = 0;
   const second = await respond(chats, chatId, [...history, user('u2', 'Capital of France?')]);
   // The save read the stored path and wrote the turn's two messages in one batch.
-  assert.deepEqual(sent, ['GET messages', 'POST messages/batch']);
+  assert.deepEqual(sent, ['GET history', 'POST messages/batch']);
   const loaded = await chats.loadChat(chatId);
   assert.deepEqual(loaded, second);
   assert.equal(loaded.length, 4);
@@ -175,7 +175,7 @@ test('an answer continued under the same id is replaced, not appended', async ()
   const continued = { ...answer, parts: [...answer.parts, { type: 'step-start' }, { type: 'text', text: 'Done.' }] };
   sent.length = 0;
   await chats.saveChat({ chatId, messages: [user('u1', 'Q'), continued] });
-  assert.deepEqual(sent, ['GET messages', 'PUT messages/a1']);
+  assert.deepEqual(sent, ['GET history', 'PUT messages/a1']);
   assert.deepEqual(await chats.loadChat(chatId), [user('u1', 'Q'), continued]);
   assert.equal((await shared.client.getSession(chatId)).messageCount, 2);
 });
@@ -192,7 +192,7 @@ test('saving what was loaded writes nothing, OpenAI item ids included', async ()
     ],
   };
   await chats.saveChat({ chatId, messages: [user('u1', 'Q'), answer] });
-  assert.deepEqual(sent, ['GET messages', 'POST messages/batch']);
+  assert.deepEqual(sent, ['GET history', 'POST messages/batch']);
   const loaded = await chats.loadChat(chatId);
   // The server does not keep OpenAI's item ids nor blank reasoning (they break a replay).
   assert.deepEqual(loaded[1].parts, [
@@ -204,7 +204,7 @@ test('saving what was loaded writes nothing, OpenAI item ids included', async ()
   await chats.saveChat({ chatId, messages: loaded });
   // The client's own copy, ids and blank reasoning still in it, is the same chat too.
   await chats.saveChat({ chatId, messages: [user('u1', 'Q'), answer] });
-  assert.deepEqual(sent, ['GET messages', 'GET messages']);
+  assert.deepEqual(sent, ['GET history', 'GET history']);
   const afterwards = await shared.client.getSession(chatId);
   assert.equal(afterwards.updatedAt, before.updatedAt);
   assert.equal(afterwards.messageCount, 2);
@@ -257,7 +257,7 @@ test('chats are created, listed per user and deleted', async () => {
 });
 
 test('a compacted chat loads its summary for the model, the stored messages on request', async () => {
-  const chats = store();
+  const { chats, sent } = countingStore();
   const chatId = newChat();
   const messages = [];
   for (let i = 1; i <= 3; i++) {
@@ -273,9 +273,12 @@ test('a compacted chat loads its summary for the model, the stored messages on r
   assert.deepEqual(await chats.loadChat(chatId, { compacted: false }), messages);
   await assert.rejects(chats.loadChat(chatId, { compacted: false, leaf: 'a1' }), (error) => error.code === 'invalid_request');
 
-  // A route that answers from the compacted chat saves it back: only the new messages are written.
+  // A route that answers from the compacted chat saves it back: only the new messages are
+  // written, after the stored path is read page by page (its history holds the summary).
   fake.reply('answer 4');
+  sent.length = 0;
   const updated = await respond(chats, chatId, [...compacted, user('u4', 'question 4')]);
+  assert.deepEqual(sent, ['GET history', 'GET messages', 'POST messages/batch']);
   assert.deepEqual(texts(updated).slice(-2), ['question 4', 'answer 4']);
   const stored = await chats.loadChat(chatId, { compacted: false });
   assert.deepEqual(stored.map((m) => m.id), [...messages.map((m) => m.id), 'u4', updated.at(-1).id]);
