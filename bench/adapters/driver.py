@@ -115,18 +115,18 @@ def emit(store, framework, ms, size_bytes):
 def run(store, binary, scratch, turns, invokes):
     folder = os.path.join(scratch, store)
     os.makedirs(folder)
-    if store == "sqlite":
+    if store == "own":
         path = os.path.join(folder, "openai.db")
         session = SQLiteSession("bench", path)
         ms = asyncio.run(openai_turns(session, turns))
         session.close()
-        emit("sqlite", "openai", ms, sum(os.path.getsize(p) for p in [path, path + "-wal"]
+        emit("own", "openai", ms, sum(os.path.getsize(p) for p in [path, path + "-wal"]
                                          if os.path.exists(p)))
         path = os.path.join(folder, "langgraph.db")
         connection = sqlite3.connect(path, check_same_thread=False)
         ms = langgraph_invokes(SqliteSaver(connection), invokes)
         connection.close()
-        emit("sqlite", "langgraph", ms, sum(os.path.getsize(p) for p in [path, path + "-wal"]
+        emit("own", "langgraph", ms, sum(os.path.getsize(p) for p in [path, path + "-wal"]
                                             if os.path.exists(p)))
         return
     for framework in ["openai", "langgraph"]:

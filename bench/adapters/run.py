@@ -6,10 +6,13 @@
 What a user swapping stores wants to know: the OpenAI Agents SDK on its `SQLiteSession` (a file)
 against `SessiondbSession`, and LangGraph on its `SqliteSaver` against `SessiondbSaver`, both
 sessiondb adapters going through the Python client to a release `sessiondb serve` on this
-machine (durable, as the SQLite stores are by default). Per step: one conversation turn (the
-runner's read of the history, then storing the turn's input and output) or one graph invocation
-(two nodes, each adding ~200 characters to an accumulating list). Rounds alternate which store
-goes first. Writes bench/adapters/results.json and the section of bench/README.md between its
+machine (durable, as the SQLite stores are by default); and the AI SDK's chat store on the file
+store of its persistence guide (a JSON file per chat, no fsync) against `SessiondbChatStore`
+through the TypeScript client (bench/adapters/ai_sdk.mjs, on Node). Per step: one conversation
+turn (the runner's read of the history, then storing the turn's input and output; for the AI
+SDK, `loadChat` and then `saveChat` with the turn's question and answer added) or one graph
+invocation (two nodes, each adding ~200 characters to an accumulating list). Rounds alternate
+which store goes first. Writes bench/adapters/results.json and the section of bench/README.md between its
 `adapters:begin` / `adapters:end` markers.
 """
 import argparse
@@ -31,7 +34,9 @@ VENV = os.path.join(BENCH, ".peers", "adapters")
 RESULTS = os.path.join(HERE, "results.json")
 PACKAGES = ["openai-agents==0.24.0", "langgraph==1.2.22", "langgraph-checkpoint-sqlite==3.1.2"]
 FRAMEWORKS = {"openai": "OpenAI Agents SDK: one turn (SQLiteSession / SessiondbSession)",
-              "langgraph": "LangGraph: one invocation (SqliteSaver / SessiondbSaver)"}
+              "langgraph": "LangGraph: one invocation (SqliteSaver / SessiondbSaver)",
+              "ai-sdk": "AI SDK: one chat turn (the persistence guide's file store / SessiondbChatStore)"}
+TYPESCRIPT = os.path.join(ROOT, "clients", "typescript")
 
 
 def log(message):
@@ -79,17 +84,23 @@ def main():
     sh(["cargo", "build", "--release", "-q", "-p", "sessiondb-cli"], cwd=ROOT)
     binary = os.path.join(ROOT, "target", "release", "sessiondb")
     python = python_with_packages()
+    log("building the TypeScript client (npm ci when it has no node_modules, then tsc)")
+    if not os.path.exists(os.path.join(TYPESCRIPT, "node_modules", ".bin", "tsc")):
+        sh(["npm", "ci", "--no-audit", "--no-fund"], cwd=TYPESCRIPT)
+    sh([os.path.join("node_modules", ".bin", "tsc"), "-p", "."], cwd=TYPESCRIPT)
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "clients", "python"),
            "PYTHONDONTWRITEBYTECODE": "1"}
 
     runs = {}
     for round_no in range(args.rounds):
-        order = ["sqlite", "sessiondb"] if round_no % 2 == 0 else ["sessiondb", "sqlite"]
+        order = ["own", "sessiondb"] if round_no % 2 == 0 else ["sessiondb", "own"]
         log(f"round {round_no + 1}/{args.rounds}: {', '.join(order)}")
         scratch = tempfile.mkdtemp(prefix="sessiondb-adapters-")
         try:
             out = sh([python, os.path.join(HERE, "driver.py"), binary, scratch, ",".join(order),
                       str(args.turns), str(args.invokes)], env=env)
+            out += sh(["node", os.path.join(HERE, "ai_sdk.mjs"), binary, scratch, ",".join(order),
+                       str(args.turns)])
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         for line in out.splitlines():
@@ -102,7 +113,7 @@ def main():
                "frameworks": {}}
     for framework in FRAMEWORKS:
         entry = {}
-        for store in ["sqlite", "sessiondb"]:
+        for store in ["own", "sessiondb"]:
             rows = runs[(framework, store)]
             entry[store] = {**summary([r["ms"] for r in rows]),
                             "size_bytes": statistics.median(r["size_bytes"] for r in rows)}
@@ -132,11 +143,11 @@ def render(results):
         f"Machine: {results['machine']}. Ratio: the framework's own store ÷ sessiondb (above 1, "
         f"sessiondb is faster or smaller).",
         "",
-        "| step | own SQLite store ms | sessiondb (over HTTP) ms | ratio | own store, longest fifth ms | sessiondb, longest fifth ms | ratio | own store on disk | sessiondb on disk | ratio |",
+        "| step | own store ms | sessiondb (over HTTP) ms | ratio | own store, longest fifth ms | sessiondb, longest fifth ms | ratio | own store on disk | sessiondb on disk | ratio |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for framework, title in FRAMEWORKS.items():
-        own, ours = results["frameworks"][framework]["sqlite"], results["frameworks"][framework]["sessiondb"]
+        own, ours = results["frameworks"][framework]["own"], results["frameworks"][framework]["sessiondb"]
         lines.append(
             f"| {title} | {own['median_ms']:.3f} | {ours['median_ms']:.3f} | "
             f"{own['median_ms'] / ours['median_ms']:.2f}× | {own['last_fifth_median_ms']:.3f} | "

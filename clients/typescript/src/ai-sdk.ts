@@ -230,7 +230,8 @@ function uiMessageOf(stored: StoredMessage): UIMessage {
  */
 function sameContent(message: UIMessage, stored: StoredMessage): boolean {
   const { createdAt: _created, updatedAt: _updated, ...fields } = stored;
-  return jsonEqual(storedForm(message), fields as Json);
+  // The common case first: the message as it was read back, keys in the stored order.
+  return JSON.stringify(message) === JSON.stringify(fields) || jsonEqual(storedForm(message), fields as Json);
 }
 
 function storedForm(message: UIMessage): Json {
