@@ -12,8 +12,8 @@ through the TypeScript client (bench/adapters/ai_sdk.mjs, on Node). Per step: on
 turn (the runner's read of the history, then storing the turn's input and output; for the AI
 SDK, `loadChat` and then `saveChat` with the turn's question and answer added) or one graph
 invocation (two nodes, each adding ~200 characters to an accumulating list). Rounds alternate
-which store goes first. Writes bench/adapters/results.json and the section of bench/README.md between its
-`adapters:begin` / `adapters:end` markers.
+which store goes first. Writes bench/adapters/results.json and the section of bench/README.md
+between its `adapters:begin` / `adapters:end` markers.
 """
 import argparse
 import datetime

@@ -135,7 +135,8 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
   /**
    * The versions of a message, oldest first: it and its siblings, the messages stored under the
    * same parent (earlier regenerations of an answer, the answers before an edit), for a UI's
-   * "‹ 2 / 3 ›". `loadChat(chatId, { leaf })` reads the conversation through one of them.
+   * "‹ 2 / 3 ›" (a chat's first message has no siblings listed: itself alone).
+   * `loadChat(chatId, { leaf })` reads the conversation through one of them.
    */
   async alternatives(chatId: string, messageId: string): Promise<MESSAGE[]> {
     const path = await this.client.rows(chatId, { leaf: messageId });
