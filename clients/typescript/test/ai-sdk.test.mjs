@@ -141,6 +141,7 @@ test('a regenerated answer becomes the chat and the earlier one stays as an alte
   assert.deepEqual(await chats.alternatives(chatId, first.id), [first, second]);
   assert.deepEqual(await chats.loadChat(chatId, { leaf: first.id }), [question, first]);
   assert.deepEqual(await chats.alternatives(chatId, 'u1'), [question]);
+  await assert.rejects(chats.alternatives(chatId, 'never-stored'), (error) => error.code === 'not_found');
 
   // Going on from the earlier answer makes that branch the chat again.
   fake.reply('Glad you liked it');
