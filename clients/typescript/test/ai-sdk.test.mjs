@@ -306,8 +306,7 @@ test("the README's route runs as written", async () => {
     for (const body of ${JSON.stringify(requests)}) {
       const response = await POST(new Request('http://localhost/api/chat', { method: 'POST', body }));
       process.stdout.write(await response.text());
-    }
-    process.exit(0); // the store's client keeps its connections open, as a server's should`;
+    }`;
   fake.reply('San Francisco.');
   fake.reply('California.');
   let streamed;
