@@ -127,6 +127,11 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
     }
   }
 
+  /** Gives the chat a title (a `not_found` error for an unknown chat). */
+  async renameChat(chatId: string, title: string): Promise<void> {
+    await this.client.updateSession(chatId, { name: title });
+  }
+
   /** Deletes the chat and everything it holds; an unknown chat is not an error. */
   async deleteChat(chatId: string): Promise<void> {
     await this.client.deleteSession(chatId, { missingOk: true });

@@ -237,7 +237,7 @@ test('messages the store cannot key are refused and nothing is stored', async ()
   await assert.rejects(shared.client.getSession(chatId), (error) => error.code === 'not_found');
 });
 
-test('chats are created, listed per user and deleted', async () => {
+test('chats are created, listed per user, renamed and deleted', async () => {
   const chats = store();
   const userId = `ai-sdk-user-${Date.now()}`;
   const id = await chats.createChat({ title: 'Trip planning', userId, metadata: { pinned: true } });
@@ -250,6 +250,9 @@ test('chats are created, listed per user and deleted', async () => {
   assert.deepEqual(listed[0].metadata, { pinned: true });
   assert.equal(listed[0].messageCount, 1);
   assert.equal(listed[1].title, null);
+  await chats.renameChat(named, 'Renamed');
+  assert.equal((await all(chats.listChats({ userId }))).find((c) => c.id === named).title, 'Renamed');
+  await assert.rejects(chats.renameChat('ai-sdk-no-such-chat', 'x'), (error) => error.code === 'not_found');
   await chats.deleteChat(id);
   await chats.deleteChat(id);
   assert.deepEqual(await chats.loadChat(id), []);
