@@ -22,6 +22,22 @@ const PAGE_SIZE = 100;
 
 export interface SessiondbChatStoreOptions {
   client: Client;
+  /**
+   * How many characters of chats the store keeps in memory (16 M by default; 0 keeps none):
+   * what it last read or wrote of each chat's active path, so that a save after a load need not
+   * read the chat again.
+   */
+  memoryChars?: number;
+}
+
+/**
+ * A chat's active path as this store last read or wrote it: ids in order, the JSON of each
+ * (without the store's times), and the characters it holds (0 until remembered).
+ */
+interface SeenPath {
+  ids: string[];
+  bodies: Map<string, string>;
+  chars: number;
 }
 
 export interface ChatSummary {
@@ -53,9 +69,14 @@ export interface LoadChatOptions {
  */
 export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
   readonly client: Client;
+  private readonly memoryChars: number;
+  /** Chats' paths by chat id, least recently used first. */
+  private readonly seen = new Map<string, SeenPath>();
+  private seenChars = 0;
 
   constructor(options: SessiondbChatStoreOptions) {
     this.client = options.client;
+    this.memoryChars = options.memoryChars ?? 16 << 20;
   }
 
   /** Creates an empty chat and resolves to its id (a `conflict` error if `id` is taken). */
@@ -81,13 +102,20 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
     } else {
       for await (const message of this.client.history(chatId, { leaf: options.leaf })) stored.push(message);
     }
+    // The active path as stored (no summary standing in it) is what the next save compares with.
+    if (options.leaf === undefined && !stored.some(isSummary)) {
+      const path = seenPath(stored);
+      this.remember(chatId, path.ids, path.bodies);
+    }
     return stored.filter((m) => UI_ROLES.has(m.role)).map((m) => uiMessageOf(m) as MESSAGE);
   }
 
   /**
    * Stores `messages` as the chat's conversation (the chat is created if needed). Messages the
    * chat has on its active path are replaced where their content differs (an answer continued
-   * after a tool result, an edited question); from the first message it lacks on, the rest are
+   * after a tool result, an edited question) from the chat as this store last read or wrote it,
+   * while no write elsewhere has appended to or cut the chat since, else from the chat as stored
+   * (so a save right after a load reads nothing more); from the first message it lacks on, the rest are
    * appended in one write, all or none, after the message before it, so a regenerated answer
    * or the answer to an edited question becomes the active branch and the one it replaces stays
    * beside it. Nothing is deleted: stored messages missing from `messages` stay where they are.
@@ -95,21 +123,32 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
    */
   async saveChat({ chatId, messages }: { chatId: string; messages: MESSAGE[] }): Promise<void> {
     const given = checkedMessages(messages);
-    const onPath = new Map((await this.storedPath(chatId)).map((m) => [m.id, m]));
+    const path = await this.pathToCompare(chatId);
     let known = 0;
     for (const message of given) {
-      const stored = onPath.get(message.id);
-      if (stored === undefined) break;
-      await this.replaceIfChanged(chatId, message, stored);
+      const body = path.bodies.get(message.id);
+      if (body === undefined) break;
+      if (!sameContent(message, body)) path.bodies.set(message.id, await this.replace(chatId, message));
       known++;
     }
-    if (known === given.length) return;
+    if (known === given.length) return this.remember(chatId, path.ids, path.bodies);
     const tail = given.slice(known);
     const parentId = known === 0 ? '' : given[known - 1].id;
     const answered = await this.client.appendBatch(chatId, tail.map(messageInputOf), { parentId });
-    // A message of the tail may exist off the active path (the caller went back to an earlier
-    // branch): the batch keeps the stored one, so it is compared as the path's are.
-    for (const [i, stored] of answered.entries()) await this.replaceIfChanged(chatId, tail[i], stored);
+    const ids = path.ids.slice(0, path.ids.indexOf(parentId) + 1);
+    const bodies = new Map(ids.map((id) => [id, path.bodies.get(id) as string]));
+    for (const [i, stored] of answered.entries()) {
+      // A message of the tail may exist off the active path (the caller went back to an
+      // earlier branch): the batch keeps the stored one, so it is compared as the path's are.
+      const body = bodyOf(stored);
+      ids.push(stored.id);
+      bodies.set(stored.id, sameContent(tail[i], body) ? body : await this.replace(chatId, tail[i]));
+    }
+    // New messages of one write share its time; when the tail met stored ones, where the active
+    // path now runs is the server's to say, and the next save reads it.
+    const appendedAt = answered[answered.length - 1].createdAt;
+    if (answered.every((stored) => stored.createdAt === appendedAt)) this.remember(chatId, ids, bodies);
+    else this.forget(chatId);
   }
 
   /** Chats newest first (by last update), all of them or one user's. */
@@ -134,6 +173,7 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
 
   /** Deletes the chat and everything it holds; an unknown chat is not an error. */
   async deleteChat(chatId: string): Promise<void> {
+    this.forget(chatId);
     await this.client.deleteSession(chatId, { missingOk: true });
   }
 
@@ -151,17 +191,33 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
   }
 
   /**
-   * The active path as stored. The history is one streamed request however long the chat, and
-   * it is the stored path unless the chat has been compacted (a summary stands in it); then
-   * the stored messages are read page after page.
+   * The chat's active path to compare a save with: as this store last read or wrote it, while
+   * the session still has that leaf and that many messages (a write elsewhere that appended,
+   * branched or deleted moves one of them; an edit elsewhere does not, and the save then leaves
+   * that edit in place unless the caller changed the same message); else as stored now. The
+   * history is one streamed request however long the chat, and it is the stored path unless
+   * the chat has been compacted (a summary stands in it); then the stored messages are read
+   * page after page.
    */
-  private async storedPath(chatId: string): Promise<StoredMessage[]> {
-    const path: StoredMessage[] = [];
-    for await (const message of this.client.history(chatId)) {
-      if (isSummary(message)) return this.storedPages(chatId);
-      path.push(message);
+  private async pathToCompare(chatId: string): Promise<SeenPath> {
+    const seen = this.seen.get(chatId);
+    if (seen !== undefined) {
+      const session = await this.client.getSession(chatId).catch((error) => {
+        if (error instanceof SessiondbError && error.code === 'not_found') return undefined;
+        throw error;
+      });
+      const current = session === undefined
+        ? seen.ids.length === 0
+        : (session.leafId ?? undefined) === seen.ids[seen.ids.length - 1] && session.messageCount === seen.ids.length;
+      if (current) return seen;
+      this.forget(chatId);
     }
-    return path;
+    const stored: StoredMessage[] = [];
+    for await (const message of this.client.history(chatId)) {
+      if (isSummary(message)) return seenPath(await this.storedPages(chatId));
+      stored.push(message);
+    }
+    return seenPath(stored);
   }
 
   private async storedPages(chatId: string): Promise<StoredMessage[]> {
@@ -175,9 +231,31 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
     }
   }
 
-  /** Replaces the stored message with `message` when their contents differ. */
-  private async replaceIfChanged(chatId: string, message: UIMessage, stored: StoredMessage): Promise<void> {
-    if (!sameContent(message, stored)) await this.client.replaceMessage(chatId, message.id, messageInputOf(message));
+  /** Replaces the stored message with `message`; resolves to the stored JSON (without times). */
+  private async replace(chatId: string, message: UIMessage): Promise<string> {
+    return bodyOf(await this.client.replaceMessage(chatId, message.id, messageInputOf(message)));
+  }
+
+  /** Keeps this path as the chat's, the most recently used, within the memory's bound. */
+  private remember(chatId: string, ids: string[], bodies: Map<string, string>): void {
+    this.forget(chatId);
+    let chars = 0;
+    for (const [id, body] of bodies) chars += id.length + body.length;
+    if (chars > this.memoryChars) return;
+    this.seen.set(chatId, { ids, bodies, chars });
+    this.seenChars += chars;
+    for (const [oldest, dropped] of this.seen) {
+      if (this.seenChars <= this.memoryChars) break;
+      this.seen.delete(oldest);
+      this.seenChars -= dropped.chars;
+    }
+  }
+
+  private forget(chatId: string): void {
+    const dropped = this.seen.get(chatId);
+    if (dropped === undefined) return;
+    this.seen.delete(chatId);
+    this.seenChars -= dropped.chars;
   }
 }
 
@@ -228,16 +306,26 @@ function uiMessageOf(stored: StoredMessage): UIMessage {
   return message;
 }
 
+/** The path of stored messages, root first, as a save compares with it. */
+function seenPath(stored: StoredMessage[]): SeenPath {
+  return { ids: stored.map((m) => m.id), bodies: new Map(stored.map((m) => [m.id, bodyOf(m)])), chars: 0 };
+}
+
+/** A stored message's JSON without the store's times. */
+function bodyOf(stored: StoredMessage): string {
+  const { createdAt: _created, updatedAt: _updated, ...fields } = stored;
+  return JSON.stringify(fields);
+}
+
 /**
- * Whether a stored message holds what `message` would store: equal JSON once the store's
- * times are set aside and `message` is cleaned as the server cleans a write (OpenAI's
+ * Whether the stored message whose JSON (without the store's times) is `body` holds what
+ * `message` would store: equal JSON once `message` is cleaned as the server cleans a write (OpenAI's
  * `itemId` and `reasoningEncryptedContent` provider metadata and blank reasoning parts are not
  * stored), so a message read back and saved again is not rewritten.
  */
-function sameContent(message: UIMessage, stored: StoredMessage): boolean {
-  const { createdAt: _created, updatedAt: _updated, ...fields } = stored;
+function sameContent(message: UIMessage, body: string): boolean {
   // The common case first: the message as it was read back, keys in the stored order.
-  return JSON.stringify(message) === JSON.stringify(fields) || jsonEqual(storedForm(message), fields as Json);
+  return JSON.stringify(message) === body || jsonEqual(storedForm(message), JSON.parse(body) as Json);
 }
 
 function storedForm(message: UIMessage): Json {

@@ -31,16 +31,19 @@ after(() => fake.close());
 
 const store = () => new SessiondbChatStore({ client: shared.client });
 
-/** A store whose client records each request it sends, as `METHOD path-after-the-session`. */
-function countingStore() {
+/**
+ * A store whose client records each request it sends, as `METHOD path-after-the-session`
+ * (`GET session` for the session itself).
+ */
+function countingStore(options = {}) {
   const client = new Client({ baseUrl: shared.client.baseUrl });
   const sent = [];
   const open = client.open.bind(client);
   client.open = (method, path, ...rest) => {
-    sent.push(`${method} ${path.split('/').slice(4).join('/')}`);
+    sent.push(`${method} ${path.split('/').slice(4).join('/') || 'session'}`);
     return open(method, path, ...rest);
   };
-  return { chats: new SessiondbChatStore({ client }), sent };
+  return { chats: new SessiondbChatStore({ client, ...options }), sent };
 }
 const newChat = () => `ai-sdk-chat-${++chats}`;
 const user = (id, text) => ({ id, role: 'user', parts: [{ type: 'text', text }] });
@@ -89,8 +92,9 @@ test('answers streamed by the AI SDK are saved in onFinish and load back exactly
   const history = await chats.loadChat(chatId);
   sent.length = 0;
   const second = await respond(chats, chatId, [...history, user('u2', 'Capital of France?')]);
-  // The save read the stored path and wrote the turn's two messages in one batch.
-  assert.deepEqual(sent, ['GET history', 'POST messages/batch']);
+  // The save compared with what the load read (the session showed no write since) and wrote
+  // the turn's two messages in one batch.
+  assert.deepEqual(sent, ['GET session', 'POST messages/batch']);
   const loaded = await chats.loadChat(chatId);
   assert.deepEqual(loaded, second);
   assert.equal(loaded.length, 4);
@@ -176,7 +180,7 @@ test('an answer continued under the same id is replaced, not appended', async ()
   const continued = { ...answer, parts: [...answer.parts, { type: 'step-start' }, { type: 'text', text: 'Done.' }] };
   sent.length = 0;
   await chats.saveChat({ chatId, messages: [user('u1', 'Q'), continued] });
-  assert.deepEqual(sent, ['GET history', 'PUT messages/a1']);
+  assert.deepEqual(sent, ['GET session', 'PUT messages/a1']);
   assert.deepEqual(await chats.loadChat(chatId), [user('u1', 'Q'), continued]);
   assert.equal((await shared.client.getSession(chatId)).messageCount, 2);
 });
@@ -205,7 +209,7 @@ test('saving what was loaded writes nothing, OpenAI item ids included', async ()
   await chats.saveChat({ chatId, messages: loaded });
   // The client's own copy, ids and blank reasoning still in it, is the same chat too.
   await chats.saveChat({ chatId, messages: [user('u1', 'Q'), answer] });
-  assert.deepEqual(sent, ['GET history', 'GET history']);
+  assert.deepEqual(sent, ['GET session', 'GET session']);
   const afterwards = await shared.client.getSession(chatId);
   assert.equal(afterwards.updatedAt, before.updatedAt);
   assert.equal(afterwards.messageCount, 2);
@@ -261,7 +265,7 @@ test('chats are created, listed per user, renamed and deleted', async () => {
 });
 
 test('a compacted chat loads its summary for the model, the stored messages on request', async () => {
-  const { chats, sent } = countingStore();
+  const chats = store();
   const chatId = newChat();
   const messages = [];
   for (let i = 1; i <= 3; i++) {
@@ -277,16 +281,66 @@ test('a compacted chat loads its summary for the model, the stored messages on r
   assert.deepEqual(await chats.loadChat(chatId, { compacted: false }), messages);
   await assert.rejects(chats.loadChat(chatId, { compacted: false, leaf: 'a1' }), (error) => error.code === 'invalid_request');
 
-  // A route that answers from the compacted chat saves it back: only the new messages are
-  // written, after the stored path is read page by page (its history holds the summary).
+  // A route (in another process: nothing remembered) that answers from the compacted chat
+  // saves it back: only the new messages are written, after the stored path is read page by
+  // page (its history holds the summary).
+  const elsewhere = countingStore();
   fake.reply('answer 4');
-  sent.length = 0;
-  const updated = await respond(chats, chatId, [...compacted, user('u4', 'question 4')]);
-  assert.deepEqual(sent, ['GET history', 'GET messages', 'POST messages/batch']);
+  const updated = await respond(elsewhere.chats, chatId, [...compacted, user('u4', 'question 4')]);
+  assert.deepEqual(elsewhere.sent, ['GET history', 'GET messages', 'POST messages/batch']);
   assert.deepEqual(texts(updated).slice(-2), ['question 4', 'answer 4']);
   const stored = await chats.loadChat(chatId, { compacted: false });
   assert.deepEqual(stored.map((m) => m.id), [...messages.map((m) => m.id), 'u4', updated.at(-1).id]);
   assert.deepEqual((await chats.loadChat(chatId)).map((m) => m.id).slice(1), ['u3', 'a3', 'u4', updated.at(-1).id]);
+});
+
+test('a save reads the chat again once another writer moved it, and keeps edits it did not make', async () => {
+  const { chats, sent } = countingStore();
+  const chatId = newChat();
+  const answer = (id, text) => ({ id, role: 'assistant', parts: [{ type: 'text', text }] });
+  const first = [user('u1', 'Q1'), answer('a1', 'A1')];
+  await chats.saveChat({ chatId, messages: first });
+
+  // Another writer appends: the session's leaf moved, so the save reads the chat again and
+  // the caller's turn becomes the chat, beside the other writer's message.
+  await shared.client.append(chatId, answer('x1', 'from elsewhere'));
+  sent.length = 0;
+  const second = [...first, user('u2', 'Q2'), answer('a2', 'A2')];
+  await chats.saveChat({ chatId, messages: second });
+  assert.deepEqual(sent, ['GET session', 'GET history', 'POST messages/batch']);
+  assert.deepEqual(await chats.loadChat(chatId), second);
+  assert.deepEqual((await chats.alternatives(chatId, 'u2')).map((m) => m.id), ['x1', 'u2']);
+
+  // Another writer edits an earlier message: leaf and count stay, the save compares with what
+  // this store last wrote, and the edit it did not make stays.
+  await shared.client.replaceMessage(chatId, 'u1', user('u1', 'Q1, edited elsewhere'));
+  sent.length = 0;
+  await chats.saveChat({ chatId, messages: [...second, user('u3', 'Q3')] });
+  assert.deepEqual(sent, ['GET session', 'POST messages/batch']);
+  assert.deepEqual(texts(await chats.loadChat(chatId)), ['Q1, edited elsewhere', 'A1', 'Q2', 'A2', 'Q3']);
+
+  // A deleted chat is not compared with what this store remembers of it.
+  await shared.client.deleteSession(chatId);
+  sent.length = 0;
+  await chats.saveChat({ chatId, messages: first });
+  assert.deepEqual(sent, ['GET session', 'GET history', 'POST messages/batch']);
+  assert.deepEqual(await chats.loadChat(chatId), first);
+
+  // Without memory every save reads the chat.
+  const { chats: forgetful, sent: read } = countingStore({ memoryChars: 0 });
+  await forgetful.loadChat(chatId);
+  await forgetful.saveChat({ chatId, messages: [...first, user('u4', 'Q4')] });
+  assert.deepEqual(read, ['GET history', 'GET history', 'POST messages/batch']);
+
+  // Memory for one of these chats (~200 and ~135 characters): loading the second drops the first.
+  const other = newChat();
+  await chats.saveChat({ chatId: other, messages: first });
+  const { chats: small, sent: smallSent } = countingStore({ memoryChars: 300 });
+  const [a, b] = [await small.loadChat(chatId), await small.loadChat(other)];
+  smallSent.length = 0;
+  await small.saveChat({ chatId: other, messages: [...b, user('u5', 'Q5')] });
+  await small.saveChat({ chatId, messages: [...a, user('u5', 'Q5')] });
+  assert.deepEqual(smallSent, ['GET session', 'POST messages/batch', 'GET history', 'POST messages/batch']);
 });
 
 test("the README's route runs as written", async () => {
