@@ -30,13 +30,14 @@ export interface SessiondbChatStoreOptions {
   memoryChars?: number;
 }
 
-/**
- * A chat's active path as this store last read or wrote it: ids in order, the JSON of each
- * (without the store's times), and the characters it holds (0 until remembered).
- */
-interface SeenPath {
+/** A chat's active path: its ids in order and the JSON of each (without the store's times). */
+interface ChatPath {
   ids: string[];
   bodies: Map<string, string>;
+}
+
+/** A path as this store last read or wrote it, and the characters it holds in memory. */
+interface SeenPath extends ChatPath {
   chars: number;
 }
 
@@ -104,7 +105,7 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
     }
     // The active path as stored (no summary standing in it) is what the next save compares with.
     if (options.leaf === undefined && !stored.some(isSummary)) {
-      const path = seenPath(stored);
+      const path = chatPath(stored);
       this.remember(chatId, path.ids, path.bodies);
     }
     return stored.filter((m) => UI_ROLES.has(m.role)).map((m) => uiMessageOf(m) as MESSAGE);
@@ -114,11 +115,11 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
    * Stores `messages` as the chat's conversation (the chat is created if needed). Messages the
    * chat has on its active path are replaced where their content differs (an answer continued
    * after a tool result, an edited question) from the chat as this store last read or wrote it,
-   * while no write elsewhere has appended to or cut the chat since, else from the chat as stored
-   * (so a save right after a load reads nothing more); from the first message it lacks on, the rest are
-   * appended in one write, all or none, after the message before it, so a regenerated answer
-   * or the answer to an edited question becomes the active branch and the one it replaces stays
-   * beside it. Nothing is deleted: stored messages missing from `messages` stay where they are.
+   * while no write elsewhere has appended to or cut the chat since, else from the chat as
+   * stored (so a save right after a load reads nothing more). From the first message it lacks
+   * on, the rest are appended in one write, all or none, after the message before it, so a
+   * regenerated answer or the answer to an edited question becomes the active branch and the
+   * one it replaces stays beside it. Nothing is deleted: stored messages missing from `messages` stay where they are.
    * Compaction summaries in `messages` (from a compacted `loadChat`) are passed over.
    */
   async saveChat({ chatId, messages }: { chatId: string; messages: MESSAGE[] }): Promise<void> {
@@ -199,7 +200,7 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
    * the chat has been compacted (a summary stands in it); then the stored messages are read
    * page after page.
    */
-  private async pathToCompare(chatId: string): Promise<SeenPath> {
+  private async pathToCompare(chatId: string): Promise<ChatPath> {
     const seen = this.seen.get(chatId);
     if (seen !== undefined) {
       const session = await this.client.getSession(chatId).catch((error) => {
@@ -214,10 +215,10 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
     }
     const stored: StoredMessage[] = [];
     for await (const message of this.client.history(chatId)) {
-      if (isSummary(message)) return seenPath(await this.storedPages(chatId));
+      if (isSummary(message)) return chatPath(await this.storedPages(chatId));
       stored.push(message);
     }
-    return seenPath(stored);
+    return chatPath(stored);
   }
 
   private async storedPages(chatId: string): Promise<StoredMessage[]> {
@@ -307,8 +308,8 @@ function uiMessageOf(stored: StoredMessage): UIMessage {
 }
 
 /** The path of stored messages, root first, as a save compares with it. */
-function seenPath(stored: StoredMessage[]): SeenPath {
-  return { ids: stored.map((m) => m.id), bodies: new Map(stored.map((m) => [m.id, bodyOf(m)])), chars: 0 };
+function chatPath(stored: StoredMessage[]): ChatPath {
+  return { ids: stored.map((m) => m.id), bodies: new Map(stored.map((m) => [m.id, bodyOf(m)])) };
 }
 
 /** A stored message's JSON without the store's times. */
