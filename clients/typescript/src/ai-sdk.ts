@@ -15,6 +15,8 @@ import { Client, type Json, type MessageInput, SessiondbError, type StoredMessag
 
 /** Roles a `UIMessage` has; stored messages of other roles (other clients' tool rows) are left out on load. */
 const UI_ROLES = new Set(['system', 'user', 'assistant']);
+/** The state key holding a chat's resumable stream id. */
+export const ACTIVE_STREAM_KEY = 'aiSdkActiveStreamId';
 /** Ids of the messages that stand for compactions in a compacted read. */
 const COMPACTION_PREFIX = 'compaction_';
 /** Most messages `GET …/messages` gives in one page. */
@@ -164,6 +166,33 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
         updatedAt: session.updatedAt,
         messageCount: session.messageCount,
       };
+    }
+  }
+
+  /**
+   * The id of the chat's stream in progress, for the AI SDK's stream resumption (`useChat({
+   * resume: true })` and `resumable-stream`): what the GET route resumes, `null` when none.
+   */
+  async activeStreamId(chatId: string): Promise<string | null> {
+    try {
+      const value = await this.client.getState(chatId, ACTIVE_STREAM_KEY);
+      return typeof value === 'string' ? value : null;
+    } catch (error) {
+      if (error instanceof SessiondbError && error.code === 'not_found') return null;
+      throw error;
+    }
+  }
+
+  /**
+   * Sets the chat's stream in progress (when the POST route starts one), or clears it (`null`,
+   * when the stream is finished). The id is kept in the chat's state (`aiSdkActiveStreamId`).
+   */
+  async setActiveStreamId(chatId: string, streamId: string | null): Promise<void> {
+    if (streamId !== null) return this.client.putState(chatId, ACTIVE_STREAM_KEY, streamId);
+    try {
+      await this.client.deleteState(chatId, ACTIVE_STREAM_KEY);
+    } catch (error) {
+      if (!(error instanceof SessiondbError && error.code === 'not_found')) throw error;
     }
   }
 

@@ -343,6 +343,27 @@ test('a save reads the chat again once another writer moved it, and keeps edits 
   assert.deepEqual(smallSent, ['GET session', 'POST messages/batch', 'GET history', 'POST messages/batch']);
 });
 
+test("a chat's stream in progress is kept for resumption and cleared when it ends", async () => {
+  const chats = store();
+  const chatId = newChat();
+  assert.equal(await chats.activeStreamId(chatId), null);
+  await chats.setActiveStreamId(chatId, null);
+  // A route may start the stream before anything of the chat is stored.
+  await chats.setActiveStreamId(chatId, 'stream-0');
+  assert.equal(await chats.activeStreamId(chatId), 'stream-0');
+  await chats.saveChat({ chatId, messages: [user('u1', 'Q')] });
+  await chats.setActiveStreamId(chatId, 'stream-1');
+  assert.equal(await chats.activeStreamId(chatId), 'stream-1');
+  assert.equal(await new SessiondbChatStore({ client: shared.client }).activeStreamId(chatId), 'stream-1');
+  await chats.setActiveStreamId(chatId, 'stream-2');
+  assert.equal(await chats.activeStreamId(chatId), 'stream-2');
+  await chats.setActiveStreamId(chatId, null);
+  assert.equal(await chats.activeStreamId(chatId), null);
+  await chats.setActiveStreamId(chatId, null);
+  // The stream id is state, not a message.
+  assert.deepEqual(texts(await chats.loadChat(chatId)), ['Q']);
+});
+
 test("the README's route runs as written", async () => {
   const readme = readFileSync(new URL('../../../README.md', import.meta.url), 'utf8');
   const block = readme.split('<!-- ai-sdk-example -->\n```ts\n')[1].split('```')[0];
