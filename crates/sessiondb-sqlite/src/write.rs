@@ -40,36 +40,6 @@ const OFF_PAGE_SLICE_BYTES: usize = 950;
 /// hundred KB is not hundreds of rows to read.
 const OFF_PAGE_SMALL_SLICES_UP_TO: usize = 16 * 1024;
 
-/// Where a message's JSON is stored: on its `messages` row when the row fits on its page (the
-/// text, no continuation slices); else the row keeps no text and all of it goes to continuation
-/// slices in `message_chunks`, a rowid table, which keeps its rows on its pages side by side.
-/// Migration 12 moves older rows by the same bound (rows written before with continuation
-/// slices keep their layout: readers take both).
-fn placed_text<'a>(
-    key: &SessionKey,
-    id: &str,
-    parent_id: Option<&str>,
-    role: &str,
-    json: &'a str,
-) -> (&'a str, Vec<&'a str>) {
-    let row = json.len()
-        + key.namespace.len()
-        + key.session_id.len()
-        + id.len()
-        + parent_id.map_or(0, str::len)
-        + role.len()
-        + ROW_FIXED_BYTES;
-    if row <= MAX_ROW_ON_PAGE {
-        return (json, Vec::new());
-    }
-    let slice = if json.len() <= OFF_PAGE_SMALL_SLICES_UP_TO {
-        OFF_PAGE_SLICE_BYTES
-    } else {
-        MAX_SLICE_BYTES
-    };
-    ("", split_slices(json, slice))
-}
-
 /// Runs one statement with a parameter list.
 fn exec(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) -> Result<usize> {
     conn.prepare_cached(sql)
@@ -282,13 +252,8 @@ impl WriteTx for SqliteTx<'_> {
                 ..PathTotals::default()
             }),
         };
-        let (on_row, slices) = placed_text(
-            self.key,
-            &message.id,
-            stored.parent_id.as_deref(),
-            &message.role,
-            stored.json(),
-        );
+        let (on_row, slices) =
+            self.placed_text(message, stored.parent_id.as_deref(), stored.json());
         exec(
             self.conn,
             "INSERT INTO messages (namespace, session_id, seq, id, parent_id, parent_seq, role,
@@ -369,13 +334,8 @@ impl WriteTx for SqliteTx<'_> {
         message: &PreparedMessage,
         stored: &StoredMessage,
     ) -> Result<()> {
-        let (on_row, slices) = placed_text(
-            self.key,
-            &message.id,
-            current.parent_id.as_deref(),
-            &message.role,
-            stored.json(),
-        );
+        let (on_row, slices) =
+            self.placed_text(message, current.parent_id.as_deref(), stored.json());
         let chunks = slices.len() as i64;
         exec(
             self.conn,
@@ -555,6 +515,35 @@ impl SqliteTx<'_> {
             ],
         )?;
         Ok(Some(walked))
+    }
+
+    /// Where a message's JSON is stored: on its `messages` row when the row fits on its page
+    /// (the text, no continuation slices); else the row keeps no text and all of it goes to
+    /// continuation slices in `message_chunks`, a rowid table, which keeps its rows on its pages
+    /// side by side. Migration 12 moves older rows by the same bound (rows written before with
+    /// continuation slices keep their layout: readers take both).
+    fn placed_text<'j>(
+        &self,
+        message: &PreparedMessage,
+        parent_id: Option<&str>,
+        json: &'j str,
+    ) -> (&'j str, Vec<&'j str>) {
+        let row = json.len()
+            + self.key.namespace.len()
+            + self.key.session_id.len()
+            + message.id.len()
+            + parent_id.map_or(0, str::len)
+            + message.role.len()
+            + ROW_FIXED_BYTES;
+        if row <= MAX_ROW_ON_PAGE {
+            return (json, Vec::new());
+        }
+        let slice = if json.len() <= OFF_PAGE_SMALL_SLICES_UP_TO {
+            OFF_PAGE_SLICE_BYTES
+        } else {
+            MAX_SLICE_BYTES
+        };
+        ("", split_slices(json, slice))
     }
 
     /// Writes continuation slices 1, 2, … of message `id`.
