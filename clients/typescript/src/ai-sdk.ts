@@ -106,10 +106,7 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
       for await (const message of this.client.history(chatId, { leaf: options.leaf })) stored.push(message);
     }
     // The active path as stored (no summary standing in it) is what the next save compares with.
-    if (options.leaf === undefined && !stored.some(isSummary)) {
-      const path = chatPath(stored);
-      this.remember(chatId, path.ids, path.bodies);
-    }
+    if (options.leaf === undefined && !stored.some(isSummary)) this.remember(chatId, chatPath(stored));
     return stored.filter((m) => UI_ROLES.has(m.role)).map((m) => uiMessageOf(m) as MESSAGE);
   }
 
@@ -134,7 +131,7 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
       if (!sameContent(message, body)) path.bodies.set(message.id, await this.replace(chatId, message));
       known++;
     }
-    if (known === given.length) return this.remember(chatId, path.ids, path.bodies);
+    if (known === given.length) return this.remember(chatId, path);
     const tail = given.slice(known);
     const parentId = known === 0 ? '' : given[known - 1].id;
     const answered = await this.client.appendBatch(chatId, tail.map(messageInputOf), { parentId });
@@ -150,7 +147,7 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
     // New messages of one write share its time; when the tail met stored ones, where the active
     // path now runs is the server's to say, and the next save reads it.
     const appendedAt = answered[answered.length - 1].createdAt;
-    if (answered.every((stored) => stored.createdAt === appendedAt)) this.remember(chatId, ids, bodies);
+    if (answered.every((stored) => stored.createdAt === appendedAt)) this.remember(chatId, { ids, bodies });
     else this.forget(chatId);
   }
 
@@ -267,12 +264,12 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
   }
 
   /** Keeps this path as the chat's, the most recently used, within the memory's bound. */
-  private remember(chatId: string, ids: string[], bodies: Map<string, string>): void {
+  private remember(chatId: string, path: ChatPath): void {
     this.forget(chatId);
     let chars = 0;
-    for (const [id, body] of bodies) chars += id.length + body.length;
+    for (const [id, body] of path.bodies) chars += id.length + body.length;
     if (chars > this.memoryChars) return;
-    this.seen.set(chatId, { ids, bodies, chars });
+    this.seen.set(chatId, { ids: path.ids, bodies: path.bodies, chars });
     this.seenChars += chars;
     for (const [oldest, dropped] of this.seen) {
       if (this.seenChars <= this.memoryChars) break;
