@@ -4,6 +4,7 @@
 
 mod backups;
 mod listing;
+mod retention;
 mod serve;
 mod transfer;
 mod tree;
@@ -82,8 +83,15 @@ enum Command {
     /// Copy the whole store into a new directory, which then opens as a store of its own (a
     /// consistent snapshot; the directory must not hold a database yet).
     Backup { destination: PathBuf },
-    /// Delete a session with its messages, compactions, state and context (there is no undo).
-    Delete { session: String },
+    /// Delete a session with its messages, compactions, state and context (there is no undo);
+    /// with `--idle-for` instead, every session of the namespace not written for that long.
+    Delete {
+        #[arg(required_unless_present = "idle_for", conflicts_with = "idle_for")]
+        session: Option<String>,
+        /// Not written (`updatedAt`) for this long: a number and s, m, h or d, as in `30d`.
+        #[arg(long, value_parser = backups::parse_interval)]
+        idle_for: Option<std::time::Duration>,
+    },
     /// List the namespace's sessions as NDJSON, most recent first (the objects
     /// `GET /v1/sessions` pages through).
     Sessions {
@@ -324,11 +332,24 @@ async fn run(
             let copy = db.store().backup(&destination)?;
             writeln!(out, "{}", copy.display())?;
         }
-        Command::Delete { session: sid } => {
+        Command::Delete {
+            session: Some(sid), ..
+        } => {
             if !session(&sid)?.delete_session().await? {
                 bail!("no session {sid}");
             }
             writeln!(out, "deleted {sid}")?;
+        }
+        Command::Delete {
+            session: None,
+            idle_for,
+        } => {
+            let idle_for = idle_for.context("a session or --idle-for")?;
+            let cutoff = retention::cutoff_ms(idle_for);
+            let deleted = db
+                .delete_sessions_updated_before(&namespace, cutoff)
+                .await?;
+            writeln!(out, "deleted {deleted} idle sessions")?;
         }
         Command::Serve(_)
         | Command::Migrate { .. }

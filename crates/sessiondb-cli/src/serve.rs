@@ -19,6 +19,7 @@ use sessiondb_server::{App, Limits, Metrics, ServerConfig};
 use sessiondb_summarizers::{AnthropicSummarizer, ModelConfig, OpenAiSummarizer};
 
 use crate::backups::{self, BackupPlan, BackupStats};
+use crate::retention::{self, RetentionStats};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 
@@ -80,6 +81,11 @@ pub struct ServeArgs {
     /// [default: 7].
     #[arg(long, env = "SESSIONDB_BACKUP_KEEP")]
     backup_keep: Option<usize>,
+    /// Delete sessions not written for this long (a number and s, m, h or d, as in `30d`),
+    /// with everything in them, in every namespace of the keys; looked for at start and then
+    /// every tenth of that time (1 s to 1 h) [default: sessions are kept].
+    #[arg(long, env = "SESSIONDB_DELETE_IDLE_AFTER")]
+    delete_idle_after: Option<String>,
     /// Log filter: a level (`info`) or `target=level` pairs [default: info].
     #[arg(long, env = "SESSIONDB_LOG")]
     log: Option<String>,
@@ -118,6 +124,7 @@ struct FileConfig {
     backup_dir: Option<PathBuf>,
     backup_every: Option<String>,
     backup_keep: Option<usize>,
+    delete_idle_after: Option<String>,
     log: Option<String>,
     #[serde(default)]
     keys: HashMap<String, String>,
@@ -219,6 +226,8 @@ pub struct Resolved {
     pub row_cache_bytes: usize,
     pub max_database_bytes: Option<u64>,
     pub backups: Option<BackupPlan>,
+    /// Sessions not written for this long are deleted.
+    pub delete_idle_after: Option<std::time::Duration>,
     pub log: String,
     pub server: ServerConfig,
     pub summarizer: SummarizerChoice,
@@ -249,6 +258,12 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
     }
     let summarizer = summarizer_choice(&args, std::mem::take(&mut file.summarizer))?;
     let backups = backup_plan(&args, &file)?;
+    let delete_idle_after = args
+        .delete_idle_after
+        .as_ref()
+        .or(file.delete_idle_after.as_ref())
+        .map(|text| backups::parse_interval(text).context("--delete-idle-after"))
+        .transpose()?;
     let defaults = Limits::default();
     let limits = Limits {
         max_body_bytes: args
@@ -308,6 +323,7 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
             .or(file.max_database_mib)
             .map(|mib| mib.saturating_mul(1 << 20)),
         backups,
+        delete_idle_after,
         log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
         server: ServerConfig { api_keys, limits },
         summarizer,
@@ -353,11 +369,12 @@ fn init_logging(filter: &str) -> anyhow::Result<()> {
         .context("installing the logger")
 }
 
-/// Group-commit numbers of the embedded store, and its backups when they are on, for
-/// `/metrics`.
+/// Group-commit numbers of the embedded store, and its backups and idle-session deletes when
+/// they are on, for `/metrics`.
 fn sqlite_metrics(
     store: &SqliteStore,
     backups: Option<Arc<BackupStats>>,
+    retention: Option<Arc<RetentionStats>>,
 ) -> sessiondb_server::BackendMetrics {
     let stats = store.write_stats();
     Box::new(move |out: &mut String| {
@@ -413,6 +430,9 @@ fn sqlite_metrics(
                 backups.last_written_unix.load(Relaxed)
             );
         }
+        if let Some(retention) = &retention {
+            retention.write_metrics(out);
+        }
     })
 }
 
@@ -455,6 +475,10 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
         .context("starting the runtime")?;
     runtime.block_on(async move {
         let requests = backups::Requests::listen()?;
+        let retention = config
+            .delete_idle_after
+            .map(|idle_after| (idle_after, Arc::<RetentionStats>::default()));
+        let retention_stats = retention.as_ref().map(|(_, stats)| stats.clone());
         match &config.backend {
             Backend::Embedded { data } => {
                 let store = open_store(data, &config)?;
@@ -462,8 +486,9 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
                     .backups
                     .map(|plan| (plan, Arc::<BackupStats>::default()));
                 let stats = scheduled.as_ref().map(|(_, stats)| stats.clone());
-                let metrics = Metrics::with_backend(sqlite_metrics(&store, stats));
+                let metrics = Metrics::with_backend(sqlite_metrics(&store, stats, retention_stats));
                 let app = App::new(Db::with_options(store, options), config.server, metrics);
+                retention::start(&app, retention);
                 match scheduled {
                     Some((plan, stats)) => {
                         tracing::info!(dir = %plan.dir.display(), "backups on");
@@ -492,11 +517,14 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
                 let store = PgStore::connect_with(url, pg)
                     .await
                     .context("connecting to PostgreSQL")?;
-                let app = App::new(
-                    Db::with_options(store, options),
-                    config.server,
-                    Metrics::default(),
-                );
+                let metrics = match retention_stats {
+                    Some(stats) => Metrics::with_backend(Box::new(move |out: &mut String| {
+                        stats.write_metrics(out);
+                    })),
+                    None => Metrics::default(),
+                };
+                let app = App::new(Db::with_options(store, options), config.server, metrics);
+                retention::start(&app, retention);
                 listen(config.listen, app, "postgres").await
             }
         }
@@ -636,6 +664,28 @@ mod tests {
         assert!(resolved(&["--synchronous", "sometimes"], None).is_err());
         std::fs::write(&file, "unknown = 1\n").unwrap();
         assert!(resolved(&["--config", path], None).is_err());
+    }
+
+    #[test]
+    fn idle_sessions_are_kept_unless_a_time_is_configured_by_flag_or_file() {
+        assert_eq!(resolved(&[], None).unwrap().delete_idle_after, None);
+        let r = resolved(&["--delete-idle-after", "30d"], None).unwrap();
+        assert_eq!(r.delete_idle_after, Some(Duration::from_secs(30 * 86_400)));
+        let (_dir, file) = config_file("delete_idle_after = \"12h\"\n");
+        let path = file.to_str().unwrap();
+        let r = resolved(&["--config", path], None).unwrap();
+        assert_eq!(r.delete_idle_after, Some(Duration::from_secs(12 * 3_600)));
+        let r = resolved(&["--config", path, "--delete-idle-after", "90s"], None).unwrap();
+        assert_eq!(r.delete_idle_after, Some(Duration::from_secs(90)));
+        for refused in ["0d", "30", "soon", "-1h"] {
+            assert!(
+                resolved(&["--delete-idle-after", refused], None).is_err(),
+                "{refused} was accepted"
+            );
+        }
+        // A tenth of the time, between a second and an hour.
+        let every = |seconds| retention::sweep_every(Duration::from_secs(seconds)).as_secs();
+        assert_eq!([every(2), every(600), every(30 * 86_400)], [1, 60, 3_600]);
     }
 
     #[test]

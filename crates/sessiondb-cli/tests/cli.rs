@@ -219,6 +219,31 @@ fn delete_removes_a_session_and_refuses_a_missing_one() {
     );
 }
 
+/// `delete --idle-for` removes the namespace's sessions not written for that long and keeps
+/// the rest; it takes a session or the option, not both.
+#[test]
+fn delete_idle_for_removes_only_sessions_not_written_for_that_long() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    ok(data, &["append", "old", "--text", "hello"], None);
+    std::thread::sleep(std::time::Duration::from_millis(1_200));
+    ok(data, &["append", "new", "--text", "hello"], None);
+    let deleted = ok(data, &["delete", "--idle-for", "1s"], None);
+    assert_eq!(deleted, "deleted 1 idle sessions\n");
+    let listed = ok(data, &["sessions"], None);
+    assert_eq!(listed.lines().count(), 1, "{listed}");
+    assert!(listed.contains("\"new\""));
+    assert_eq!(ok(data, &["history", "old"], None), "");
+    for refused in [
+        &["delete"][..],
+        &["delete", "new", "--idle-for", "1s"],
+        &["delete", "--idle-for", "0s"],
+    ] {
+        assert!(!run(data, refused, None).status.success(), "{refused:?}");
+    }
+    assert_eq!(ok(data, &["history", "new"], None).lines().count(), 1);
+}
+
 /// The README's command-line examples run as written, one after another on one data
 /// directory (the one against a server, `--url`, is covered by `serve.rs`).
 #[test]

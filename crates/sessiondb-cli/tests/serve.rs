@@ -203,6 +203,74 @@ async fn ids_in(store: &Path, session: &str) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_idle_longer_than_configured_are_deleted_in_every_namespace() {
+    let dir = free_dir();
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--api-key",
+            "ka=a",
+            "--api-key",
+            "kb=b",
+            "--delete-idle-after",
+            "2s",
+        ],
+        &[],
+    );
+    let client = reqwest::Client::new();
+    let base = served.base.clone();
+    let append = |key: &'static str, session: &str, id: String| {
+        client
+            .post(format!("{base}/v1/sessions/{session}/messages"))
+            .bearer_auth(key)
+            .json(&json!({"id": id, "role": "user", "content": "x"}))
+            .send()
+    };
+    let status = |key: &'static str, session: &str| {
+        let request = client
+            .get(format!("{base}/v1/sessions/{session}"))
+            .bearer_auth(key)
+            .send();
+        async move { request.await.unwrap().status().as_u16() }
+    };
+    for key in ["ka", "kb"] {
+        assert_eq!(append(key, "idle", "m".into()).await.unwrap().status(), 201);
+    }
+    // `busy` is written every 200 ms, far more often than every 2 s; sweeps run every second.
+    let mut written = 0;
+    while status("ka", "idle").await == 200 || status("kb", "idle").await == 200 {
+        assert!(written < 100, "the idle sessions outlived 20 s");
+        let response = append("ka", "busy", format!("b{written}")).await.unwrap();
+        assert_eq!(response.status(), 201);
+        written += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        written >= 8,
+        "deleted after {written} turns, before the 2 s were up"
+    );
+    let busy = client
+        .get(format!("{base}/v1/sessions/busy"))
+        .bearer_auth("ka")
+        .send()
+        .await
+        .unwrap();
+    let busy: Value = busy.json().await.unwrap();
+    assert_eq!(busy["messageCount"], written);
+    assert_eq!(
+        metric(&base, "sessiondb_idle_sessions_deleted_total").await,
+        2
+    );
+    assert_eq!(
+        metric(&base, "sessiondb_idle_sweep_failures_total").await,
+        0
+    );
+    assert!(served.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backups_while_serving_on_request_keep_the_newest_and_hold_what_was_acknowledged() {
     let dir = free_dir();
     let backups = dir.path().join("backups");

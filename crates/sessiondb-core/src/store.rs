@@ -110,8 +110,12 @@ pub enum WriteOp {
     PatchSession {
         patch: SessionPatch,
     },
-    /// Removes the session with its messages, compactions and state.
-    DeleteSession,
+    /// Removes the session with its messages, compactions and state. With `updated_before`
+    /// (epoch milliseconds), only a session last written before then: one written since (after
+    /// the caller chose it, say) stays, and nothing is written.
+    DeleteSession {
+        updated_before: Option<i64>,
+    },
     /// Stores a compaction overlay (its ends need not exist: then it never applies).
     AddCompaction {
         compaction: Compaction,

@@ -204,8 +204,13 @@ impl<T: WriteTx> Rules<'_, T> {
                 });
                 WriteOutcome::Existed(true)
             }
-            WriteOp::DeleteSession => {
+            WriteOp::DeleteSession { updated_before } => {
                 let existed = self.session.exists();
+                if updated_before
+                    .is_some_and(|before| !existed || self.session.updated_at >= before)
+                {
+                    return Ok(WriteOutcome::Existed(false));
+                }
                 self.tx.delete_session().await?;
                 *self.session = SessionRow::absent(self.now);
                 if existed {

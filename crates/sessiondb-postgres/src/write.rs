@@ -429,7 +429,7 @@ impl<C: GenericClient> WriteTx for PgTx<'_, C> {
     async fn before_op(&mut self, op: &WriteOp) -> Result<()> {
         if matches!(
             op,
-            WriteOp::Delete { .. } | WriteOp::Clear | WriteOp::DeleteSession
+            WriteOp::Delete { .. } | WriteOp::Clear | WriteOp::DeleteSession { .. }
         ) {
             self.known = None;
         }

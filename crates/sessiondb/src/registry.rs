@@ -108,6 +108,51 @@ impl<S: Store> Db<S> {
         }))
     }
 
+    /// Deletes the namespace's sessions last written (`updatedAt`) before `before_ms` (epoch
+    /// milliseconds), each with everything in it, as [`Session::delete_session`] does; returns
+    /// how many. Sessions go oldest first, a page at a time (the page's deletes commit
+    /// together), and the writer checks each one's time again, so a session written after it
+    /// was listed stays.
+    pub async fn delete_sessions_updated_before(
+        &self,
+        namespace: &str,
+        before_ms: i64,
+    ) -> Result<u64, Error> {
+        const PAGE: usize = 100;
+        let mut deleted = 0;
+        let mut after = None;
+        loop {
+            let query = SessionQuery {
+                sort: SessionSort::UpdatedAt,
+                descending: false,
+                after: after.take(),
+                user_id: None,
+                limit: PAGE,
+            };
+            let page = self.store.list_sessions(namespace, &query).await?;
+            let idle = page.iter().take_while(|info| info.updated_at < before_ms);
+            let deletes = idle.map(|info| async move {
+                let op = WriteOp::DeleteSession {
+                    updated_before: Some(before_ms),
+                };
+                let outcome = self.session_in(namespace, &info.id)?.write_one(op).await?;
+                Ok::<_, Error>(matches!(outcome, WriteOutcome::Existed(true)))
+            });
+            for outcome in futures::future::join_all(deletes).await {
+                deleted += u64::from(outcome?);
+            }
+            match page.last() {
+                Some(last) if page.len() == PAGE && last.updated_at < before_ms => {
+                    after = Some(SessionCursor {
+                        value: last.updated_at,
+                        id: last.id.clone(),
+                    });
+                }
+                _ => return Ok(deleted),
+            }
+        }
+    }
+
     /// Full-text search across a namespace's sessions (optionally one user's), best first.
     pub async fn search_all(
         &self,
@@ -165,7 +210,10 @@ impl<S: Store> Session<S> {
     /// Removes the session with its messages, compactions and state. Returns whether it existed.
     pub async fn delete_session(&self) -> Result<bool, Error> {
         Ok(matches!(
-            self.write_one(WriteOp::DeleteSession).await?,
+            self.write_one(WriteOp::DeleteSession {
+                updated_before: None,
+            })
+            .await?,
             WriteOutcome::Existed(true)
         ))
     }

@@ -65,6 +65,8 @@ macro_rules! for_each_case {
             conversations::conversations_hold_ten_thousand_messages_by_default,
             conversations::prompt_context_follows_the_summary_convention,
             registry::sessions_are_created_patched_and_deleted,
+            registry::sessions_last_written_before_a_time_are_deleted,
+            registry::a_conditional_delete_keeps_a_session_written_since,
             registry::appending_creates_a_session_with_an_empty_record,
             registry::usage_counters_saturate_instead_of_overflowing,
             registry::nul_characters_stay_in_messages_and_are_refused_in_free_text,

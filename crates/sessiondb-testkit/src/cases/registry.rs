@@ -109,6 +109,91 @@ pub async fn sessions_are_created_patched_and_deleted<S: Store>(db: Db<S>) {
     );
 }
 
+/// More idle sessions than one page of deletes, with everything a session holds; the newest
+/// writes come after the cutoff and stay, as does another namespace.
+pub async fn sessions_last_written_before_a_time_are_deleted<S: Store>(db: Db<S>) {
+    let ids: Vec<String> = (0..130).map(|i| format!("old{i:03}")).collect();
+    for id in &ids {
+        chain(&db_session(&db, id), &["m1", "m2"]).await;
+    }
+    let busy = db_session(&db, "old000");
+    busy.set_state("k", &json!(1)).await.unwrap();
+    let idle = db_session(&db, "old001");
+    idle.set_state("k", &json!(1)).await.unwrap();
+    idle.add_compaction("sum".into(), "m1".into(), "m2".into())
+        .await
+        .unwrap();
+    let elsewhere = db.session_in("other", "old").unwrap();
+    chain(&elsewhere, &["m1"]).await;
+    let last_idle = idle.info().await.unwrap().unwrap().updated_at;
+    // Writes from here on are stamped after the cutoff.
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    let cutoff = last_idle + 1;
+    chain(&db_session(&db, "fresh"), &["m1"]).await;
+    chain(&busy, &["m3"]).await;
+
+    let mut sub = db.subscribe(FeedFilter::All);
+    let deleted = db.delete_sessions_updated_before("", cutoff).await.unwrap();
+    assert_eq!(deleted, 129);
+    let names = event_names(&drain(&mut sub));
+    assert_eq!(names, vec!["session"; 129]);
+    let left = db
+        .list_sessions("", &SessionListing::default())
+        .await
+        .unwrap();
+    let mut left: Vec<&str> = left.items.iter().map(|i| i.id.as_str()).collect();
+    left.sort_unstable();
+    assert_eq!(left, ["fresh", "old000"]);
+    assert!(idle.info().await.unwrap().is_none());
+    assert!(idle.message("m1").await.unwrap().is_none());
+    assert!(idle.state("k").await.unwrap().is_none());
+    assert!(idle.compactions().await.unwrap().is_empty());
+    assert_eq!(history_ids(&busy, None).await, ["m1", "m2", "m3"]);
+    assert_eq!(busy.state("k").await.unwrap(), Some(json!(1)));
+    assert_eq!(history_ids(&elsewhere, None).await, ["m1"]);
+    assert_eq!(
+        db.delete_sessions_updated_before("", cutoff).await.unwrap(),
+        0
+    );
+}
+
+/// The writer checks the time again: a session written at or after the cutoff (after whoever
+/// chose it listed it) stays, and the request writes nothing.
+pub async fn a_conditional_delete_keeps_a_session_written_since<S: Store>(db: Db<S>) {
+    use sessiondb_core::{WriteOp, WriteOutcome, WriteRequest};
+    let session = db_session(&db, "s");
+    chain(&session, &["m1"]).await;
+    let written = session.info().await.unwrap().unwrap().updated_at;
+    let mut sub = db.subscribe(FeedFilter::All);
+    let delete = |before: i64| WriteRequest {
+        key: session.key().clone(),
+        now_ms: written + 10,
+        ops: vec![WriteOp::DeleteSession {
+            updated_before: Some(before),
+        }],
+        max_messages: None,
+    };
+    let kept = db.store().write(delete(written)).await.unwrap();
+    assert_eq!(kept, [WriteOutcome::Existed(false)]);
+    let info = session.info().await.unwrap().unwrap();
+    assert_eq!(info.updated_at, written, "a kept session is not touched");
+    assert_eq!(history_ids(&session, None).await, ["m1"]);
+    assert!(drain(&mut sub).is_empty());
+    let missing = WriteRequest {
+        key: db_session(&db, "never").key().clone(),
+        ..delete(written + 1)
+    };
+    assert_eq!(
+        db.store().write(missing).await.unwrap(),
+        [WriteOutcome::Existed(false)]
+    );
+    assert!(db_session(&db, "never").info().await.unwrap().is_none());
+    let gone = db.store().write(delete(written + 1)).await.unwrap();
+    assert_eq!(gone, [WriteOutcome::Existed(true)]);
+    assert!(session.info().await.unwrap().is_none());
+    assert_eq!(event_names(&drain(&mut sub)), ["session"]);
+}
+
 pub async fn appending_creates_a_session_with_an_empty_record<S: Store>(db: Db<S>) {
     let s = db_session(&db, "implicit");
     chain(&s, &["a"]).await;
