@@ -110,9 +110,10 @@ impl<S: Store> Db<S> {
 
     /// Deletes the namespace's sessions last written (`updatedAt`) before `before_ms` (epoch
     /// milliseconds), each with everything in it, as [`Session::delete_session`] does; returns
-    /// how many. Sessions go oldest first, a page at a time (the page's deletes commit
-    /// together), and the writer checks each one's time again, so a session written after it
-    /// was listed stays.
+    /// how many. Sessions go oldest first, a page at a time (a page's deletes are issued
+    /// together: on PostgreSQL they run side by side; the embedded writer commits each as it
+    /// comes), and the writer checks each one's time again, so a session written after it was
+    /// listed stays.
     pub async fn delete_sessions_updated_before(
         &self,
         namespace: &str,
