@@ -368,6 +368,61 @@ async fn a_database_outage_answers_503_until_it_passes() {
     assert_eq!(texts, ["before", "after"]);
 }
 
+/// Two instances delete idle sessions from one database side by side: each idle session goes
+/// once (the two counters add up to the sessions deleted), and a session kept busy stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_sweeping_one_database_delete_each_idle_session_once() {
+    let cluster = cluster();
+    let url = cluster.url();
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let sweeping = |dir: &tempfile::TempDir| {
+        let args = [
+            "--database",
+            &url,
+            "--listen",
+            "127.0.0.1:0",
+            "--delete-idle-after",
+            "1s",
+        ];
+        Served::start(dir.path(), &args, &[])
+    };
+    let (a, b) = (sweeping(&dirs[0]), sweeping(&dirs[1]));
+    let http = reqwest::Client::new();
+    for session in ["idle1", "idle2", "idle3"] {
+        assert!(append(&http, &a.base, session, "m").await);
+    }
+    let gone = |session: &'static str| {
+        let request = http.get(format!("{}/v1/sessions/{session}", b.base)).send();
+        async move { request.await.unwrap().status() == 404 }
+    };
+    let mut turns = 0;
+    while !(gone("idle1").await && gone("idle2").await && gone("idle3").await) {
+        assert!(turns < 100, "the idle sessions outlived 20 s");
+        assert!(append(&http, &b.base, "busy", &format!("b{turns}")).await);
+        turns += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(history(&a.base, "busy").await.len(), turns);
+    let deleted = |base: String| async move {
+        let text = common::get_text(&format!("{base}/metrics")).await;
+        let value = |name: &str| -> u64 {
+            let line = text
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(name));
+            line.and_then(|l| l.split_whitespace().nth(1))
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        assert_eq!(value("sessiondb_idle_sweep_failures_total"), 0);
+        value("sessiondb_idle_sessions_deleted_total")
+    };
+    assert_eq!(
+        deleted(a.base.clone()).await + deleted(b.base.clone()).await,
+        3
+    );
+}
+
 /// Random path segments, query values and bodies on every route of the OpenAPI document, sent
 /// to a server on PostgreSQL (whose errors, limits and text rules are its own): 2xx, or a 4xx
 /// with a typed JSON error, never a 5xx, and the server keeps serving.
