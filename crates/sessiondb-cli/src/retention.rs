@@ -1,19 +1,66 @@
 //! Deleting idle sessions while `sessiondb serve` runs (`--delete-idle-after`): a session whose
-//! last write (`updatedAt`) is older than the given time goes, with everything in it, in every
-//! namespace the server's keys act in (the empty namespace without keys).
+//! last write (`updatedAt`) is older than its namespace's time goes, with everything in it. The
+//! plain time applies to every namespace the server's keys act in (the empty namespace without
+//! keys); `NAMESPACE=TIME` sets one namespace's own.
 //!
-//! A sweep runs when the server starts and then every tenth of the idle time (at least every
+//! A sweep runs when the server starts and then every tenth of the shortest time (at least every
 //! second, at most every hour), so a session goes at most that much later than it could. Each
 //! delete checks the session's time again in the writer, so a session written while a sweep
 //! runs stays; several servers on one PostgreSQL database may all sweep.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use anyhow::Context;
+
 use sessiondb::Store;
-use sessiondb_server::App;
+use sessiondb_server::{App, ServerConfig};
+
+/// How long sessions may stay idle: everywhere, and per namespace.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RetentionPlan {
+    /// For every namespace the server serves without a time of its own.
+    pub everywhere: Option<Duration>,
+    pub by_namespace: BTreeMap<String, Duration>,
+}
+
+impl RetentionPlan {
+    pub fn is_on(&self) -> bool {
+        self.everywhere.is_some() || !self.by_namespace.is_empty()
+    }
+
+    /// Adds `TIME` (every namespace) or `NAMESPACE=TIME` (the time before the last `=`).
+    pub fn add(&mut self, text: &str) -> anyhow::Result<()> {
+        match text.rsplit_once('=') {
+            Some((namespace, time)) => {
+                sessiondb::SessionKey::new(namespace, "probe")
+                    .with_context(|| format!("namespace `{namespace}` of `{text}`"))?;
+                let idle = crate::backups::parse_interval(time)?;
+                self.by_namespace.insert(namespace.to_owned(), idle);
+            }
+            None => self.everywhere = Some(crate::backups::parse_interval(text)?),
+        }
+        Ok(())
+    }
+
+    /// Each swept namespace and its time: the keys' namespaces (or the empty one) with the time
+    /// for everywhere, then those named on their own.
+    fn namespaces(&self, server: &ServerConfig) -> BTreeMap<String, Duration> {
+        let mut swept = BTreeMap::new();
+        if let Some(idle) = self.everywhere {
+            if server.api_keys.is_empty() {
+                swept.insert(String::new(), idle);
+            }
+            for namespace in server.api_keys.values() {
+                swept.insert(namespace.clone(), idle);
+            }
+        }
+        swept.extend(self.by_namespace.clone());
+        swept
+    }
+}
 
 /// Counters for `/metrics`.
 #[derive(Debug, Default)]
@@ -55,27 +102,40 @@ pub fn sweep_every(idle_after: Duration) -> Duration {
     (idle_after / 10).clamp(Duration::from_secs(1), Duration::from_secs(3_600))
 }
 
-/// Starts sweeping for sessions idle longer than the plan's time, when there is a plan.
-pub fn start<S: Store>(app: &Arc<App<S>>, plan: Option<(Duration, Arc<RetentionStats>)>) {
-    if let Some((idle_after, stats)) = plan {
-        tracing::info!(?idle_after, "sessions idle longer than this are deleted");
-        tokio::spawn(run(app.clone(), idle_after, stats));
+/// Starts sweeping for idle sessions when the plan deletes any.
+pub fn start<S: Store>(app: &Arc<App<S>>, plan: &RetentionPlan, stats: &Arc<RetentionStats>) {
+    let namespaces = plan.namespaces(&app.config);
+    let Some(shortest) = namespaces.values().min().copied() else {
+        return;
+    };
+    for (namespace, idle_after) in &namespaces {
+        tracing::info!(
+            namespace,
+            ?idle_after,
+            "sessions idle longer than this are deleted"
+        );
     }
+    tokio::spawn(run(
+        app.clone(),
+        namespaces,
+        sweep_every(shortest),
+        stats.clone(),
+    ));
 }
 
 /// Sweeps until the runtime stops.
-async fn run<S: Store>(app: Arc<App<S>>, idle_after: Duration, stats: Arc<RetentionStats>) {
-    let namespaces: BTreeSet<String> = if app.config.api_keys.is_empty() {
-        BTreeSet::from([String::new()])
-    } else {
-        app.config.api_keys.values().cloned().collect()
-    };
-    let mut ticker = tokio::time::interval(sweep_every(idle_after));
+async fn run<S: Store>(
+    app: Arc<App<S>>,
+    namespaces: BTreeMap<String, Duration>,
+    every: Duration,
+    stats: Arc<RetentionStats>,
+) {
+    let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        let cutoff = cutoff_ms(idle_after);
-        for namespace in &namespaces {
+        for (namespace, idle_after) in &namespaces {
+            let cutoff = cutoff_ms(*idle_after);
             match app
                 .db
                 .delete_sessions_updated_before(namespace, cutoff)

@@ -1,7 +1,7 @@
 //! `sessiondb serve`: configuration from flags, `SESSIONDB_*` variables and an optional TOML
 //! file (in that order of precedence), then the HTTP server until SIGTERM or Ctrl-C.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -19,7 +19,7 @@ use sessiondb_server::{App, Limits, Metrics, ServerConfig};
 use sessiondb_summarizers::{AnthropicSummarizer, ModelConfig, OpenAiSummarizer};
 
 use crate::backups::{self, BackupPlan, BackupStats};
-use crate::retention::{self, RetentionStats};
+use crate::retention::{self, RetentionPlan, RetentionStats};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 
@@ -82,10 +82,12 @@ pub struct ServeArgs {
     #[arg(long, env = "SESSIONDB_BACKUP_KEEP")]
     backup_keep: Option<usize>,
     /// Delete sessions not written for this long (a number and s, m, h or d, as in `30d`),
-    /// with everything in them, in every namespace of the keys; looked for at start and then
-    /// every tenth of that time (1 s to 1 h) [default: sessions are kept].
-    #[arg(long, env = "SESSIONDB_DELETE_IDLE_AFTER")]
-    delete_idle_after: Option<String>,
+    /// with everything in them, in every namespace of the keys; NAMESPACE=TIME sets one
+    /// namespace's own time (repeat for more; the variable takes a comma-separated list).
+    /// Looked for at start and then every tenth of the shortest time (1 s to 1 h) [default:
+    /// sessions are kept].
+    #[arg(long, env = "SESSIONDB_DELETE_IDLE_AFTER", value_delimiter = ',')]
+    delete_idle_after: Vec<String>,
     /// Log filter: a level (`info`) or `target=level` pairs [default: info].
     #[arg(long, env = "SESSIONDB_LOG")]
     log: Option<String>,
@@ -125,6 +127,9 @@ struct FileConfig {
     backup_every: Option<String>,
     backup_keep: Option<usize>,
     delete_idle_after: Option<String>,
+    /// Namespace → its own idle time.
+    #[serde(default)]
+    delete_idle_after_by_namespace: BTreeMap<String, String>,
     log: Option<String>,
     #[serde(default)]
     keys: HashMap<String, String>,
@@ -226,8 +231,8 @@ pub struct Resolved {
     pub row_cache_bytes: usize,
     pub max_database_bytes: Option<u64>,
     pub backups: Option<BackupPlan>,
-    /// Sessions not written for this long are deleted.
-    pub delete_idle_after: Option<std::time::Duration>,
+    /// Which idle sessions are deleted.
+    pub retention: RetentionPlan,
     pub log: String,
     pub server: ServerConfig,
     pub summarizer: SummarizerChoice,
@@ -258,12 +263,15 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
     }
     let summarizer = summarizer_choice(&args, std::mem::take(&mut file.summarizer))?;
     let backups = backup_plan(&args, &file)?;
-    let delete_idle_after = args
-        .delete_idle_after
-        .as_ref()
-        .or(file.delete_idle_after.as_ref())
-        .map(|text| backups::parse_interval(text).context("--delete-idle-after"))
-        .transpose()?;
+    let mut retention = RetentionPlan::default();
+    let from_file = file.delete_idle_after.iter().cloned().chain(
+        std::mem::take(&mut file.delete_idle_after_by_namespace)
+            .into_iter()
+            .map(|(namespace, time)| format!("{namespace}={time}")),
+    );
+    for text in from_file.chain(args.delete_idle_after.iter().cloned()) {
+        retention.add(&text).context("--delete-idle-after")?;
+    }
     let defaults = Limits::default();
     let limits = Limits {
         max_body_bytes: args
@@ -323,7 +331,7 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
             .or(file.max_database_mib)
             .map(|mib| mib.saturating_mul(1 << 20)),
         backups,
-        delete_idle_after,
+        retention,
         log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
         server: ServerConfig { api_keys, limits },
         summarizer,
@@ -475,10 +483,10 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
         .context("starting the runtime")?;
     runtime.block_on(async move {
         let requests = backups::Requests::listen()?;
-        let retention = config
-            .delete_idle_after
-            .map(|idle_after| (idle_after, Arc::<RetentionStats>::default()));
-        let retention_stats = retention.as_ref().map(|(_, stats)| stats.clone());
+        let retention_stats = config
+            .retention
+            .is_on()
+            .then(Arc::<RetentionStats>::default);
         match &config.backend {
             Backend::Embedded { data } => {
                 let store = open_store(data, &config)?;
@@ -486,9 +494,12 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
                     .backups
                     .map(|plan| (plan, Arc::<BackupStats>::default()));
                 let stats = scheduled.as_ref().map(|(_, stats)| stats.clone());
-                let metrics = Metrics::with_backend(sqlite_metrics(&store, stats, retention_stats));
+                let metrics =
+                    Metrics::with_backend(sqlite_metrics(&store, stats, retention_stats.clone()));
                 let app = App::new(Db::with_options(store, options), config.server, metrics);
-                retention::start(&app, retention);
+                if let Some(stats) = &retention_stats {
+                    retention::start(&app, &config.retention, stats);
+                }
                 match scheduled {
                     Some((plan, stats)) => {
                         tracing::info!(dir = %plan.dir.display(), "backups on");
@@ -517,14 +528,16 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
                 let store = PgStore::connect_with(url, pg)
                     .await
                     .context("connecting to PostgreSQL")?;
-                let metrics = match retention_stats {
+                let metrics = match retention_stats.clone() {
                     Some(stats) => Metrics::with_backend(Box::new(move |out: &mut String| {
                         stats.write_metrics(out);
                     })),
                     None => Metrics::default(),
                 };
                 let app = App::new(Db::with_options(store, options), config.server, metrics);
-                retention::start(&app, retention);
+                if let Some(stats) = &retention_stats {
+                    retention::start(&app, &config.retention, stats);
+                }
                 listen(config.listen, app, "postgres").await
             }
         }
@@ -668,16 +681,53 @@ mod tests {
 
     #[test]
     fn idle_sessions_are_kept_unless_a_time_is_configured_by_flag_or_file() {
-        assert_eq!(resolved(&[], None).unwrap().delete_idle_after, None);
+        let days = |d: u64| Duration::from_secs(d * 86_400);
+        assert_eq!(
+            resolved(&[], None).unwrap().retention,
+            RetentionPlan::default()
+        );
+        assert!(!RetentionPlan::default().is_on());
         let r = resolved(&["--delete-idle-after", "30d"], None).unwrap();
-        assert_eq!(r.delete_idle_after, Some(Duration::from_secs(30 * 86_400)));
-        let (_dir, file) = config_file("delete_idle_after = \"12h\"\n");
+        assert_eq!(r.retention.everywhere, Some(days(30)));
+        assert!(r.retention.is_on());
+        let (_dir, file) = config_file(
+            "delete_idle_after = \"12h\"\n[delete_idle_after_by_namespace]\n\"free\" = \"7d\"\n\"paid\" = \"90d\"\n",
+        );
         let path = file.to_str().unwrap();
         let r = resolved(&["--config", path], None).unwrap();
-        assert_eq!(r.delete_idle_after, Some(Duration::from_secs(12 * 3_600)));
-        let r = resolved(&["--config", path, "--delete-idle-after", "90s"], None).unwrap();
-        assert_eq!(r.delete_idle_after, Some(Duration::from_secs(90)));
-        for refused in ["0d", "30", "soon", "-1h"] {
+        assert_eq!(
+            r.retention.everywhere,
+            Some(Duration::from_secs(12 * 3_600))
+        );
+        let by_namespace = |pairs: &[(&str, Duration)]| -> BTreeMap<String, Duration> {
+            pairs.iter().map(|(n, d)| (n.to_string(), *d)).collect()
+        };
+        assert_eq!(
+            r.retention.by_namespace,
+            by_namespace(&[("free", days(7)), ("paid", days(90))])
+        );
+        // Flags win per namespace; the time before the last `=` names the namespace.
+        let args = [
+            "--config",
+            path,
+            "--delete-idle-after",
+            "90s",
+            "--delete-idle-after",
+            "paid=1d",
+        ];
+        let r = resolved(&args, None).unwrap();
+        assert_eq!(r.retention.everywhere, Some(Duration::from_secs(90)));
+        assert_eq!(
+            r.retention.by_namespace,
+            by_namespace(&[("free", days(7)), ("paid", days(1))])
+        );
+        let r = resolved(&["--delete-idle-after", "a=b=2d,=1d"], None).unwrap();
+        assert_eq!(r.retention.everywhere, None);
+        assert_eq!(
+            r.retention.by_namespace,
+            by_namespace(&[("", days(1)), ("a=b", days(2))])
+        );
+        for refused in ["0d", "30", "soon", "-1h", "ns=", "ns=0s", "bad\u{1}ns=1d"] {
             assert!(
                 resolved(&["--delete-idle-after", refused], None).is_err(),
                 "{refused} was accepted"
