@@ -31,7 +31,8 @@ impl RetentionPlan {
         self.everywhere.is_some() || !self.by_namespace.is_empty()
     }
 
-    /// Adds `TIME` (every namespace) or `NAMESPACE=TIME` (the time before the last `=`).
+    /// Adds `TIME` (every namespace) or `NAMESPACE=TIME` (the namespace is all before the last
+    /// `=`).
     pub fn add(&mut self, text: &str) -> anyhow::Result<()> {
         match text.rsplit_once('=') {
             Some((namespace, time)) => {

@@ -706,7 +706,7 @@ mod tests {
             r.retention.by_namespace,
             by_namespace(&[("free", days(7)), ("paid", days(90))])
         );
-        // Flags win per namespace; the time before the last `=` names the namespace.
+        // Flags win per namespace; all before the last `=` names the namespace.
         let args = [
             "--config",
             path,
