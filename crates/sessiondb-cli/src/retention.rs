@@ -103,10 +103,14 @@ pub fn sweep_every(idle_after: Duration) -> Duration {
     (idle_after / 10).clamp(Duration::from_secs(1), Duration::from_secs(3_600))
 }
 
-/// Starts sweeping for idle sessions when the plan deletes any.
-pub fn start<S: Store>(app: &Arc<App<S>>, plan: &RetentionPlan, stats: &Arc<RetentionStats>) {
+/// Starts sweeping for idle sessions when the plan deletes any (`stats` is `Some` exactly then).
+pub fn start<S: Store>(
+    app: &Arc<App<S>>,
+    plan: &RetentionPlan,
+    stats: Option<&Arc<RetentionStats>>,
+) {
     let namespaces = plan.namespaces(&app.config);
-    let Some(shortest) = namespaces.values().min().copied() else {
+    let (Some(shortest), Some(stats)) = (namespaces.values().min().copied(), stats) else {
         return;
     };
     for (namespace, idle_after) in &namespaces {

@@ -497,9 +497,7 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
                 let metrics =
                     Metrics::with_backend(sqlite_metrics(&store, stats, retention_stats.clone()));
                 let app = App::new(Db::with_options(store, options), config.server, metrics);
-                if let Some(stats) = &retention_stats {
-                    retention::start(&app, &config.retention, stats);
-                }
+                retention::start(&app, &config.retention, retention_stats.as_ref());
                 match scheduled {
                     Some((plan, stats)) => {
                         tracing::info!(dir = %plan.dir.display(), "backups on");
@@ -535,9 +533,7 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
                     None => Metrics::default(),
                 };
                 let app = App::new(Db::with_options(store, options), config.server, metrics);
-                if let Some(stats) = &retention_stats {
-                    retention::start(&app, &config.retention, stats);
-                }
+                retention::start(&app, &config.retention, retention_stats.as_ref());
                 listen(config.listen, app, "postgres").await
             }
         }
