@@ -25,6 +25,20 @@ pub struct SessionListing {
     pub user_id: Option<String>,
 }
 
+/// Ready at the second poll: the first wakes the task and returns `Pending`, so the executor
+/// runs other tasks (or drops this one) before it goes on.
+fn yield_now() -> impl std::future::Future<Output = ()> {
+    let mut yielded = false;
+    std::future::poll_fn(move |cx| {
+        if yielded {
+            return std::task::Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
+}
+
 fn check_record(record: &SessionRecord) -> Result<(), ValidationError> {
     if let Some(parent) = &record.parent_session_id {
         validate_id("parentSessionId", parent)?;
@@ -142,6 +156,10 @@ impl<S: Store> Db<S> {
             for outcome in futures::future::join_all(deletes).await {
                 deleted += u64::from(outcome?);
             }
+            // The embedded store's calls complete within their first poll, so without this a
+            // sweep of a large backlog would hold its executor thread to the end, and a server
+            // stopping could not drop it between pages.
+            yield_now().await;
             match page.last() {
                 Some(last) if page.len() == PAGE && last.updated_at < before_ms => {
                     after = Some(SessionCursor {
@@ -421,4 +439,30 @@ impl<S: Store> Session<S> {
 
 fn parse_state(text: &str) -> Result<Value, Error> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("state value: {e}")).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll, Wake, Waker};
+
+    struct CountingWaker(AtomicUsize);
+
+    impl Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn yield_now_is_pending_once_and_wakes_its_task() {
+        let waker_state = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let waker = Waker::from(waker_state.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut yielding = std::pin::pin!(super::yield_now());
+        assert!(yielding.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(waker_state.0.load(Ordering::SeqCst), 1);
+        assert_eq!(yielding.as_mut().poll(&mut cx), Poll::Ready(()));
+    }
 }
