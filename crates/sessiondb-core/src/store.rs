@@ -476,6 +476,16 @@ pub trait Store: Send + Sync + 'static {
         request: WriteRequest,
     ) -> impl Future<Output = Result<Vec<WriteOutcome>, StoreError>> + Send;
 
+    /// Several requests (of any sessions), each all or nothing on its own as [`Store::write`]
+    /// makes it, answered in their order. A backend may commit them together; by default they
+    /// run side by side.
+    fn write_all(
+        &self,
+        requests: Vec<WriteRequest>,
+    ) -> impl Future<Output = Vec<Result<Vec<WriteOutcome>, StoreError>>> + Send {
+        futures::future::join_all(requests.into_iter().map(|request| self.write(request)))
+    }
+
     fn message(
         &self,
         key: &SessionKey,

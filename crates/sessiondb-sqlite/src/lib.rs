@@ -623,7 +623,12 @@ impl WriteQueue {
     /// Queues `job`; leads the writer when it is free. Returns once `job` is committed (when
     /// leading) or handed to whoever leads.
     fn submit(&self, job: WriteJob) {
-        lock(&self.jobs).push_back(job);
+        self.submit_all([job]);
+    }
+
+    /// Queues `jobs` together, then leads as [`WriteQueue::submit`] does.
+    fn submit_all(&self, jobs: impl IntoIterator<Item = WriteJob>) {
+        lock(&self.jobs).extend(jobs);
         self.lead(Leader::Caller);
     }
 
@@ -1214,6 +1219,31 @@ impl Store for SqliteStore {
         request: WriteRequest,
     ) -> impl Future<Output = Result<Vec<WriteOutcome>, StoreError>> + Send {
         self.submit(|reply| WriteJob::Write(request, reply))
+    }
+
+    /// Queues every request before leading, so they share commits (up to `max_batch` each)
+    /// instead of one caller committing each as it submits it.
+    fn write_all(
+        &self,
+        requests: Vec<WriteRequest>,
+    ) -> impl Future<Output = Vec<Result<Vec<WriteOutcome>, StoreError>>> + Send {
+        let writers = self.writers.clone();
+        async move {
+            let (jobs, replies): (Vec<_>, Vec<_>) = requests
+                .into_iter()
+                .map(|request| {
+                    let (reply, answer) = oneshot::channel();
+                    (WriteJob::Write(request, reply), answer)
+                })
+                .unzip();
+            writers.submit_all(jobs);
+            drop(writers);
+            let mut outcomes = Vec::with_capacity(replies.len());
+            for answer in replies {
+                outcomes.push(answer.await.unwrap_or(Err(StoreError::Closed)));
+            }
+            outcomes
+        }
     }
 
     fn message(

@@ -875,6 +875,40 @@ fn concurrent_appends_share_commits() {
     );
 }
 
+/// A sweep of idle sessions hands each listing page's deletes to the writer together: one commit
+/// per page of 100, not one per session; and a kept session stays among them.
+#[test]
+fn deleting_idle_sessions_commits_a_page_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    for i in 0..250 {
+        let session = db.session(&format!("s{i:03}")).unwrap();
+        block_on(session.append(Message::text("user", "hi"), AppendOptions::default())).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(3));
+    let cutoff = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    std::thread::sleep(Duration::from_millis(3));
+    let kept = db.session("s100").unwrap();
+    block_on(kept.append(
+        Message::text("user", "still here"),
+        AppendOptions::default(),
+    ))
+    .unwrap();
+    let stats = db.store().write_stats();
+    let commits_before = stats.commits.load(Ordering::Relaxed);
+    assert_eq!(
+        block_on(db.delete_sessions_updated_before("", cutoff)).unwrap(),
+        249
+    );
+    assert_eq!(stats.commits.load(Ordering::Relaxed) - commits_before, 3);
+    let listed = block_on(db.list_sessions("", &Default::default())).unwrap();
+    let ids: Vec<&str> = listed.items.iter().map(|i| i.id.as_str()).collect();
+    assert_eq!(ids, ["s100"]);
+}
+
 /// Under steady load a write call returns once its own write is durable; it does not go on
 /// committing the writes queued behind it. With one request per commit, each writer one request
 /// at a time and answers in commit order, a call sees the commits of the requests outstanding

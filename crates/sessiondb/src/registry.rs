@@ -5,9 +5,9 @@ use serde_json::Value;
 use sessiondb_core::message::{validate_id, validate_texts};
 use sessiondb_core::registry::{state_text, validate_settings, validate_state_key};
 use sessiondb_core::{
-    Compaction, PathPlan, SearchHit, SessionCursor, SessionInfo, SessionPatch, SessionQuery,
-    SessionRecord, SessionSort, Store, StoreError, StoredMessage, Usage, ValidationError,
-    ValidationErrorKind, WriteOp, WriteOutcome, search,
+    Compaction, PathPlan, SearchHit, SessionCursor, SessionInfo, SessionKey, SessionPatch,
+    SessionQuery, SessionRecord, SessionSort, Store, StoreError, StoredMessage, Usage,
+    ValidationError, ValidationErrorKind, WriteOp, WriteOutcome, WriteRequest, search,
 };
 
 use crate::page::{
@@ -124,10 +124,9 @@ impl<S: Store> Db<S> {
 
     /// Deletes the namespace's sessions last written (`updatedAt`) before `before_ms` (epoch
     /// milliseconds), each with everything in it, as [`Session::delete_session`] does; returns
-    /// how many. Sessions go oldest first, a page at a time (a page's deletes are issued
-    /// together: on PostgreSQL they run side by side; the embedded writer commits each as it
-    /// comes), and the writer checks each one's time again, so a session written after it was
-    /// listed stays.
+    /// how many. Sessions go oldest first, a page at a time (a page's deletes go to the store
+    /// together: [`Store::write_all`]), and the writer checks each one's time again, so a session
+    /// written after it was listed stays.
     pub async fn delete_sessions_updated_before(
         &self,
         namespace: &str,
@@ -146,15 +145,21 @@ impl<S: Store> Db<S> {
             };
             let page = self.store.list_sessions(namespace, &query).await?;
             let idle = page.iter().take_while(|info| info.updated_at < before_ms);
-            let deletes = idle.map(|info| async move {
-                let op = WriteOp::DeleteSession {
+            let keys = idle
+                .map(|info| SessionKey::new(namespace, info.id.as_str()))
+                .collect::<Result<Vec<_>, _>>()?;
+            let deletes = keys.iter().map(|key| WriteRequest {
+                key: key.clone(),
+                now_ms: now_ms(),
+                ops: vec![WriteOp::DeleteSession {
                     updated_before: Some(before_ms),
-                };
-                let outcome = self.session_in(namespace, &info.id)?.write_one(op).await?;
-                Ok::<_, Error>(matches!(outcome, WriteOutcome::Existed(true)))
+                }],
+                max_messages: None,
             });
-            for outcome in futures::future::join_all(deletes).await {
-                deleted += u64::from(outcome?);
+            let outcomes = self.store.write_all(deletes.collect()).await;
+            for (key, outcome) in keys.iter().zip(outcomes) {
+                self.caches.forget(key);
+                deleted += u64::from(outcome? == [WriteOutcome::Existed(true)]);
             }
             // The embedded store's calls complete within their first poll, so without this a
             // sweep of a large backlog would hold its executor thread to the end, and a server
