@@ -148,6 +148,9 @@ impl<S: Store> Db<S> {
             let keys = idle
                 .map(|info| SessionKey::new(namespace, info.id.as_str()))
                 .collect::<Result<Vec<_>, _>>()?;
+            if keys.is_empty() {
+                return Ok(deleted);
+            }
             let deletes = keys.iter().map(|key| WriteRequest {
                 key: key.clone(),
                 now_ms: now_ms(),
