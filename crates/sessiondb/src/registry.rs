@@ -5,9 +5,9 @@ use serde_json::Value;
 use sessiondb_core::message::{validate_id, validate_texts};
 use sessiondb_core::registry::{state_text, validate_settings, validate_state_key};
 use sessiondb_core::{
-    Compaction, PathPlan, SearchHit, SessionCursor, SessionInfo, SessionKey, SessionPatch,
-    SessionQuery, SessionRecord, SessionSort, Store, StoreError, StoredMessage, Usage,
-    ValidationError, ValidationErrorKind, WriteOp, WriteOutcome, WriteRequest, search,
+    Compaction, PathPlan, SearchHit, SessionCursor, SessionInfo, SessionPatch, SessionQuery,
+    SessionRecord, SessionSort, Store, StoreError, StoredMessage, Usage, ValidationError,
+    ValidationErrorKind, WriteOp, WriteOutcome, search,
 };
 
 use crate::page::{
@@ -145,38 +145,34 @@ impl<S: Store> Db<S> {
             };
             let page = self.store.list_sessions(namespace, &query).await?;
             let idle = page.iter().take_while(|info| info.updated_at < before_ms);
-            let keys = idle
-                .map(|info| SessionKey::new(namespace, info.id.as_str()))
+            let sessions = idle
+                .map(|info| self.session_in(namespace, &info.id))
                 .collect::<Result<Vec<_>, _>>()?;
-            if keys.is_empty() {
+            if sessions.is_empty() {
                 return Ok(deleted);
             }
-            let deletes = keys.iter().map(|key| WriteRequest {
-                key: key.clone(),
-                now_ms: now_ms(),
-                ops: vec![WriteOp::DeleteSession {
-                    updated_before: Some(before_ms),
-                }],
-                max_messages: None,
-            });
-            let outcomes = self.store.write_all(deletes.collect()).await;
-            for (key, outcome) in keys.iter().zip(outcomes) {
-                self.caches.forget(key);
+            let op = || WriteOp::DeleteSession {
+                updated_before: Some(before_ms),
+            };
+            let deletes = sessions.iter().map(|s| s.request(vec![op()])).collect();
+            let outcomes = self.store.write_all(deletes).await;
+            for (session, outcome) in sessions.iter().zip(outcomes) {
+                self.caches.forget(session.key());
                 deleted += u64::from(outcome? == [WriteOutcome::Existed(true)]);
             }
+            // A page not idle to its end (or not full) was the last one.
+            if sessions.len() < PAGE {
+                return Ok(deleted);
+            }
+            let last = &page[PAGE - 1];
             // The embedded store's calls complete within their first poll, so without this a
             // sweep of a large backlog would hold its executor thread to the end, and a server
             // stopping could not drop it between pages.
             yield_now().await;
-            match page.last() {
-                Some(last) if page.len() == PAGE && last.updated_at < before_ms => {
-                    after = Some(SessionCursor {
-                        value: last.updated_at,
-                        id: last.id.clone(),
-                    });
-                }
-                _ => return Ok(deleted),
-            }
+            after = Some(SessionCursor {
+                value: last.updated_at,
+                id: last.id.clone(),
+            });
         }
     }
 

@@ -328,6 +328,16 @@ impl<S: Store> Session<S> {
         }
     }
 
+    /// The request that applies `ops` to this session now, under its message quota.
+    pub(crate) fn request(&self, ops: Vec<WriteOp>) -> WriteRequest {
+        WriteRequest {
+            key: self.key.clone(),
+            now_ms: now_ms(),
+            ops,
+            max_messages: self.options.max_messages_per_session,
+        }
+    }
+
     pub(crate) async fn write(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteOutcome>, Error> {
         // Writes that can change the settings, the overlays or the path under the active leaf
         // make the session's memos stale. Appends and updates keep them: they are the hot path,
@@ -347,13 +357,7 @@ impl<S: Store> Session<S> {
                     | WriteOp::FreezePrompt { .. }
             )
         });
-        let request = WriteRequest {
-            key: self.key.clone(),
-            now_ms: now_ms(),
-            ops,
-            max_messages: self.options.max_messages_per_session,
-        };
-        let outcomes = self.store.write(request).await;
+        let outcomes = self.store.write(self.request(ops)).await;
         if stale {
             self.caches.forget(&self.key);
         }
