@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::Served;
+use common::{Served, metric};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use sessiondb_postgres::cluster::TempCluster;
@@ -403,24 +403,12 @@ async fn instances_sweeping_one_database_delete_each_idle_session_once() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(history(&a.base, "busy").await.len(), turns);
-    let deleted = |base: String| async move {
-        let text = common::get_text(&format!("{base}/metrics")).await;
-        let value = |name: &str| -> u64 {
-            let line = text
-                .lines()
-                .find(|l| l.split_whitespace().next() == Some(name));
-            line.and_then(|l| l.split_whitespace().nth(1))
-                .unwrap()
-                .parse()
-                .unwrap()
-        };
-        assert_eq!(value("sessiondb_idle_sweep_failures_total"), 0);
-        value("sessiondb_idle_sessions_deleted_total")
-    };
-    assert_eq!(
-        deleted(a.base.clone()).await + deleted(b.base.clone()).await,
-        3
-    );
+    let mut deleted = 0;
+    for base in [&a.base, &b.base] {
+        assert_eq!(metric(base, "sessiondb_idle_sweep_failures_total").await, 0);
+        deleted += metric(base, "sessiondb_idle_sessions_deleted_total").await;
+    }
+    assert_eq!(deleted, 3);
 }
 
 /// Random path segments, query values and bodies on every route of the OpenAPI document, sent

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::Served;
+use common::{Served, metric};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use sessiondb::Db;
@@ -134,16 +134,6 @@ async fn configuration_from_file_environment_and_flags() {
             "{documented} missing from --help"
         );
     }
-}
-
-/// The value of an unlabelled metric in the server's `/metrics`.
-async fn metric(base: &str, name: &str) -> u64 {
-    let text = common::get_text(&format!("{base}/metrics")).await;
-    let line = text
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .unwrap_or_else(|| panic!("{name} missing from /metrics"));
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 /// Waits until the counter `name` reaches `count`, while `unchanged` stays 0.

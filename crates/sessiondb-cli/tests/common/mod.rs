@@ -109,3 +109,13 @@ pub fn readme_block(marker: &str) -> String {
 pub async fn get_text(url: &str) -> String {
     reqwest::get(url).await.unwrap().text().await.unwrap()
 }
+
+/// The value of an unlabelled metric in the server's `/metrics`.
+pub async fn metric(base: &str, name: &str) -> u64 {
+    let text = get_text(&format!("{base}/metrics")).await;
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("{name} missing from /metrics"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
