@@ -50,6 +50,19 @@ mod write;
 
 pub use schema::SCHEMA_VERSION;
 
+/// Builds the schema of release `version` (at most [`SCHEMA_VERSION`]) in a new database, with
+/// the migrations that produced it: upgrade tests fill it as an older release would have.
+#[doc(hidden)]
+pub fn create_schema_version(conn: &mut Connection, version: i64) -> Result<(), StoreError> {
+    if !(0..=SCHEMA_VERSION).contains(&version) {
+        return Err(StoreError::SchemaTooNew {
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    schema::migrate_to(conn, version)
+}
+
 use std::collections::VecDeque;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -70,6 +83,7 @@ use sessiondb_core::{
 
 use crate::cache::RowCache;
 use crate::durability::{Committed, Durability};
+use crate::queries::SessionRange;
 use crate::write::WriteContext;
 
 /// File name of the database inside the data directory.
@@ -407,6 +421,17 @@ impl SqliteStore {
         }
     }
 
+    /// A read of one session's message rows ([`SessionRange`]: the session's number is looked up
+    /// in the read's snapshot).
+    fn read_session<T: Send + 'static>(
+        &self,
+        key: &SessionKey,
+        f: impl FnOnce(&Connection, &SessionRange<'_>) -> Result<T, StoreError> + Send + 'static,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
+        let key = key.clone();
+        self.read(move |c| f(c, &SessionRange::of(c, &key)?))
+    }
+
     /// A read of message rows the row cache may answer (`cached`); otherwise `query` runs and
     /// its rows fill the cache. The generation is taken before the query's snapshot begins
     /// (`read` does nothing until awaited), so a write that commits in between keeps the rows
@@ -415,18 +440,18 @@ impl SqliteStore {
         &self,
         key: &SessionKey,
         cached: impl FnOnce(&RowCache, &SessionKey) -> Option<Vec<StoredMessage>>,
-        query: impl FnOnce(&Connection, &SessionKey) -> Result<Vec<StoredMessage>, StoreError>
+        query: impl FnOnce(&Connection, &SessionRange<'_>) -> Result<Vec<StoredMessage>, StoreError>
         + Send
         + 'static,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send + 'static {
         if let Some(hit) = cached(&self.rows, key) {
             return futures::future::ready(Ok(hit)).left_future();
         }
-        let (key, rows) = (key.clone(), self.rows.clone());
-        let read = {
-            let key = key.clone();
-            self.read(move |c| query(c, &key))
-        };
+        let (read, key, rows) = (
+            self.read_session(key, query),
+            key.clone(),
+            self.rows.clone(),
+        );
         async move {
             let generation = rows.generation();
             let found = read.await?;
@@ -1173,7 +1198,11 @@ fn search_texts_of_messages(
     texts: &std::sync::mpsc::SyncSender<SearchTextBatch>,
 ) -> Result<(), StoreError> {
     let mut rows = conn
-        .prepare("SELECT namespace, session_id, id, role, content, content_chunks FROM messages")
+        .prepare(
+            "SELECT s.namespace, s.id, m.id, m.role, m.content, m.content_chunks
+               FROM sessions s INDEXED BY sessions_by_number CROSS JOIN messages m
+                 ON m.k BETWEEN s.number << 32 AND (s.number << 32) + 4294967295",
+        )
         .map_err(backend_error)?;
     let mut cursor = rows.query([]).map_err(backend_error)?;
     let mut batch = SearchTextBatch::default();
@@ -1251,8 +1280,8 @@ impl Store for SqliteStore {
         key: &SessionKey,
         id: &str,
     ) -> impl Future<Output = Result<Option<StoredMessage>, StoreError>> + Send {
-        let (key, id) = (key.clone(), id.to_owned());
-        self.read(move |c| queries::message(c, &key, &id))
+        let id = id.to_owned();
+        self.read_session(key, move |c, rows| queries::message(c, rows, &id))
     }
 
     fn children(
@@ -1260,16 +1289,15 @@ impl Store for SqliteStore {
         key: &SessionKey,
         id: &str,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
-        let (key, id) = (key.clone(), id.to_owned());
-        self.read(move |c| queries::children(c, &key, &id))
+        let id = id.to_owned();
+        self.read_session(key, move |c, rows| queries::children(c, rows, &id))
     }
 
     fn roots(
         &self,
         key: &SessionKey,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send {
-        let key = key.clone();
-        self.read(move |c| queries::roots(c, &key))
+        self.read_session(key, queries::roots)
     }
 
     fn stats(
@@ -1285,13 +1313,13 @@ impl Store for SqliteStore {
         key: &SessionKey,
         leaf: Option<&str>,
     ) -> impl Future<Output = Result<PathRows, StoreError>> + Send {
-        let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
-        self.read(
-            move |c| match queries::leaf_seq(c, &key, leaf.as_deref())? {
-                Some(seq) => queries::path(c, &key, seq),
+        let leaf = leaf.map(str::to_owned);
+        self.read_session(key, move |c, rows| {
+            match queries::leaf_seq(c, rows, leaf.as_deref())? {
+                Some(seq) => queries::path(c, rows, seq),
                 None => Ok(PathRows::default()),
-            },
-        )
+            }
+        })
     }
 
     fn path_runs(
@@ -1300,8 +1328,10 @@ impl Store for SqliteStore {
         leaf: Option<&str>,
         locate: &[String],
     ) -> impl Future<Output = Result<PathRuns, StoreError>> + Send {
-        let (key, leaf, ids) = (key.clone(), leaf.map(str::to_owned), locate.to_vec());
-        self.read(move |c| queries::path_runs(c, &key, leaf.as_deref(), &ids))
+        let (leaf, ids) = (leaf.map(str::to_owned), locate.to_vec());
+        self.read_session(key, move |c, rows| {
+            queries::path_runs(c, rows, leaf.as_deref(), &ids)
+        })
     }
 
     fn range_totals(
@@ -1309,8 +1339,8 @@ impl Store for SqliteStore {
         key: &SessionKey,
         ranges: &[(i64, i64)],
     ) -> impl Future<Output = Result<Vec<RangeTotals>, StoreError>> + Send {
-        let (key, ranges) = (key.clone(), ranges.to_vec());
-        self.read(move |c| queries::range_totals(c, &key, &ranges))
+        let ranges = ranges.to_vec();
+        self.read_session(key, move |c, rows| queries::range_totals(c, rows, &ranges))
     }
 
     fn path_plan(
@@ -1318,8 +1348,10 @@ impl Store for SqliteStore {
         key: &SessionKey,
         leaf: Option<&str>,
     ) -> impl Future<Output = Result<PathPlan, StoreError>> + Send {
-        let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
-        self.read(move |c| queries::path_plan(c, &key, leaf.as_deref()))
+        let leaf = leaf.map(str::to_owned);
+        self.read_session(key, move |c, rows| {
+            queries::path_plan(c, rows, leaf.as_deref())
+        })
     }
 
     fn fetch_range(
@@ -1357,8 +1389,10 @@ impl Store for SqliteStore {
         leaf: Option<&str>,
         max_bytes: u64,
     ) -> impl Future<Output = Result<PathSuffix, StoreError>> + Send {
-        let (key, leaf) = (key.clone(), leaf.map(str::to_owned));
-        self.read(move |c| queries::path_suffix(c, &key, leaf.as_deref(), max_bytes))
+        let leaf = leaf.map(str::to_owned);
+        self.read_session(key, move |c, rows| {
+            queries::path_suffix(c, rows, leaf.as_deref(), max_bytes)
+        })
     }
 
     fn fetch(
@@ -1370,7 +1404,7 @@ impl Store for SqliteStore {
         // Each stretch of consecutive seqs is a range the cache can answer (a walk up a branched
         // path asks for a few such stretches).
         let ranges: Vec<(i64, i64)> = seqs
-            .chunk_by(|a, b| *b == *a + 1)
+            .chunk_by(|a, b| a.checked_add(1) == Some(*b))
             .map(|run| (run[0], run[run.len() - 1]))
             .collect();
         self.read_rows(
@@ -1397,9 +1431,10 @@ impl Store for SqliteStore {
         async move {
             // The walk reads only parent links; the rows themselves (consecutive seqs, as long as
             // the path does not branch) usually come from the row cache.
-            let walk_key = key.clone();
             let walked = self
-                .read(move |c| queries::ancestor_seqs(c, &walk_key, &from, limit))
+                .read_session(&key, move |c, rows| {
+                    queries::ancestor_seqs(c, rows, &from, limit)
+                })
                 .await?;
             let mut messages = self.fetch(&key, &walked).await?;
             messages.reverse();
@@ -1418,7 +1453,7 @@ impl Store for SqliteStore {
             if words.is_empty() || limit == 0 {
                 return Ok(Vec::new());
             }
-            queries::search(c, &key, &words, limit)
+            queries::search(c, &SessionRange::of(c, &key)?, &words, limit)
         })
     }
 

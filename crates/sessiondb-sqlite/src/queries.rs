@@ -1,9 +1,11 @@
 //! Read queries, shared by the reader pool and the writer (which reads inside its transaction).
 //!
-//! Messages are clustered by `(namespace, session_id, seq)`. A path is found by scanning the
-//! table downwards from the leaf's seq and following `parent_seq` (the row's columns are read, its
-//! content is skipped): parents always have lower seqs except for out-of-order imports, so a
-//! linear conversation is one range scan and a branch point costs at most one extra seek.
+//! Messages are keyed by `k`, the session's number times 2^32 plus the row's seq (schema 13), so
+//! a session's rows are one range of keys in seq order ([`SessionRange`]). A path is found by
+//! scanning that range downwards from the leaf's seq and following `parent_seq` (the row's
+//! columns are read, its content is skipped): parents always have lower seqs except for
+//! out-of-order imports, so a linear conversation is one range scan and a branch point costs at
+//! most one extra seek.
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use sessiondb_core::message::{MessageId, StoredRow, role_of};
@@ -18,6 +20,74 @@ use sessiondb_core::{
 use crate::backend_error;
 
 type Result<T> = std::result::Result<T, StoreError>;
+
+/// The highest seq a row can have: the low 32 bits of its key.
+pub(crate) const MAX_SEQ: i64 = (1 << 32) - 1;
+
+/// A session's rows in `messages`: the keys `first..=first + MAX_SEQ`, where `first` is the
+/// session's number (`sessions.number`) times 2^32. A session without a `sessions` row has the
+/// number 0, whose range holds no rows, so every query of it finds nothing.
+///
+/// Seqs start at 1, so the range's first key never holds a row. Keys are computed here, never in
+/// SQL: a seq from a caller (say `i64::MAX` for "to the end") is clamped to the range, where SQL
+/// arithmetic would overflow into a float past the session's last key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SessionRange<'k> {
+    pub key: &'k SessionKey,
+    pub first: i64,
+}
+
+impl<'k> SessionRange<'k> {
+    /// The rows of the session numbered `number`.
+    pub fn numbered(key: &'k SessionKey, number: i64) -> Self {
+        Self {
+            key,
+            first: number << 32,
+        }
+    }
+
+    /// Looks up the session's number.
+    pub fn of(conn: &Connection, key: &'k SessionKey) -> Result<Self> {
+        let number: Option<i64> = conn
+            .prepare_cached("SELECT number FROM sessions WHERE namespace = ?1 AND id = ?2")
+            .and_then(|mut stmt| {
+                stmt.query_row(params![key.namespace, key.session_id], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(backend_error)?;
+        Ok(Self::numbered(key, number.unwrap_or(0)))
+    }
+
+    pub fn number(&self) -> i64 {
+        self.first >> 32
+    }
+
+    pub fn last(&self) -> i64 {
+        self.first + MAX_SEQ
+    }
+
+    /// The key of the row with `seq`; a seq no row can have gives the range's first key, which
+    /// holds no row.
+    pub fn k(&self, seq: i64) -> i64 {
+        if (1..=MAX_SEQ).contains(&seq) {
+            self.first + seq
+        } else {
+            self.first
+        }
+    }
+
+    /// The keys from the row with seq `first` to the row with seq `last`, both clamped to the
+    /// session's range (`lo > hi` when no seq is in both).
+    pub fn keys(&self, first: i64, last: i64) -> (i64, i64) {
+        if first > last || last < 1 || first > MAX_SEQ {
+            return (self.first + 1, self.first);
+        }
+        (
+            self.first + first.clamp(1, MAX_SEQ),
+            self.first + last.clamp(1, MAX_SEQ),
+        )
+    }
+}
 
 /// Every column a [`StoredMessage`] needs, in the order `read_message` reads them.
 macro_rules! message_columns {
@@ -35,13 +105,13 @@ macro_rules! select_messages {
     };
     // `$from` may name an index: without statistics SQLite prefers scanning the whole session
     // in seq order over a parent_id look-up followed by a sort.
-    ($from:literal, $condition:literal) => {
+    ($from:literal, $condition:expr) => {
         concat!(
             "SELECT ",
             message_columns!(),
             " FROM ",
             $from,
-            " WHERE namespace = ?1 AND session_id = ?2 AND ",
+            " WHERE ",
             $condition
         )
     };
@@ -133,27 +203,42 @@ pub(crate) fn reassemble(
 /// placeholders start at `?3`.
 fn messages_where(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     sql: &'static str,
     args: &[&dyn rusqlite::ToSql],
 ) -> Result<Vec<StoredMessage>> {
     let mut stmt = conn.prepare_cached(sql).map_err(backend_error)?;
-    let mut all: Vec<&dyn rusqlite::ToSql> = vec![&key.namespace, &key.session_id];
+    let (first, last) = (session.first, session.last());
+    let mut all: Vec<&dyn rusqlite::ToSql> = vec![&first, &last];
     all.extend_from_slice(args);
     let mut rows = stmt.query(all.as_slice()).map_err(backend_error)?;
     let mut out = Vec::new();
     while let Some(row) = rows.next().map_err(backend_error)? {
-        out.push(read_message(conn, key, row)?);
+        out.push(read_message(conn, session.key, row)?);
     }
     Ok(out)
 }
 
+/// The row of message `?3` among the session's rows, as a `FROM … WHERE` condition. Ids are
+/// unique within a session, and the id index's entries carry the key to check the session by.
+macro_rules! by_id {
+    () => {
+        "id = ?3 AND k BETWEEN ?1 AND ?2"
+    };
+}
+
 pub(crate) fn message(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     id: &str,
 ) -> Result<Option<StoredMessage>> {
-    Ok(messages_where(conn, key, select_messages!("id = ?3"), &[&id])?.pop())
+    Ok(messages_where(
+        conn,
+        session,
+        select_messages!("messages INDEXED BY messages_by_id", by_id!()),
+        &[&id],
+    )?
+    .pop())
 }
 
 /// The children of message `?3`, as two disjoint parts: the row right after it when that row is
@@ -165,14 +250,14 @@ macro_rules! children_of {
             "SELECT ",
             $columns,
             " FROM messages
-              WHERE namespace = ?1 AND session_id = ?2 AND parent_seq = seq - 1
-                AND seq = (SELECT seq + 1 FROM messages
-                            WHERE namespace = ?1 AND session_id = ?2 AND id = ?3)
+              WHERE k = (SELECT k + 1 FROM messages INDEXED BY messages_by_id
+                          WHERE id = ?3 AND k BETWEEN ?1 AND ?2)
+                AND parent_seq = seq - 1
              UNION ALL
              SELECT ",
             $columns,
             " FROM messages INDEXED BY messages_by_parent
-              WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3
+              WHERE parent_id = ?3 AND k BETWEEN ?1 AND ?2
                 AND (parent_seq IS NULL OR parent_seq <> seq - 1)"
         )
     };
@@ -180,38 +265,42 @@ macro_rules! children_of {
 
 pub(crate) fn children(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     id: &str,
 ) -> Result<Vec<StoredMessage>> {
     messages_where(
         conn,
-        key,
+        session,
         concat!(children_of!(message_columns!()), " ORDER BY seq"),
         &[&id],
     )
 }
 
-pub(crate) fn roots(conn: &Connection, key: &SessionKey) -> Result<Vec<StoredMessage>> {
+pub(crate) fn roots(conn: &Connection, session: &SessionRange<'_>) -> Result<Vec<StoredMessage>> {
     // Roots, and imports whose parent never arrived.
     messages_where(
         conn,
-        key,
+        session,
         select_messages!(
             "messages INDEXED BY messages_roots",
-            "parent_seq IS NULL ORDER BY seq"
+            "k BETWEEN ?1 AND ?2 AND parent_seq IS NULL ORDER BY k"
         ),
         &[],
     )
 }
 
-pub(crate) fn locate(conn: &Connection, key: &SessionKey, id: &str) -> Result<Option<Location>> {
+pub(crate) fn locate(
+    conn: &Connection,
+    session: &SessionRange<'_>,
+    id: &str,
+) -> Result<Option<Location>> {
     let mut stmt = conn
-        .prepare_cached(
-            "SELECT seq, parent_id, parent_seq FROM messages
-              WHERE namespace = ?1 AND session_id = ?2 AND id = ?3",
-        )
+        .prepare_cached(concat!(
+            "SELECT seq, parent_id, parent_seq FROM messages INDEXED BY messages_by_id WHERE ",
+            by_id!()
+        ))
         .map_err(backend_error)?;
-    stmt.query_row(params![key.namespace, key.session_id, id], |r| {
+    stmt.query_row(params![session.first, session.last(), id], |r| {
         Ok((r.get(0)?, r.get(1)?, r.get(2)?))
     })
     .optional()
@@ -221,13 +310,13 @@ pub(crate) fn locate(conn: &Connection, key: &SessionKey, id: &str) -> Result<Op
 /// `(id, seq)` of the children of `id`.
 pub(crate) fn child_links(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     id: &str,
 ) -> Result<Vec<(String, i64)>> {
     let mut stmt = conn
         .prepare_cached(children_of!("id, seq"))
         .map_err(backend_error)?;
-    stmt.query_map(params![key.namespace, key.session_id, id], |r| {
+    stmt.query_map(params![session.first, session.last(), id], |r| {
         Ok((r.get(0)?, r.get(1)?))
     })
     .map_err(backend_error)?
@@ -236,39 +325,50 @@ pub(crate) fn child_links(
 }
 
 /// Whether a message with `id` exists, and whether rows wait for `id` as their missing parent.
-pub(crate) fn id_status(conn: &Connection, key: &SessionKey, id: &str) -> Result<(bool, bool)> {
+pub(crate) fn id_status(
+    conn: &Connection,
+    session: &SessionRange<'_>,
+    id: &str,
+) -> Result<(bool, bool)> {
     let mut stmt = conn
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM messages
-                             WHERE namespace = ?1 AND session_id = ?2 AND id = ?3),
+        .prepare_cached(concat!(
+            "SELECT EXISTS (SELECT 1 FROM messages INDEXED BY messages_by_id WHERE ",
+            by_id!(),
+            "),
                     EXISTS (SELECT 1 FROM messages INDEXED BY messages_by_parent
-                             WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3
-                               AND parent_seq IS NULL)",
-        )
+                             WHERE parent_id = ?3 AND k BETWEEN ?1 AND ?2
+                               AND parent_seq IS NULL)"
+        ))
         .map_err(backend_error)?;
-    stmt.query_row(params![key.namespace, key.session_id, id], |r| {
+    stmt.query_row(params![session.first, session.last(), id], |r| {
         Ok((r.get(0)?, r.get(1)?))
     })
     .map_err(backend_error)
 }
 
-pub(crate) fn has_children(conn: &Connection, key: &SessionKey, id: &str) -> Result<bool> {
+pub(crate) fn has_children(
+    conn: &Connection,
+    session: &SessionRange<'_>,
+    id: &str,
+) -> Result<bool> {
     let mut stmt = conn
         .prepare_cached(concat!(children_of!("1"), " LIMIT 1"))
         .map_err(backend_error)?;
-    stmt.exists(params![key.namespace, key.session_id, id])
+    stmt.exists(params![session.first, session.last(), id])
         .map_err(backend_error)
 }
 
 /// `(id, seq)` of the session's newest row.
-pub(crate) fn newest(conn: &Connection, key: &SessionKey) -> Result<Option<(String, i64)>> {
+pub(crate) fn newest(
+    conn: &Connection,
+    session: &SessionRange<'_>,
+) -> Result<Option<(String, i64)>> {
     let mut stmt = conn
         .prepare_cached(
-            "SELECT id, seq FROM messages WHERE namespace = ?1 AND session_id = ?2
-              ORDER BY seq DESC LIMIT 1",
+            "SELECT id, seq FROM messages WHERE k BETWEEN ?1 AND ?2 ORDER BY k DESC LIMIT 1",
         )
         .map_err(backend_error)?;
-    stmt.query_row(params![key.namespace, key.session_id], |r| {
+    stmt.query_row(params![session.first, session.last()], |r| {
         Ok((r.get(0)?, r.get(1)?))
     })
     .optional()
@@ -340,22 +440,20 @@ impl WalkRow<'_> {
 /// the last visited row still has a parent (the walk was cut short).
 pub(crate) fn walk(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     start: i64,
     mut visit: impl FnMut(&WalkRow<'_>) -> Result<bool>,
 ) -> Result<bool> {
     let mut stmt = conn
         .prepare_cached(
             "SELECT seq, parent_seq, id, role, bytes, token_estimate FROM messages
-              WHERE namespace = ?1 AND session_id = ?2 AND seq <= ?3 ORDER BY seq DESC",
+              WHERE k BETWEEN ?1 AND ?2 ORDER BY k DESC",
         )
         .map_err(backend_error)?;
     let mut wanted = start;
     let mut visited = 0;
     'seek: loop {
-        let mut rows = stmt
-            .query(params![key.namespace, key.session_id, wanted])
-            .map_err(backend_error)?;
+        let mut rows = stmt.query(session.keys(1, wanted)).map_err(backend_error)?;
         let mut skipped = 0;
         while let Some(row) = rows.next().map_err(backend_error)? {
             let seq: i64 = row.get(0).map_err(backend_error)?;
@@ -399,18 +497,18 @@ pub(crate) fn walk(
 /// The seq of `leaf`, or of the active leaf when `None`.
 pub(crate) fn leaf_seq(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     leaf: Option<&str>,
 ) -> Result<Option<i64>> {
     match leaf {
-        Some(id) => Ok(locate(conn, key, id)?.map(|(seq, _, _)| seq)),
-        None => Ok(active_leaf(conn, key)?.map(|a| a.seq)),
+        Some(id) => Ok(locate(conn, session, id)?.map(|(seq, _, _)| seq)),
+        None => Ok(active_leaf(conn, session.key)?.map(|a| a.seq)),
     }
 }
 
-pub(crate) fn path(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<PathRows> {
+pub(crate) fn path(conn: &Connection, session: &SessionRange<'_>, leaf: i64) -> Result<PathRows> {
     let mut rows = Vec::new();
-    let capped = walk(conn, key, leaf, |r| {
+    let capped = walk(conn, session, leaf, |r| {
         rows.push(r.stat()?);
         Ok(true)
     })?;
@@ -423,23 +521,23 @@ pub(crate) fn path(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<Pat
 /// the row before it.
 pub(crate) fn path_runs(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     leaf: Option<&str>,
     ids: &[String],
 ) -> Result<PathRuns> {
     let located = ids
         .iter()
-        .map(|id| Ok(locate(conn, key, id)?.map(|(seq, _, _)| seq)))
+        .map(|id| Ok(locate(conn, session, id)?.map(|(seq, _, _)| seq)))
         .collect::<Result<_>>()?;
     // No shortcut through the session row's dense range: it may hold gaps left by deletes,
     // while runs are consecutive seqs (positions count rows).
-    Ok(runs_from(conn, key, leaf_seq(conn, key, leaf)?)?.finish(located))
+    Ok(runs_from(conn, session, leaf_seq(conn, session, leaf)?)?.finish(located))
 }
 
 /// The runs of the path ending at the row `leaf` (none for `None`).
 pub(crate) fn runs_from(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     leaf: Option<i64>,
 ) -> Result<RunsFromLeaf> {
     let mut runs = RunsFromLeaf::default();
@@ -447,16 +545,14 @@ pub(crate) fn runs_from(
     let mut stmt = conn
         .prepare_cached(
             "SELECT seq, parent_seq FROM messages INDEXED BY messages_detached
-              WHERE namespace = ?1 AND session_id = ?2 AND seq <= ?3
+              WHERE k BETWEEN ?1 AND ?2
                 AND (parent_seq IS NULL OR parent_seq <> seq - 1)
-              ORDER BY seq DESC LIMIT 1",
+              ORDER BY k DESC LIMIT 1",
         )
         .map_err(backend_error)?;
     while let Some(top) = next {
         let (head, parent): (i64, Option<i64>) = stmt
-            .query_row(params![key.namespace, key.session_id, top], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
+            .query_row(session.keys(1, top), |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()
             .map_err(backend_error)?
             .ok_or_else(|| {
@@ -470,13 +566,13 @@ pub(crate) fn runs_from(
 /// How to read the path ending at `leaf` (the active leaf when `None`) forward.
 pub(crate) fn path_plan(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     leaf: Option<&str>,
 ) -> Result<PathPlan> {
-    if has_compactions(conn, key)? {
+    if has_compactions(conn, session.key)? {
         return Ok(PathPlan::Overlaid);
     }
-    let active = active_leaf(conn, key)?;
+    let active = active_leaf(conn, session.key)?;
     if let Some(a) = &active
         && let Some(first) = a.dense_from
         && leaf.is_none_or(|l| l == a.id)
@@ -485,17 +581,21 @@ pub(crate) fn path_plan(
     }
     let start = match leaf {
         None => active.map(|a| a.seq),
-        Some(id) => locate(conn, key, id)?.map(|(seq, _, _)| seq),
+        Some(id) => locate(conn, session, id)?.map(|(seq, _, _)| seq),
     };
     Ok(PathPlan::Rows(match start {
-        Some(seq) => path_rows_plan(conn, key, seq)?,
+        Some(seq) => path_rows_plan(conn, session, seq)?,
         None => Vec::new(),
     }))
 }
 
-fn path_rows_plan(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<Vec<PlanRow>> {
+fn path_rows_plan(
+    conn: &Connection,
+    session: &SessionRange<'_>,
+    leaf: i64,
+) -> Result<Vec<PlanRow>> {
     let mut rows = Vec::new();
-    walk(conn, key, leaf, |r| {
+    walk(conn, session, leaf, |r| {
         rows.push(PlanRow {
             seq: r.seq,
             bytes: r.bytes,
@@ -508,10 +608,14 @@ fn path_rows_plan(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<Vec<
 
 /// Totals of the path ending at `leaf`, which must be the session's newest row for `dense` to
 /// mean anything.
-pub(crate) fn path_totals(conn: &Connection, key: &SessionKey, leaf: i64) -> Result<PathTotals> {
+pub(crate) fn path_totals(
+    conn: &Connection,
+    session: &SessionRange<'_>,
+    leaf: i64,
+) -> Result<PathTotals> {
     let mut totals = PathTotals::default();
     let mut ascending = true;
-    totals.capped = walk(conn, key, leaf, |r| {
+    totals.capped = walk(conn, session, leaf, |r| {
         totals.len += 1;
         totals.tokens += r.token_estimate;
         totals.bytes += r.bytes;
@@ -521,12 +625,10 @@ pub(crate) fn path_totals(conn: &Connection, key: &SessionKey, leaf: i64) -> Res
     })?;
     if let (true, Some(head)) = (ascending, totals.head_seq) {
         let mut stmt = conn
-            .prepare_cached(
-                "SELECT count(*) FROM messages WHERE namespace = ?1 AND session_id = ?2 AND seq >= ?3",
-            )
+            .prepare_cached("SELECT count(*) FROM messages WHERE k BETWEEN ?1 AND ?2")
             .map_err(backend_error)?;
         let rows: i64 = stmt
-            .query_row(params![key.namespace, key.session_id, head], |r| r.get(0))
+            .query_row(session.keys(head, MAX_SEQ), |r| r.get(0))
             .map_err(backend_error)?;
         totals.dense = rows as u64 == totals.len;
     }
@@ -536,16 +638,16 @@ pub(crate) fn path_totals(conn: &Connection, key: &SessionKey, leaf: i64) -> Res
 /// The stored totals of the path ending at the row with `seq`, with the epoch they belong to.
 pub(crate) fn stored_path_totals(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     seq: i64,
 ) -> Result<Option<(PathTotals, i64)>> {
     let mut stmt = conn
         .prepare_cached(
             "SELECT path_len, path_tokens, path_bytes, path_epoch FROM messages
-              WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3 AND path_epoch IS NOT NULL",
+              WHERE k = ?1 AND path_epoch IS NOT NULL",
         )
         .map_err(backend_error)?;
-    stmt.query_row(params![key.namespace, key.session_id, seq], |r| {
+    stmt.query_row(params![session.k(seq)], |r| {
         Ok((
             PathTotals {
                 len: r.get::<_, i64>(0)? as u64,
@@ -567,26 +669,29 @@ pub(crate) fn stored_path_totals(
 /// totals stored on them (two look-ups however long it is); any other range sums its rows.
 pub(crate) fn range_totals(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     ranges: &[(i64, i64)],
 ) -> Result<Vec<RangeTotals>> {
     let epoch: Option<i64> = conn
         .prepare_cached("SELECT path_epoch FROM sessions WHERE namespace = ?1 AND id = ?2")
         .and_then(|mut stmt| {
-            stmt.query_row(params![key.namespace, key.session_id], |r| r.get(0))
-                .optional()
+            stmt.query_row(
+                params![session.key.namespace, session.key.session_id],
+                |r| r.get(0),
+            )
+            .optional()
         })
         .map_err(backend_error)?;
     let mut running = conn
         .prepare_cached(
             "SELECT path_tokens, path_bytes, token_estimate, bytes FROM messages
-              WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3 AND path_epoch = ?4",
+              WHERE k = ?1 AND path_epoch = ?2",
         )
         .map_err(backend_error)?;
     // (root → row totals, the row's own size) of a row whose stored totals are current.
     let mut current = |seq: i64, epoch: i64| -> Result<Option<(RangeTotals, RangeTotals)>> {
         running
-            .query_row(params![key.namespace, key.session_id, seq, epoch], |r| {
+            .query_row(params![session.k(seq), epoch], |r| {
                 Ok((totals_at(r, 0)?, totals_at(r, 2)?))
             })
             .optional()
@@ -595,7 +700,7 @@ pub(crate) fn range_totals(
     let mut summed = conn
         .prepare_cached(
             "SELECT coalesce(sum(token_estimate), 0), coalesce(sum(bytes), 0) FROM messages
-              WHERE namespace = ?1 AND session_id = ?2 AND seq BETWEEN ?3 AND ?4",
+              WHERE k BETWEEN ?1 AND ?2",
         )
         .map_err(backend_error)?;
     let mut totals = Vec::with_capacity(ranges.len());
@@ -618,9 +723,7 @@ pub(crate) fn range_totals(
         totals.push(match running {
             Some(found) => found,
             None => summed
-                .query_row(params![key.namespace, key.session_id, first, last], |r| {
-                    totals_at(r, 0)
-                })
+                .query_row(session.keys(first, last), |r| totals_at(r, 0))
                 .map_err(backend_error)?,
         });
     }
@@ -649,16 +752,13 @@ pub(crate) fn search_backlog(conn: &Connection) -> Result<i64> {
 /// `(id, token_estimate, bytes)` of the row with `seq`.
 pub(crate) fn row_size(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     seq: i64,
 ) -> Result<Option<(String, u64, u64)>> {
     let mut stmt = conn
-        .prepare_cached(
-            "SELECT id, token_estimate, bytes FROM messages
-              WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
-        )
+        .prepare_cached("SELECT id, token_estimate, bytes FROM messages WHERE k = ?1")
         .map_err(backend_error)?;
-    stmt.query_row(params![key.namespace, key.session_id, seq], |r| {
+    stmt.query_row(params![session.k(seq)], |r| {
         Ok((
             r.get(0)?,
             r.get::<_, i64>(1)? as u64,
@@ -671,21 +771,21 @@ pub(crate) fn row_size(
 
 pub(crate) fn path_suffix(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     leaf: Option<&str>,
     max_bytes: u64,
 ) -> Result<PathSuffix> {
-    if has_compactions(conn, key)? {
+    if has_compactions(conn, session.key)? {
         return Ok(PathSuffix {
             overlaid: true,
             ..PathSuffix::default()
         });
     }
-    let active = active_leaf(conn, key)?;
+    let active = active_leaf(conn, session.key)?;
     let (start, known) = match (leaf, &active) {
         (None, Some(a)) => (a.seq, Some((a.total_bytes, a.capped))),
         (None, None) => return Ok(PathSuffix::default()),
-        (Some(id), _) => match locate(conn, key, id)? {
+        (Some(id), _) => match locate(conn, session, id)? {
             Some((seq, _, _)) if Some(seq) == active.as_ref().map(|a| a.seq) => {
                 (seq, active.as_ref().map(|a| (a.total_bytes, a.capped)))
             }
@@ -697,7 +797,7 @@ pub(crate) fn path_suffix(
     let mut rows = Vec::new();
     let mut walked_bytes = 0;
     let mut over_budget = false;
-    let more = walk(conn, key, start, |r| {
+    let more = walk(conn, session, start, |r| {
         walked_bytes += r.bytes;
         if !over_budget && budget.admit(r.bytes) {
             rows.push(PlanRow {
@@ -724,27 +824,27 @@ pub(crate) fn path_suffix(
 /// range scan; anything else with point reads.
 pub(crate) fn fetch(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     seqs: &[i64],
 ) -> Result<Vec<StoredMessage>> {
     let (Some(&first), Some(&last)) = (seqs.first(), seqs.last()) else {
         return Ok(Vec::new());
     };
     let ascending = seqs.windows(2).all(|w| w[0] < w[1]);
-    if ascending && (last - first + 1) as usize <= 2 * seqs.len() {
+    if ascending && i128::from(last) - i128::from(first) < 2 * seqs.len() as i128 {
         let mut stmt = conn
-            .prepare_cached(select_messages!("seq BETWEEN ?3 AND ?4 ORDER BY seq"))
+            .prepare_cached(select_messages!("k BETWEEN ?1 AND ?2 ORDER BY k"))
             .map_err(backend_error)?;
         let mut wanted = seqs.iter().peekable();
         let mut out = Vec::with_capacity(seqs.len());
         let mut rows = stmt
-            .query(params![key.namespace, key.session_id, first, last])
+            .query(session.keys(first, last))
             .map_err(backend_error)?;
         while let Some(row) = rows.next().map_err(backend_error)? {
             let seq: i64 = row.get(3).map_err(backend_error)?;
             while wanted.next_if(|&&w| w < seq).is_some() {}
             if wanted.next_if_eq(&&seq).is_some() {
-                out.push(read_message(conn, key, row)?);
+                out.push(read_message(conn, session.key, row)?);
             }
         }
         return Ok(out);
@@ -753,9 +853,9 @@ pub(crate) fn fetch(
     for seq in seqs {
         out.extend(messages_where(
             conn,
-            key,
-            select_messages!("seq = ?3"),
-            &[seq],
+            session,
+            select_messages!("k = ?3"),
+            &[&session.k(*seq)],
         )?);
     }
     Ok(out)
@@ -765,25 +865,18 @@ pub(crate) fn fetch(
 /// `max_bytes` stored bytes (a larger first row alone).
 pub(crate) fn fetch_range(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     from: i64,
     last: i64,
     max_rows: usize,
     max_bytes: u64,
 ) -> Result<Vec<StoredMessage>> {
     let mut stmt = conn
-        .prepare_cached(select_messages!(
-            "seq BETWEEN ?3 AND ?4 ORDER BY seq LIMIT ?5"
-        ))
+        .prepare_cached(select_messages!("k BETWEEN ?1 AND ?2 ORDER BY k LIMIT ?3"))
         .map_err(backend_error)?;
+    let (first_key, last_key) = session.keys(from, last);
     let mut rows = stmt
-        .query(params![
-            key.namespace,
-            key.session_id,
-            from,
-            last,
-            max_rows as i64
-        ])
+        .query(params![first_key, last_key, max_rows as i64])
         .map_err(backend_error)?;
     let mut out = Vec::with_capacity(max_rows.min(64));
     let mut used = 0u64;
@@ -793,7 +886,7 @@ pub(crate) fn fetch_range(
             break;
         }
         used += bytes;
-        out.push(read_message(conn, key, row)?);
+        out.push(read_message(conn, session.key, row)?);
     }
     Ok(out)
 }
@@ -801,31 +894,32 @@ pub(crate) fn fetch_range(
 /// Rows `first..=last` newest first, at most `max_rows`.
 pub(crate) fn fetch_range_newest(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     first: i64,
     last: i64,
     max_rows: usize,
 ) -> Result<Vec<StoredMessage>> {
+    let (first_key, last_key) = session.keys(first, last);
     messages_where(
         conn,
-        key,
-        select_messages!("seq BETWEEN ?3 AND ?4 ORDER BY seq DESC LIMIT ?5"),
-        &[&first, &last, &(max_rows as i64)],
+        session,
+        select_messages!("k BETWEEN ?3 AND ?4 ORDER BY k DESC LIMIT ?5"),
+        &[&first_key, &last_key, &(max_rows as i64)],
     )
 }
 
 /// The seqs of `from` and its ancestors (at most `limit`), oldest first.
 pub(crate) fn ancestor_seqs(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     from: &str,
     limit: usize,
 ) -> Result<Vec<i64>> {
-    let Some((start, _, _)) = locate(conn, key, from)? else {
+    let Some((start, _, _)) = locate(conn, session, from)? else {
         return Ok(Vec::new());
     };
     let mut seqs = Vec::with_capacity(limit.min(256));
-    walk(conn, key, start, |r| {
+    walk(conn, session, start, |r| {
         seqs.push(r.seq);
         Ok(seqs.len() < limit)
     })?;
@@ -872,7 +966,7 @@ pub(crate) fn match_expression(words: &[String]) -> String {
 
 pub(crate) fn search(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     words: &[String],
     limit: usize,
 ) -> Result<Vec<SearchHit>> {
@@ -881,22 +975,24 @@ pub(crate) fn search(
             "SELECT s.message_id, s.role, s.session_id, m.content, m.content_chunks, m.created_at
                FROM message_fts
                JOIN message_search s ON s.rowid = message_fts.rowid
-               JOIN messages m ON m.namespace = s.namespace AND m.session_id = s.session_id
-                              AND m.id = s.message_id
+               JOIN messages m INDEXED BY messages_by_id
+                 ON m.id = s.message_id AND m.k BETWEEN ?5 AND ?6
               WHERE message_fts MATCH ?1 AND s.namespace = ?2 AND s.session_id = ?3
-              ORDER BY bm25(message_fts), m.seq
+              ORDER BY bm25(message_fts), m.k
               LIMIT ?4",
         )
         .map_err(backend_error)?;
     search_hits(
         conn,
-        &key.namespace,
+        &session.key.namespace,
         &mut stmt,
         params![
             match_expression(words),
-            key.namespace,
-            key.session_id,
-            limit as i64
+            session.key.namespace,
+            session.key.session_id,
+            limit as i64,
+            session.first,
+            session.last(),
         ],
     )
 }

@@ -8,7 +8,7 @@ use sessiondb_core::{
 };
 
 use crate::backend_error;
-use crate::queries::{match_expression, search_hits};
+use crate::queries::{self, SessionRange, match_expression, search_hits};
 use sessiondb_core::plan::linear_range;
 
 type Result<T> = std::result::Result<T, StoreError>;
@@ -171,10 +171,11 @@ pub(crate) fn save_record(
 /// Removes every row of a session except its `sessions` row (which the caller handles).
 pub(crate) fn delete_session_rows(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     search_index: bool,
 ) -> Result<()> {
-    delete_messages(conn, key, search_index)?;
+    delete_messages(conn, session, search_index)?;
+    let key = session.key;
     for sql in [
         "DELETE FROM compactions WHERE namespace = ?1 AND session_id = ?2",
         "DELETE FROM session_state WHERE namespace = ?1 AND session_id = ?2",
@@ -188,27 +189,30 @@ pub(crate) fn delete_session_rows(
 /// Removes a session's messages, their chunks and their search entries.
 pub(crate) fn delete_messages(
     conn: &Connection,
-    key: &SessionKey,
+    session: &SessionRange<'_>,
     search_index: bool,
 ) -> Result<()> {
+    let key = session.key;
+    let (first, last) = (session.first, session.last());
     if search_index {
         // The search table's key leads with the message id (see `schema::SEARCH_TABLES`), so a
         // session's entries are found through its message ids, before the messages go.
-        execute_for_session(
-            conn,
-            key,
+        conn.prepare_cached(
             "DELETE FROM message_search
               WHERE namespace = ?1 AND session_id = ?2
-                AND message_id IN (SELECT id FROM messages WHERE namespace = ?1 AND session_id = ?2)",
-        )?;
+                AND message_id IN (SELECT id FROM messages WHERE k BETWEEN ?3 AND ?4)",
+        )
+        .and_then(|mut stmt| stmt.execute(params![key.namespace, key.session_id, first, last]))
+        .map_err(backend_error)?;
     }
-    for sql in [
-        "DELETE FROM messages WHERE namespace = ?1 AND session_id = ?2",
+    conn.prepare_cached("DELETE FROM messages WHERE k BETWEEN ?1 AND ?2")
+        .and_then(|mut stmt| stmt.execute(params![first, last]))
+        .map_err(backend_error)?;
+    execute_for_session(
+        conn,
+        key,
         "DELETE FROM message_chunks WHERE namespace = ?1 AND session_id = ?2",
-    ] {
-        execute_for_session(conn, key, sql)?;
-    }
-    Ok(())
+    )
 }
 
 fn execute_for_session(conn: &Connection, key: &SessionKey, sql: &str) -> Result<()> {
@@ -322,12 +326,12 @@ pub(crate) fn search_namespace(
             "SELECT s.message_id, s.role, s.session_id, m.content, m.content_chunks, m.created_at
                FROM message_fts
                JOIN message_search s ON s.rowid = message_fts.rowid
-               JOIN messages m ON m.namespace = s.namespace AND m.session_id = s.session_id
-                              AND m.id = s.message_id
+               JOIN sessions n ON n.namespace = s.namespace AND n.id = s.session_id
+               JOIN messages m INDEXED BY messages_by_id
+                 ON m.id = s.message_id AND m.k BETWEEN n.number << 32 AND (n.number << 32) + ?5
               WHERE message_fts MATCH ?1 AND s.namespace = ?2
-                AND (?3 IS NULL OR s.session_id IN
-                     (SELECT id FROM sessions WHERE namespace = ?2 AND user_id = ?3))
-              ORDER BY bm25(message_fts), s.session_id, m.seq
+                AND (?3 IS NULL OR n.user_id = ?3)
+              ORDER BY bm25(message_fts), s.session_id, m.k
               LIMIT ?4",
         )
         .map_err(backend_error)?;
@@ -335,7 +339,13 @@ pub(crate) fn search_namespace(
         conn,
         namespace,
         &mut stmt,
-        params![match_expression(words), namespace, user_id, limit as i64],
+        params![
+            match_expression(words),
+            namespace,
+            user_id,
+            limit as i64,
+            queries::MAX_SEQ
+        ],
     )
 }
 

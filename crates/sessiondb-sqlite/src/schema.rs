@@ -20,6 +20,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0010_search_ids_first.sql"),
     include_str!("../migrations/0011_contentless_search.sql"),
     include_str!("../migrations/0012_text_off_page.sql"),
+    include_str!("../migrations/0013_rows_by_session_number.sql"),
 ];
 
 /// The schema version this build creates and reads.
@@ -121,23 +122,31 @@ pub(crate) fn configure(
     Ok(())
 }
 
-/// Brings the schema to the latest version, one transaction per migration.
 /// The schema version a database file is at (0: a new file).
 pub(crate) fn version(conn: &Connection) -> Result<i64, StoreError> {
     conn.query_row("PRAGMA user_version", [], |r| r.get(0))
         .map_err(backend_error)
 }
 
+/// Brings the schema to the latest version, one transaction per migration.
 pub(crate) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    migrate_to(conn, SCHEMA_VERSION)
+}
+
+/// Brings the schema to `target`; a file already past it is refused.
+pub(crate) fn migrate_to(conn: &mut Connection, target: i64) -> Result<(), StoreError> {
     let version = version(conn)?;
-    let latest = SCHEMA_VERSION;
-    if version > latest {
+    if version > target {
         return Err(StoreError::SchemaTooNew {
             found: version,
-            supported: latest,
+            supported: target,
         });
     }
-    for (index, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+    for (index, sql) in MIGRATIONS[..target as usize]
+        .iter()
+        .enumerate()
+        .skip(version as usize)
+    {
         let tx = conn.transaction().map_err(backend_error)?;
         tx.execute_batch(sql).map_err(backend_error)?;
         tx.pragma_update(None, "user_version", index as i64 + 1)
@@ -152,7 +161,7 @@ mod tests {
     use rusqlite::{Connection, params};
     use sessiondb_core::SessionKey;
 
-    use super::{MIGRATIONS, migrate};
+    use super::{SCHEMA_VERSION, migrate, migrate_to, version};
     use crate::queries::reassemble;
 
     /// Schema 12 moves the text of rows that spill over their page into continuation slices
@@ -160,11 +169,7 @@ mod tests {
     #[test]
     fn migration_12_moves_texts_off_the_page_and_keeps_each_message() {
         let mut conn = Connection::open_in_memory().unwrap();
-        for (index, sql) in MIGRATIONS[..11].iter().enumerate() {
-            conn.execute_batch(sql).unwrap();
-            conn.pragma_update(None, "user_version", index as i64 + 1)
-                .unwrap();
-        }
+        migrate_to(&mut conn, 11).unwrap();
         let key = SessionKey::new("", "s").unwrap();
         let short = "s".repeat(300);
         let long = "l".repeat(3_000);
@@ -192,7 +197,7 @@ mod tests {
         )
         .unwrap();
 
-        migrate(&mut conn).unwrap();
+        migrate_to(&mut conn, 12).unwrap();
         let layout = |id: &str| -> (String, i64) {
             conn.query_row(
                 "SELECT content, content_chunks FROM messages WHERE id = ?1",
@@ -212,5 +217,101 @@ mod tests {
             let (on_row, chunks) = layout(id);
             assert_eq!(reassemble(&conn, &key, id, on_row, chunks).unwrap(), text);
         }
+    }
+
+    /// Schema 12's `messages` rows of two sessions, in two namespaces (one with a branch), with
+    /// the sessions' rows.
+    fn schema_12_with_two_sessions() -> Connection {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate_to(&mut conn, 12).unwrap();
+        for (namespace, session) in [("b", "s"), ("a", "t")] {
+            conn.execute(
+                "INSERT INTO sessions (namespace, id, created_at, updated_at, next_seq, path_len,
+                     path_tokens, path_bytes, path_capped, path_dense, path_epoch,
+                     stored_messages)
+                 VALUES (?1, ?2, 0, 0, 4, 0, 0, 0, 0, 0, 0, 3)",
+                [namespace, session],
+            )
+            .unwrap();
+        }
+        for (namespace, session, seq, id, parent, parent_seq) in [
+            ("b", "s", 1, "m1", None, None),
+            ("b", "s", 2, "m2", Some("m1"), Some(1)),
+            ("b", "s", 3, "m3", Some("m1"), Some(1)),
+            ("a", "t", 1, "m1", None, None),
+        ] {
+            conn.execute(
+                "INSERT INTO messages (namespace, session_id, seq, id, parent_id, parent_seq,
+                     role, content, content_chunks, bytes, token_estimate, content_hash,
+                     created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'user', ?4, 0, 0, 0, x'00', 0)",
+                params![namespace, session, seq, id, parent, parent_seq],
+            )
+            .unwrap();
+        }
+        conn
+    }
+
+    /// Schema 13 numbers the sessions and keys each row by its session's number and its seq;
+    /// every row keeps its columns, and the partial indexes hold what they held.
+    #[test]
+    fn migration_13_keys_rows_by_session_number_and_seq() {
+        let mut conn = schema_12_with_two_sessions();
+        migrate(&mut conn).unwrap();
+        assert_eq!(version(&conn).unwrap(), SCHEMA_VERSION);
+        let rows: Vec<(String, i64, i64, String, Option<i64>)> = conn
+            .prepare(
+                "SELECT s.namespace || '/' || s.id, m.k >> 32, m.seq, m.id, m.parent_seq
+                   FROM messages m JOIN sessions s ON s.number = m.k >> 32 ORDER BY m.k",
+            )
+            .unwrap()
+            .query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let row = |session: &str, number, seq, id: &str, parent| {
+            (session.to_owned(), number, seq, id.to_owned(), parent)
+        };
+        assert_eq!(
+            rows,
+            [
+                row("a/t", 1, 1, "m1", None),
+                row("b/s", 2, 1, "m1", None),
+                row("b/s", 2, 2, "m2", Some(1)),
+                row("b/s", 2, 3, "m3", Some(1)),
+            ]
+        );
+        let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+        assert_eq!(
+            count(
+                "SELECT count(*) FROM messages INDEXED BY messages_detached WHERE k > 0 AND (parent_seq IS NULL OR parent_seq <> seq - 1)"
+            ),
+            3,
+            "the roots and the branch"
+        );
+        assert_eq!(
+            count("SELECT k FROM messages INDEXED BY messages_by_id WHERE id = 'm3' AND k > 0"),
+            (2 << 32) + 3
+        );
+    }
+
+    /// A row whose session has no row (never written by sessiondb) stops the migration, which
+    /// then leaves the file as it was.
+    #[test]
+    fn migration_13_refuses_to_drop_a_row_without_a_session() {
+        let mut conn = schema_12_with_two_sessions();
+        conn.execute("DELETE FROM sessions WHERE namespace = 'a'", [])
+            .unwrap();
+        let err = migrate(&mut conn).unwrap_err();
+        assert!(err.to_string().contains("every_row_moved"), "{err}");
+        assert_eq!(version(&conn).unwrap(), 12);
+        let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+        assert_eq!(
+            count("SELECT count(*) FROM messages WHERE namespace = 'a'"),
+            1
+        );
+        assert_eq!(count("SELECT count(*) FROM messages"), 4);
     }
 }

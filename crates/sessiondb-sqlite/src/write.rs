@@ -17,14 +17,16 @@ use sessiondb_core::{
     StoredMessage, WriteOutcome, WriteRequest,
 };
 
-use crate::queries::{self, PathTotals};
+use crate::queries::{self, PathTotals, SessionRange};
 use crate::{attachments, backend_error, context, registry};
 
 type Result<T> = std::result::Result<T, StoreError>;
 
-/// The most of a `messages` row SQLite keeps on the row's B-tree page: an index B-tree's largest
-/// local payload on a 4 KiB page, (4096 - 12) * 64 / 255 - 23. A longer row spills into an
-/// overflow page of its own, mostly empty for a message of a few KB.
+/// The longest `messages` row that keeps its text: about a quarter of a 4 KiB page, so rows pack
+/// four and more to a page. (Schema 12 chose the bound when `messages` was an index B-tree, which
+/// spills a row past 1,002 bytes into an overflow page of its own; the rowid table of schema 13
+/// would keep rows up to 4,061 bytes, but rows of 1-4 KB would then mostly take a page each,
+/// where their texts' 950-byte slices share pages.)
 const MAX_ROW_ON_PAGE: usize = 1002;
 /// What a `messages` row's columns other than its texts typically take with the record header
 /// (its integers, the content hash); a row the estimate lets through that is longer after all
@@ -47,19 +49,21 @@ fn exec(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) -> Result
         .map_err(backend_error)
 }
 
-/// Loads the session row, or an absent one.
-fn load_session(conn: &Connection, key: &SessionKey, now: i64) -> Result<SessionRow> {
+/// Loads the session row with the session's number, or an absent row with the number a new
+/// session gets (one above the highest; numbers of deleted sessions may come back, their rows
+/// having gone with them).
+fn load_session(conn: &Connection, key: &SessionKey, now: i64) -> Result<(SessionRow, i64)> {
     let mut stmt = conn
         .prepare_cached(
             "SELECT created_at, updated_at, last_message_at, next_seq, leaf_id, leaf_seq,
                     path_len, path_tokens, path_bytes, path_capped, path_head_seq,
-                    stored_messages, path_epoch, path_dense
+                    stored_messages, path_epoch, path_dense, number
                FROM sessions WHERE namespace = ?1 AND id = ?2",
         )
         .map_err(backend_error)?;
     let row = stmt
         .query_row(params![key.namespace, key.session_id], |r| {
-            Ok(SessionRow {
+            let row = SessionRow {
                 stored: true,
                 dirty: false,
                 created_at: r.get(0)?,
@@ -80,27 +84,44 @@ fn load_session(conn: &Connection, key: &SessionKey, now: i64) -> Result<Session
                 path_epoch: r.get(12)?,
                 totals_stale: false,
                 record: None,
-            })
+            };
+            Ok((row, r.get(14)?))
         })
         .optional()
         .map_err(backend_error)?;
-    Ok(row.unwrap_or_else(|| SessionRow::absent(now)))
+    if let Some(found) = row {
+        return Ok(found);
+    }
+    let number: i64 = conn
+        .prepare_cached("SELECT coalesce(max(number), 0) + 1 FROM sessions")
+        .and_then(|mut stmt| stmt.query_row([], |r| r.get(0)))
+        .map_err(backend_error)?;
+    if number > MAX_SESSION_NUMBER {
+        return Err(StoreError::StorageFull(format!(
+            "the store holds sessions numbered up to {MAX_SESSION_NUMBER}, the most it can"
+        )));
+    }
+    Ok((SessionRow::absent(now), number))
 }
+
+/// The highest session number: keys (`number << 32 | seq`) stay positive 64-bit integers.
+const MAX_SESSION_NUMBER: i64 = i32::MAX as i64;
 
 /// Saves a changed session row, first recomputing stale path aggregates. `loaded_times` are its
 /// `updated_at` and `last_message_at` as loaded.
 fn save_session(
     conn: &Connection,
-    key: &SessionKey,
+    rows: &SessionRange<'_>,
     session: &mut SessionRow,
     loaded_times: (i64, Option<i64>),
 ) -> Result<()> {
     if !session.dirty {
         return Ok(());
     }
+    let key = rows.key;
     if session.totals_stale {
         session.path = match session.leaf_seq {
-            Some(leaf) => queries::path_totals(conn, key, leaf)?,
+            Some(leaf) => queries::path_totals(conn, rows, leaf)?,
             None => PathTotals::EMPTY,
         };
     }
@@ -128,31 +149,31 @@ fn save_session(
     } else {
         "INSERT INTO sessions (namespace, id, created_at, updated_at, last_message_at,
              next_seq, leaf_id, leaf_seq, path_len, path_tokens, path_bytes, path_capped,
-             path_head_seq, stored_messages, path_epoch, path_dense)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
+             path_head_seq, stored_messages, path_epoch, path_dense, number)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
     };
-    exec(
-        conn,
-        sql,
-        params![
-            key.namespace,
-            key.session_id,
-            session.created_at,
-            session.updated_at,
-            session.last_message_at,
-            session.next_seq,
-            session.leaf_id,
-            session.leaf_seq,
-            session.path.len as i64,
-            session.path.tokens as i64,
-            session.path.bytes as i64,
-            session.path.capped,
-            session.path.head_seq,
-            session.stored_messages as i64,
-            session.path_epoch,
-            session.path.dense,
-        ],
-    )?;
+    let values = params![
+        key.namespace,
+        key.session_id,
+        session.created_at,
+        session.updated_at,
+        session.last_message_at,
+        session.next_seq,
+        session.leaf_id,
+        session.leaf_seq,
+        session.path.len as i64,
+        session.path.tokens as i64,
+        session.path.bytes as i64,
+        session.path.capped,
+        session.path.head_seq,
+        session.stored_messages as i64,
+        session.path_epoch,
+        session.path.dense,
+        rows.number(),
+    ];
+    // An update leaves the session's number as it is (`?17`, for a new row only).
+    let used = if session.stored { 16 } else { 17 };
+    exec(conn, sql, &values[..used])?;
     session.stored = true;
     Ok(())
 }
@@ -171,11 +192,12 @@ pub(crate) fn apply(
     request: &WriteRequest,
 ) -> Result<(Vec<WriteOutcome>, Vec<Change>)> {
     let key = &request.key;
-    let mut session = load_session(conn, key, request.now_ms)?;
+    let (mut session, number) = load_session(conn, key, request.now_ms)?;
     let loaded_times = (session.updated_at, session.last_message_at);
-    let mut tx = SqliteTx { conn, ctx, key };
+    let rows = SessionRange::numbered(key, number);
+    let mut tx = SqliteTx { conn, ctx, rows };
     let applied = poll_ready(write_rules::apply_request(&mut tx, request, &mut session))?;
-    save_session(conn, key, &mut session, loaded_times)?;
+    save_session(conn, &rows, &mut session, loaded_times)?;
     if let Some(record) = &session.record {
         registry::save_record(conn, key, record)?;
     }
@@ -198,36 +220,36 @@ fn poll_ready<T>(future: impl Future<Output = T>) -> T {
 struct SqliteTx<'a> {
     conn: &'a Connection,
     ctx: WriteContext,
-    key: &'a SessionKey,
+    rows: SessionRange<'a>,
 }
 
 impl WriteTx for SqliteTx<'_> {
     async fn id_status(&mut self, id: &str) -> Result<(bool, bool)> {
-        queries::id_status(self.conn, self.key, id)
+        queries::id_status(self.conn, &self.rows, id)
     }
 
     async fn message(&mut self, id: &str) -> Result<Option<StoredMessage>> {
-        queries::message(self.conn, self.key, id)
+        queries::message(self.conn, &self.rows, id)
     }
 
     async fn locate(&mut self, id: &str) -> Result<Option<Location>> {
-        queries::locate(self.conn, self.key, id)
+        queries::locate(self.conn, &self.rows, id)
     }
 
     async fn row_size(&mut self, seq: i64) -> Result<Option<(String, u64, u64)>> {
-        queries::row_size(self.conn, self.key, seq)
+        queries::row_size(self.conn, &self.rows, seq)
     }
 
     async fn path_runs(&mut self, leaf: i64) -> Result<PathRuns> {
-        Ok(queries::runs_from(self.conn, self.key, Some(leaf))?.finish(Vec::new()))
+        Ok(queries::runs_from(self.conn, &self.rows, Some(leaf))?.finish(Vec::new()))
     }
 
     async fn child_links(&mut self, id: &str) -> Result<Vec<(String, i64)>> {
-        queries::child_links(self.conn, self.key, id)
+        queries::child_links(self.conn, &self.rows, id)
     }
 
     async fn newest(&mut self) -> Result<Option<(String, i64)>> {
-        queries::newest(self.conn, self.key)
+        queries::newest(self.conn, &self.rows)
     }
 
     async fn insert(
@@ -254,17 +276,20 @@ impl WriteTx for SqliteTx<'_> {
         };
         let (on_row, slices) =
             self.placed_text(message, stored.parent_id.as_deref(), stored.json());
+        if seq > queries::MAX_SEQ {
+            // Seqs count every row a session was ever given; the key keeps 32 bits for them.
+            return Err(StoreError::QuotaExceeded {
+                limit: queries::MAX_SEQ as u64 + 1,
+            });
+        }
         exec(
             self.conn,
-            "INSERT INTO messages (namespace, session_id, seq, id, parent_id, parent_seq, role,
-                 content, content_chunks, bytes, token_estimate, content_hash, created_at,
-                 path_len, path_tokens, path_bytes, path_epoch, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                     ?18)",
+            "INSERT INTO messages (k, id, parent_id, parent_seq, role, content, content_chunks,
+                 bytes, token_estimate, content_hash, created_at, path_len, path_tokens,
+                 path_bytes, path_epoch, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
             params![
-                self.key.namespace,
-                self.key.session_id,
-                seq,
+                self.rows.k(seq),
                 message.id,
                 stored.parent_id.as_deref(),
                 parent_seq,
@@ -287,14 +312,13 @@ impl WriteTx for SqliteTx<'_> {
             exec(
                 self.conn,
                 "UPDATE messages INDEXED BY messages_by_parent SET parent_seq = ?4
-                  WHERE namespace = ?1 AND session_id = ?2 AND parent_id = ?3
-                    AND parent_seq IS NULL",
-                params![self.key.namespace, self.key.session_id, message.id, seq],
+                  WHERE parent_id = ?3 AND k BETWEEN ?1 AND ?2 AND parent_seq IS NULL",
+                params![self.rows.first, self.rows.last(), message.id, seq],
             )?;
         }
         if !message.references.is_empty() {
-            attachments::put(self.conn, &self.key.namespace, &message.payloads)?;
-            attachments::add_refs(self.conn, self.key, &message.id, &message.references)?;
+            attachments::put(self.conn, &self.rows.key.namespace, &message.payloads)?;
+            attachments::add_refs(self.conn, self.rows.key, &message.id, &message.references)?;
         }
         if self.ctx.search_index && !message.search_text.is_empty() {
             self.index(&message.id, &message.role, &message.search_text)?;
@@ -307,10 +331,10 @@ impl WriteTx for SqliteTx<'_> {
             .prepare_cached(
                 "SELECT seq, parent_id, content_hash, content_chunks, created_at, updated_at,
                         token_estimate, bytes
-                   FROM messages WHERE namespace = ?1 AND session_id = ?2 AND id = ?3",
+                   FROM messages INDEXED BY messages_by_id WHERE id = ?3 AND k BETWEEN ?1 AND ?2",
             )
             .and_then(|mut stmt| {
-                stmt.query_row(params![self.key.namespace, self.key.session_id, id], |r| {
+                stmt.query_row(params![self.rows.first, self.rows.last(), id], |r| {
                     Ok(CurrentRow {
                         seq: r.get(0)?,
                         parent_id: r.get(1)?,
@@ -339,13 +363,11 @@ impl WriteTx for SqliteTx<'_> {
         let chunks = slices.len() as i64;
         exec(
             self.conn,
-            "UPDATE messages SET role = ?4, content = ?5, content_chunks = ?6, bytes = ?7,
-                    token_estimate = ?8, content_hash = ?9, updated_at = ?10
-              WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
+            "UPDATE messages SET role = ?2, content = ?3, content_chunks = ?4, bytes = ?5,
+                    token_estimate = ?6, content_hash = ?7, updated_at = ?8
+              WHERE k = ?1",
             params![
-                self.key.namespace,
-                self.key.session_id,
-                current.seq,
+                self.rows.k(current.seq),
                 message.role,
                 on_row,
                 chunks,
@@ -360,27 +382,30 @@ impl WriteTx for SqliteTx<'_> {
                 self.conn,
                 "DELETE FROM message_chunks
                   WHERE namespace = ?1 AND session_id = ?2 AND id = ?3 AND idx > ?4",
-                params![self.key.namespace, self.key.session_id, message.id, chunks],
+                params![
+                    self.rows.key.namespace,
+                    self.rows.key.session_id,
+                    message.id,
+                    chunks
+                ],
             )?;
         }
         self.write_chunks(&message.id, &slices)?;
-        attachments::put(self.conn, &self.key.namespace, &message.payloads)?;
-        attachments::replace_refs(self.conn, self.key, &message.id, &message.references)?;
+        attachments::put(self.conn, &self.rows.key.namespace, &message.payloads)?;
+        attachments::replace_refs(self.conn, self.rows.key, &message.id, &message.references)?;
         if self.ctx.search_index {
             self.reindex(message)?;
         }
-        if queries::has_children(self.conn, self.key, &message.id)? {
+        if queries::has_children(self.conn, &self.rows, &message.id)? {
             // Every path through this row changes: stored totals below it are stale.
             session.path_epoch += 1;
         } else {
             exec(
                 self.conn,
-                "UPDATE messages SET path_tokens = path_tokens + ?4, path_bytes = path_bytes + ?5
-                  WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
+                "UPDATE messages SET path_tokens = path_tokens + ?2, path_bytes = path_bytes + ?3
+                  WHERE k = ?1",
                 params![
-                    self.key.namespace,
-                    self.key.session_id,
-                    current.seq,
+                    self.rows.k(current.seq),
                     message.token_estimate as i64 - current.token_estimate as i64,
                     message.bytes() as i64 - current.bytes as i64,
                 ],
@@ -397,32 +422,25 @@ impl WriteTx for SqliteTx<'_> {
     ) -> Result<()> {
         exec(
             self.conn,
-            "UPDATE messages SET parent_id = ?4, parent_seq = ?5
-              WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
-            params![
-                self.key.namespace,
-                self.key.session_id,
-                child_seq,
-                parent_id,
-                parent_seq
-            ],
+            "UPDATE messages SET parent_id = ?2, parent_seq = ?3 WHERE k = ?1",
+            params![self.rows.k(child_seq), parent_id, parent_seq],
         )?;
         Ok(())
     }
 
     async fn delete_rows(&mut self, rows: &[(String, i64)]) -> Result<()> {
         let ids: Vec<&str> = rows.iter().map(|(id, _)| id.as_str()).collect();
-        attachments::drop_message_refs(self.conn, self.key, &ids)?;
+        attachments::drop_message_refs(self.conn, self.rows.key, &ids)?;
         for (id, seq) in rows {
             exec(
                 self.conn,
-                "DELETE FROM messages WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
-                params![self.key.namespace, self.key.session_id, seq],
+                "DELETE FROM messages WHERE k = ?1",
+                params![self.rows.k(*seq)],
             )?;
             exec(
                 self.conn,
                 "DELETE FROM message_chunks WHERE namespace = ?1 AND session_id = ?2 AND id = ?3",
-                params![self.key.namespace, self.key.session_id, id],
+                params![self.rows.key.namespace, self.rows.key.session_id, id],
             )?;
             self.unindex(id)?;
         }
@@ -430,46 +448,46 @@ impl WriteTx for SqliteTx<'_> {
     }
 
     async fn clear(&mut self) -> Result<()> {
-        attachments::drop_session_refs(self.conn, self.key)?;
-        registry::delete_messages(self.conn, self.key, self.ctx.search_index)
+        attachments::drop_session_refs(self.conn, self.rows.key)?;
+        registry::delete_messages(self.conn, &self.rows, self.ctx.search_index)
     }
 
     async fn delete_session(&mut self) -> Result<()> {
-        attachments::drop_session_refs(self.conn, self.key)?;
-        context::delete_session(self.conn, self.key)?;
-        registry::delete_session_rows(self.conn, self.key, self.ctx.search_index)
+        attachments::drop_session_refs(self.conn, self.rows.key)?;
+        context::delete_session(self.conn, self.rows.key)?;
+        registry::delete_session_rows(self.conn, &self.rows, self.ctx.search_index)
     }
 
     async fn record(&mut self) -> Result<Option<SessionRecord>> {
-        registry::record(self.conn, self.key)
+        registry::record(self.conn, self.rows.key)
     }
 
     async fn add_compaction(&mut self, compaction: &Compaction) -> Result<()> {
-        registry::add_compaction(self.conn, self.key, compaction)
+        registry::add_compaction(self.conn, self.rows.key, compaction)
     }
 
     async fn put_state(&mut self, name: &str, value: &str) -> Result<()> {
-        registry::put_state(self.conn, self.key, name, value)
+        registry::put_state(self.conn, self.rows.key, name, value)
     }
 
     async fn delete_state(&mut self, name: &str) -> Result<bool> {
-        registry::delete_state(self.conn, self.key, name)
+        registry::delete_state(self.conn, self.rows.key, name)
     }
 
     async fn put_block(&mut self, block: &BlockDef) -> Result<()> {
-        context::put_block(self.conn, self.key, block)
+        context::put_block(self.conn, self.rows.key, block)
     }
 
     async fn write_block(&mut self, label: &str, text: &str, mode: WriteMode) -> Result<BlockDef> {
-        context::write_block(self.conn, self.key, label, text, mode)
+        context::write_block(self.conn, self.rows.key, label, text, mode)
     }
 
     async fn delete_block(&mut self, label: &str) -> Result<bool> {
-        context::delete_block(self.conn, self.key, label)
+        context::delete_block(self.conn, self.rows.key, label)
     }
 
     async fn put_entry(&mut self, label: &str, entry: &ContextEntry) -> Result<()> {
-        context::put_entry(self.conn, self.key, label, entry)
+        context::put_entry(self.conn, self.rows.key, label, entry)
     }
 
     async fn freeze_prompt(
@@ -478,7 +496,7 @@ impl WriteTx for SqliteTx<'_> {
         now: i64,
         replace: bool,
     ) -> Result<FrozenPrompt> {
-        context::freeze_prompt(self.conn, self.key, prompt, now, replace)
+        context::freeze_prompt(self.conn, self.rows.key, prompt, now, replace)
     }
 }
 
@@ -491,23 +509,21 @@ impl SqliteTx<'_> {
         if session.leaf_seq == Some(seq) && !session.totals_stale && !session.path.capped {
             return Ok(Some(session.path));
         }
-        if let Some((totals, epoch)) = queries::stored_path_totals(self.conn, self.key, seq)?
+        if let Some((totals, epoch)) = queries::stored_path_totals(self.conn, &self.rows, seq)?
             && epoch == session.path_epoch
         {
             return Ok(Some(totals));
         }
-        let walked = queries::path_totals(self.conn, self.key, seq)?;
+        let walked = queries::path_totals(self.conn, &self.rows, seq)?;
         if walked.capped {
             return Ok(None);
         }
         exec(
             self.conn,
-            "UPDATE messages SET path_len = ?4, path_tokens = ?5, path_bytes = ?6, path_epoch = ?7
-              WHERE namespace = ?1 AND session_id = ?2 AND seq = ?3",
+            "UPDATE messages SET path_len = ?2, path_tokens = ?3, path_bytes = ?4, path_epoch = ?5
+              WHERE k = ?1",
             params![
-                self.key.namespace,
-                self.key.session_id,
-                seq,
+                self.rows.k(seq),
                 walked.len as i64,
                 walked.tokens as i64,
                 walked.bytes as i64,
@@ -529,8 +545,6 @@ impl SqliteTx<'_> {
         json: &'j str,
     ) -> (&'j str, Vec<&'j str>) {
         let row = json.len()
-            + self.key.namespace.len()
-            + self.key.session_id.len()
             + message.id.len()
             + parent_id.map_or(0, str::len)
             + message.role.len()
@@ -553,7 +567,13 @@ impl SqliteTx<'_> {
                 self.conn,
                 "INSERT OR REPLACE INTO message_chunks (namespace, session_id, id, idx, content)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![self.key.namespace, self.key.session_id, id, idx, slice],
+                params![
+                    self.rows.key.namespace,
+                    self.rows.key.session_id,
+                    id,
+                    idx,
+                    slice
+                ],
             )?;
         }
         Ok(())
@@ -571,7 +591,13 @@ impl SqliteTx<'_> {
                 crate::schema::search_indexed_mark!(),
                 ") + 1, ?1, ?2, ?3, ?4, ?5)"
             ),
-            params![self.key.namespace, self.key.session_id, id, role, text],
+            params![
+                self.rows.key.namespace,
+                self.rows.key.session_id,
+                id,
+                role,
+                text
+            ],
         )?;
         Ok(())
     }
@@ -582,7 +608,7 @@ impl SqliteTx<'_> {
                 self.conn,
                 "DELETE FROM message_search
                   WHERE namespace = ?1 AND session_id = ?2 AND message_id = ?3",
-                params![self.key.namespace, self.key.session_id, id],
+                params![self.rows.key.namespace, self.rows.key.session_id, id],
             )?;
         }
         Ok(())

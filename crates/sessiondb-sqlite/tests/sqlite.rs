@@ -47,6 +47,45 @@ fn pending_texts(conn: &Connection) -> Vec<String> {
         .unwrap()
 }
 
+/// Rewrites the closed store in `dir` as a release with schema `version` (before 13) kept it: a
+/// file built by the migrations up to `version` holding the same sessions and messages, these
+/// keyed by namespace, session and seq, and nothing that is built on demand (the search index).
+fn rewrite_at_schema(dir: &std::path::Path, version: i64) {
+    let current = dir.join("current.db");
+    raw(dir)
+        .execute("VACUUM INTO ?1", [current.to_str().unwrap()])
+        .unwrap();
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(dir.join(format!("{DATABASE_FILE}{suffix}")));
+    }
+    let mut conn = raw(dir);
+    sessiondb_sqlite::create_schema_version(&mut conn, version).unwrap();
+    conn.execute("ATTACH ?1 AS current", [current.to_str().unwrap()])
+        .unwrap();
+    conn.execute_batch(
+        "INSERT INTO sessions (namespace, id, created_at, updated_at, last_message_at, next_seq,
+             leaf_id, leaf_seq, path_len, path_tokens, path_bytes, path_capped, path_head_seq,
+             path_dense, path_epoch, stored_messages, name, parent_session_id, model, source,
+             user_id, metadata, settings, end_reason, input_tokens, output_tokens, cost)
+         SELECT namespace, id, created_at, updated_at, last_message_at, next_seq, leaf_id,
+                leaf_seq, path_len, path_tokens, path_bytes, path_capped, path_head_seq,
+                path_dense, path_epoch, stored_messages, name, parent_session_id, model, source,
+                user_id, metadata, settings, end_reason, input_tokens, output_tokens, cost
+           FROM current.sessions;
+         INSERT INTO messages (namespace, session_id, seq, id, parent_id, parent_seq, role,
+             content, content_chunks, bytes, token_estimate, content_hash, created_at,
+             updated_at, path_len, path_tokens, path_bytes, path_epoch)
+         SELECT s.namespace, s.id, m.seq, m.id, m.parent_id, m.parent_seq, m.role, m.content,
+                m.content_chunks, m.bytes, m.token_estimate, m.content_hash, m.created_at,
+                m.updated_at, m.path_len, m.path_tokens, m.path_bytes, m.path_epoch
+           FROM current.messages m JOIN current.sessions s ON s.number = m.k >> 32;
+         DETACH current;",
+    )
+    .unwrap();
+    drop(conn);
+    std::fs::remove_file(current).unwrap();
+}
+
 fn table_exists(conn: &Connection, name: &str) -> bool {
     count(
         conn,
@@ -405,11 +444,11 @@ fn migrations_stamp_the_schema_version_and_refuse_newer_files() {
     );
 }
 
-/// Schemas 9 and 10 re-key the id index and the search table; a file of schema 8 (with a search
-/// index) opens, gets the new id index, drops its search index (derived data), and still finds
-/// its messages by id and, after the next search builds the index again, by text.
+/// Schemas 9 to 13 re-key the id index and then the messages; a file of schema 8 opens, gets the
+/// id index of the current schema, and still finds its messages by id within their session and,
+/// after the first search builds the index, by text.
 #[test]
-fn a_schema_8_file_migrates_to_the_id_first_indexes() {
+fn a_schema_8_file_migrates_to_the_current_keys() {
     let dir = tempfile::tempdir().unwrap();
     let add = |s: &sessiondb::Session<SqliteStore>, id: &str| {
         block_on(s.append(
@@ -425,7 +464,6 @@ fn a_schema_8_file_migrates_to_the_id_first_indexes() {
             add(&a, id);
         }
         add(&b, "m1");
-        assert_eq!(block_on(a.search("m2", 5)).unwrap().len(), 1);
     }
     let index_columns = |conn: &Connection| -> Vec<String> {
         let mut stmt = conn
@@ -436,20 +474,16 @@ fn a_schema_8_file_migrates_to_the_id_first_indexes() {
             .map(Result::unwrap)
             .collect()
     };
-    let conn = raw(dir.path());
-    conn.execute_batch(
-        "DROP INDEX messages_by_id;
-         CREATE UNIQUE INDEX messages_by_id ON messages (namespace, session_id, id);
-         PRAGMA user_version = 8;",
-    )
-    .unwrap();
-    drop(conn);
+    rewrite_at_schema(dir.path(), 8);
+    assert_eq!(
+        index_columns(&raw(dir.path())),
+        ["namespace", "session_id", "id"]
+    );
 
     let db = open(dir.path());
     let conn = raw(dir.path());
-    assert_eq!(index_columns(&conn), ["id", "namespace", "session_id"]);
+    assert_eq!(index_columns(&conn), ["id"]);
     assert_eq!(count(&conn, "PRAGMA user_version"), SCHEMA_VERSION);
-    assert!(!table_exists(&conn, "message_search"));
     drop(conn);
     assert!(!db.store().has_search_index());
     let (a, b) = (db.session("a").unwrap(), db.session("b").unwrap());
@@ -480,6 +514,7 @@ fn a_schema_10_search_index_is_built_again_without_copies_of_texts() {
             }
         });
     }
+    rewrite_at_schema(dir.path(), 10);
     let conn = raw(dir.path());
     conn.execute_batch(
         "CREATE TABLE message_search (
@@ -496,8 +531,7 @@ fn a_schema_10_search_index_is_built_again_without_copies_of_texts() {
              VALUES ('delete', old.rowid, old.text);
          END;
          INSERT OR REPLACE INTO store_meta (key, value) VALUES ('search_index', '1');
-         INSERT OR REPLACE INTO store_meta (key, value) VALUES ('search_indexed', '1');
-         PRAGMA user_version = 10;",
+         INSERT OR REPLACE INTO store_meta (key, value) VALUES ('search_indexed', '1');",
     )
     .unwrap();
     drop(conn);
@@ -990,7 +1024,10 @@ fn requests_failing_midway_in_a_group_leave_nothing() {
     assert_eq!(count(&conn, "SELECT count(*) FROM messages"), 32 * 3);
     for t in 0..32 {
         let texts: Vec<String> = conn
-            .prepare("SELECT content FROM messages WHERE session_id = ?1 ORDER BY seq")
+            .prepare(
+                "SELECT content FROM messages m JOIN sessions s ON s.number = m.k >> 32
+                  WHERE s.id = ?1 ORDER BY m.k",
+            )
             .unwrap()
             .query_map([format!("s{t}")], |r| r.get(0))
             .unwrap()

@@ -118,6 +118,7 @@ macro_rules! for_each_case {
             writes::stats_track_every_kind_of_write,
             writes::custom_token_counter_is_stamped,
             reads::empty_and_unknown_reads_are_empty,
+            reads::reads_of_any_seq_range_stay_within_the_session,
             reads::newest_first_is_the_exact_reverse,
             reads::newest_first_stops_when_the_consumer_does,
             reads::windows_of_fifty_lose_nothing,

@@ -39,6 +39,72 @@ pub async fn empty_and_unknown_reads_are_empty<S: Store>(db: Db<S>) {
     assert!(newest_first_ids(&s, Some("ghost")).await.is_empty());
 }
 
+/// A session's reads return its own rows and no other's, whatever seqs a caller names: ranges
+/// to `i64::MAX` or from `i64::MIN`, seqs no row has, with sessions written after it beside it.
+/// (An update first, so no read is answered from a backend's row cache.)
+pub async fn reads_of_any_seq_range_stay_within_the_session<S: Store>(db: Db<S>) {
+    let sessions: Vec<_> = ["first", "second", "third"]
+        .into_iter()
+        .map(|id| db_session(&db, id))
+        .collect();
+    for s in &sessions {
+        chain(s, &["a", "b", "c"]).await;
+    }
+    let first = &sessions[0];
+    first
+        .update(text("b", "user", "changed"), sessiondb::Source::Server)
+        .await
+        .unwrap();
+    let store = db.store();
+    let key = first.key();
+    let own = ["a", "b", "c"];
+    let whole = store
+        .fetch_range(key, 1, i64::MAX, 100, u64::MAX)
+        .await
+        .unwrap();
+    assert_eq!(ids(&whole), own);
+    let newest = store
+        .fetch_range_newest(key, i64::MIN, i64::MAX, 100)
+        .await
+        .unwrap();
+    assert_eq!(ids(&newest), ["c", "b", "a"]);
+    let seqs: Vec<i64> = whole.iter().map(|m| m.seq).collect();
+    let named = [seqs.clone(), vec![i64::MAX]].concat();
+    assert_eq!(ids(&store.fetch(key, &named).await.unwrap()), own);
+    assert!(
+        store
+            .fetch(key, &[i64::MIN, -1, 0])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let (low, high) = (seqs[0], seqs[2]);
+    let totals = store
+        .range_totals(
+            key,
+            &[(low, high), (i64::MIN, i64::MAX), (high + 1, i64::MAX)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        totals[1], totals[0],
+        "the whole range is the session's three rows"
+    );
+    assert_eq!((totals[2].tokens, totals[2].bytes), (0, 0));
+    let exported: Vec<String> = first.export().try_collect().await.unwrap();
+    let messages = exported
+        .iter()
+        .filter(|l| l.starts_with("{\"message\""))
+        .count();
+    assert_eq!(messages, 3, "{exported:?}");
+    let ghost = db_session(&db, "never-written");
+    let nothing = store
+        .fetch_range(ghost.key(), i64::MIN, i64::MAX, 100, u64::MAX)
+        .await
+        .unwrap();
+    assert!(nothing.is_empty());
+}
+
 pub async fn newest_first_is_the_exact_reverse<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     let names = chain_n(&s, 150).await;
