@@ -317,8 +317,8 @@ impl WriteTx for SqliteTx<'_> {
             )?;
         }
         if !message.references.is_empty() {
-            attachments::put(self.conn, &self.rows.key.namespace, &message.payloads)?;
-            attachments::add_refs(self.conn, self.rows.key, &message.id, &message.references)?;
+            attachments::put(self.conn, &self.key().namespace, &message.payloads)?;
+            attachments::add_refs(self.conn, self.key(), &message.id, &message.references)?;
         }
         if self.ctx.search_index && !message.search_text.is_empty() {
             self.index(&message.id, &message.role, &message.search_text)?;
@@ -383,16 +383,16 @@ impl WriteTx for SqliteTx<'_> {
                 "DELETE FROM message_chunks
                   WHERE namespace = ?1 AND session_id = ?2 AND id = ?3 AND idx > ?4",
                 params![
-                    self.rows.key.namespace,
-                    self.rows.key.session_id,
+                    self.key().namespace,
+                    self.key().session_id,
                     message.id,
                     chunks
                 ],
             )?;
         }
         self.write_chunks(&message.id, &slices)?;
-        attachments::put(self.conn, &self.rows.key.namespace, &message.payloads)?;
-        attachments::replace_refs(self.conn, self.rows.key, &message.id, &message.references)?;
+        attachments::put(self.conn, &self.key().namespace, &message.payloads)?;
+        attachments::replace_refs(self.conn, self.key(), &message.id, &message.references)?;
         if self.ctx.search_index {
             self.reindex(message)?;
         }
@@ -430,7 +430,7 @@ impl WriteTx for SqliteTx<'_> {
 
     async fn delete_rows(&mut self, rows: &[(String, i64)]) -> Result<()> {
         let ids: Vec<&str> = rows.iter().map(|(id, _)| id.as_str()).collect();
-        attachments::drop_message_refs(self.conn, self.rows.key, &ids)?;
+        attachments::drop_message_refs(self.conn, self.key(), &ids)?;
         for (id, seq) in rows {
             exec(
                 self.conn,
@@ -440,7 +440,7 @@ impl WriteTx for SqliteTx<'_> {
             exec(
                 self.conn,
                 "DELETE FROM message_chunks WHERE namespace = ?1 AND session_id = ?2 AND id = ?3",
-                params![self.rows.key.namespace, self.rows.key.session_id, id],
+                params![self.key().namespace, self.key().session_id, id],
             )?;
             self.unindex(id)?;
         }
@@ -448,46 +448,46 @@ impl WriteTx for SqliteTx<'_> {
     }
 
     async fn clear(&mut self) -> Result<()> {
-        attachments::drop_session_refs(self.conn, self.rows.key)?;
+        attachments::drop_session_refs(self.conn, self.key())?;
         registry::delete_messages(self.conn, &self.rows, self.ctx.search_index)
     }
 
     async fn delete_session(&mut self) -> Result<()> {
-        attachments::drop_session_refs(self.conn, self.rows.key)?;
-        context::delete_session(self.conn, self.rows.key)?;
+        attachments::drop_session_refs(self.conn, self.key())?;
+        context::delete_session(self.conn, self.key())?;
         registry::delete_session_rows(self.conn, &self.rows, self.ctx.search_index)
     }
 
     async fn record(&mut self) -> Result<Option<SessionRecord>> {
-        registry::record(self.conn, self.rows.key)
+        registry::record(self.conn, self.key())
     }
 
     async fn add_compaction(&mut self, compaction: &Compaction) -> Result<()> {
-        registry::add_compaction(self.conn, self.rows.key, compaction)
+        registry::add_compaction(self.conn, self.key(), compaction)
     }
 
     async fn put_state(&mut self, name: &str, value: &str) -> Result<()> {
-        registry::put_state(self.conn, self.rows.key, name, value)
+        registry::put_state(self.conn, self.key(), name, value)
     }
 
     async fn delete_state(&mut self, name: &str) -> Result<bool> {
-        registry::delete_state(self.conn, self.rows.key, name)
+        registry::delete_state(self.conn, self.key(), name)
     }
 
     async fn put_block(&mut self, block: &BlockDef) -> Result<()> {
-        context::put_block(self.conn, self.rows.key, block)
+        context::put_block(self.conn, self.key(), block)
     }
 
     async fn write_block(&mut self, label: &str, text: &str, mode: WriteMode) -> Result<BlockDef> {
-        context::write_block(self.conn, self.rows.key, label, text, mode)
+        context::write_block(self.conn, self.key(), label, text, mode)
     }
 
     async fn delete_block(&mut self, label: &str) -> Result<bool> {
-        context::delete_block(self.conn, self.rows.key, label)
+        context::delete_block(self.conn, self.key(), label)
     }
 
     async fn put_entry(&mut self, label: &str, entry: &ContextEntry) -> Result<()> {
-        context::put_entry(self.conn, self.rows.key, label, entry)
+        context::put_entry(self.conn, self.key(), label, entry)
     }
 
     async fn freeze_prompt(
@@ -496,11 +496,15 @@ impl WriteTx for SqliteTx<'_> {
         now: i64,
         replace: bool,
     ) -> Result<FrozenPrompt> {
-        context::freeze_prompt(self.conn, self.rows.key, prompt, now, replace)
+        context::freeze_prompt(self.conn, self.key(), prompt, now, replace)
     }
 }
 
 impl SqliteTx<'_> {
+    fn key(&self) -> &SessionKey {
+        self.rows.key
+    }
+
     /// Totals of the whole path ending at `seq`: stored ones when still valid, else walked (and
     /// then only if the path is within the cap, so they are exact). Walked totals are stored on
     /// the row with the current epoch, so the next branch under it (a regeneration) needs no
@@ -567,13 +571,7 @@ impl SqliteTx<'_> {
                 self.conn,
                 "INSERT OR REPLACE INTO message_chunks (namespace, session_id, id, idx, content)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![
-                    self.rows.key.namespace,
-                    self.rows.key.session_id,
-                    id,
-                    idx,
-                    slice
-                ],
+                params![self.key().namespace, self.key().session_id, id, idx, slice],
             )?;
         }
         Ok(())
@@ -591,13 +589,7 @@ impl SqliteTx<'_> {
                 crate::schema::search_indexed_mark!(),
                 ") + 1, ?1, ?2, ?3, ?4, ?5)"
             ),
-            params![
-                self.rows.key.namespace,
-                self.rows.key.session_id,
-                id,
-                role,
-                text
-            ],
+            params![self.key().namespace, self.key().session_id, id, role, text],
         )?;
         Ok(())
     }
@@ -608,7 +600,7 @@ impl SqliteTx<'_> {
                 self.conn,
                 "DELETE FROM message_search
                   WHERE namespace = ?1 AND session_id = ?2 AND message_id = ?3",
-                params![self.rows.key.namespace, self.rows.key.session_id, id],
+                params![self.key().namespace, self.key().session_id, id],
             )?;
         }
         Ok(())
