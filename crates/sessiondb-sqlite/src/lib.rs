@@ -50,19 +50,6 @@ mod write;
 
 pub use schema::SCHEMA_VERSION;
 
-/// Builds the schema of release `version` (at most [`SCHEMA_VERSION`]) in a new database, with
-/// the migrations that produced it: upgrade tests fill it as an older release would have.
-#[doc(hidden)]
-pub fn create_schema_version(conn: &mut Connection, version: i64) -> Result<(), StoreError> {
-    if !(0..=SCHEMA_VERSION).contains(&version) {
-        return Err(StoreError::SchemaTooNew {
-            found: version,
-            supported: SCHEMA_VERSION,
-        });
-    }
-    schema::migrate_to(conn, version)
-}
-
 use std::collections::VecDeque;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -85,6 +72,19 @@ use crate::cache::RowCache;
 use crate::durability::{Committed, Durability};
 use crate::queries::SessionRange;
 use crate::write::WriteContext;
+
+/// Builds the schema of release `version` (at most [`SCHEMA_VERSION`]) in a new database, with
+/// the migrations that produced it: upgrade tests fill it as an older release would have.
+#[doc(hidden)]
+pub fn create_schema_version(conn: &mut Connection, version: i64) -> Result<(), StoreError> {
+    if !(0..=SCHEMA_VERSION).contains(&version) {
+        return Err(StoreError::SchemaTooNew {
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    schema::migrate_to(conn, version)
+}
 
 /// File name of the database inside the data directory.
 pub const DATABASE_FILE: &str = "sessiondb.sqlite3";

@@ -28,9 +28,10 @@ pub(crate) const MAX_SEQ: i64 = (1 << 32) - 1;
 /// session's number (`sessions.number`) times 2^32. A session without a `sessions` row has the
 /// number 0, whose range holds no rows, so every query of it finds nothing.
 ///
-/// Seqs start at 1, so the range's first key never holds a row. Keys are computed here, never in
-/// SQL: a seq from a caller (say `i64::MAX` for "to the end") is clamped to the range, where SQL
-/// arithmetic would overflow into a float past the session's last key.
+/// Seqs start at 1, so the range's first key never holds a row. The keys of a caller's seqs are
+/// computed here, never in SQL: a seq (say `i64::MAX` for "to the end") is clamped to the range,
+/// where SQL arithmetic would overflow into a float past the session's last key. (Statements over
+/// many sessions compute each range from its stored number, which cannot overflow.)
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SessionRange<'k> {
     pub key: &'k SessionKey,
