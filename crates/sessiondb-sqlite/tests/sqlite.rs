@@ -498,6 +498,50 @@ fn a_schema_8_file_migrates_to_the_current_keys() {
     assert_eq!(m3.parent_id.as_deref(), Some("m2"));
 }
 
+/// Sessions are numbered from 1 in the order they are first written; the number of the newest,
+/// once deleted, goes to the next new session, which sees none of the old session's rows.
+#[test]
+fn a_new_session_may_take_a_deleted_sessions_number_but_none_of_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    let ids = |s: &sessiondb::Session<SqliteStore>| -> Vec<String> {
+        let history = block_on(s.full_history(HistoryOptions::default())).unwrap();
+        history.iter().map(|m| m.id.to_string()).collect()
+    };
+    let add = |s: &sessiondb::Session<SqliteStore>, id: &str| {
+        block_on(s.append(
+            Message::text("user", id).with_id(id),
+            AppendOptions::default(),
+        ))
+        .unwrap();
+    };
+    let (a, b) = (db.session("a").unwrap(), db.session("b").unwrap());
+    add(&a, "a1");
+    add(&b, "b1");
+    add(&b, "b2");
+    let number = |id: &str| -> i64 {
+        raw(dir.path())
+            .query_row("SELECT number FROM sessions WHERE id = ?1", [id], |r| {
+                r.get(0)
+            })
+            .unwrap()
+    };
+    drop((a, b, db));
+    assert_eq!((number("a"), number("b")), (1, 2));
+
+    let db = open(dir.path());
+    assert!(block_on(db.session("b").unwrap().delete_session()).unwrap());
+    let c = db.session("c").unwrap();
+    assert!(ids(&c).is_empty());
+    add(&c, "c1");
+    assert_eq!(ids(&c), ["c1"]);
+    assert_eq!(ids(&db.session("a").unwrap()), ["a1"]);
+    assert!(ids(&db.session("b").unwrap()).is_empty());
+    drop((c, db));
+    assert_eq!(number("c"), 2);
+    assert_eq!(count(&raw(dir.path()), "SELECT count(*) FROM messages"), 2);
+}
+
 /// Schema 11 keeps no copies of texts in the search index; a file of schema 10 (whose index kept
 /// them in `message_search`) drops its index, and the next search builds it in the new shape and
 /// answers with each hit's text.
