@@ -1201,10 +1201,10 @@ fn search_texts_of_messages(
         .prepare(
             "SELECT s.namespace, s.id, m.id, m.role, m.content, m.content_chunks
                FROM sessions s INDEXED BY sessions_by_number CROSS JOIN messages m
-                 ON m.k BETWEEN s.number << 32 AND (s.number << 32) + 4294967295",
+                 ON m.k BETWEEN s.number << 32 AND (s.number << 32) + ?1",
         )
         .map_err(backend_error)?;
-    let mut cursor = rows.query([]).map_err(backend_error)?;
+    let mut cursor = rows.query([queries::MAX_SEQ]).map_err(backend_error)?;
     let mut batch = SearchTextBatch::default();
     while let Some(row) = cursor.next().map_err(backend_error)? {
         let key = SessionKey {

@@ -220,13 +220,15 @@ fn messages_where(
     Ok(out)
 }
 
-/// The row of message `?3` among the session's rows, as a `FROM … WHERE` condition. Ids are
-/// unique within a session, and the id index's entries carry the key to check the session by.
+/// The row of message `?3` among the session's rows (`?1..=?2`), as a `WHERE` condition over
+/// `messages INDEXED BY messages_by_id`. Ids are unique within a session, and the id index's
+/// entries carry the key to check the session by.
 macro_rules! by_id {
     () => {
         "id = ?3 AND k BETWEEN ?1 AND ?2"
     };
 }
+pub(crate) use by_id;
 
 pub(crate) fn message(
     conn: &Connection,
@@ -251,8 +253,9 @@ macro_rules! children_of {
             "SELECT ",
             $columns,
             " FROM messages
-              WHERE k = (SELECT k + 1 FROM messages INDEXED BY messages_by_id
-                          WHERE id = ?3 AND k BETWEEN ?1 AND ?2)
+              WHERE k = (SELECT k + 1 FROM messages INDEXED BY messages_by_id WHERE ",
+            by_id!(),
+            ")
                 AND parent_seq = seq - 1
              UNION ALL
              SELECT ",

@@ -328,11 +328,12 @@ impl WriteTx for SqliteTx<'_> {
 
     async fn current(&mut self, id: &str) -> Result<Option<CurrentRow>> {
         self.conn
-            .prepare_cached(
+            .prepare_cached(concat!(
                 "SELECT seq, parent_id, content_hash, content_chunks, created_at, updated_at,
                         token_estimate, bytes
-                   FROM messages INDEXED BY messages_by_id WHERE id = ?3 AND k BETWEEN ?1 AND ?2",
-            )
+                   FROM messages INDEXED BY messages_by_id WHERE ",
+                queries::by_id!()
+            ))
             .and_then(|mut stmt| {
                 stmt.query_row(params![self.rows.first, self.rows.last(), id], |r| {
                     Ok(CurrentRow {
