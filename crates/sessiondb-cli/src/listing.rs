@@ -7,7 +7,7 @@ use anyhow::bail;
 use serde_json::Value;
 use sessiondb::{Db, MAX_PAGE_SIZE, PageRequest, SessionListing, SessionSort, SqliteStore};
 
-use crate::transfer::{Remote, check, request, segment};
+use crate::remote::{Remote, segment};
 
 /// `--sort`: an order under its API name.
 pub fn parse_sort(name: &str) -> Result<SessionSort, String> {
@@ -27,7 +27,7 @@ pub struct Wanted {
 /// `GET /v1/sessions` returns), until the listing or the limit ends.
 pub async fn print(
     db: Option<&Db<SqliteStore>>,
-    remote: Option<Remote<'_>>,
+    remote: Option<&Remote>,
     namespace: &str,
     wanted: &Wanted,
     out: &mut impl Write,
@@ -82,31 +82,22 @@ async fn local_page(
 }
 
 async fn remote_page(
-    remote: &Remote<'_>,
+    remote: &Remote,
     wanted: &Wanted,
     limit: usize,
     after: Option<String>,
 ) -> anyhow::Result<Listed> {
-    let mut url = format!(
-        "{}/v1/sessions?limit={limit}&sort={}",
-        remote.url.trim_end_matches('/'),
+    let mut url = remote.url(&format!(
+        "/v1/sessions?limit={limit}&sort={}",
         wanted.sort.name()
-    );
+    ));
     if let Some(user) = &wanted.user_id {
         url.push_str(&format!("&userId={}", segment(user)));
     }
     if let Some(cursor) = &after {
         url.push_str(&format!("&after={}", segment(cursor)));
     }
-    let response = request(
-        &reqwest::Client::new(),
-        reqwest::Method::GET,
-        &url,
-        remote.api_key,
-    )
-    .send()
-    .await?;
-    let mut page: Value = check(response).await?.json().await?;
+    let mut page = remote.get_json(&url).await?;
     let items = match page["items"].take() {
         Value::Array(items) => items,
         other => bail!("GET {url}: `items` is not a list: {other}"),

@@ -1,11 +1,13 @@
-//! The `sessiondb` command: a thin wrapper over the library on the embedded store, and the
-//! server (`sessiondb serve`).
+//! The `sessiondb` command: a thin wrapper over the library on the embedded store, or over the
+//! HTTP API of a server (`--url`), and the server itself (`sessiondb serve`).
 #![forbid(unsafe_code)]
 
 mod backups;
 mod listing;
+mod remote;
 mod retention;
 mod serve;
+mod session_commands;
 mod transfer;
 mod tree;
 
@@ -14,10 +16,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use futures::StreamExt;
-use sessiondb::{
-    AppendOptions, Db, HistoryOptions, Message, Parent, Session, SessionSort, SqliteStore,
-};
+use sessiondb::{Db, HistoryOptions, Message, Parent, SessionSort, SqliteStore};
+
+use crate::remote::Remote;
+use crate::session_commands::Target;
 
 /// Where the embedded database lives unless `--data` says otherwise.
 pub const DEFAULT_DATA: &str = "./sessiondb-data";
@@ -58,6 +60,8 @@ enum Command {
         /// Start a new root.
         #[arg(long)]
         root: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// Print the path root → leaf as NDJSON (one message per line).
     History {
@@ -68,18 +72,31 @@ enum Command {
         /// Leaf first.
         #[arg(long)]
         newest_first: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// Draw every branch of a session; `*` marks the active path.
-    Tree { session: String },
+    Tree {
+        session: String,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
     /// Full-text search within a session.
     Search {
         session: String,
         query: String,
         #[arg(long, default_value_t = 20)]
         limit: usize,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
-    /// Numbers of the active path, as JSON.
-    Stats { session: String },
+    /// Numbers of the active path, as JSON (`storedMessages`, every message of the tree, on the
+    /// embedded store only).
+    Stats {
+        session: String,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
     /// Copy the whole store into a new directory, which then opens as a store of its own (a
     /// consistent snapshot; the directory must not hold a database yet).
     Backup { destination: PathBuf },
@@ -88,9 +105,13 @@ enum Command {
     Delete {
         #[arg(required_unless_present = "idle_for", conflicts_with = "idle_for")]
         session: Option<String>,
-        /// Not written (`updatedAt`) for this long: a number and s, m, h or d, as in `30d`.
-        #[arg(long, value_parser = backups::parse_interval)]
+        /// Not written (`updatedAt`) for this long: a number and s, m, h or d, as in `30d`. On
+        /// the embedded store only: a server deletes idle sessions itself
+        /// (`serve --delete-idle-after`).
+        #[arg(long, value_parser = backups::parse_interval, conflicts_with = "url")]
         idle_for: Option<std::time::Duration>,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// List the namespace's sessions as NDJSON, most recent first (the objects
     /// `GET /v1/sessions` pages through).
@@ -135,23 +156,35 @@ enum Command {
     },
 }
 
+impl Command {
+    /// The server the command works through, when `--url` names one.
+    fn remote(&self) -> Option<Remote> {
+        let args = match self {
+            Command::Append { remote, .. }
+            | Command::History { remote, .. }
+            | Command::Tree { remote, .. }
+            | Command::Search { remote, .. }
+            | Command::Stats { remote, .. }
+            | Command::Delete { remote, .. }
+            | Command::Sessions { remote, .. }
+            | Command::Import { remote, .. }
+            | Command::Export { remote, .. } => remote,
+            Command::Backup { .. } | Command::Serve(_) | Command::Migrate { .. } => return None,
+        };
+        let url = args.url.as_deref()?;
+        Some(Remote::new(url, args.api_key.as_deref()))
+    }
+}
+
 #[derive(Debug, clap::Args)]
 struct RemoteArgs {
-    /// Work against this server (e.g. http://127.0.0.1:8787) instead of the embedded database.
+    /// Work through this server (e.g. http://127.0.0.1:8787) instead of the embedded database;
+    /// the namespace is then the one of the API key.
     #[arg(long, env = "SESSIONDB_URL")]
     url: Option<String>,
     /// Bearer key for --url.
     #[arg(long, env = "SESSIONDB_API_KEY", requires = "url")]
     api_key: Option<String>,
-}
-
-impl RemoteArgs {
-    fn remote(&self) -> Option<transfer::Remote<'_>> {
-        self.url.as_deref().map(|url| transfer::Remote {
-            url,
-            api_key: self.api_key.as_deref(),
-        })
-    }
 }
 
 fn migrate(url: &str) -> anyhow::Result<()> {
@@ -195,16 +228,16 @@ fn run_command(cli: Cli) -> anyhow::Result<()> {
     if let Command::Migrate { database } = &cli.command {
         return migrate(database);
     }
-    let remote = match &cli.command {
-        Command::Import { remote, .. }
-        | Command::Export { remote, .. }
-        | Command::Sessions { remote, .. } => remote.url.is_some(),
-        _ => false,
-    };
-    let db = if remote {
-        None
-    } else {
-        Some(open(&cli.data).map_err(|error| {
+    let remote = cli.command.remote();
+    if remote.is_some() && !cli.namespace.is_empty() {
+        bail!(
+            "--namespace names a namespace of the embedded store; through a server (--url) the \
+             namespace is the API key's"
+        );
+    }
+    let db = match remote {
+        Some(_) => None,
+        None => Some(open(&cli.data).map_err(|error| {
             let locked = matches!(
                 error.downcast_ref::<sessiondb::Error>(),
                 Some(sessiondb::Error::Store(
@@ -212,70 +245,75 @@ fn run_command(cli: Cli) -> anyhow::Result<()> {
                 ))
             );
             match &cli.command {
-                Command::Backup { .. } if locked => error.context(
+                _ if !locked => error,
+                Command::Backup { .. } => error.context(
                     "a running server holds this store: it backs itself up when started with \
                      --backup-dir DIR, at once on SIGUSR1 (`kill -USR1 <pid>`)",
                 ),
-                _ => error,
+                _ => error.context(
+                    "a running server holds this store: work through it with --url (e.g. \
+                     --url http://127.0.0.1:8787)",
+                ),
             }
-        })?)
+        })?),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    runtime.block_on(run(db, cli.namespace, cli.command))
+    runtime.block_on(run(db, remote, cli.namespace, cli.command))
 }
 
 async fn run(
     db: Option<Db<SqliteStore>>,
+    remote: Option<Remote>,
     namespace: String,
     command: Command,
 ) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
-    if let Command::Import {
-        file,
-        session,
-        remote,
-    } = &command
-    {
-        return transfer::import(
-            db.as_ref(),
-            remote.remote(),
-            &namespace,
-            session,
-            file,
-            &mut out,
-        )
-        .await;
-    }
-    if let Command::Export { session, remote } = &command {
-        return transfer::export(db.as_ref(), remote.remote(), &namespace, session, &mut out).await;
-    }
-    if let Command::Sessions {
-        user,
-        sort,
-        limit,
-        remote,
-    } = &command
-    {
-        let wanted = listing::Wanted {
-            user_id: user.clone(),
-            sort: *sort,
-            limit: *limit,
-        };
-        return listing::print(db.as_ref(), remote.remote(), &namespace, &wanted, &mut out).await;
-    }
-    let db = db.context("no database open")?;
-    let session = |id: &str| db.session_in(&namespace, id);
+    let target = |session: String| -> anyhow::Result<Target<'_>> {
+        Ok(match &remote {
+            Some(remote) => Target::Server { remote, session },
+            None => Target::Embedded(
+                db.as_ref()
+                    .context("no database open")?
+                    .session_in(&namespace, &session)?,
+            ),
+        })
+    };
     match command {
+        Command::Import { file, session, .. } => {
+            transfer::import(
+                db.as_ref(),
+                remote.as_ref(),
+                &namespace,
+                &session,
+                &file,
+                &mut out,
+            )
+            .await
+        }
+        Command::Export { session, .. } => {
+            transfer::export(db.as_ref(), remote.as_ref(), &namespace, &session, &mut out).await
+        }
+        Command::Sessions {
+            user, sort, limit, ..
+        } => {
+            let wanted = listing::Wanted {
+                user_id: user,
+                sort,
+                limit,
+            };
+            listing::print(db.as_ref(), remote.as_ref(), &namespace, &wanted, &mut out).await
+        }
         Command::Append {
-            session: sid,
+            session,
             text,
             role,
             id,
             parent,
             root,
+            ..
         } => {
             let mut message = match text {
                 Some(text) => Message::text(role, text),
@@ -293,88 +331,49 @@ async fn run(
                 (None, true) => Parent::Root,
                 (None, false) => Parent::ActiveLeaf,
             };
-            let options = AppendOptions {
-                parent,
-                ..Default::default()
-            };
-            let result = session(&sid)?.append(message, options).await?;
-            if !result.inserted {
-                eprintln!(
-                    "a message with id {} already exists; nothing written",
-                    result.message.id
-                );
-            }
-            writeln!(out, "{}", result.message.json())?;
+            target(session)?.append(message, parent, &mut out).await
         }
         Command::History {
-            session: sid,
+            session,
             leaf,
             newest_first,
+            ..
         } => {
             let options = HistoryOptions { leaf, newest_first };
-            let mut history = std::pin::pin!(session(&sid)?.history(options));
-            while let Some(message) = history.next().await {
-                writeln!(out, "{}", message?.json())?;
-            }
+            target(session)?.history(options, &mut out).await
         }
-        Command::Tree { session: sid } => tree::draw(&session(&sid)?, &mut out).await?,
+        Command::Tree { session, .. } => target(session)?.tree(&mut out).await,
         Command::Search {
-            session: sid,
+            session,
             query,
             limit,
-        } => {
-            for hit in session(&sid)?.search(&query, limit).await? {
-                writeln!(out, "{} [{}] {}", hit.id, hit.role, hit.content)?;
-            }
-        }
-        Command::Stats { session: sid } => stats(&session(&sid)?, &mut out).await?,
-        Command::Backup { destination } => {
-            let copy = db.store().backup(&destination)?;
-            writeln!(out, "{}", copy.display())?;
-        }
+            ..
+        } => target(session)?.search(&query, limit, &mut out).await,
+        Command::Stats { session, .. } => target(session)?.stats(&mut out).await,
         Command::Delete {
-            session: Some(sid), ..
-        } => {
-            if !session(&sid)?.delete_session().await? {
-                bail!("no session {sid}");
-            }
-            writeln!(out, "deleted {sid}")?;
-        }
+            session: Some(session),
+            ..
+        } => target(session)?.delete(&mut out).await,
         Command::Delete {
             session: None,
             idle_for,
+            ..
         } => {
+            let db = db.context("no database open")?;
             let idle_for = idle_for.context("a session or --idle-for")?;
             let cutoff = retention::cutoff_ms(idle_for);
             let deleted = db
                 .delete_sessions_updated_before(&namespace, cutoff)
                 .await?;
             writeln!(out, "deleted {deleted} idle sessions")?;
+            Ok(())
         }
-        Command::Serve(_)
-        | Command::Migrate { .. }
-        | Command::Import { .. }
-        | Command::Export { .. }
-        | Command::Sessions { .. } => {
-            unreachable!("handled above")
+        Command::Backup { destination } => {
+            let db = db.context("no database open")?;
+            let copy = db.store().backup(&destination)?;
+            writeln!(out, "{}", copy.display())?;
+            Ok(())
         }
+        Command::Serve(_) | Command::Migrate { .. } => unreachable!("handled above"),
     }
-    Ok(())
-}
-
-async fn stats(session: &Session<SqliteStore>, out: &mut impl Write) -> anyhow::Result<()> {
-    let stats = session.stats().await?;
-    if stats.stored_messages == 0 && stats.leaf_id.is_none() {
-        bail!("session {} has no messages", session.id());
-    }
-    let json = serde_json::json!({
-        "sessionId": session.id(),
-        "messageCount": stats.message_count,
-        "storedMessages": stats.stored_messages,
-        "leafId": stats.leaf_id,
-        "tokenEstimate": stats.token_estimate,
-        "contentBytes": stats.content_bytes,
-    });
-    writeln!(out, "{json}")?;
-    Ok(())
 }

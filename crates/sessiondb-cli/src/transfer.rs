@@ -9,6 +9,8 @@ use anyhow::{Context, bail};
 use futures::StreamExt;
 use sessiondb::{Db, SqliteStore};
 
+use crate::remote::Remote;
+
 /// A one-line progress display, redrawn at most ten times a second; silent when standard error
 /// is not a terminal.
 struct Progress {
@@ -69,48 +71,9 @@ impl Progress {
     }
 }
 
-/// Percent-encodes one URL path segment (or query value).
-pub(crate) fn segment(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-pub(crate) fn request(
-    client: &reqwest::Client,
-    method: reqwest::Method,
-    url: &str,
-    api_key: Option<&str>,
-) -> reqwest::RequestBuilder {
-    let builder = client.request(method, url);
-    match api_key {
-        Some(key) => builder.bearer_auth(key),
-        None => builder,
-    }
-}
-
-pub(crate) async fn check(response: reqwest::Response) -> anyhow::Result<reqwest::Response> {
-    if response.status().is_success() {
-        return Ok(response);
-    }
-    let status = response.status();
-    let body = response.text().await.unwrap_or_default();
-    bail!("the server answered {status}: {body}")
-}
-
-pub struct Remote<'a> {
-    pub url: &'a str,
-    pub api_key: Option<&'a str>,
-}
-
 pub async fn import(
     db: Option<&Db<SqliteStore>>,
-    remote: Option<Remote<'_>>,
+    remote: Option<&Remote>,
     namespace: &str,
     session: &str,
     file: &Path,
@@ -136,19 +99,12 @@ pub async fn import(
             serde_json::json!({"imported": summary.imported, "skipped": summary.skipped})
         }
         (_, Some(remote)) => {
-            let url = format!(
-                "{}/v1/sessions/{}/import",
-                remote.url.trim_end_matches('/'),
-                segment(session)
-            );
-            let client = reqwest::Client::new();
-            let response = request(&client, reqwest::Method::POST, &url, remote.api_key)
+            let url = remote.session_url(session, "/import");
+            let request = remote
+                .request(reqwest::Method::POST, &url)
                 .header("content-type", "application/x-ndjson")
-                .body(text)
-                .send()
-                .await
-                .with_context(|| format!("POST {url}"))?;
-            check(response).await?.json().await?
+                .body(text);
+            remote.send(request).await?.json().await?
         }
         (None, None) => bail!("nothing to import into"),
     };
@@ -158,7 +114,7 @@ pub async fn import(
 
 pub async fn export(
     db: Option<&Db<SqliteStore>>,
-    remote: Option<Remote<'_>>,
+    remote: Option<&Remote>,
     namespace: &str,
     session: &str,
     out: &mut impl Write,
@@ -181,17 +137,11 @@ pub async fn export(
             progress.finish();
         }
         (_, Some(remote)) => {
-            let url = format!(
-                "{}/v1/sessions/{}/export",
-                remote.url.trim_end_matches('/'),
-                segment(session)
-            );
-            let client = reqwest::Client::new();
-            let response = request(&client, reqwest::Method::GET, &url, remote.api_key)
-                .send()
-                .await
-                .with_context(|| format!("GET {url}"))?;
-            let mut body = check(response).await?.bytes_stream();
+            let url = remote.session_url(session, "/export");
+            let response = remote
+                .send(remote.request(reqwest::Method::GET, &url))
+                .await?;
+            let mut body = response.bytes_stream();
             let mut progress = Progress::new("exporting lines", None);
             while let Some(chunk) = body.next().await {
                 let chunk = chunk?;

@@ -1,18 +1,52 @@
-//! Drawing a session's message tree in the terminal.
+//! Drawing a session's message tree in the terminal, from the lines of its export (the whole
+//! tree in seq order, the same from the embedded store and from a server).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 
+use anyhow::Context;
 use serde_json::Value;
-use sessiondb::{Session, SqliteStore, StoredMessage};
 
 const PREVIEW_CHARS: usize = 60;
 
+/// What the tree shows of one message.
+pub struct Node {
+    id: String,
+    role: String,
+    preview: String,
+    parent_id: Option<String>,
+}
+
+impl Node {
+    /// The node of an export line, `None` for a line that is not a message (compactions, state,
+    /// context).
+    pub fn of_export_line(line: &str) -> anyhow::Result<Option<Node>> {
+        let mut line: Value = serde_json::from_str(line).context("reading an export line")?;
+        let Some(message) = line.get("message") else {
+            return Ok(None);
+        };
+        let text = |field: &str| {
+            message
+                .get(field)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        };
+        Ok(Some(Node {
+            id: text("id").context("an exported message without an id")?,
+            role: text("role").unwrap_or_default(),
+            preview: preview(message),
+            parent_id: match line["parentId"].take() {
+                Value::String(parent) => Some(parent),
+                _ => None,
+            },
+        }))
+    }
+}
+
 /// One line of text for a message: its text parts or string content, else its part types.
-fn preview(message: &StoredMessage) -> String {
-    let value = message.to_value();
+fn preview(message: &Value) -> String {
     let mut text = String::new();
-    if let Some(Value::Array(parts)) = value.get("parts") {
+    if let Some(Value::Array(parts)) = message.get("parts") {
         for part in parts {
             match part.get("text").and_then(Value::as_str) {
                 Some(t) if part.get("type").and_then(Value::as_str) == Some("text") => {
@@ -26,7 +60,7 @@ fn preview(message: &StoredMessage) -> String {
             }
         }
     }
-    if let Some(Value::String(content)) = value.get("content") {
+    if let Some(Value::String(content)) = message.get("content") {
         text.push_str(content);
     }
     let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
@@ -37,36 +71,40 @@ fn preview(message: &StoredMessage) -> String {
     }
 }
 
-/// Prints every tree of the session, children oldest first. Iterative, so deep trees are fine.
-pub async fn draw(session: &Session<SqliteStore>, out: &mut impl Write) -> anyhow::Result<()> {
-    let active: HashSet<String> = session
-        .row_stats(None)
-        .await?
-        .into_iter()
-        .map(|r| r.id)
+/// Prints every tree of `nodes` (in seq order), children oldest first, marking with `*` the
+/// messages in `active`. A message whose parent is not among them is a root, as the store
+/// treats it. Iterative, so deep trees are fine.
+pub fn draw(nodes: &[Node], active: &HashSet<String>, out: &mut impl Write) -> anyhow::Result<()> {
+    let position: HashMap<&str, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| (node.id.as_str(), i))
         .collect();
-    // (message, prefix for its own line, prefix for its children)
-    let mut stack: Vec<(StoredMessage, String, String)> = Vec::new();
-    for root in session.roots().await?.into_iter().rev() {
-        stack.push((root, String::new(), String::new()));
+    let mut children: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
+    let mut roots = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        match node.parent_id.as_deref().and_then(|p| position.get(p)) {
+            Some(&parent) => children[parent].push(i),
+            None => roots.push(i),
+        }
     }
-    while let Some((message, line_prefix, child_prefix)) = stack.pop() {
-        let mark = if active.contains(message.id.as_str()) {
-            " *"
-        } else {
-            ""
-        };
+    // (node, prefix for its own line, prefix for its children)
+    let mut stack: Vec<(usize, String, String)> = roots
+        .into_iter()
+        .rev()
+        .map(|root| (root, String::new(), String::new()))
+        .collect();
+    while let Some((i, line_prefix, child_prefix)) = stack.pop() {
+        let node = &nodes[i];
+        let mark = if active.contains(&node.id) { " *" } else { "" };
         writeln!(
             out,
             "{line_prefix}{} [{}] {}{mark}",
-            message.id,
-            message.role,
-            preview(&message)
+            node.id, node.role, node.preview
         )?;
-        let children = session.branches(&message.id).await?;
-        let last = children.len().saturating_sub(1);
-        for (i, child) in children.into_iter().enumerate().rev() {
-            let (branch, next) = if i == last {
+        let last = children[i].len().saturating_sub(1);
+        for (n, &child) in children[i].iter().enumerate().rev() {
+            let (branch, next) = if n == last {
                 ("└─ ", "   ")
             } else {
                 ("├─ ", "│  ")

@@ -38,12 +38,13 @@ fn ok(data: &std::path::Path, args: &[&str], stdin: Option<&str>) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-#[test]
-fn append_history_tree_search_and_stats() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path();
+/// The session commands, run by `ok` (the embedded store or a server); `stored` says whether
+/// `stats` counts every stored message (the embedded store) or leaves that out (a server).
+fn append_history_tree_search_and_stats(
+    ok: impl Fn(&[&str], Option<&str>) -> String,
+    stored: bool,
+) {
     ok(
-        data,
         &[
             "append",
             "chat",
@@ -55,7 +56,6 @@ fn append_history_tree_search_and_stats() {
         None,
     );
     ok(
-        data,
         &[
             "append",
             "chat",
@@ -69,7 +69,6 @@ fn append_history_tree_search_and_stats() {
         None,
     );
     ok(
-        data,
         &[
             "append",
             "chat",
@@ -85,24 +84,20 @@ fn append_history_tree_search_and_stats() {
         None,
     );
     let stdin = r#"{"id":"f","role":"user","parts":[{"type":"text","text":"follow up"}]}"#;
-    let appended = ok(data, &["append", "chat"], Some(stdin));
+    let appended = ok(&["append", "chat"], Some(stdin));
     assert!(appended.starts_with(r#"{"id":"f","role":"user""#));
 
-    let history: Vec<serde_json::Value> = ok(data, &["history", "chat"], None)
+    let history: Vec<serde_json::Value> = ok(&["history", "chat"], None)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let ids: Vec<&str> = history.iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["q1", "a2", "f"]);
-    let newest = ok(
-        data,
-        &["history", "chat", "--newest-first", "--leaf", "a1"],
-        None,
-    );
+    let newest = ok(&["history", "chat", "--newest-first", "--leaf", "a1"], None);
     assert_eq!(newest.lines().count(), 2);
     assert!(newest.lines().next().unwrap().contains(r#""id":"a1""#));
 
-    let tree = ok(data, &["tree", "chat"], None);
+    let tree = ok(&["tree", "chat"], None);
     assert_eq!(
         tree,
         "q1 [user] What is a B-tree? *\n\
@@ -111,18 +106,75 @@ fn append_history_tree_search_and_stats() {
             └─ f [user] follow up *\n"
     );
     assert_eq!(
-        ok(data, &["search", "chat", "database"], None),
+        ok(&["search", "chat", "database"], None),
         "a2 [assistant] Wide nodes for databases\n"
     );
-    let stats: serde_json::Value =
-        serde_json::from_str(&ok(data, &["stats", "chat"], None)).unwrap();
+    let stats: serde_json::Value = serde_json::from_str(&ok(&["stats", "chat"], None)).unwrap();
     assert_eq!(
         (
             stats["messageCount"].as_u64(),
-            stats["storedMessages"].as_u64()
+            stats["storedMessages"].as_u64(),
+            stats["leafId"].as_str()
         ),
-        (Some(3), Some(4))
+        (Some(3), stored.then_some(4), Some("f"))
     );
+    assert_eq!(ok(&["delete", "chat"], None), "deleted chat\n");
+    assert_eq!(ok(&["history", "chat"], None), "");
+}
+
+#[test]
+fn session_commands_on_the_embedded_store() {
+    let dir = tempfile::tempdir().unwrap();
+    append_history_tree_search_and_stats(|args, stdin| ok(dir.path(), args, stdin), true);
+}
+
+/// With `--url`, the session commands work through a server and print what they print on the
+/// embedded store; the embedded store a server holds names `--url` in its refusal.
+#[test]
+fn session_commands_through_a_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("served");
+    let served = common::Served::start(&data, &["--listen", "127.0.0.1:0"], &[]);
+    let through = |args: &[&str], stdin: Option<&str>| {
+        let mut args = args.to_vec();
+        args.extend(["--url", &served.base]);
+        run(dir.path(), &args, stdin)
+    };
+    append_history_tree_search_and_stats(
+        |args, stdin| {
+            let out = through(args, stdin);
+            assert!(
+                out.status.success(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout).unwrap()
+        },
+        false,
+    );
+    let missing = through(&["delete", "chat"], None);
+    assert!(!missing.status.success());
+    let error = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        error.starts_with("error: DELETE ") && error.contains("404") && error.contains("not_found"),
+        "{error}"
+    );
+    for refused in [
+        &["append", "s", "--text", "x", "--namespace", "other"][..],
+        &["delete", "--idle-for", "1s"],
+    ] {
+        let out = through(refused, None);
+        assert!(!out.status.success(), "{refused:?}");
+    }
+    let held = run(&data, &["history", "chat"], None);
+    assert!(!held.status.success());
+    assert!(
+        String::from_utf8_lossy(&held.stderr).contains("work through it with --url"),
+        "{}",
+        String::from_utf8_lossy(&held.stderr)
+    );
+    let listed = through(&["sessions"], None);
+    assert_eq!(String::from_utf8(listed.stdout).unwrap(), "");
 }
 
 #[test]
@@ -245,7 +297,8 @@ fn delete_idle_for_removes_only_sessions_not_written_for_that_long() {
 }
 
 /// The README's command-line examples run as written, one after another on one data
-/// directory (the one against a server, `--url`, is covered by `serve.rs`).
+/// directory; then the ones through a server (`--url`) against a server of that directory,
+/// whose key `KEY` acts in the same (empty) namespace.
 #[test]
 fn readme_command_line_examples_run() {
     let block = common::readme_block("<!-- cli-walkthrough -->");
@@ -256,8 +309,7 @@ fn readme_command_line_examples_run() {
         binary.parent().unwrap().display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let mut ran = 0;
-    for line in block.lines().filter(|l| !l.contains("--url")) {
+    let sh = |line: &str| {
         let out = Command::new("sh")
             .arg("-c")
             .arg(line)
@@ -272,11 +324,27 @@ fn readme_command_line_examples_run() {
             "{line}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        ran += 1;
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (remote, embedded): (Vec<&str>, Vec<&str>) =
+        block.lines().partition(|l| l.contains("--url"));
+    assert!(embedded.len() >= 14, "{} commands", embedded.len());
+    for line in embedded {
+        sh(line);
     }
-    assert!(ran >= 14, "{ran} commands");
-    let listed = ok(&dir.path().join("sessiondb-data"), &["sessions"], None);
+    let data = dir.path().join("sessiondb-data");
+    let listed = ok(&data, &["sessions"], None);
     assert_eq!(listed.lines().count(), 1, "the copy was deleted: {listed}");
+    let served = common::Served::start(
+        &data,
+        &["--listen", "127.0.0.1:0", "--api-key", "KEY="],
+        &[],
+    );
+    assert!(remote.len() >= 2, "{remote:?}");
+    for line in remote {
+        let printed = sh(&line.replace("http://127.0.0.1:8787", &served.base));
+        assert!(printed.contains("\"id\":\"q1\""), "{line}: {printed}");
+    }
 }
 
 /// `backup` writes a store that reads back the same, and refuses a destination that holds one.

@@ -1,0 +1,87 @@
+//! A sessiondb server the command works against (`--url`, with `--api-key`): requests carry the
+//! bearer key, path segments and query values are percent-encoded, and an answer that is not a
+//! success becomes an error that names the request and quotes the server's `{"error"}` body.
+
+use anyhow::{Context, bail};
+use reqwest::{Method, RequestBuilder, Response};
+use serde_json::Value;
+
+pub struct Remote {
+    client: reqwest::Client,
+    base: String,
+    api_key: Option<String>,
+}
+
+impl Remote {
+    pub fn new(url: &str, api_key: Option<&str>) -> Self {
+        Self {
+            client: reqwest::Client::new(),
+            base: url.trim_end_matches('/').to_owned(),
+            api_key: api_key.map(str::to_owned),
+        }
+    }
+
+    /// `path` (which starts with `/`) on the server.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// `/v1/sessions/{session}` followed by `rest`, on the server.
+    pub fn session_url(&self, session: &str, rest: &str) -> String {
+        self.url(&format!("/v1/sessions/{}{rest}", segment(session)))
+    }
+
+    pub fn request(&self, method: Method, url: &str) -> RequestBuilder {
+        let builder = self.client.request(method, url);
+        match &self.api_key {
+            Some(key) => builder.bearer_auth(key),
+            None => builder,
+        }
+    }
+
+    /// Sends `builder`; an answer other than a success is an error.
+    pub async fn send(&self, builder: RequestBuilder) -> anyhow::Result<Response> {
+        let request = builder.build()?;
+        let what = format!("{} {}", request.method(), request.url());
+        let response = self
+            .client
+            .execute(request)
+            .await
+            .with_context(|| what.clone())?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let body = response.text().await.unwrap_or_default();
+        let reason = serde_json::from_str::<Value>(&body)
+            .ok()
+            .and_then(|error| {
+                let error = error.get("error")?;
+                Some(format!(
+                    "{} ({})",
+                    error.get("message")?.as_str()?,
+                    error.get("code")?.as_str()?
+                ))
+            })
+            .unwrap_or(body);
+        bail!("{what}: the server answered {status}: {reason}")
+    }
+
+    /// GETs `url` and parses the JSON answer.
+    pub async fn get_json(&self, url: &str) -> anyhow::Result<Value> {
+        let response = self.send(self.request(Method::GET, url)).await?;
+        Ok(response.json().await?)
+    }
+}
+
+/// Percent-encodes one URL path segment (or query value).
+pub fn segment(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
