@@ -368,8 +368,9 @@ class Client:
         return self.request("GET", self._session_path(session_id, "rows"), {"leaf": leaf})
 
     def export(self, session_id: str) -> Iterator[dict]:
-        """The whole session as the server streams it: every message of the tree with its
-        ``parentId`` (``{message, parentId, createdAt}``), then compactions and state."""
+        """The whole session as the server streams it: its record (``{session}``, what an import
+        gives a session it creates), every message of the tree with its ``parentId``
+        (``{message, parentId, createdAt}``), then compactions, state and context."""
         return self._lines(self._session_path(session_id, "export"), None)
 
     def import_lines(self, session_id: str, lines: Iterable[dict]) -> dict:

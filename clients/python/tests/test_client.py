@@ -85,7 +85,10 @@ class ClientTest(ServedTest):
         c.append("orig", {"id": "c", "role": "assistant", "content": "other"}, parent="a")
         c.put_state("orig", "k", [1])
         self.assertEqual(c.import_lines("copy", c.export("orig")), {"imported": 4, "skipped": 0})
-        self.assertEqual(list(c.export("copy")), list(c.export("orig")))
+        copied, original = list(c.export("copy")), list(c.export("orig"))
+        self.assertEqual([copied[0]["session"]["id"], original[0]["session"]["id"]], ["copy", "orig"])
+        copied[0]["session"]["id"] = "orig"
+        self.assertEqual(copied, original, "the copy has the original's lines, its record included")
         self.assertEqual(c.import_lines("copy", c.export("orig")), {"imported": 1, "skipped": 3})
         with self.assertRaises(SessiondbError) as caught:
             c.import_lines("copy2", [{"message": {"id": "x", "role": "user", "content": "x"}},

@@ -49,8 +49,12 @@ export interface Page<T> {
   previousCursor?: string;
 }
 
-/** One line of `GET …/export`. */
+/**
+ * One line of `GET …/export`. The first is the session's record (what an import gives a session
+ * it creates); the session's context blocks, entries and frozen prompt follow the state.
+ */
 export type ExportLine =
+  | { session: Omit<SessionRecord, 'updatedAt' | 'lastMessageAt' | 'messageCount' | 'leafId' | 'tokenEstimate' | 'contentBytes'> }
   | { message: StoredMessage; parentId: string | null; createdAt: number }
   | { compaction: Compaction }
   | { state: { key: string; value: Json } };
@@ -427,8 +431,9 @@ export class Client {
   }
 
   /**
-   * The whole session as the server streams it: every message of the tree with its `parentId`
-   * (`{message, parentId, createdAt}`), then compactions and state.
+   * The whole session as the server streams it: its record (`{session}`, what an import gives a
+   * session it creates), every message of the tree with its `parentId`
+   * (`{message, parentId, createdAt}`), then compactions, state and context.
    */
   export(sessionId: string): AsyncGenerator<ExportLine> {
     return this.lines(this.sessionPath(sessionId, 'export'));

@@ -54,7 +54,10 @@ test('import of an export and deletes of many', async () => {
   await c.append('orig', { id: 'c', role: 'assistant', content: 'other' }, { parent: 'a' });
   await c.putState('orig', 'k', [1]);
   assert.deepEqual(await c.importLines('copy', c.export('orig')), { imported: 4, skipped: 0 });
-  assert.deepEqual(await all(c.export('copy')), await all(c.export('orig')));
+  const [copied, original] = [await all(c.export('copy')), await all(c.export('orig'))];
+  assert.deepEqual([copied[0].session.id, original[0].session.id], ['copy', 'orig']);
+  copied[0].session.id = 'orig';
+  assert.deepEqual(copied, original, "the copy has the original's lines, its record included");
   assert.deepEqual(await c.importLines('copy', c.export('orig')), { imported: 1, skipped: 3 });
   const invalid = [{ message: { id: 'x', role: 'user', content: 'x' } }, { message: { role: '' } }];
   await rejectsWith(c.importLines('copy2', invalid), 400, 'invalid_request');

@@ -32,19 +32,55 @@ pub async fn print(
     wanted: &Wanted,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
+    each_page(db, remote, namespace, wanted, |items| {
+        for item in items {
+            writeln!(out, "{item}")?;
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// The ids of the sessions `wanted` names, most recent first.
+pub async fn ids(
+    db: Option<&Db<SqliteStore>>,
+    remote: Option<&Remote>,
+    namespace: &str,
+    wanted: &Wanted,
+) -> anyhow::Result<Vec<String>> {
+    let mut ids = Vec::new();
+    each_page(db, remote, namespace, wanted, |items| {
+        for item in items {
+            match item["id"].as_str() {
+                Some(id) => ids.push(id.to_owned()),
+                None => bail!("a listed session without an id: {item}"),
+            }
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(ids)
+}
+
+/// Hands `take` each page of the listing until it or the limit ends.
+async fn each_page(
+    db: Option<&Db<SqliteStore>>,
+    remote: Option<&Remote>,
+    namespace: &str,
+    wanted: &Wanted,
+    mut take: impl FnMut(Vec<Value>) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     let mut left = wanted.limit.unwrap_or(usize::MAX);
     let mut after = None;
     while left > 0 {
         let limit = left.min(MAX_PAGE_SIZE);
-        let (items, next) = match (db, &remote) {
+        let (items, next) = match (db, remote) {
             (Some(db), None) => local_page(db, namespace, wanted, limit, after).await?,
             (_, Some(remote)) => remote_page(remote, wanted, limit, after).await?,
             (None, None) => bail!("no store to list"),
         };
-        for item in &items {
-            writeln!(out, "{item}")?;
-        }
         left = left.saturating_sub(items.len());
+        take(items)?;
         match next {
             Some(cursor) => after = Some(cursor),
             None => break,

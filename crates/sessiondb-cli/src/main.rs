@@ -20,6 +20,7 @@ use sessiondb::{Db, HistoryOptions, Message, Parent, SessionSort, SqliteStore};
 
 use crate::remote::Remote;
 use crate::session_commands::Target;
+use crate::transfer::Sessions;
 
 /// Where the embedded database lives unless `--data` says otherwise.
 pub const DEFAULT_DATA: &str = "./sessiondb-data";
@@ -139,18 +140,26 @@ enum Command {
         database: String,
     },
     /// Import an NDJSON export (or `{message, parentId, createdAt}` lines) into a session, all or
-    /// nothing.
+    /// nothing; with `--all`, an `export --all` into the sessions it holds, each all or nothing.
     Import {
         file: PathBuf,
         /// The session to import into.
+        #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+        session: Option<String>,
+        /// Each session's lines into the session its session line names.
         #[arg(long)]
-        session: String,
+        all: bool,
         #[command(flatten)]
         remote: RemoteArgs,
     },
-    /// Write a session (every message of its tree, compactions, state) as NDJSON to stdout.
+    /// Write a session (its record, every message of its tree, compactions, state, context) as
+    /// NDJSON to stdout; with `--all`, every session of the namespace, one after another.
     Export {
-        session: String,
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        session: Option<String>,
+        /// Every session (to move a store: `export --all`, then `import --all` elsewhere).
+        #[arg(long)]
+        all: bool,
         #[command(flatten)]
         remote: RemoteArgs,
     },
@@ -283,18 +292,20 @@ async fn run(
     };
     match command {
         Command::Import { file, session, .. } => {
+            let sessions = session.as_deref().map_or(Sessions::All, Sessions::One);
             transfer::import(
                 db.as_ref(),
                 remote.as_ref(),
                 &namespace,
-                &session,
+                sessions,
                 &file,
                 &mut out,
             )
             .await
         }
         Command::Export { session, .. } => {
-            transfer::export(db.as_ref(), remote.as_ref(), &namespace, &session, &mut out).await
+            let sessions = session.as_deref().map_or(Sessions::All, Sessions::One);
+            transfer::export(db.as_ref(), remote.as_ref(), &namespace, sessions, &mut out).await
         }
         Command::Sessions {
             user, sort, limit, ..

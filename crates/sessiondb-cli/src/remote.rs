@@ -3,7 +3,7 @@
 //! success becomes an error that names the request and quotes the server's `{"error"}` body.
 
 use anyhow::{Context, bail};
-use reqwest::{Method, RequestBuilder, Response};
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde_json::Value;
 
 pub struct Remote {
@@ -41,6 +41,21 @@ impl Remote {
 
     /// Sends `builder`; an answer other than a success is an error.
     pub async fn send(&self, builder: RequestBuilder) -> anyhow::Result<Response> {
+        let (what, response) = self.exchange(builder).await?;
+        checked(what, response).await
+    }
+
+    /// As [`Remote::send`], but a 404 answer (what it names does not exist) is `None`.
+    pub async fn send_if_found(&self, builder: RequestBuilder) -> anyhow::Result<Option<Response>> {
+        let (what, response) = self.exchange(builder).await?;
+        if response.status() == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        checked(what, response).await.map(Some)
+    }
+
+    /// The answer to `builder`, with the request's method and URL for errors.
+    async fn exchange(&self, builder: RequestBuilder) -> anyhow::Result<(String, Response)> {
         let request = builder.build()?;
         let what = format!("{} {}", request.method(), request.url());
         let response = self
@@ -48,23 +63,7 @@ impl Remote {
             .execute(request)
             .await
             .with_context(|| what.clone())?;
-        let status = response.status();
-        if status.is_success() {
-            return Ok(response);
-        }
-        let body = response.text().await.unwrap_or_default();
-        let reason = serde_json::from_str::<Value>(&body)
-            .ok()
-            .and_then(|error| {
-                let error = error.get("error")?;
-                Some(format!(
-                    "{} ({})",
-                    error.get("message")?.as_str()?,
-                    error.get("code")?.as_str()?
-                ))
-            })
-            .unwrap_or(body);
-        bail!("{what}: the server answered {status}: {reason}")
+        Ok((what, response))
     }
 
     /// GETs `url` and parses the JSON answer.
@@ -72,6 +71,28 @@ impl Remote {
         let response = self.send(self.request(Method::GET, url)).await?;
         Ok(response.json().await?)
     }
+}
+
+/// `response` when it is a success, else an error naming the request (`what`) that quotes the
+/// server's `{"error": {"code", "message"}}`.
+async fn checked(what: String, response: Response) -> anyhow::Result<Response> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let body = response.text().await.unwrap_or_default();
+    let reason = serde_json::from_str::<Value>(&body)
+        .ok()
+        .and_then(|error| {
+            let error = error.get("error")?;
+            Some(format!(
+                "{} ({})",
+                error.get("message")?.as_str()?,
+                error.get("code")?.as_str()?
+            ))
+        })
+        .unwrap_or(body);
+    bail!("{what}: the server answered {status}: {reason}")
 }
 
 /// Percent-encodes one URL path segment (or query value).

@@ -64,7 +64,8 @@ impl Target<'_> {
             }
         };
         if !inserted {
-            let id = serde_json::from_str::<Value>(&stored)?["id"].take();
+            let stored: Value = serde_json::from_str(&stored)?;
+            let id = stored["id"].as_str().unwrap_or_default();
             eprintln!("a message with id {id} already exists; nothing written");
         }
         writeln!(out, "{stored}")?;

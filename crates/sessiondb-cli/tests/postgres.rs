@@ -468,3 +468,150 @@ async fn random_input_on_every_route_gets_typed_answers_on_postgresql() {
     assert!(statuses.keys().any(|s| *s < 300), "{statuses:?}");
     assert!(append(&http, base, "s", "after").await, "still serving");
 }
+
+/// `sessiondb` run with `args`; its standard output, which must come with success.
+fn cli(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sessiondb"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A store moves from SQLite to PostgreSQL with two commands, `export --all` from the embedded
+/// store and `import --all` through a server on PostgreSQL: every session arrives with its
+/// record (users, metadata, settings, usage, creation time), tree, compactions and state, and
+/// exports the same bytes there. A second import skips everything; a dump whose first line is
+/// not a session line is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_moves_from_sqlite_to_postgresql_session_by_session() {
+    let source = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    {
+        let embedded = Served::start(source.path(), &["--listen", "127.0.0.1:0"], &[]);
+        let base = &embedded.base;
+        let post = |path: &str, body: Value| {
+            let request = http.post(format!("{base}{path}")).json(&body);
+            async move { assert!(request.send().await.unwrap().status().is_success()) }
+        };
+        post(
+            "/v1/sessions",
+            json!({"id": "support", "name": "Support", "userId": "u1", "model": "m",
+                   "metadata": {"plan": "pro"}}),
+        )
+        .await;
+        post(
+            "/v1/sessions/support/usage",
+            json!({"inputTokens": 5, "outputTokens": 7, "cost": 0.5}),
+        )
+        .await;
+        for (id, parent) in [("q", ""), ("a1", "q"), ("a2", "q"), ("f", "a2")] {
+            let path = format!("/v1/sessions/support/messages?parent={parent}");
+            post(
+                &path,
+                json!({"id": id, "role": "user", "content": format!("text {id}")}),
+            )
+            .await;
+        }
+        post(
+            "/v1/sessions/support/compactions",
+            json!({"summary": "asked", "fromMessageId": "q", "toMessageId": "a2"}),
+        )
+        .await;
+        let state = http
+            .put(format!("{base}/v1/sessions/support/state/step"))
+            .json(&json!(3));
+        assert!(state.send().await.unwrap().status().is_success());
+        post("/v1/sessions", json!({"id": "empty", "userId": "u2"})).await;
+        post(
+            "/v1/sessions/bare/messages",
+            json!({"role": "user", "content": "hi"}),
+        )
+        .await;
+    }
+    let data = source.path().to_str().unwrap();
+    let dump = cli(&["--data", data, "export", "--all"]);
+    assert_eq!(
+        dump.lines()
+            .filter(|l| l.starts_with(r#"{"session""#))
+            .count(),
+        3
+    );
+    let file = source.path().join("dump.ndjson");
+    std::fs::write(&file, &dump).unwrap();
+
+    let cluster = cluster();
+    let target_dir = tempfile::tempdir().unwrap();
+    let target = serve(&target_dir, &cluster.url());
+    let file = file.to_str().unwrap();
+    let imported = cli(&["import", file, "--all", "--url", &target.base]);
+    let counts: Vec<Value> = imported
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(counts.len(), 3, "{imported}");
+    assert!(counts.contains(&json!({"session": "support", "imported": 6, "skipped": 0})));
+    assert_eq!(
+        cli(&["export", "--all", "--url", &target.base]),
+        dump,
+        "the same sessions, records, trees and lines"
+    );
+    for listing in [
+        "/v1/sessions?userId=u1",
+        "/v1/sessions?userId=u2&sort=createdAt",
+    ] {
+        let read = |base: String| {
+            let request = http.get(format!("{base}{listing}"));
+            async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
+        };
+        let moved = read(target.base.clone()).await;
+        assert_eq!(moved["items"].as_array().unwrap().len(), 1, "{listing}");
+    }
+    let history = cli(&["history", "support", "--url", &target.base]);
+    let ids: Vec<&str> = history
+        .lines()
+        .map(|l| &l[..l.find(r#"","role""#).unwrap()])
+        .collect();
+    assert_eq!(
+        history.lines().count(),
+        2,
+        "the summary of q → a2, then f: {history}"
+    );
+    assert!(
+        ids[0].starts_with(r#"{"id":"compaction_"#) && ids[1] == r#"{"id":"f"#,
+        "{ids:?}"
+    );
+    let again = cli(&["import", file, "--all", "--url", &target.base]);
+    assert!(
+        again.contains(r#"{"session":"support","imported":1,"skipped":5}"#),
+        "{again}"
+    );
+
+    let headless = source.path().join("headless.ndjson");
+    std::fs::write(
+        &headless,
+        dump.lines().skip(1).collect::<Vec<_>>().join("\n"),
+    )
+    .unwrap();
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_sessiondb"))
+        .args([
+            "import",
+            headless.to_str().unwrap(),
+            "--all",
+            "--url",
+            &target.base,
+        ])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("line 1: with --all"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}

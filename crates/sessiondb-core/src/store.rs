@@ -102,9 +102,11 @@ pub enum WriteOp {
     },
     /// Deletes every message of the session; the session itself stays.
     Clear,
-    /// Registers the session with this record unless it exists (then writes nothing).
+    /// Registers the session with this record unless it exists (then writes nothing), created
+    /// at `created_at` when given (an imported session keeps its time), else now.
     CreateSession {
         record: SessionRecord,
+        created_at: Option<i64>,
     },
     /// Applies the patch to an existing session's record; writes nothing when it does not exist.
     PatchSession {

@@ -187,7 +187,9 @@ impl<T: WriteTx> Rules<'_, T> {
                 self.session.cleared(self.now);
                 WriteOutcome::Cleared
             }
-            WriteOp::CreateSession { record } => self.create_session(record),
+            WriteOp::CreateSession { record, created_at } => {
+                self.create_session(record, *created_at)
+            }
             WriteOp::PatchSession { patch } => {
                 if !self.session.exists() {
                     return Ok(WriteOutcome::Existed(false));
@@ -274,11 +276,14 @@ impl<T: WriteTx> Rules<'_, T> {
         }
     }
 
-    fn create_session(&mut self, record: &SessionRecord) -> WriteOutcome {
+    fn create_session(&mut self, record: &SessionRecord, created_at: Option<i64>) -> WriteOutcome {
         if self.session.exists() {
             return WriteOutcome::SessionCreated { created: false };
         }
         self.session.record = Some(record.clone());
+        if let Some(created_at) = created_at {
+            self.session.created_at = created_at;
+        }
         self.session.touch(self.now);
         self.changes.push(Change::Session {
             action: SessionAction::Created,

@@ -314,6 +314,7 @@ impl<S: Store> Conversations<S> {
                     user_id: Some(user),
                     ..Default::default()
                 },
+                created_at: None,
             }),
             Some(None) => Some(WriteOp::PatchSession {
                 patch: SessionPatch {

@@ -65,6 +65,7 @@ impl<S: Store> Session<S> {
         self.drop_hidden(&mut rows, |r| &r.id).await?;
         let mut ops = vec![WriteOp::CreateSession {
             record: self.derived_record(&info, name.or(info.record.name.clone())),
+            created_at: None,
         }];
         let mut parent = Parent::Root;
         let settings = target.write_settings().await?;
@@ -111,6 +112,7 @@ impl<S: Store> Session<S> {
             .write(vec![
                 WriteOp::CreateSession {
                     record: self.derived_record(&info, Some(name)),
+                    created_at: None,
                 },
                 WriteOp::Append {
                     message: target.prepare(opening, Source::Server, &settings).await?,

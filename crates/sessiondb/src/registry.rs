@@ -39,7 +39,7 @@ fn yield_now() -> impl std::future::Future<Output = ()> {
     })
 }
 
-fn check_record(record: &SessionRecord) -> Result<(), ValidationError> {
+pub(crate) fn check_record(record: &SessionRecord) -> Result<(), ValidationError> {
     if let Some(parent) = &record.parent_session_id {
         validate_id("parentSessionId", parent)?;
     }
@@ -80,7 +80,11 @@ impl<S: Store> Db<S> {
         }
         let id = id.unwrap_or_else(|| unique_id("ses_"));
         let session = self.session_in(namespace, &id)?;
-        match session.write_one(WriteOp::CreateSession { record }).await? {
+        let create = WriteOp::CreateSession {
+            record,
+            created_at: None,
+        };
+        match session.write_one(create).await? {
             WriteOutcome::SessionCreated { created: true } => {
                 session.info().await?.ok_or_else(|| {
                     StoreError::Corrupt(format!("created session `{id}` vanished")).into()

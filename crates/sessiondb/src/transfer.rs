@@ -1,9 +1,16 @@
-//! Export and import of a whole session as NDJSON: every message of the tree (in insertion order,
-//! so parents come before children), then compactions, then state, then the session's context
-//! (its own blocks, its own entries of keyed blocks, its frozen prompt; the namespace's templates
-//! are not the session's and stay out). An export re-imports into an equal session.
+//! Export and import of a whole session as NDJSON: the session's record, every message of the
+//! tree (in insertion order, so parents come before children), then compactions, then state,
+//! then the session's context (its own blocks, its own entries of keyed blocks, its frozen
+//! prompt; the namespace's templates are not the session's and stay out). An export re-imports
+//! into an equal session, in this store or another (a store moves session by session).
 //!
 //! Lines:
+//! - `{"session": {"id", "name", "parentSessionId", "model", "source", "userId", "metadata",
+//!   "settings", "endReason", "inputTokens", "outputTokens", "cost", "createdAt"}}` (the
+//!   session object's own fields, every one optional; at most one such line): the record a
+//!   session created by the import gets, with its creation time; a session that exists keeps
+//!   its own. `id` is the exported session's and names nothing: lines go to the session the
+//!   import is for.
 //! - `{"message": {...}, "parentId": "…"|null, "createdAt": ms}` (`createdAt` optional: the
 //!   message's own `createdAt`, else now)
 //! - `{"compaction": {"id", "summary", "fromMessageId", "toMessageId", "createdAt"}}`
@@ -20,17 +27,23 @@ use sessiondb_core::context::BlockKind;
 use sessiondb_core::message::{JsonMap, validate_id, validate_text, validate_time};
 use sessiondb_core::registry::validate_state_key;
 use sessiondb_core::{
-    Compaction, ContextEntry, Message, SessionKey, Store, StoredMessage, ValidationError,
-    ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome,
+    Compaction, ContextEntry, Message, SessionInfo, SessionKey, SessionRecord, Store,
+    StoredMessage, ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS,
+    WriteOp, WriteOutcome,
 };
 
 use crate::context::BlockSpec;
+use crate::registry::check_record;
 use crate::session::{check_named_parent, now_ms};
 use crate::{Error, Session};
 
 /// One parsed import line.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ImportLine {
+    Session {
+        record: SessionRecord,
+        created_at: Option<i64>,
+    },
     Message {
         message: Message,
         parent_id: Option<String>,
@@ -55,7 +68,8 @@ pub enum ImportLine {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ImportSummary {
-    /// Messages and compactions written; state keys, context blocks, entries and the prompt set.
+    /// Messages and compactions written; state keys, context blocks, entries and the prompt set
+    /// (the session line counts in neither).
     pub imported: usize,
     /// Messages and compactions whose id already existed (nothing written for them).
     pub skipped: usize,
@@ -95,6 +109,22 @@ fn object(value: Value, prefix: &str) -> Result<JsonMap, ValidationError> {
     }
 }
 
+fn object_field(map: &mut JsonMap, prefix: &str, name: &str) -> Result<JsonMap, ValidationError> {
+    match map.remove(name) {
+        None | Some(Value::Null) => Ok(JsonMap::new()),
+        Some(v) => object(v, &format!("{prefix}.{name}")),
+    }
+}
+
+fn counter_field(map: &JsonMap, prefix: &str, name: &str) -> Result<u64, ValidationError> {
+    match map.get(name) {
+        None | Some(Value::Null) => Ok(0),
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| wrong(format!("{prefix}.{name}"), "a non-negative integer")),
+    }
+}
+
 fn time_field(map: &JsonMap, prefix: &str, name: &str) -> Result<Option<i64>, ValidationError> {
     match map.get(name) {
         None | Some(Value::Null) => Ok(None),
@@ -117,6 +147,32 @@ pub fn parse_import_line(number: usize, text: &str) -> Result<ImportLine, Valida
         )
     })?;
     let mut line = object(value, &prefix)?;
+    if let Some(session) = line.remove("session") {
+        let prefix = format!("{prefix}.session");
+        let mut s = object(session, &prefix)?;
+        let cost = match s.get("cost") {
+            None | Some(Value::Null) => 0.0,
+            Some(v) => v
+                .as_f64()
+                .filter(|c| c.is_finite() && *c >= 0.0)
+                .ok_or_else(|| wrong(format!("{prefix}.cost"), "a finite non-negative number"))?,
+        };
+        let record = SessionRecord {
+            name: optional_string(&s, &prefix, "name")?,
+            parent_session_id: optional_string(&s, &prefix, "parentSessionId")?,
+            model: optional_string(&s, &prefix, "model")?,
+            source: optional_string(&s, &prefix, "source")?,
+            user_id: optional_string(&s, &prefix, "userId")?,
+            end_reason: optional_string(&s, &prefix, "endReason")?,
+            input_tokens: counter_field(&s, &prefix, "inputTokens")?,
+            output_tokens: counter_field(&s, &prefix, "outputTokens")?,
+            cost,
+            metadata: object_field(&mut s, &prefix, "metadata")?,
+            settings: object_field(&mut s, &prefix, "settings")?,
+        };
+        let created_at = time_field(&s, &prefix, "createdAt")?;
+        return Ok(ImportLine::Session { record, created_at });
+    }
     if let Some(message) = line.remove("message") {
         let parent_id = match line.get("parentId") {
             None | Some(Value::Null) => None,
@@ -220,7 +276,7 @@ pub fn parse_import_line(number: usize, text: &str) -> Result<ImportLine, Valida
     }
     Err(wrong(
         prefix,
-        "an object with `message`, `compaction`, `state`, `block`, `entry` or `prompt`",
+        "an object with `session`, `message`, `compaction`, `state`, `block`, `entry` or `prompt`",
     ))
 }
 
@@ -248,6 +304,17 @@ fn json_string(s: &str) -> String {
     Value::String(s.to_owned()).to_string()
 }
 
+/// The session line: the record and creation time (what an import gives a session it creates).
+fn session_line(info: &SessionInfo) -> String {
+    let r = &info.record;
+    let session = serde_json::json!({
+        "id": info.id, "name": r.name, "parentSessionId": r.parent_session_id,
+        "model": r.model, "source": r.source, "userId": r.user_id, "metadata": r.metadata,
+        "settings": r.settings, "endReason": r.end_reason, "inputTokens": r.input_tokens,
+        "outputTokens": r.output_tokens, "cost": r.cost, "createdAt": info.created_at});
+    format!("{}\n", serde_json::json!({ "session": session }))
+}
+
 fn message_line(m: &StoredMessage) -> String {
     let parent = m
         .parent_id
@@ -271,6 +338,8 @@ impl<S: Store> Session<S> {
             .collect();
         let mut summary = ImportSummary::default();
         let mut ops = Vec::with_capacity(lines.len());
+        // Goes first, before a message line's write registers the session with an empty record.
+        let mut create: Option<WriteOp> = None;
         let now = now_ms();
         let settings = self.write_settings().await?;
         // What an entry line's label may name: the blocks of earlier block lines, else the
@@ -279,6 +348,22 @@ impl<S: Store> Session<S> {
         let mut visible: Option<Vec<(String, BlockKind)>> = None;
         for (number, line) in lines.into_iter().enumerate() {
             match line {
+                ImportLine::Session { .. } if create.is_some() => {
+                    return Err(
+                        wrong(format!("lines[{number}]"), "at most one session line").into(),
+                    );
+                }
+                ImportLine::Session { record, created_at } => {
+                    let prefix = format!("lines[{number}].session");
+                    check_record(&record).map_err(|e| ValidationError {
+                        field: format!("{prefix}.{}", e.field),
+                        kind: e.kind,
+                    })?;
+                    if let Some(ms) = created_at {
+                        validate_time(&format!("{prefix}.createdAt"), ms)?;
+                    }
+                    create = Some(WriteOp::CreateSession { record, created_at });
+                }
                 ImportLine::Message {
                     message,
                     parent_id,
@@ -352,7 +437,9 @@ impl<S: Store> Session<S> {
                 }
             }
         }
-        for outcome in self.write(ops).await? {
+        let counted = usize::from(create.is_some());
+        ops.splice(0..0, create);
+        for outcome in self.write(ops).await?.into_iter().skip(counted) {
             match outcome {
                 WriteOutcome::Imported(None) => summary.skipped += 1,
                 _ => summary.imported += 1,
@@ -364,6 +451,14 @@ impl<S: Store> Session<S> {
     /// The session as NDJSON lines (each ending in `\n`), read window by window.
     pub fn export(&self) -> impl Stream<Item = Result<String, Error>> + Send + 'static {
         let session = self.clone();
+        let head = {
+            let session = session.clone();
+            stream::once(async move {
+                let info = session.info().await?;
+                Ok::<_, Error>(stream::iter(info.as_ref().map(session_line).map(Ok)))
+            })
+            .try_flatten()
+        };
         let messages = stream::try_unfold((session.clone(), 1i64), |(s, from)| async move {
             let batch = s
                 .store
@@ -394,7 +489,7 @@ impl<S: Store> Session<S> {
             Ok::<_, Error>(stream::iter(lines))
         })
         .try_flatten();
-        messages.chain(rest)
+        head.chain(messages).chain(rest)
     }
 
     /// The session's own context as export lines: its blocks (templates are the namespace's),

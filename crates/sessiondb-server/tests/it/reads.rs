@@ -261,7 +261,8 @@ async fn export_then_import_reproduces_the_session() {
     let export = server.get("/v1/sessions/s/export").await;
     assert_eq!(export.status, StatusCode::OK);
     assert_eq!(export.headers["content-type"], "application/x-ndjson");
-    assert_eq!(export.text.lines().count(), 8);
+    assert_eq!(export.text.lines().count(), 9);
+    assert!(export.text.starts_with(r#"{"session":{"id":"s","#));
     assert_eq!(
         server.get("/v1/sessions/none/export").await.status,
         StatusCode::NOT_FOUND
@@ -288,7 +289,11 @@ async fn export_then_import_reproduces_the_session() {
         .await;
     assert_eq!(again.json, json!({"imported": 4, "skipped": 4}));
     let copy = server.get("/v1/sessions/copy/export").await;
-    assert_eq!(copy.text, export.text, "an export re-imports byte for byte");
+    assert_eq!(
+        copy.text.replacen(r#""id":"copy""#, r#""id":"s""#, 1),
+        export.text,
+        "an export re-imports byte for byte, the session's creation time included"
+    );
 
     let plain = "{\"message\": {\"id\": \"p1\", \"role\": \"user\", \"content\": \"hi\"}, \"parentId\": null, \"createdAt\": 5}\n\
                  {\"message\": {\"id\": \"p2\", \"role\": \"assistant\", \"content\": \"yo\"}, \"parentId\": \"p1\", \"createdAt\": 6}\n";

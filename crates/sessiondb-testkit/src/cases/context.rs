@@ -949,7 +949,7 @@ pub async fn export_carries_the_sessions_own_context<S: Store>(db: Db<S>) {
         .iter()
         .map(|line| {
             let value: Value = serde_json::from_str(line).unwrap();
-            ["message", "block", "entry", "prompt"]
+            ["session", "message", "block", "entry", "prompt"]
                 .into_iter()
                 .find(|kind| value.get(kind).is_some())
                 .unwrap()
@@ -958,7 +958,7 @@ pub async fn export_carries_the_sessions_own_context<S: Store>(db: Db<S>) {
     assert_eq!(
         kinds,
         [
-            "message", "block", "block", "block", "entry", "entry", "entry", "prompt"
+            "session", "message", "block", "block", "block", "entry", "entry", "entry", "prompt"
         ]
     );
 

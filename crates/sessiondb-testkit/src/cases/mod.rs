@@ -78,6 +78,7 @@ macro_rules! for_each_case {
             registry::namespace_search_spans_sessions_but_not_namespaces,
             registry::resumed_subscriptions_replay_retained_events,
             registry::export_reimports_into_an_equal_session,
+            registry::export_carries_the_session_record_to_a_new_session,
             tree::appends_chain_in_order,
             tree::reappend_keeps_first_content,
             tree::explicit_parent_starts_a_branch,

@@ -745,7 +745,12 @@ pub async fn export_reimports_into_an_equal_session<S: Store>(db: Db<S>) {
         .unwrap();
     s.set_state("k", &json!({"v": 1})).await.unwrap();
     let lines: Vec<String> = s.export().try_collect().await.unwrap();
-    assert_eq!(lines.len(), 4 + 1 + 1);
+    assert_eq!(lines.len(), 1 + 4 + 1 + 1);
+    assert!(
+        lines[0].starts_with(r#"{"session":{"id":"s","#),
+        "{}",
+        lines[0]
+    );
     let document = lines.concat();
 
     let copy = db_session(&db, "copy");
@@ -778,10 +783,125 @@ pub async fn export_reimports_into_an_equal_session<S: Store>(db: Db<S>) {
 
     let bad = format!(
         "{}\n{{\"message\": {{\"id\": \"z\"}}}}\n",
-        lines[0].trim_end()
+        lines[1].trim_end()
     );
     let err = sessiondb::parse_import(&bad).unwrap_err();
     assert_eq!(err.field, "lines[1].message.role");
     assert!(sessiondb::parse_import("{\"other\": 1}").is_err());
     assert!(sessiondb::parse_import("[1]").is_err());
+}
+
+/// An export carries the session's record: a session the import creates gets it with the
+/// original creation time (so a store moves session by session, users and settings included);
+/// a session that exists keeps its own. A bad or second session line writes nothing.
+pub async fn export_carries_the_session_record_to_a_new_session<S: Store>(db: Db<S>) {
+    use futures::TryStreamExt;
+    let record = SessionRecord {
+        name: Some("Support".into()),
+        parent_session_id: Some("earlier".into()),
+        model: Some("m-1".into()),
+        source: Some("web".into()),
+        user_id: Some("u1".into()),
+        metadata: object(json!({"plan": "pro", "tags": ["a"]})),
+        settings: object(json!({"compactAfter": 5000})),
+        ..Default::default()
+    };
+    let original = db
+        .create_session("", Some("orig".into()), record.clone())
+        .await
+        .unwrap();
+    let s = db_session(&db, "orig");
+    let usage = Usage {
+        input_tokens: 7,
+        output_tokens: 9,
+        cost: 0.25,
+    };
+    s.add_usage(usage).await.unwrap();
+    let patch = SessionPatch {
+        end_reason: Some("done".into()),
+        ..Default::default()
+    };
+    s.patch(patch).await.unwrap();
+    chain(&s, &["a", "b"]).await;
+    let original = s
+        .info()
+        .await
+        .unwrap()
+        .map(|info| (info, original.created_at));
+    let (original, created_at) = original.unwrap();
+    let document: String = s
+        .export()
+        .try_collect::<Vec<String>>()
+        .await
+        .unwrap()
+        .concat();
+    // The copy is created later: only a kept creation time makes the two equal.
+    std::thread::sleep(std::time::Duration::from_millis(5));
+
+    let moved = db_session(&db, "moved");
+    let summary = moved
+        .import_lines(sessiondb::parse_import(&document).unwrap())
+        .await
+        .unwrap();
+    assert_eq!((summary.imported, summary.skipped), (2, 0));
+    let copy = moved.info().await.unwrap().unwrap();
+    assert_eq!(copy.record, original.record);
+    assert_eq!(copy.created_at, created_at);
+    assert_eq!(copy.stats.message_count, 2);
+    let listing = SessionListing {
+        user_id: Some("u1".into()),
+        ..Default::default()
+    };
+    let mut owned: Vec<String> = db
+        .list_sessions("", &listing)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|info| info.id)
+        .collect();
+    owned.sort();
+    assert_eq!(owned, ["moved", "orig"]);
+
+    let kept = db
+        .create_session("", Some("kept".into()), SessionRecord::default())
+        .await
+        .unwrap();
+    let existing = db_session(&db, "kept");
+    existing
+        .import_lines(sessiondb::parse_import(&document).unwrap())
+        .await
+        .unwrap();
+    let after = existing.info().await.unwrap().unwrap();
+    assert_eq!(
+        (after.record, after.created_at, after.stats.message_count),
+        (SessionRecord::default(), kept.created_at, 2)
+    );
+
+    let session_line = document.lines().next().unwrap();
+    let twice = format!("{session_line}\n{session_line}\n");
+    let bad_settings = session_line.replace("compactAfter", "compactLater");
+    for (bad, field) in [
+        (twice.as_str(), "lines[1]"),
+        (
+            bad_settings.as_str(),
+            "lines[0].session.settings.compactLater",
+        ),
+    ] {
+        let nothing = db_session(&db, "nothing");
+        let err = nothing
+            .import_lines(sessiondb::parse_import(bad).unwrap())
+            .await
+            .unwrap_err();
+        match err {
+            Error::Invalid(e) => assert_eq!(e.field, field),
+            other => panic!("{other:?}"),
+        }
+        assert!(nothing.info().await.unwrap().is_none(), "{field}");
+    }
+    let bad_cost = session_line.replace("\"cost\":0.25", "\"cost\":-1");
+    assert_eq!(
+        sessiondb::parse_import(&bad_cost).unwrap_err().field,
+        "lines[0].session.cost"
+    );
 }
