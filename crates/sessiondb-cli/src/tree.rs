@@ -65,7 +65,8 @@ fn preview(message: &Value) -> String {
     }
     let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if flat.chars().count() > PREVIEW_CHARS {
-        format!("{}…", flat.chars().take(PREVIEW_CHARS).collect::<String>())
+        let cut: String = flat.chars().take(PREVIEW_CHARS).collect();
+        format!("{}…", cut.trim_end())
     } else {
         flat
     }
@@ -117,4 +118,48 @@ pub fn draw(nodes: &[Node], active: &HashSet<String>, out: &mut impl Write) -> a
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str, parent: Option<&str>, text: &str) -> Node {
+        let line = serde_json::json!({
+            "message": {"id": id, "role": "user", "content": text},
+            "parentId": parent,
+            "createdAt": 1,
+        });
+        Node::of_export_line(&line.to_string()).unwrap().unwrap()
+    }
+
+    /// Children come oldest first (in export order, whatever order their parents came in); a
+    /// message whose parent is not in the export is a root of its own, as the store treats it;
+    /// lines that are not messages are no nodes.
+    #[test]
+    fn draws_children_in_export_order_and_orphans_as_roots() {
+        let session_line = r#"{"session":{"id":"s","createdAt":1}}"#;
+        assert!(Node::of_export_line(session_line).unwrap().is_none());
+        let nodes = [
+            node("b", Some("a"), "adopted: the parent came later"),
+            node("a", None, "root"),
+            node("c", Some("a"), "second child"),
+            node("o", Some("gone"), "orphan"),
+            node("d", Some("b"), &"long ".repeat(20)),
+        ];
+        let active: HashSet<String> = ["a", "c"].map(String::from).into();
+        let mut out = Vec::new();
+        draw(&nodes, &active, &mut out).unwrap();
+        let preview = format!("{}…", "long ".repeat(12).trim_end());
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!(
+                "a [user] root *\n\
+                 ├─ b [user] adopted: the parent came later\n\
+                 │  └─ d [user] {preview}\n\
+                 └─ c [user] second child *\n\
+                 o [user] orphan\n"
+            )
+        );
+    }
 }
