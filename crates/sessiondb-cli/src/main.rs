@@ -20,7 +20,7 @@ use sessiondb::{Db, HistoryOptions, Message, Parent, SessionSort, SqliteStore};
 
 use crate::remote::Remote;
 use crate::session_commands::Target;
-use crate::transfer::Sessions;
+use crate::transfer::Scope;
 
 /// Where the embedded database lives unless `--data` says otherwise.
 pub const DEFAULT_DATA: &str = "./sessiondb-data";
@@ -259,6 +259,10 @@ fn run_command(cli: Cli) -> anyhow::Result<()> {
                     "a running server holds this store: it backs itself up when started with \
                      --backup-dir DIR, at once on SIGUSR1 (`kill -USR1 <pid>`)",
                 ),
+                Command::Delete { session: None, .. } => error.context(
+                    "a running server holds this store: it deletes idle sessions itself when \
+                     started with --delete-idle-after",
+                ),
                 _ => error.context(
                     "a running server holds this store: work through it with --url (e.g. \
                      --url http://127.0.0.1:8787)",
@@ -292,7 +296,7 @@ async fn run(
     };
     match command {
         Command::Import { file, session, .. } => {
-            let sessions = session.as_deref().map_or(Sessions::All, Sessions::One);
+            let sessions = session.as_deref().map_or(Scope::All, Scope::One);
             transfer::import(
                 db.as_ref(),
                 remote.as_ref(),
@@ -304,7 +308,7 @@ async fn run(
             .await
         }
         Command::Export { session, .. } => {
-            let sessions = session.as_deref().map_or(Sessions::All, Sessions::One);
+            let sessions = session.as_deref().map_or(Scope::All, Scope::One);
             transfer::export(db.as_ref(), remote.as_ref(), &namespace, sessions, &mut out).await
         }
         Command::Sessions {

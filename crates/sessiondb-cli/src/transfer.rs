@@ -82,7 +82,7 @@ impl Progress {
 }
 
 /// Which sessions an import or export is for.
-pub enum Sessions<'a> {
+pub enum Scope<'a> {
     One(&'a str),
     /// Every session: an export writes the namespace's sessions one after another, each
     /// starting with its session line; an import puts each part into the session its session
@@ -90,7 +90,7 @@ pub enum Sessions<'a> {
     All,
 }
 
-/// Imports `file`: all of it into one session, or with [`Sessions::All`] each session's part
+/// Imports `file`: all of it into one session, or with [`Scope::All`] each session's part
 /// into that session, read and written one part at a time. Each part is checked whole, then
 /// written all or nothing; a bad line or a failed part stops the import (the parts before it
 /// stay, and a second run skips what they wrote). Prints each part's counts.
@@ -98,7 +98,7 @@ pub async fn import(
     db: Option<&Db<SqliteStore>>,
     remote: Option<&Remote>,
     namespace: &str,
-    sessions: Sessions<'_>,
+    scope: Scope<'_>,
     file: &Path,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
@@ -106,10 +106,10 @@ pub async fn import(
     let opened = std::fs::File::open(file).with_context(reading)?;
     let size = opened.metadata().with_context(reading)?.len();
     let mut progress = Progress::new("importing", Some(size));
-    let all = matches!(sessions, Sessions::All);
-    let mut part = match sessions {
-        Sessions::One(session) => Some(Part::new(session)),
-        Sessions::All => None,
+    let all = matches!(scope, Scope::All);
+    let mut part = match scope {
+        Scope::One(session) => Some(Part::new(session)),
+        Scope::All => None,
     };
     for (n, line) in std::io::BufReader::new(opened).lines().enumerate() {
         let line = line.with_context(reading)?;
@@ -211,18 +211,18 @@ pub async fn export(
     db: Option<&Db<SqliteStore>>,
     remote: Option<&Remote>,
     namespace: &str,
-    sessions: Sessions<'_>,
+    scope: Scope<'_>,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    match sessions {
-        Sessions::One(session) => {
+    match scope {
+        Scope::One(session) => {
             let mut progress = Progress::new("exporting lines", None);
             if !export_one(db, remote, namespace, session, &mut progress, out).await? {
                 bail!("no session `{session}`");
             }
             progress.finish();
         }
-        Sessions::All => {
+        Scope::All => {
             let every = listing::Wanted {
                 user_id: None,
                 sort: SessionSort::CreatedAt,

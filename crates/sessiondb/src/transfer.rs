@@ -116,12 +116,19 @@ fn object_field(map: &mut JsonMap, prefix: &str, name: &str) -> Result<JsonMap, 
     }
 }
 
+/// A token counter: both backends keep them as signed 64-bit integers.
 fn counter_field(map: &JsonMap, prefix: &str, name: &str) -> Result<u64, ValidationError> {
     match map.get(name) {
         None | Some(Value::Null) => Ok(0),
         Some(v) => v
             .as_u64()
-            .ok_or_else(|| wrong(format!("{prefix}.{name}"), "a non-negative integer")),
+            .filter(|n| i64::try_from(*n).is_ok())
+            .ok_or_else(|| {
+                wrong(
+                    format!("{prefix}.{name}"),
+                    "a non-negative integer below 2^63",
+                )
+            }),
     }
 }
 

@@ -899,9 +899,16 @@ pub async fn export_carries_the_session_record_to_a_new_session<S: Store>(db: Db
         }
         assert!(nothing.info().await.unwrap().is_none(), "{field}");
     }
-    let bad_cost = session_line.replace("\"cost\":0.25", "\"cost\":-1");
-    assert_eq!(
-        sessiondb::parse_import(&bad_cost).unwrap_err().field,
-        "lines[0].session.cost"
-    );
+    for (bad, field) in [
+        (
+            session_line.replace("\"cost\":0.25", "\"cost\":-1"),
+            "lines[0].session.cost",
+        ),
+        (
+            session_line.replace("\"inputTokens\":7", "\"inputTokens\":9223372036854775808"),
+            "lines[0].session.inputTokens",
+        ),
+    ] {
+        assert_eq!(sessiondb::parse_import(&bad).unwrap_err().field, field);
+    }
 }
