@@ -29,7 +29,13 @@ export interface SessionRecord {
   source: string | null;
   userId: string | null;
   metadata: { [key: string]: Json };
-  settings: { compactAfter?: number; keepRecentTokens?: number };
+  settings: {
+    compactAfter?: number;
+    keepRecentTokens?: number;
+    tokenizer?: 'heuristic' | 'o200k' | 'cl100k';
+    /** Never deleted for being idle. */
+    keepWhenIdle?: boolean;
+  };
   createdAt: number;
   updatedAt: number;
   lastMessageAt: number | null;

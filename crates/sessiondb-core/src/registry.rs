@@ -40,13 +40,19 @@ pub struct SessionInfo {
 }
 
 /// Setting keys a session accepts.
-pub const SETTING_KEYS: [&str; 3] = ["compactAfter", "keepRecentTokens", "tokenizer"];
+pub const SETTING_KEYS: [&str; 4] = [
+    "compactAfter",
+    "keepRecentTokens",
+    "tokenizer",
+    "keepWhenIdle",
+];
 
 /// Token counters a session can choose with its `tokenizer` setting.
 pub const TOKENIZERS: [&str; 3] = ["heuristic", "o200k", "cl100k"];
 
-/// Settings are `{compactAfter?, keepRecentTokens?, tokenizer?}`: two non-negative integers
-/// and one of [`TOKENIZERS`]; `null` values are allowed in patches (they delete the key).
+/// Settings are `{compactAfter?, keepRecentTokens?, tokenizer?, keepWhenIdle?}`: two
+/// non-negative integers, one of [`TOKENIZERS`] and a boolean; `null` values are allowed in
+/// patches (they delete the key).
 pub fn validate_settings(settings: &JsonMap) -> Result<(), ValidationError> {
     for (key, value) in settings {
         let field = format!("settings.{key}");
@@ -60,7 +66,10 @@ pub fn validate_settings(settings: &JsonMap) -> Result<(), ValidationError> {
             {
                 "one of heuristic, o200k, cl100k"
             }
-            k if !SETTING_KEYS.contains(&k) => "one of compactAfter, keepRecentTokens, tokenizer",
+            "keepWhenIdle" if !(value.is_null() || value.is_boolean()) => "true, false or null",
+            k if !SETTING_KEYS.contains(&k) => {
+                "one of compactAfter, keepRecentTokens, tokenizer, keepWhenIdle"
+            }
             _ => continue,
         };
         return Err(ValidationError::new(
@@ -69,6 +78,11 @@ pub fn validate_settings(settings: &JsonMap) -> Result<(), ValidationError> {
         ));
     }
     Ok(())
+}
+
+/// Whether the session's settings exempt it from idle deletion (`keepWhenIdle: true`).
+pub fn keeps_when_idle(settings: &JsonMap) -> bool {
+    settings.get("keepWhenIdle").and_then(Value::as_bool) == Some(true)
 }
 
 /// Usage reported by a model, added to a session's counters.

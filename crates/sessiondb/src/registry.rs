@@ -3,7 +3,9 @@
 
 use serde_json::Value;
 use sessiondb_core::message::{validate_id, validate_texts};
-use sessiondb_core::registry::{state_text, validate_settings, validate_state_key};
+use sessiondb_core::registry::{
+    keeps_when_idle, state_text, validate_settings, validate_state_key,
+};
 use sessiondb_core::{
     Compaction, PathPlan, SearchHit, SessionCursor, SessionInfo, SessionPatch, SessionQuery,
     SessionRecord, SessionSort, Store, StoreError, StoredMessage, Usage, ValidationError,
@@ -130,7 +132,8 @@ impl<S: Store> Db<S> {
     /// milliseconds), each with everything in it, as [`Session::delete_session`] does; returns
     /// how many. Sessions go oldest first, a page at a time (a page's deletes go to the store
     /// together: [`Store::write_all`]), and the writer checks each one's time again, so a session
-    /// written after it was listed stays.
+    /// written after it was listed stays. A session whose settings hold `keepWhenIdle: true`
+    /// stays too (setting it is a write, so it also saves a session a sweep has just listed).
     pub async fn delete_sessions_updated_before(
         &self,
         namespace: &str,
@@ -148,24 +151,28 @@ impl<S: Store> Db<S> {
                 limit: PAGE,
             };
             let page = self.store.list_sessions(namespace, &query).await?;
-            let idle = page.iter().take_while(|info| info.updated_at < before_ms);
-            let sessions = idle
+            let idle = page
+                .iter()
+                .take_while(|info| info.updated_at < before_ms)
+                .count();
+            let sessions = page[..idle]
+                .iter()
+                .filter(|info| !keeps_when_idle(&info.record.settings))
                 .map(|info| self.session_in(namespace, &info.id))
                 .collect::<Result<Vec<_>, _>>()?;
-            if sessions.is_empty() {
-                return Ok(deleted);
-            }
             let op = || WriteOp::DeleteSession {
                 updated_before: Some(before_ms),
             };
-            let deletes = sessions.iter().map(|s| s.request(vec![op()])).collect();
-            let outcomes = self.store.write_all(deletes).await;
-            for (session, outcome) in sessions.iter().zip(outcomes) {
-                self.caches.forget(session.key());
-                deleted += u64::from(outcome? == [WriteOutcome::Existed(true)]);
+            if !sessions.is_empty() {
+                let deletes = sessions.iter().map(|s| s.request(vec![op()])).collect();
+                let outcomes = self.store.write_all(deletes).await;
+                for (session, outcome) in sessions.iter().zip(outcomes) {
+                    self.caches.forget(session.key());
+                    deleted += u64::from(outcome? == [WriteOutcome::Existed(true)]);
+                }
             }
             // A page not idle to its end (or not full) was the last one.
-            if sessions.len() < PAGE {
+            if idle < PAGE {
                 return Ok(deleted);
             }
             let last = &page[PAGE - 1];

@@ -157,6 +157,79 @@ pub async fn sessions_last_written_before_a_time_are_deleted<S: Store>(db: Db<S>
     );
 }
 
+/// Sessions whose settings say `keepWhenIdle: true` outlive idle deletion, also more than a
+/// page of them ahead of idle ones (the sweep pages past them); taking the setting back is a
+/// write, which makes the session fresh again, and it goes once it is idle after that.
+pub async fn sessions_kept_when_idle_outlive_idle_deletion<S: Store>(db: Db<S>) {
+    let keep = || SessionPatch {
+        settings: Some(object(json!({"keepWhenIdle": true}))),
+        ..Default::default()
+    };
+    for i in 0..120 {
+        let kept = db_session(&db, &format!("kept{i:03}"));
+        chain(&kept, &["m1"]).await;
+        kept.patch(keep()).await.unwrap();
+    }
+    chain(&db_session(&db, "idle"), &["m1"]).await;
+    let refused = db_session(&db, "kept000")
+        .patch(SessionPatch {
+            settings: Some(object(json!({"keepWhenIdle": "yes"}))),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    match refused {
+        Error::Invalid(e) => assert_eq!(e.field, "settings.keepWhenIdle"),
+        other => panic!("{other:?}"),
+    }
+    // Every write so far is at or before the idle session's; later ones come after the cutoff.
+    let cutoff = db_session(&db, "idle")
+        .info()
+        .await
+        .unwrap()
+        .unwrap()
+        .updated_at
+        + 1;
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    assert_eq!(
+        db.delete_sessions_updated_before("", cutoff).await.unwrap(),
+        1
+    );
+    let left = |limit| SessionListing {
+        page: PageRequest {
+            limit: Some(limit),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    assert_eq!(
+        db.list_sessions("", &left(100)).await.unwrap().items.len(),
+        100
+    );
+    assert!(db_session(&db, "idle").info().await.unwrap().is_none());
+    assert!(db_session(&db, "kept119").info().await.unwrap().is_some());
+
+    let unkept = db_session(&db, "kept007");
+    let unkeep = SessionPatch {
+        settings: Some(object(json!({"keepWhenIdle": null}))),
+        ..Default::default()
+    };
+    unkept.patch(unkeep).await.unwrap();
+    assert_eq!(
+        db.delete_sessions_updated_before("", cutoff).await.unwrap(),
+        0,
+        "taking the setting back was a write after the cutoff"
+    );
+    let later = unkept.info().await.unwrap().unwrap().updated_at + 1;
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    assert_eq!(
+        db.delete_sessions_updated_before("", later).await.unwrap(),
+        1
+    );
+    assert!(unkept.info().await.unwrap().is_none());
+    assert!(db_session(&db, "kept008").info().await.unwrap().is_some());
+}
+
 /// The writer checks the time again: a session written at or after the cutoff (after whoever
 /// chose it listed it) stays, and the request writes nothing.
 pub async fn a_conditional_delete_keeps_a_session_written_since<S: Store>(db: Db<S>) {
