@@ -101,6 +101,10 @@ enum Command {
     /// Copy the whole store into a new directory, which then opens as a store of its own (a
     /// consistent snapshot; the directory must not hold a database yet).
     Backup { destination: PathBuf },
+    /// Give the room of deleted sessions and messages back to the file system (SQLite's
+    /// `VACUUM`; needs free space of about the database's size). Prints the sizes before and
+    /// after, as JSON.
+    Vacuum,
     /// Delete a session with its messages, compactions, state and context (there is no undo);
     /// with `--idle-for` instead, every session of the namespace not written for that long.
     Delete {
@@ -178,7 +182,10 @@ impl Command {
             | Command::Sessions { remote, .. }
             | Command::Import { remote, .. }
             | Command::Export { remote, .. } => remote,
-            Command::Backup { .. } | Command::Serve(_) | Command::Migrate { .. } => return None,
+            Command::Backup { .. }
+            | Command::Vacuum
+            | Command::Serve(_)
+            | Command::Migrate { .. } => return None,
         };
         let url = args.url.as_deref()?;
         Some(Remote::new(url, args.api_key.as_deref()))
@@ -258,6 +265,10 @@ fn run_command(cli: Cli) -> anyhow::Result<()> {
                 Command::Backup { .. } => error.context(
                     "a running server holds this store: it backs itself up when started with \
                      --backup-dir DIR, at once on SIGUSR1 (`kill -USR1 <pid>`)",
+                ),
+                Command::Vacuum => error.context(
+                    "a running server holds this store: stop it first (or take a backup, \
+                     which is a vacuumed copy)",
                 ),
                 Command::Delete { session: None, .. } => error.context(
                     "a running server holds this store: it deletes idle sessions itself when \
@@ -387,6 +398,16 @@ async fn run(
             let db = db.context("no database open")?;
             let copy = db.store().backup(&destination)?;
             writeln!(out, "{}", copy.display())?;
+            Ok(())
+        }
+        Command::Vacuum => {
+            let db = db.context("no database open")?;
+            let vacuumed = db.store().vacuum()?;
+            let sizes = serde_json::json!({
+                "bytesBefore": vacuumed.bytes_before,
+                "bytesAfter": vacuumed.bytes_after,
+            });
+            writeln!(out, "{sizes}")?;
             Ok(())
         }
         Command::Serve(_) | Command::Migrate { .. } => unreachable!("handled above"),

@@ -380,3 +380,35 @@ fn backup_copies_the_store_into_a_new_directory() {
         String::from_utf8_lossy(&again.stderr)
     );
 }
+
+/// `vacuum` rewrites the file without the room deleted sessions left, printing both sizes; with
+/// a server holding the store it is refused, saying what to do instead.
+#[test]
+fn vacuum_gives_the_room_of_deleted_sessions_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    let text = "x".repeat(3_000);
+    for i in 0..40 {
+        ok(data, &["append", &format!("s{i}"), "--text", &text], None);
+    }
+    for i in 1..40 {
+        ok(data, &["delete", &format!("s{i}")], None);
+    }
+    let sizes: serde_json::Value = serde_json::from_str(&ok(data, &["vacuum"], None)).unwrap();
+    let (before, after) = (
+        sizes["bytesBefore"].as_u64().unwrap(),
+        sizes["bytesAfter"].as_u64().unwrap(),
+    );
+    assert!(after < before, "{sizes}");
+    assert!(ok(data, &["history", "s0"], None).contains(&text));
+
+    let served = common::Served::start(data, &["--listen", "127.0.0.1:0"], &[]);
+    let held = run(data, &["vacuum"], None);
+    assert!(!held.status.success());
+    assert!(
+        String::from_utf8_lossy(&held.stderr).contains("stop it first"),
+        "{}",
+        String::from_utf8_lossy(&held.stderr)
+    );
+    drop(served);
+}

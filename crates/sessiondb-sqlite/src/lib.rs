@@ -396,6 +396,45 @@ impl SqliteStore {
         copied.map(|()| target)
     }
 
+    /// Rewrites the database file without its free pages (the room deleted sessions and
+    /// messages, or an upgrade that rebuilt a table, left inside it; later writes reuse such
+    /// pages, but the file never shrinks by itself): SQLite's `VACUUM`, then a checkpoint that
+    /// copies the result into the file, synced, and empties the WAL. Returns the file's size
+    /// before and after. Writes wait meanwhile (it holds the writer; queued ones go on
+    /// afterwards); reads go on. Needs free disk space of about the database's size, and runs on
+    /// the calling thread (a large store takes a while). A failure leaves the file as it was.
+    pub fn vacuum(&self) -> Result<Vacuumed, StoreError> {
+        let size = || {
+            std::fs::metadata(&self.path)
+                .map(|m| m.len())
+                .map_err(|e| io_error(&self.path, e))
+        };
+        let bytes_before = size()?;
+        let rewritten = (|| {
+            let mut slot = lock(&self.writers.writer);
+            if let Some(halted) = self.writers.durability.halted() {
+                return Err(halted);
+            }
+            let writer = slot.open()?;
+            writer.conn.execute_batch("VACUUM").map_err(backend_error)?;
+            // The writer's `synchronous=NORMAL` syncs the WAL before a checkpoint copies it and
+            // the file after: a power loss before this leaves the old file, after it the new.
+            // A reader in an older snapshot holds the checkpoint back (busy): the rewrite is
+            // committed all the same, and a later checkpoint copies it into the file.
+            writer
+                .conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+                .map_err(backend_error)
+        })();
+        // Writes queued while the vacuum held the writer.
+        self.writers.lead(Leader::Caller);
+        rewritten?;
+        Ok(Vacuumed {
+            bytes_before,
+            bytes_after: size()?,
+        })
+    }
+
     fn read<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
@@ -625,6 +664,13 @@ impl ReaderPool {
     fn open(&self) -> Result<Connection, StoreError> {
         open_reader(&self.path, self.synchronous)
     }
+}
+
+/// What [`SqliteStore::vacuum`] did to the database file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vacuumed {
+    pub bytes_before: u64,
+    pub bytes_after: u64,
 }
 
 /// Queued write jobs and the one writer connection that commits them.

@@ -1637,3 +1637,106 @@ fn a_backup_taken_during_writes_opens_as_a_consistent_store() {
             .unwrap();
     });
 }
+
+/// `vacuum` gives the room of deleted sessions back to the file system; everything left reads
+/// the same (histories, message search, a context search block's entries, which the full-text
+/// index names by rowid), appends queued while it runs go through, and the store reopens.
+#[test]
+fn vacuum_shrinks_the_file_after_deletes_and_keeps_what_is_left() {
+    use sessiondb::{BlockKind, BlockSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    let text = "lighthouse keepers log the weather ".repeat(50);
+    block_on(async {
+        for s in 0..40 {
+            let session = db.session(&format!("s{s}")).unwrap();
+            for i in 0..30 {
+                let m = Message::text("user", format!("{s}/{i} {text}")).with_id(format!("m{i}"));
+                session.append(m, AppendOptions::default()).await.unwrap();
+            }
+        }
+        let kept = db.session("s0").unwrap();
+        assert_eq!(kept.search("lighthouse", 50).await.unwrap().len(), 30);
+        let context = kept.context();
+        let search_block = BlockSpec {
+            kind: BlockKind::Search,
+            description: None,
+            max_tokens: None,
+            content: String::new(),
+        };
+        context.define("kb", search_block).await.unwrap();
+        for (key, entry) in [("a", "the red door"), ("b", "the blue gate")] {
+            context.put_entry("kb", key, entry, None).await.unwrap();
+        }
+        for s in 2..40 {
+            assert!(
+                db.session(&format!("s{s}"))
+                    .unwrap()
+                    .delete_session()
+                    .await
+                    .unwrap()
+            );
+        }
+    });
+
+    let (vacuumed, appended) = std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            block_on(async {
+                let busy = db.session("busy").unwrap();
+                for n in 0..200 {
+                    let m = Message::text("user", format!("busy {n}")).with_id(format!("b{n}"));
+                    busy.append(m, AppendOptions::default()).await.unwrap();
+                }
+                busy.stats().await.unwrap().message_count
+            })
+        });
+        let vacuumed = db.store().vacuum().unwrap();
+        (vacuumed, writer.join().unwrap())
+    });
+    assert_eq!(appended, 200);
+    assert!(
+        vacuumed.bytes_after * 4 < vacuumed.bytes_before,
+        "{vacuumed:?}"
+    );
+    let on_disk = std::fs::metadata(dir.path().join(DATABASE_FILE))
+        .unwrap()
+        .len();
+    assert!(
+        on_disk <= vacuumed.bytes_after + 64 * 1024,
+        "{on_disk} {vacuumed:?}"
+    );
+
+    let check = |db: &Db<SqliteStore>| {
+        block_on(async {
+            for s in ["s0", "s1"] {
+                let session = db.session(s).unwrap();
+                let history = session
+                    .full_history(HistoryOptions::default())
+                    .await
+                    .unwrap();
+                assert_eq!(history.len(), 30, "{s}");
+                assert!(history[29].json().contains(&format!("{}/29 ", &s[1..])));
+            }
+            let kept = db.session("s0").unwrap();
+            assert_eq!(kept.search("lighthouse", 50).await.unwrap().len(), 30);
+            let found = kept.context().search("kb", "blue").await.unwrap().unwrap();
+            assert!(
+                found.contains("the blue gate") && !found.contains("red"),
+                "{found}"
+            );
+            assert!(db.session("s7").unwrap().info().await.unwrap().is_none());
+            let busy = db.session("busy").unwrap();
+            assert_eq!(busy.stats().await.unwrap().message_count, 200);
+        })
+    };
+    check(&db);
+    drop(db);
+    let reopened = open(dir.path());
+    check(&reopened);
+    block_on(async {
+        let after = Message::text("user", "after the vacuum");
+        let s1 = reopened.session("s1").unwrap();
+        s1.append(after, AppendOptions::default()).await.unwrap();
+        assert_eq!(s1.stats().await.unwrap().message_count, 31);
+    });
+}
