@@ -377,14 +377,15 @@ fn init_logging(filter: &str) -> anyhow::Result<()> {
         .context("installing the logger")
 }
 
-/// Group-commit numbers of the embedded store, and its backups and idle-session deletes when
-/// they are on, for `/metrics`.
+/// Group-commit numbers and the room the database takes of the embedded store, and its backups
+/// and idle-session deletes when they are on, for `/metrics`.
 fn sqlite_metrics(
     store: &SqliteStore,
     backups: Option<Arc<BackupStats>>,
     retention: Option<Arc<RetentionStats>>,
 ) -> sessiondb_server::BackendMetrics {
     let stats = store.write_stats();
+    let storage = store.storage_probe();
     Box::new(move |out: &mut String| {
         use std::fmt::Write;
         use std::sync::atomic::Ordering::Relaxed;
@@ -420,6 +421,35 @@ fn sqlite_metrics(
             stats.requests.load(Relaxed),
             stats.commits.load(Relaxed)
         );
+        match storage.read() {
+            Ok(room) => {
+                let _ = writeln!(
+                    out,
+                    "# HELP sessiondb_database_bytes The database's pages, free ones included \
+                     (what --max-database-mib limits).\n\
+                     # TYPE sessiondb_database_bytes gauge\n\
+                     sessiondb_database_bytes {}\n\
+                     # HELP sessiondb_database_free_bytes Free pages in the database: reused by \
+                     later writes, given back by `sessiondb vacuum`.\n\
+                     # TYPE sessiondb_database_free_bytes gauge\n\
+                     sessiondb_database_free_bytes {}\n\
+                     # HELP sessiondb_wal_bytes The write-ahead log beside the database.\n\
+                     # TYPE sessiondb_wal_bytes gauge\n\
+                     sessiondb_wal_bytes {}",
+                    room.database_bytes, room.free_bytes, room.wal_bytes
+                );
+                if let Some(limit) = room.limit_bytes {
+                    let _ = writeln!(
+                        out,
+                        "# HELP sessiondb_database_limit_bytes --max-database-mib, in whole \
+                         pages: writes that need room past it fail.\n\
+                         # TYPE sessiondb_database_limit_bytes gauge\n\
+                         sessiondb_database_limit_bytes {limit}"
+                    );
+                }
+            }
+            Err(error) => tracing::warn!("metrics: reading the database's size: {error}"),
+        }
         if let Some(backups) = &backups {
             let _ = writeln!(
                 out,

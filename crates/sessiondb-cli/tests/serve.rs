@@ -389,6 +389,25 @@ async fn a_full_database_refuses_writes_and_keeps_serving_reads() {
         .await
         .unwrap();
     assert_eq!(count_lines(history).await, stored);
+
+    // `/metrics` tells how close the store is to its limit, and what a delete frees.
+    let base = &served.base;
+    assert_eq!(
+        metric(base, "sessiondb_database_limit_bytes").await,
+        1 << 20
+    );
+    let full = metric(base, "sessiondb_database_bytes").await;
+    assert!(full > 900 * 1024 && full <= 1 << 20, "{full}");
+    let free = metric(base, "sessiondb_database_free_bytes").await;
+    let deleted = client
+        .delete(format!("{base}/v1/sessions/s"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 204);
+    assert_eq!(metric(base, "sessiondb_database_bytes").await, full);
+    let freed = metric(base, "sessiondb_database_free_bytes").await;
+    assert!(freed > free + 512 * 1024, "{free} → {freed}");
 }
 
 /// Fills session `big` with `count` messages of about `size` bytes, in the embedded store.

@@ -192,6 +192,8 @@ pub struct SqliteStore {
     write_stats: Arc<WriteStats>,
     rows: Arc<RowCache>,
     path: PathBuf,
+    /// [`SqliteConfig::max_database_bytes`] in whole pages.
+    limit_bytes: Option<u64>,
     // Declared last: fields drop in order, so the directory lock is released only after every
     // connection above is closed.
     _lock: File,
@@ -255,15 +257,18 @@ impl SqliteStore {
             Some(reader) => reader,
             None => open_reader(&path, config.synchronous)?,
         };
-        let max_pages = match config.max_database_bytes {
+        let (max_pages, limit_bytes) = match config.max_database_bytes {
             Some(bytes) => {
                 let page_size: u32 = first_reader
                     .query_row("PRAGMA page_size", [], |r| r.get(0))
                     .map_err(backend_error)?;
                 // 0 would read the limit instead of setting one.
-                Some(i64::try_from(bytes / u64::from(page_size)).map_or(i64::MAX, |p| p.max(1)))
+                let pages =
+                    i64::try_from(bytes / u64::from(page_size)).map_or(i64::MAX, |p| p.max(1));
+                let limit = (pages as u64).saturating_mul(u64::from(page_size));
+                (Some(pages), Some(limit))
             }
-            None => None,
+            None => (None, None),
         };
         let setup = WriterSetup {
             path: path.clone(),
@@ -340,8 +345,19 @@ impl SqliteStore {
             write_stats,
             rows,
             path,
+            limit_bytes,
             _lock: lock,
         })
+    }
+
+    /// A handle that reads how much room the database takes ([`StorageUse`]) whenever asked,
+    /// valid while the store is open (for `/metrics`).
+    pub fn storage_probe(&self) -> StorageProbe {
+        StorageProbe {
+            readers: self.readers.clone(),
+            path: self.path.clone(),
+            limit_bytes: self.limit_bytes,
+        }
     }
 
     /// Commits and requests since the store opened (group-commit effectiveness).
@@ -663,6 +679,58 @@ impl ReaderPool {
 
     fn open(&self) -> Result<Connection, StoreError> {
         open_reader(&self.path, self.synchronous)
+    }
+}
+
+/// How much room the database takes ([`StorageProbe::read`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StorageUse {
+    /// The database's pages, free ones included: what [`SqliteConfig::max_database_bytes`]
+    /// limits.
+    pub database_bytes: u64,
+    /// Free pages: later writes reuse them, [`SqliteStore::vacuum`] gives them back.
+    pub free_bytes: u64,
+    /// The WAL file beside the database (emptied as checkpoints copy it; not limited).
+    pub wal_bytes: u64,
+    /// [`SqliteConfig::max_database_bytes`] in whole pages, when set.
+    pub limit_bytes: Option<u64>,
+}
+
+/// Reads [`StorageUse`] on a reader connection of its store ([`SqliteStore::storage_probe`]).
+#[derive(Debug, Clone)]
+pub struct StorageProbe {
+    readers: Arc<ReaderPool>,
+    path: PathBuf,
+    limit_bytes: Option<u64>,
+}
+
+impl StorageProbe {
+    /// The numbers of the latest committed state. Runs on the calling thread (three PRAGMAs).
+    pub fn read(&self) -> Result<StorageUse, StoreError> {
+        let checkout = Checkout {
+            pool: &self.readers,
+            conn: Some(self.readers.checkout()?),
+        };
+        let conn = checkout.conn.as_ref().expect("held until drop");
+        let pragma = |name: &str| -> Result<u64, StoreError> {
+            conn.query_row(&format!("PRAGMA {name}"), [], |r| r.get::<_, i64>(0))
+                .map(|n| n.max(0) as u64)
+                .map_err(backend_error)
+        };
+        let page_size = pragma("page_size")?;
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        let wal_bytes = match std::fs::metadata(&wal) {
+            Ok(metadata) => metadata.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(io_error(Path::new(&wal), e)),
+        };
+        Ok(StorageUse {
+            database_bytes: pragma("page_count")? * page_size,
+            free_bytes: pragma("freelist_count")? * page_size,
+            wal_bytes,
+            limit_bytes: self.limit_bytes,
+        })
     }
 }
 

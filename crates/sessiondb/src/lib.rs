@@ -67,7 +67,8 @@ pub use sessiondb_core::{
 };
 #[cfg(feature = "sqlite")]
 pub use sessiondb_sqlite::{
-    BATCH_BUCKETS, DATABASE_FILE, SqliteConfig, SqliteStore, Synchronous, Vacuumed, WriteStats,
+    BATCH_BUCKETS, DATABASE_FILE, SqliteConfig, SqliteStore, StorageProbe, StorageUse, Synchronous,
+    Vacuumed, WriteStats,
 };
 
 pub use compact::{ExtractiveSummarizer, SummarizeError, Summarizer, SummaryRequest};
