@@ -105,6 +105,10 @@ enum Command {
     /// `VACUUM`; needs free space of about the database's size). Prints the sizes before and
     /// after, as JSON.
     Vacuum,
+    /// Check the embedded store: SQLite's integrity check of every page, then the store's own
+    /// invariants (every message has its session, parent links, each session's counts and
+    /// leaf, attachments). Prints `{"problems": [...]}`; fails when there is one.
+    Check,
     /// Delete a session with its messages, compactions, state and context (there is no undo);
     /// with `--idle-for` instead, every session of the namespace not written for that long.
     Delete {
@@ -184,6 +188,7 @@ impl Command {
             | Command::Export { remote, .. } => remote,
             Command::Backup { .. }
             | Command::Vacuum
+            | Command::Check
             | Command::Serve(_)
             | Command::Migrate { .. } => return None,
         };
@@ -269,6 +274,10 @@ fn run_command(cli: Cli) -> anyhow::Result<()> {
                 Command::Vacuum => error.context(
                     "a running server holds this store: stop it first (or take a backup, \
                      which is a vacuumed copy)",
+                ),
+                Command::Check => error.context(
+                    "a running server holds this store: check a backup of it (SIGUSR1), or \
+                     stop it first",
                 ),
                 Command::Delete { session: None, .. } => error.context(
                     "a running server holds this store: it deletes idle sessions itself when \
@@ -408,6 +417,15 @@ async fn run(
                 "bytesAfter": vacuumed.bytes_after,
             });
             writeln!(out, "{sizes}")?;
+            Ok(())
+        }
+        Command::Check => {
+            let db = db.context("no database open")?;
+            let problems = db.store().check()?;
+            writeln!(out, "{}", serde_json::json!({ "problems": problems }))?;
+            if !problems.is_empty() {
+                bail!("the store has {} problems", problems.len());
+            }
             Ok(())
         }
         Command::Serve(_) | Command::Migrate { .. } => unreachable!("handled above"),

@@ -401,6 +401,7 @@ fn vacuum_gives_the_room_of_deleted_sessions_back() {
     );
     assert!(after < before, "{sizes}");
     assert!(ok(data, &["history", "s0"], None).contains(&text));
+    assert_eq!(ok(data, &["check"], None), "{\"problems\":[]}\n");
 
     let served = common::Served::start(data, &["--listen", "127.0.0.1:0"], &[]);
     let held = run(data, &["vacuum"], None);

@@ -39,6 +39,7 @@
 
 mod attachments;
 mod cache;
+mod check;
 mod context;
 #[cfg(test)]
 mod costs;
@@ -410,6 +411,24 @@ impl SqliteStore {
             let _ = std::fs::remove_file(&partial);
         }
         copied.map(|()| target)
+    }
+
+    /// Checks the store: SQLite's integrity check of every page, then the invariants a damaged
+    /// file or a hand edit could break (every message has its session, parent links name their
+    /// rows, each session's message count, next seq and active leaf, every attachment reference
+    /// has its payload and every payload its references and chunks). Returns the problems in
+    /// words, none for a sound store. Read-only, in one snapshot beside writes; it reads
+    /// everything, so a large store takes a while (on the calling thread).
+    pub fn check(&self) -> Result<Vec<String>, StoreError> {
+        let checkout = Checkout {
+            pool: &self.readers,
+            conn: Some(self.readers.checkout()?),
+        };
+        let conn = checkout.conn.as_ref().expect("held until drop");
+        conn.execute_batch("BEGIN").map_err(backend_error)?;
+        let problems = check::problems(conn);
+        conn.execute_batch("COMMIT").map_err(backend_error)?;
+        problems
     }
 
     /// Rewrites the database file without its free pages (the room deleted sessions and

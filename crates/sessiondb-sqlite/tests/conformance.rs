@@ -11,6 +11,18 @@ fn open_default() -> (Db<SqliteStore>, tempfile::TempDir) {
 
 sessiondb_testkit::conformance_tests!(open_default);
 
+/// Keeps a model case's store directory, and checks the store when the case ends: whatever the
+/// random ops did, `SqliteStore::check` finds nothing wrong.
+struct CheckedAtTheEnd(Db<SqliteStore>, #[allow(dead_code)] tempfile::TempDir);
+
+impl Drop for CheckedAtTheEnd {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            assert_eq!(self.0.store().check().unwrap(), Vec::<String>::new());
+        }
+    }
+}
+
 #[test]
 fn store_agrees_with_the_tree_model() {
     // NORMAL only skips the commit fsync; it keeps the model run fast and changes no semantics.
@@ -21,10 +33,8 @@ fn store_agrees_with_the_tree_model() {
                 synchronous: Synchronous::Normal,
                 ..Default::default()
             };
-            (
-                Db::new(SqliteStore::open_with(dir.path(), config).unwrap()),
-                dir,
-            )
+            let db = Db::new(SqliteStore::open_with(dir.path(), config).unwrap());
+            (db.clone(), CheckedAtTheEnd(db, dir))
         },
         std::env::var("MODEL_CASES")
             .ok()

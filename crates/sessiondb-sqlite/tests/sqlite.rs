@@ -496,6 +496,7 @@ fn a_schema_8_file_migrates_to_the_current_keys() {
     assert!(add(&b, "m2").inserted, "ids stay per session");
     let m3 = block_on(a.message("m3")).unwrap().unwrap();
     assert_eq!(m3.parent_id.as_deref(), Some("m2"));
+    assert_eq!(db.store().check().unwrap(), Vec::<String>::new());
 }
 
 /// Sessions are numbered from 1 in the order they are first written; the number of the newest,
@@ -1212,6 +1213,11 @@ fn acknowledged_writes_survive_sigkill() {
         for (id, _) in &acked {
             assert!(present.contains(id.as_str()), "acknowledged {id} was lost");
         }
+        assert_eq!(
+            db.store().check().unwrap(),
+            Vec::<String>::new(),
+            "after the kill"
+        );
     }
     assert!(
         acked.iter().any(|(_, i)| i % 5 == 4),
@@ -1739,4 +1745,66 @@ fn vacuum_shrinks_the_file_after_deletes_and_keeps_what_is_left() {
         s1.append(after, AppendOptions::default()).await.unwrap();
         assert_eq!(s1.stats().await.unwrap().message_count, 31);
     });
+}
+
+/// `check` finds nothing wrong in a store that took every kind of write, and names each
+/// invariant a hand edit then breaks.
+#[test]
+fn check_passes_a_sound_store_and_names_what_a_hand_edit_broke() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    let url = format!(
+        "data:image/png;base64,{}",
+        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [7u8; 2_000])
+    );
+    block_on(async {
+        let a = db.session("a").unwrap();
+        for id in ["m1", "m2", "m3"] {
+            let m = Message::text("user", format!("text {id}")).with_id(id);
+            a.append(m, AppendOptions::default()).await.unwrap();
+        }
+        let branch = AppendOptions {
+            parent: sessiondb::Parent::Id("m1".into()),
+            ..Default::default()
+        };
+        a.append(Message::text("user", "branch").with_id("x"), branch)
+            .await
+            .unwrap();
+        a.delete(&["m2".to_owned()]).await.unwrap();
+        let picture = Message::from_value(serde_json::json!({"id": "p", "role": "user", "parts": [
+            {"type": "file", "mediaType": "image/png", "url": url}]}))
+        .unwrap();
+        a.append(picture, AppendOptions::default()).await.unwrap();
+        let b = db.session_in("ns", "b").unwrap();
+        let lines = sessiondb::parse_import(
+            r#"{"message": {"id": "o", "role": "user", "content": "orphan"}, "parentId": "later"}"#,
+        )
+        .unwrap();
+        b.import_lines(lines).await.unwrap();
+    });
+    assert_eq!(db.store().check().unwrap(), Vec::<String>::new());
+    drop(db);
+
+    let conn = raw(dir.path());
+    conn.execute_batch(
+        "UPDATE sessions SET stored_messages = stored_messages + 1, next_seq = 2 WHERE id = 'a';
+         UPDATE sessions SET leaf_id = 'gone' WHERE id = 'b';
+         UPDATE messages SET parent_id = 'o' WHERE id = 'o';
+         DELETE FROM attachment_chunks;
+         INSERT INTO messages (k, id, role, content, content_chunks, bytes, token_estimate,
+                               content_hash, created_at)
+              VALUES ((1000 << 32) + 1, 'stray', 'user', '{}', 0, 2, 1, x'00', 1);",
+    )
+    .unwrap();
+    drop(conn);
+    let problems = open(dir.path()).store().check().unwrap();
+    let expected = [
+        "1 messages belong to no session",
+        "1 messages name a parent in their session without linking to it",
+        "1 attachment payloads have no reference or not all their chunks",
+        "session `a` counts 5 messages and holds 4",
+        "session `a` would give seq 2 again (its highest is 5)",
+        "session `b` of namespace `ns` has active leaf `gone` at seq Some(1), where no such message is",
+    ];
+    assert_eq!(problems, expected);
 }
