@@ -413,3 +413,64 @@ fn vacuum_gives_the_room_of_deleted_sessions_back() {
     );
     drop(served);
 }
+
+/// `import --all` writes part by part: a bad line stops it where it is, the sessions before it
+/// stay, and a second run over the mended file skips them and writes the rest.
+#[test]
+fn import_all_stops_at_a_bad_part_and_a_second_run_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("source");
+    for s in ["a", "b", "c"] {
+        ok(
+            &source,
+            &["append", s, "--id", "m1", "--text", "hello"],
+            None,
+        );
+        ok(
+            &source,
+            &["append", s, "--id", "m2", "--text", "again"],
+            None,
+        );
+    }
+    let dump = ok(&source, &["export", "--all"], None);
+    let second = dump
+        .lines()
+        .filter(|l| l.starts_with(r#"{"session""#))
+        .nth(1)
+        .unwrap()
+        .to_owned();
+    let broken = dump.replacen(
+        &second,
+        &format!("{second}\n{{\"message\": {{\"role\": \"user\"}}}}"),
+        1,
+    );
+    let file = dir.path().join("dump.ndjson");
+    std::fs::write(&file, &broken).unwrap();
+    let target = dir.path().join("target");
+    let file_arg = file.to_str().unwrap();
+    let stopped = run(&target, &["import", file_arg, "--all"], None);
+    assert!(!stopped.status.success());
+    let printed = String::from_utf8(stopped.stdout).unwrap();
+    assert_eq!(printed.lines().count(), 1, "{printed}");
+    let first: serde_json::Value = serde_json::from_str(printed.trim()).unwrap();
+    assert_eq!(
+        (first["imported"].as_u64(), first["skipped"].as_u64()),
+        (Some(2), Some(0))
+    );
+    assert_eq!(ok(&target, &["sessions"], None).lines().count(), 1);
+
+    std::fs::write(&file, &dump).unwrap();
+    let finished = ok(&target, &["import", file_arg, "--all"], None);
+    let counts: Vec<(u64, u64)> = finished
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["imported"].as_u64().unwrap(),
+                v["skipped"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(counts, [(0, 2), (2, 0), (2, 0)]);
+    assert_eq!(ok(&target, &["export", "--all"], None), dump);
+}
