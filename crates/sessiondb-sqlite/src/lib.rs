@@ -420,15 +420,7 @@ impl SqliteStore {
     /// words, none for a sound store. Read-only, in one snapshot beside writes; it reads
     /// everything, so a large store takes a while (on the calling thread).
     pub fn check(&self) -> Result<Vec<String>, StoreError> {
-        let checkout = Checkout {
-            pool: &self.readers,
-            conn: Some(self.readers.checkout()?),
-        };
-        let conn = checkout.conn.as_ref().expect("held until drop");
-        conn.execute_batch("BEGIN").map_err(backend_error)?;
-        let problems = check::problems(conn);
-        conn.execute_batch("COMMIT").map_err(backend_error)?;
-        problems
+        in_snapshot(self.readers.lend()?.conn(), check::problems)
     }
 
     /// Rewrites the database file without its free pages (the room deleted sessions and
@@ -475,24 +467,7 @@ impl SqliteStore {
         f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
         let readers = self.readers.clone();
-        async move {
-            let checkout = Checkout {
-                pool: &readers,
-                conn: Some(readers.checkout()?),
-            };
-            let conn = checkout.conn.as_ref().expect("held until drop");
-            // One snapshot per read: every query of `f` sees the same committed state (a path and
-            // its totals, a message and its continuation slices).
-            let run = |sql: &str| {
-                conn.prepare_cached(sql)
-                    .and_then(|mut s| s.execute([]).map(drop))
-                    .map_err(backend_error)
-            };
-            run("BEGIN")?;
-            let result = f(conn);
-            run("COMMIT")?;
-            result
-        }
+        async move { in_snapshot(readers.lend()?.conn(), f) }
     }
 
     /// A read of one session's message rows ([`SessionRange`]: the session's number is looked up
@@ -646,6 +621,29 @@ struct Checkout<'a> {
     conn: Option<Connection>,
 }
 
+impl Checkout<'_> {
+    fn conn(&self) -> &Connection {
+        self.conn.as_ref().expect("held until drop")
+    }
+}
+
+/// Runs `f` in one snapshot of `conn`: every query of `f` sees the same committed state (a path
+/// and its totals, a message and its continuation slices).
+fn in_snapshot<T>(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let run = |sql: &str| {
+        conn.prepare_cached(sql)
+            .and_then(|mut s| s.execute([]).map(drop))
+            .map_err(backend_error)
+    };
+    run("BEGIN")?;
+    let result = f(conn);
+    run("COMMIT")?;
+    result
+}
+
 impl Drop for Checkout<'_> {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
@@ -670,6 +668,14 @@ struct ReaderPool {
 }
 
 impl ReaderPool {
+    /// A connection, back in the pool when the checkout drops.
+    fn lend(&self) -> Result<Checkout<'_>, StoreError> {
+        Ok(Checkout {
+            pool: self,
+            conn: Some(self.checkout()?),
+        })
+    }
+
     fn checkout(&self) -> Result<Connection, StoreError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         loop {
@@ -726,11 +732,8 @@ pub struct StorageProbe {
 impl StorageProbe {
     /// The numbers of the latest committed state. Runs on the calling thread (three PRAGMAs).
     pub fn read(&self) -> Result<StorageUse, StoreError> {
-        let checkout = Checkout {
-            pool: &self.readers,
-            conn: Some(self.readers.checkout()?),
-        };
-        let conn = checkout.conn.as_ref().expect("held until drop");
+        let checkout = self.readers.lend()?;
+        let conn = checkout.conn();
         let pragma = |name: &str| -> Result<u64, StoreError> {
             conn.query_row(&format!("PRAGMA {name}"), [], |r| r.get::<_, i64>(0))
                 .map(|n| n.max(0) as u64)
