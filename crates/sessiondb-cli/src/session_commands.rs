@@ -111,12 +111,15 @@ impl Target<'_> {
         let mut nodes = Vec::new();
         let active: HashSet<String> = match self {
             Target::Embedded(session) => {
-                if session.info().await?.is_none() {
-                    bail!("no session `{}`", session.id());
-                }
+                // An existing session's export starts with its session line: none, no session.
                 let mut lines = std::pin::pin!(session.export());
+                let mut found = false;
                 while let Some(line) = lines.next().await {
                     nodes.extend(Node::of_export_line(&line?)?);
+                    found = true;
+                }
+                if !found {
+                    bail!("no session `{}`", session.id());
                 }
                 let path = session.row_stats(None).await?;
                 path.into_iter().map(|row| row.id).collect()

@@ -254,15 +254,15 @@ async fn export_one(
 ) -> anyhow::Result<bool> {
     match (db, remote) {
         (Some(db), None) => {
-            let handle = db.session_in(namespace, session)?;
-            if handle.info().await?.is_none() {
-                return Ok(false);
-            }
-            let mut lines = std::pin::pin!(handle.export());
+            // An existing session's export starts with its session line: none, no session.
+            let mut lines = std::pin::pin!(db.session_in(namespace, session)?.export());
+            let mut found = false;
             while let Some(line) = lines.next().await {
                 out.write_all(line?.as_bytes())?;
                 progress.advance(1);
+                found = true;
             }
+            return Ok(found);
         }
         (_, Some(remote)) => {
             let url = remote.session_url(session, "/export");
