@@ -2,40 +2,21 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
+
+/// `sessiondb --data data` with `args`.
+fn with_data<'a>(data: &'a std::path::Path, args: &[&'a str]) -> Vec<&'a str> {
+    let mut all = vec!["--data", data.to_str().unwrap()];
+    all.extend_from_slice(args);
+    all
+}
 
 fn run(data: &std::path::Path, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sessiondb"))
-        .arg("--data")
-        .arg(data)
-        .args(args)
-        // Set as many developers have it: errors must still read as one line.
-        .env("RUST_BACKTRACE", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-    }
-    child.wait_with_output().unwrap()
+    common::sessiondb(&with_data(data, args), stdin)
 }
 
 fn ok(data: &std::path::Path, args: &[&str], stdin: Option<&str>) -> String {
-    let out = run(data, args, stdin);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    common::sessiondb_ok(&with_data(data, args), stdin)
 }
 
 /// The session commands, run by `ok` (the embedded store or a server); `stored` says whether

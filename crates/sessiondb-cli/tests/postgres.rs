@@ -469,18 +469,8 @@ async fn random_input_on_every_route_gets_typed_answers_on_postgresql() {
     assert!(append(&http, base, "s", "after").await, "still serving");
 }
 
-/// `sessiondb` run with `args`; its standard output, which must come with success.
 fn cli(args: &[&str]) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sessiondb"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    common::sessiondb_ok(args, None)
 }
 
 /// A store moves from SQLite to PostgreSQL with two commands, `export --all` from the embedded
@@ -598,16 +588,16 @@ async fn a_store_moves_from_sqlite_to_postgresql_session_by_session() {
         dump.lines().skip(1).collect::<Vec<_>>().join("\n"),
     )
     .unwrap();
-    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_sessiondb"))
-        .args([
+    let refused = common::sessiondb(
+        &[
             "import",
             headless.to_str().unwrap(),
             "--all",
             "--url",
             &target.base,
-        ])
-        .output()
-        .unwrap();
+        ],
+        None,
+    );
     assert!(!refused.status.success());
     assert!(
         String::from_utf8_lossy(&refused.stderr).contains("line 1: with --all"),

@@ -1,10 +1,43 @@
 //! A `sessiondb serve` process for the tests. Each test binary uses a part of it.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
+
+/// `sessiondb` run with `args`, `stdin` written to it.
+pub fn sessiondb(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sessiondb"))
+        .args(args)
+        // Set as many developers have it: errors must still read as one line.
+        .env("RUST_BACKTRACE", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// The standard output of `sessiondb` run with `args`, which must succeed.
+pub fn sessiondb_ok(args: &[&str], stdin: Option<&str>) -> String {
+    let out = sessiondb(args, stdin);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
 
 /// A running `sessiondb serve`; killed when dropped.
 pub struct Served {
