@@ -148,24 +148,28 @@ enum Command {
         database: String,
     },
     /// Import an NDJSON export (or `{message, parentId, createdAt}` lines) into a session, all or
-    /// nothing; with `--all`, an `export --all` into the sessions it holds, each all or nothing.
+    /// nothing; with `--all`, an `export --all` into the sessions it holds, each all or nothing,
+    /// and its templates' part into the namespace's context templates.
     Import {
         file: PathBuf,
         /// The session to import into.
         #[arg(long, required_unless_present = "all", conflicts_with = "all")]
         session: Option<String>,
-        /// Each session's lines into the session its session line names.
+        /// Each session's lines into the session its session line names (the templates' part
+        /// into the namespace's context templates).
         #[arg(long)]
         all: bool,
         #[command(flatten)]
         remote: RemoteArgs,
     },
     /// Write a session (its record, every message of its tree, compactions, state, context) as
-    /// NDJSON to stdout; with `--all`, every session of the namespace, one after another.
+    /// NDJSON to stdout; with `--all`, the namespace's context templates, then every session of
+    /// the namespace, one after another.
     Export {
         #[arg(required_unless_present = "all", conflicts_with = "all")]
         session: Option<String>,
-        /// Every session (to move a store: `export --all`, then `import --all` elsewhere).
+        /// Every session, after the context templates (to move a store: `export --all`, then
+        /// `import --all` elsewhere).
         #[arg(long)]
         all: bool,
         #[command(flatten)]

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use serde_json::{Value, json};
-use sessiondb::{Db, ImportLine, SessionSort, SqliteStore};
+use sessiondb::{BlockKind, ContextEntry, Db, ImportLine, SessionSort, SqliteStore};
 
 use crate::listing;
-use crate::remote::Remote;
+use crate::remote::{Remote, segment};
 
 /// A one-line progress display, redrawn at most ten times a second; silent when standard error
 /// is not a terminal.
@@ -84,9 +84,10 @@ impl Progress {
 /// Which sessions an import or export is for.
 pub enum Scope<'a> {
     One(&'a str),
-    /// Every session: an export writes the namespace's sessions one after another, each
-    /// starting with its session line; an import puts each part into the session its session
-    /// line names.
+    /// Every session and the namespace's context templates: an export writes the templates'
+    /// part (when there are templates), then the sessions one after another, each starting
+    /// with its session line; an import puts each session's part into the session its session
+    /// line names, and the templates' part into the templates.
     All,
 }
 
@@ -108,7 +109,7 @@ pub async fn import(
     let mut progress = Progress::new("importing", Some(size));
     let all = matches!(scope, Scope::All);
     let mut part = match scope {
-        Scope::One(session) => Some(Part::new(session)),
+        Scope::One(session) => Some(Part::new(Target::Session(session.to_owned()))),
         Scope::All => None,
     };
     for (n, line) in std::io::BufReader::new(opened).lines().enumerate() {
@@ -118,24 +119,32 @@ pub async fn import(
             continue;
         }
         let parsed = sessiondb::parse_import_line(n, &line)?;
-        if all && matches!(parsed, ImportLine::Session { .. }) {
-            let value: Value = serde_json::from_str(&line)?;
-            let Some(id) = value["session"]["id"].as_str() else {
-                bail!("line {}: a session line without an `id`", n + 1);
-            };
-            if let Some(done) = part.replace(Part::new(id)) {
-                done.import(db, remote, namespace, all, out).await?;
+        let opens = match &parsed {
+            ImportLine::Session { .. } if all => {
+                let value: Value = serde_json::from_str(&line)?;
+                let Some(id) = value["session"]["id"].as_str() else {
+                    bail!("line {}: a session line without an `id`", n + 1);
+                };
+                Some(Target::Session(id.to_owned()))
             }
+            ImportLine::Templates if all => Some(Target::Templates),
+            _ => None,
+        };
+        if let Some(target) = opens
+            && let Some(done) = part.replace(Part::new(target))
+        {
+            done.import(db, remote, namespace, all, out).await?;
         }
         let Some(current) = part.as_mut() else {
             bail!(
-                "line {}: with --all, each session's lines start with its session line (as \
-                 `export --all` writes them)",
+                "line {}: with --all, each session's lines start with its session line, and \
+                 the namespace templates' with a `templates` line (as `export --all` writes them)",
                 n + 1
             );
         };
-        // A server checks and parses the text again; the embedded store takes the lines parsed.
-        if remote.is_some() {
+        // A server checks and parses a session's text again; the embedded store (and a server's
+        // templates, written block by block) take the lines parsed.
+        if remote.is_some() && matches!(current.target, Target::Session(_)) {
             current.text.push_str(&line);
             current.text.push('\n');
         } else {
@@ -149,24 +158,31 @@ pub async fn import(
     Ok(())
 }
 
-/// One session's lines of an import: their text for a server, or the lines parsed for the
-/// embedded store.
+/// Where a part of an import goes.
+enum Target {
+    Session(String),
+    /// The namespace's context templates.
+    Templates,
+}
+
+/// One part of an import: a session's lines as text for a server, else the lines parsed.
 struct Part {
-    session: String,
+    target: Target,
     text: String,
     lines: Vec<ImportLine>,
 }
 
 impl Part {
-    fn new(session: &str) -> Self {
+    fn new(target: Target) -> Self {
         Part {
-            session: session.to_owned(),
+            target,
             text: String::new(),
             lines: Vec::new(),
         }
     }
 
-    /// Writes the part and prints its counts (named by session when `all`).
+    /// Writes the part and prints its counts (named by session, or as the templates', when
+    /// `all`).
     async fn import(
         self,
         db: Option<&Db<SqliteStore>>,
@@ -175,7 +191,25 @@ impl Part {
         all: bool,
         out: &mut impl Write,
     ) -> anyhow::Result<()> {
-        let session = self.session;
+        let session = match self.target {
+            Target::Session(session) => session,
+            Target::Templates => {
+                let imported = match (db, remote) {
+                    (Some(db), None) => {
+                        let summary = db
+                            .import_templates(namespace, self.lines)
+                            .await
+                            .context("importing the namespace's context templates")?;
+                        summary.imported
+                    }
+                    (_, Some(remote)) => put_templates(remote, self.lines).await?,
+                    (None, None) => bail!("nothing to import into"),
+                };
+                let line = json!({"templates": true, "imported": imported, "skipped": 0});
+                writeln!(out, "{line}")?;
+                return Ok(());
+            }
+        };
         let summary: Value = match (db, remote) {
             (Some(db), None) => {
                 let summary = db
@@ -206,6 +240,46 @@ impl Part {
     }
 }
 
+/// Writes a templates part to a server block by block (a server has no route that takes the
+/// part whole), after checking that it holds only block and entry lines; returns how many
+/// blocks and entries it wrote. A run stopped part way is finished by running it again: each
+/// write replaces the template or entry of its name.
+async fn put_templates(remote: &Remote, lines: Vec<ImportLine>) -> anyhow::Result<usize> {
+    let mut requests = Vec::with_capacity(lines.len());
+    for line in lines {
+        let (path, body) = match line {
+            ImportLine::Templates => continue,
+            ImportLine::Block { label, spec } => {
+                let mut body = json!({"kind": spec.kind.as_str(), "description": spec.description,
+                                      "maxTokens": spec.max_tokens});
+                if !spec.kind.is_keyed() {
+                    body["content"] = spec.content.into();
+                }
+                (format!("/v1/context/{}", segment(&label)), body)
+            }
+            ImportLine::Entry { label, entry } => {
+                let path = format!(
+                    "/v1/context/{}/entries/{}",
+                    segment(&label),
+                    segment(&entry.key)
+                );
+                let body = json!({"content": entry.content, "description": entry.description});
+                (path, body)
+            }
+            _ => bail!(
+                "the namespace templates' part of the file holds a line that is neither a block \
+                 nor an entry"
+            ),
+        };
+        requests.push((path, body));
+    }
+    for (path, body) in &requests {
+        let request = remote.request(reqwest::Method::PUT, &remote.url(path));
+        remote.send(request.json(body)).await?;
+    }
+    Ok(requests.len())
+}
+
 /// Writes one session's export, or every session's one after another.
 pub async fn export(
     db: Option<&Db<SqliteStore>>,
@@ -228,6 +302,7 @@ pub async fn export(
                 sort: SessionSort::CreatedAt,
                 limit: None,
             };
+            export_templates(db, remote, namespace, out).await?;
             let ids = listing::ids(db, remote, namespace, &every).await?;
             let mut progress = Progress::new("exporting sessions", Some(ids.len() as u64));
             for id in &ids {
@@ -240,6 +315,73 @@ pub async fn export(
     }
     out.flush()?;
     Ok(())
+}
+
+/// Writes the namespace templates' part of an export (nothing when it has no template): on the
+/// embedded store as the store words it, through a server the same lines from its blocks and
+/// their entries.
+async fn export_templates(
+    db: Option<&Db<SqliteStore>>,
+    remote: Option<&Remote>,
+    namespace: &str,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let lines = match (db, remote) {
+        (Some(db), None) => db.export_templates(namespace).await?,
+        (_, Some(remote)) => {
+            let blocks = remote.get_json(&remote.url("/v1/context")).await?;
+            let blocks = blocks.as_array().context("GET /v1/context: not a list")?;
+            let mut lines = Vec::new();
+            let mut keyed = Vec::new();
+            for block in blocks {
+                let text = |name: &str| block[name].as_str();
+                let label = text("label").context("a template block without a label")?;
+                let kind = text("kind").and_then(BlockKind::parse);
+                let kind = kind.with_context(|| format!("template `{label}`: an unknown kind"))?;
+                let max_tokens = block["maxTokens"].as_u64();
+                let content = text("content").unwrap_or_default();
+                lines.push(sessiondb::block_line(
+                    label,
+                    kind,
+                    text("description"),
+                    max_tokens,
+                    content,
+                ));
+                if kind.is_keyed() {
+                    keyed.push(label);
+                }
+            }
+            for label in keyed {
+                let url = remote.url(&format!("/v1/context/{}/entries", segment(label)));
+                let entries: Vec<ContextEntry> = entries_of(remote.get_json(&url).await?)
+                    .with_context(|| format!("GET {url}: not a list of entries"))?;
+                lines.extend(entries.iter().map(|e| sessiondb::entry_line(label, e)));
+            }
+            if !lines.is_empty() {
+                lines.insert(0, sessiondb::TEMPLATES_LINE.to_owned());
+            }
+            lines
+        }
+        (None, None) => bail!("nothing to export from"),
+    };
+    for line in lines {
+        out.write_all(line.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// The entries of a `GET …/entries` answer.
+fn entries_of(list: Value) -> Option<Vec<ContextEntry>> {
+    list.as_array()?
+        .iter()
+        .map(|e| {
+            Some(ContextEntry {
+                key: e["key"].as_str()?.to_owned(),
+                content: e["content"].as_str()?.to_owned(),
+                description: e["description"].as_str().map(str::to_owned),
+            })
+        })
+        .collect()
 }
 
 /// Writes one session's export lines, counting them on `progress`; false when the session does

@@ -388,6 +388,86 @@ fn vacuum_gives_the_room_of_deleted_sessions_back() {
 /// `import --all` writes part by part: a bad line stops it where it is, the sessions before it
 /// stay, and a second run over the mended file skips them and writes the rest.
 #[test]
+fn export_and_import_all_carry_the_namespace_templates() {
+    use sessiondb::{BlockKind, ContextEntry};
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("source");
+    ok(
+        &source,
+        &["append", "s", "--id", "m1", "--text", "hi"],
+        None,
+    );
+    let sessions = ok(&source, &["export", "--all"], None);
+    assert!(
+        sessions.starts_with(r#"{"session""#),
+        "no templates, no part: {sessions}"
+    );
+    let entry = ContextEntry {
+        key: "review".into(),
+        content: "Read twice.".into(),
+        description: Some("reviews".into()),
+    };
+    let templates = [
+        sessiondb::TEMPLATES_LINE.to_owned(),
+        sessiondb::block_line(
+            "soul",
+            BlockKind::Readonly,
+            Some("Who"),
+            Some(40),
+            "Be brief.",
+        ),
+        sessiondb::block_line("skills", BlockKind::Skill, None, None, ""),
+        sessiondb::entry_line("skills", &entry),
+    ]
+    .concat();
+    let dump = format!("{templates}{sessions}");
+    let file = dir.path().join("dump.ndjson");
+    std::fs::write(&file, &dump).unwrap();
+    let file_arg = file.to_str().unwrap();
+
+    // The embedded store takes the templates' part whole, then the session's; it exports the
+    // same bytes, and so does a server in front of it.
+    let target = dir.path().join("target");
+    let printed = ok(&target, &["import", file_arg, "--all"], None);
+    assert_eq!(
+        printed.lines().next(),
+        Some(r#"{"templates":true,"imported":3,"skipped":0}"#),
+        "{printed}"
+    );
+    assert_eq!(ok(&target, &["export", "--all"], None), dump);
+    {
+        let served = common::Served::start(&target, &["--listen", "127.0.0.1:0"], &[]);
+        let exported = common::sessiondb_ok(&["export", "--all", "--url", &served.base], None);
+        assert_eq!(exported, dump);
+    }
+
+    // A templates' part that cannot be written whole writes nothing: on the embedded store an
+    // entry of a block nothing defines, through a server a line that is not a block or entry.
+    let orphan = r#"{"entry":{"label":"nowhere","key":"k","content":"x"}}"#;
+    let broken = format!("{templates}{orphan}\n");
+    std::fs::write(&file, &broken).unwrap();
+    let other = dir.path().join("other");
+    let refused = run(&other, &["import", file_arg, "--all"], None);
+    assert!(!refused.status.success());
+    let error = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        error.contains("context templates") && error.contains("lines[4]"),
+        "{error}"
+    );
+    assert_eq!(ok(&other, &["export", "--all"], None), "");
+    let message = r#"{"message":{"id":"m","role":"user","content":"x"}}"#;
+    std::fs::write(&file, format!("{templates}{message}\n")).unwrap();
+    let served = common::Served::start(&other, &["--listen", "127.0.0.1:0"], &[]);
+    let url = ["--url", served.base.as_str()];
+    let refused = common::sessiondb(&[&["import", file_arg, "--all"][..], &url].concat(), None);
+    assert!(!refused.status.success());
+    let error = String::from_utf8_lossy(&refused.stderr);
+    assert!(error.contains("neither a block nor an entry"), "{error}");
+    let exported = common::sessiondb_ok(&[&["export", "--all"][..], &url].concat(), None);
+    assert_eq!(exported, "");
+}
+
+#[test]
 fn import_all_stops_at_a_bad_part_and_a_second_run_finishes() {
     let dir = tempfile::tempdir().unwrap();
     let source = dir.path().join("source");

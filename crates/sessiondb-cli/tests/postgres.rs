@@ -518,6 +518,27 @@ async fn a_store_moves_from_sqlite_to_postgresql_session_by_session() {
             .json(&json!(3));
         assert!(state.send().await.unwrap().status().is_success());
         post("/v1/sessions", json!({"id": "empty", "userId": "u2"})).await;
+        // The namespace's context templates, one of each kind, with entries.
+        for (path, body) in [
+            (
+                "/v1/context/soul",
+                json!({"kind": "readonly", "description": "Who", "maxTokens": 40,
+                       "content": "Be brief."}),
+            ),
+            ("/v1/context/skills", json!({"kind": "skill"})),
+            ("/v1/context/kb", json!({"kind": "search"})),
+            (
+                "/v1/context/skills/entries/review",
+                json!({"content": "Read twice.", "description": "reviews"}),
+            ),
+            (
+                "/v1/context/kb/entries/door",
+                json!({"content": "the blue door"}),
+            ),
+        ] {
+            let request = http.put(format!("{base}{path}")).json(&body);
+            assert!(request.send().await.unwrap().status().is_success());
+        }
         post(
             "/v1/sessions/bare/messages",
             json!({"role": "user", "content": "hi"}),
@@ -526,6 +547,7 @@ async fn a_store_moves_from_sqlite_to_postgresql_session_by_session() {
     }
     let data = source.path().to_str().unwrap();
     let dump = cli(&["--data", data, "export", "--all"]);
+    assert!(dump.starts_with(sessiondb::TEMPLATES_LINE), "{dump}");
     assert_eq!(
         dump.lines()
             .filter(|l| l.starts_with(r#"{"session""#))
@@ -544,12 +566,16 @@ async fn a_store_moves_from_sqlite_to_postgresql_session_by_session() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(counts.len(), 3, "{imported}");
+    assert_eq!(counts.len(), 4, "{imported}");
+    assert_eq!(
+        counts[0],
+        json!({"templates": true, "imported": 5, "skipped": 0})
+    );
     assert!(counts.contains(&json!({"session": "support", "imported": 6, "skipped": 0})));
     assert_eq!(
         cli(&["export", "--all", "--url", &target.base]),
         dump,
-        "the same sessions, records, trees and lines"
+        "the same templates, sessions, records, trees and lines"
     );
     for listing in [
         "/v1/sessions?userId=u1",

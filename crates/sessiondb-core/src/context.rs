@@ -157,6 +157,9 @@ pub enum ContextError {
     },
     #[error("Block \"{0}\" does not support writes")]
     NoWrites(String),
+    /// A custom block's entries are its provider's, which has no listing.
+    #[error("Block \"{0}\" keeps its entries in its provider, which cannot list them")]
+    Unlisted(String),
     /// A custom provider failed; its message.
     #[error("{0}")]
     Provider(String),

@@ -142,7 +142,7 @@ pub struct BlockSpec {
 /// The context of one session, or of a namespace's templates ([`Db::context_templates`]).
 #[derive(Debug)]
 pub struct Context<S> {
-    session: Session<S>,
+    pub(crate) session: Session<S>,
     custom: Vec<CustomBlock>,
 }
 
@@ -477,6 +477,32 @@ impl<S: Store> Context<S> {
             }));
         }
         Ok(self.store().context_entry(self.key(), label, key).await?)
+    }
+
+    /// Every stored entry of a skill or search block, by key; in a session, its own entry in
+    /// place of its template's of the same key.
+    pub async fn entries(&self, label: &str) -> Result<Vec<ContextEntry>, Error> {
+        check_label(label)?;
+        let kinds = self.kinds().await?;
+        let Some((_, kind, _)) = kinds.iter().find(|(l, _, _)| l == label) else {
+            return Err(ContextError::NotFound(label.to_owned()).into());
+        };
+        if !kind.is_keyed() {
+            return Err(ContextError::NotKeyed(label.to_owned()).into());
+        }
+        if self.custom(label).is_some() {
+            return Err(ContextError::Unlisted(label.to_owned()).into());
+        }
+        let store = self.store();
+        let keys = store.context_entry_keys(self.key(), label).await?;
+        let mut entries = Vec::with_capacity(keys.len());
+        for (key, _) in keys {
+            // An entry deleted between the two reads is no longer one of them.
+            if let Some(entry) = store.context_entry(self.key(), label, &key).await? {
+                entries.push(entry);
+            }
+        }
+        Ok(entries)
     }
 
     /// A search block's entries matching every word of `query`, formatted for the model;

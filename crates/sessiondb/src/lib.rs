@@ -97,7 +97,10 @@ pub use sessiondb_core::{ContextEntry, FrozenPrompt};
 pub use tokenizers::Encoding;
 #[cfg(feature = "tiktoken")]
 pub use tokenizers::TiktokenCounter;
-pub use transfer::{ImportLine, ImportSummary, parse_import, parse_import_line};
+pub use transfer::{
+    ImportLine, ImportSummary, TEMPLATES_LINE, block_line, entry_line, parse_import,
+    parse_import_line,
+};
 
 /// Every error the facade returns.
 #[derive(Debug, thiserror::Error)]

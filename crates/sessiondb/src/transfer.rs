@@ -20,6 +20,10 @@
 //! - `{"entry": {"label", "key", "content", "description"?}}` (an entry of a skill or search
 //!   block the session has or an earlier line defines)
 //! - `{"prompt": {"text": "…"}}` (the frozen system prompt, frozen anew at import)
+//!
+//! The namespace's context templates export alike ([`Db::export_templates`]): a
+//! `{"templates": {}}` line, then a block line per template block and an entry line per entry
+//! of its keyed ones. Such a part imports only into the templates ([`Db::import_templates`]).
 
 use futures::stream::{self, Stream, StreamExt, TryStreamExt};
 use serde_json::Value;
@@ -35,7 +39,7 @@ use sessiondb_core::{
 use crate::context::BlockSpec;
 use crate::registry::check_record;
 use crate::session::{check_named_parent, now_ms};
-use crate::{Error, Session};
+use crate::{Db, Error, Session};
 
 /// One parsed import line.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,7 +68,12 @@ pub enum ImportLine {
         entry: ContextEntry,
     },
     Prompt(String),
+    /// The line that opens the namespace templates' part of a dump.
+    Templates,
 }
+
+/// The first line of the namespace templates' part of a dump.
+pub const TEMPLATES_LINE: &str = "{\"templates\":{}}\n";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ImportSummary {
@@ -281,9 +290,14 @@ pub fn parse_import_line(number: usize, text: &str) -> Result<ImportLine, Valida
         let p = object(prompt, &prefix)?;
         return Ok(ImportLine::Prompt(string_field(&p, &prefix, "text")?));
     }
+    if let Some(templates) = line.remove("templates") {
+        object(templates, &format!("{prefix}.templates"))?;
+        return Ok(ImportLine::Templates);
+    }
     Err(wrong(
         prefix,
-        "an object with `session`, `message`, `compaction`, `state`, `block`, `entry` or `prompt`",
+        "an object with `session`, `message`, `compaction`, `state`, `block`, `entry`, `prompt` \
+         or `templates`",
     ))
 }
 
@@ -322,6 +336,37 @@ fn session_line(info: &SessionInfo) -> String {
     format!("{}\n", serde_json::json!({ "session": session }))
 }
 
+/// A context block's export line, as `PUT …/context/{label}` takes the block (a keyed block's
+/// entries have lines of their own, and its content is theirs).
+pub fn block_line(
+    label: &str,
+    kind: BlockKind,
+    description: Option<&str>,
+    max_tokens: Option<u64>,
+    content: &str,
+) -> String {
+    let mut block = serde_json::json!({"label": label, "kind": kind.as_str()});
+    if let Some(description) = description {
+        block["description"] = description.into();
+    }
+    if let Some(max_tokens) = max_tokens {
+        block["maxTokens"] = max_tokens.into();
+    }
+    if !kind.is_keyed() {
+        block["content"] = content.into();
+    }
+    format!("{}\n", serde_json::json!({ "block": block }))
+}
+
+/// An entry's export line.
+pub fn entry_line(label: &str, entry: &ContextEntry) -> String {
+    let mut line = serde_json::json!({"label": label, "key": entry.key, "content": entry.content});
+    if let Some(description) = &entry.description {
+        line["description"] = description.as_str().into();
+    }
+    format!("{}\n", serde_json::json!({ "entry": line }))
+}
+
 fn message_line(m: &StoredMessage) -> String {
     let parent = m
         .parent_id
@@ -353,8 +398,24 @@ impl<S: Store> Session<S> {
         // session's visible blocks (read at the first entry line that needs them).
         let mut defined: Vec<(String, BlockKind)> = Vec::new();
         let mut visible: Option<Vec<(String, BlockKind)>> = None;
+        let templates = self.key().is_templates();
         for (number, line) in lines.into_iter().enumerate() {
+            let fits = match &line {
+                ImportLine::Templates => templates,
+                ImportLine::Block { .. } | ImportLine::Entry { .. } => true,
+                _ => !templates,
+            };
+            if !fits {
+                let expected = if templates {
+                    "a block or entry line (the namespace templates hold only those)"
+                } else {
+                    "a line of a session (a `templates` line opens the namespace templates' part \
+                     of a dump, which imports into the templates)"
+                };
+                return Err(wrong(format!("lines[{number}]"), expected).into());
+            }
             match line {
+                ImportLine::Templates => {}
                 ImportLine::Session { .. } if create.is_some() => {
                     return Err(
                         wrong(format!("lines[{number}]"), "at most one session line").into(),
@@ -499,27 +560,24 @@ impl<S: Store> Session<S> {
         head.chain(messages).chain(rest)
     }
 
-    /// The session's own context as export lines: its blocks (templates are the namespace's),
-    /// the entries of keyed blocks it holds itself (an entry equal to the template's it shadows
-    /// changes nothing and stays out), and its frozen prompt.
+    /// The scope's own context as export lines: its blocks (a session's templates are the
+    /// namespace's), the entries of keyed blocks it holds itself (a session's entry equal to the
+    /// template's it shadows changes nothing and stays out), and a session's frozen prompt.
     async fn context_lines(&self) -> Result<Vec<String>, Error> {
         let store = &self.store;
+        let in_templates = self.key().is_templates();
         let templates = SessionKey::templates(&self.key().namespace);
         let blocks = store.context_blocks(self.key()).await?;
         let mut lines = Vec::new();
-        for scoped in blocks.iter().filter(|b| !b.template) {
+        for scoped in blocks.iter().filter(|b| b.template == in_templates) {
             let b = &scoped.block;
-            let mut block = serde_json::json!({"label": b.label, "kind": b.kind.as_str()});
-            if let Some(description) = &b.description {
-                block["description"] = description.as_str().into();
-            }
-            if let Some(max_tokens) = b.max_tokens {
-                block["maxTokens"] = max_tokens.into();
-            }
-            if !b.kind.is_keyed() {
-                block["content"] = b.content.as_str().into();
-            }
-            lines.push(format!("{}\n", serde_json::json!({ "block": block })));
+            lines.push(block_line(
+                &b.label,
+                b.kind,
+                b.description.as_deref(),
+                b.max_tokens,
+                &b.content,
+            ));
         }
         let mut keyed: Vec<&str> = Vec::new();
         for scoped in blocks.iter().filter(|b| b.block.kind.is_keyed()) {
@@ -530,22 +588,52 @@ impl<S: Store> Session<S> {
         for label in keyed {
             for (entry_key, _) in store.context_entry_keys(self.key(), label).await? {
                 let own = store.context_entry(self.key(), label, &entry_key).await?;
-                let inherited = store.context_entry(&templates, label, &entry_key).await?;
-                let Some(entry) = own.filter(|own| Some(own) != inherited.as_ref()) else {
-                    continue;
+                let inherited = match in_templates {
+                    true => None,
+                    false => store.context_entry(&templates, label, &entry_key).await?,
                 };
-                let mut line = serde_json::json!({
-                    "label": label, "key": entry.key, "content": entry.content});
-                if let Some(description) = entry.description {
-                    line["description"] = description.into();
+                if let Some(entry) = own.filter(|own| Some(own) != inherited.as_ref()) {
+                    lines.push(entry_line(label, &entry));
                 }
-                lines.push(format!("{}\n", serde_json::json!({ "entry": line })));
             }
+        }
+        if in_templates {
+            return Ok(lines);
         }
         if let Some(frozen) = store.prompt(self.key()).await? {
             let line = serde_json::json!({"prompt": {"text": frozen.prompt}});
             lines.push(format!("{line}\n"));
         }
         Ok(lines)
+    }
+}
+
+impl<S: Store> Db<S> {
+    /// The namespace's context templates as export lines: [`TEMPLATES_LINE`], then a line per
+    /// template block and per entry of its keyed ones; no lines when it has no template.
+    pub async fn export_templates(&self, namespace: &str) -> Result<Vec<String>, Error> {
+        let mut lines = self
+            .context_templates(namespace)?
+            .session
+            .context_lines()
+            .await?;
+        if !lines.is_empty() {
+            lines.insert(0, TEMPLATES_LINE.to_owned());
+        }
+        Ok(lines)
+    }
+
+    /// Imports a templates part of a dump (its `templates` line, then block and entry lines)
+    /// into the namespace's templates, all lines or (on any error) none. A block replaces the
+    /// template of its label, an entry the template entry of its key.
+    pub async fn import_templates(
+        &self,
+        namespace: &str,
+        lines: Vec<ImportLine>,
+    ) -> Result<ImportSummary, Error> {
+        self.context_templates(namespace)?
+            .session
+            .import_lines(lines)
+            .await
     }
 }

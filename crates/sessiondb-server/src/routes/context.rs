@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sessiondb::{BlockKind, BlockSpec, BlockView, Context, FrozenPrompt, Store};
+use sessiondb::{BlockKind, BlockSpec, BlockView, Context, ContextEntry, FrozenPrompt, Store};
 
 use crate::App;
 use crate::error::ApiError;
@@ -44,11 +44,8 @@ fn block_json(block: &BlockView) -> Value {
     })
 }
 
-fn entry_json(key: &str, content: &str, description: Option<&str>) -> Response {
-    value_response(
-        StatusCode::OK,
-        &json!({"key": key, "content": content, "description": description}),
-    )
+fn entry_json(entry: &ContextEntry) -> Value {
+    json!({"key": entry.key, "content": entry.content, "description": entry.description})
 }
 
 fn prompt_json(frozen: &FrozenPrompt) -> Response {
@@ -139,7 +136,27 @@ pub(crate) async fn put_entry<S: Store>(
     context
         .put_entry(label, key, &content, description.as_deref())
         .await?;
-    Ok(entry_json(key, &content, description.as_deref()))
+    let entry = ContextEntry {
+        key: key.clone(),
+        content,
+        description,
+    };
+    Ok(value_response(StatusCode::OK, &entry_json(&entry)))
+}
+
+pub(crate) async fn entries<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(params): Params<Vec<String>>,
+) -> Result<Response, ApiError> {
+    let (context, own) = scope(&app, &ns, params, 1)?;
+    let entries: Vec<Value> = context
+        .entries(&own[0])
+        .await?
+        .iter()
+        .map(entry_json)
+        .collect();
+    Ok(value_response(StatusCode::OK, &Value::Array(entries)))
 }
 
 pub(crate) async fn get_entry<S: Store>(
@@ -150,11 +167,7 @@ pub(crate) async fn get_entry<S: Store>(
     let (context, own) = scope(&app, &ns, params, 2)?;
     let (label, key) = (&own[0], &own[1]);
     match context.entry(label, key).await? {
-        Some(entry) => Ok(entry_json(
-            &entry.key,
-            &entry.content,
-            entry.description.as_deref(),
-        )),
+        Some(entry) => Ok(value_response(StatusCode::OK, &entry_json(&entry))),
         None => Err(ApiError::not_found(format!(
             "no entry `{key}` in context block `{label}`"
         ))),

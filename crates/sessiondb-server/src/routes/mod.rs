@@ -87,6 +87,10 @@ pub(crate) fn routes<S: Store>() -> Router<Arc<App<S>>> {
             post(context::append::<S>),
         )
         .route(
+            "/v1/sessions/{sid}/context/{label}/entries",
+            get(context::entries::<S>),
+        )
+        .route(
             "/v1/sessions/{sid}/context/{label}/entries/{key}",
             put(context::put_entry::<S>).get(context::get_entry::<S>),
         )
@@ -96,6 +100,7 @@ pub(crate) fn routes<S: Store>() -> Router<Arc<App<S>>> {
             put(context::put::<S>).delete(context::delete::<S>),
         )
         .route("/v1/context/{label}/append", post(context::append::<S>))
+        .route("/v1/context/{label}/entries", get(context::entries::<S>))
         .route(
             "/v1/context/{label}/entries/{key}",
             put(context::put_entry::<S>).get(context::get_entry::<S>),

@@ -306,6 +306,40 @@ async fn templates_errors_and_deletes() {
             .len(),
         3
     );
+    // A keyed block's entries list by key, a session's own in place of its template's.
+    server
+        .put(
+            "/v1/sessions/a/context/faq/entries/hours",
+            json!({"content": "Open at ten.", "description": "a's hours"}),
+        )
+        .await;
+    server
+        .put(
+            "/v1/context/faq/entries/address",
+            json!({"content": "Main Street."}),
+        )
+        .await;
+    let listed = server.get("/v1/sessions/a/context/faq/entries").await;
+    assert_eq!(listed.status, StatusCode::OK);
+    assert_eq!(
+        listed.json,
+        json!([{"key": "address", "content": "Main Street.", "description": null},
+               {"key": "hours", "content": "Open at ten.", "description": "a's hours"}])
+    );
+    assert_eq!(
+        server.get("/v1/context/faq/entries").await.json[1],
+        json!({"key": "hours", "content": "Open at nine.", "description": null})
+    );
+    let not_keyed = server.get("/v1/context/soul/entries").await;
+    assert_eq!(
+        (not_keyed.status, not_keyed.code()),
+        (StatusCode::CONFLICT, "conflict")
+    );
+    let missing = server.get("/v1/sessions/a/context/nope/entries").await;
+    assert_eq!(
+        (missing.status, missing.code()),
+        (StatusCode::NOT_FOUND, "not_found")
+    );
     // Every session sees the templates; writes stay per session.
     let appended = server
         .post(

@@ -877,6 +877,12 @@ pub async fn custom_providers_back_blocks<S: Store>(db: Db<S>) {
         .execute("set_context", &json!({"label": "clock", "content": "x"}))
         .await;
     assert_eq!(readonly, "Error: Block \"clock\" is readonly");
+    // A provider's entries are its own: there is nothing stored to list.
+    let unlisted = context.entries("poems").await.unwrap_err();
+    assert!(
+        matches!(&unlisted, Error::Context(ContextError::Unlisted(l)) if l == "poems"),
+        "{unlisted:?}"
+    );
 
     // A provider's text is the application's, so it may hold a NUL: it renders, but the frozen
     // prompt is stored free text and refuses it, storing nothing.
@@ -1022,4 +1028,126 @@ pub async fn export_carries_the_sessions_own_context<S: Store>(db: Db<S>) {
             .iter()
             .all(|b| b.label != "x")
     );
+}
+
+pub async fn templates_list_export_and_move_to_another_namespace<S: Store>(db: Db<S>) {
+    let templates = db.context_templates("").unwrap();
+    assert!(db.export_templates("").await.unwrap().is_empty());
+    let soul = spec(
+        BlockKind::Readonly,
+        Some("Who you are"),
+        Some(30),
+        "Be brief.",
+    );
+    define(&templates, "soul", soul).await;
+    define(&templates, "skills", spec(BlockKind::Skill, None, None, "")).await;
+    define(&templates, "kb", spec(BlockKind::Search, None, None, "")).await;
+    let entries = [
+        ("skills", "review", "Read twice.", Some("reviews")),
+        ("skills", "deploy", "Ship on Fridays.", None),
+        ("kb", "door", "the blue door", None),
+    ];
+    for (label, key, content, description) in entries {
+        templates
+            .put_entry(label, key, content, description)
+            .await
+            .unwrap();
+    }
+    let context = db_session(&db, "s").context();
+    context
+        .put_entry("skills", "review", "My way.", None)
+        .await
+        .unwrap();
+
+    // A listing is by key; a session's own entry stands in for its template's.
+    let keys_and_contents = |entries: Vec<sessiondb::ContextEntry>| -> Vec<(String, String)> {
+        entries.into_iter().map(|e| (e.key, e.content)).collect()
+    };
+    let pair = |k: &str, c: &str| (k.to_owned(), c.to_owned());
+    assert_eq!(
+        keys_and_contents(context.entries("skills").await.unwrap()),
+        [
+            pair("deploy", "Ship on Fridays."),
+            pair("review", "My way.")
+        ]
+    );
+    assert_eq!(
+        keys_and_contents(templates.entries("skills").await.unwrap()),
+        [
+            pair("deploy", "Ship on Fridays."),
+            pair("review", "Read twice.")
+        ]
+    );
+    let not_keyed = templates.entries("soul").await.unwrap_err();
+    assert!(
+        matches!(&not_keyed, Error::Context(ContextError::NotKeyed(l)) if l == "soul"),
+        "{not_keyed:?}"
+    );
+    let missing = context.entries("nowhere").await.unwrap_err();
+    assert!(
+        matches!(&missing, Error::Context(ContextError::NotFound(l)) if l == "nowhere"),
+        "{missing:?}"
+    );
+
+    // The templates' part: its line, the blocks in prompt order, then the keyed blocks' entries
+    // (the session's own entry is the session's, not the namespace's).
+    let lines = db.export_templates("").await.unwrap();
+    assert_eq!(lines[0], sessiondb::TEMPLATES_LINE);
+    let values: Vec<Value> = lines[1..]
+        .iter()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(
+        values,
+        [
+            json!({"block": {"label": "soul", "kind": "readonly", "description": "Who you are",
+                             "maxTokens": 30, "content": "Be brief."}}),
+            json!({"block": {"label": "skills", "kind": "skill"}}),
+            json!({"block": {"label": "kb", "kind": "search"}}),
+            json!({"entry": {"label": "skills", "key": "deploy", "content": "Ship on Fridays."}}),
+            json!({"entry": {"label": "skills", "key": "review", "content": "Read twice.",
+                             "description": "reviews"}}),
+            json!({"entry": {"label": "kb", "key": "door", "content": "the blue door"}}),
+        ]
+    );
+
+    // It moves to another namespace whole, and again without change.
+    let document = lines.concat();
+    for _ in 0..2 {
+        let parsed = sessiondb::parse_import(&document).unwrap();
+        let summary = db.import_templates("tenant", parsed).await.unwrap();
+        assert_eq!((summary.imported, summary.skipped), (6, 0));
+        assert_eq!(db.export_templates("tenant").await.unwrap(), lines);
+    }
+    let moved = db.session_in("tenant", "t").unwrap().context();
+    let fresh = db_session(&db, "fresh").context();
+    assert_eq!(moved.render().await.unwrap(), fresh.render().await.unwrap());
+    assert_eq!(
+        moved.search("kb", "blue").await.unwrap(),
+        fresh.search("kb", "blue").await.unwrap()
+    );
+
+    // A templates part holds blocks and entries only, and a session takes no templates line:
+    // either is refused whole, naming the line.
+    let with_message = format!(
+        "{document}{}\n",
+        r#"{"message": {"id": "m", "role": "user", "content": "hi"}}"#
+    );
+    let parsed = sessiondb::parse_import(&with_message).unwrap();
+    let err = db.import_templates("other", parsed).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Invalid(v) if v.field == "lines[7]"),
+        "{err:?}"
+    );
+    assert!(db.export_templates("other").await.unwrap().is_empty());
+    let session = db_session(&db, "plain");
+    let err = session
+        .import_lines(sessiondb::parse_import(&document).unwrap())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Invalid(v) if v.field == "lines[0]"),
+        "{err:?}"
+    );
+    assert!(session.info().await.unwrap().is_none());
 }

@@ -54,6 +54,7 @@ macro_rules! for_each_case {
             context::session_search_tool_spans_sessions,
             context::custom_providers_back_blocks,
             context::export_carries_the_sessions_own_context,
+            context::templates_list_export_and_move_to_another_namespace,
             conversations::conversation_messages_round_trip,
             conversations::conversation_roles_and_content_are_validated,
             conversations::conversation_pages_have_no_gaps_while_appending,
