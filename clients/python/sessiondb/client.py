@@ -290,6 +290,32 @@ class Client:
             if after is None or not page["items"]:
                 return
 
+    def fork(self, session_id: str, at_message_id: str, id: str | None = None,
+             name: str | None = None) -> dict:
+        """A new session holding the path to ``at_message_id`` (with fresh message ids); the
+        source stays as it is."""
+        body = {"atMessageId": at_message_id, "id": id, "name": name}
+        return self.request("POST", self._session_path(session_id, "fork"),
+                            body={k: v for k, v in body.items() if v is not None})
+
+    def split(self, session_id: str, summary: str, name: str | None = None) -> dict:
+        """Ends the session (``endReason`` ``compaction``) and returns its continuation, a new
+        session that starts from ``summary``."""
+        body = {"summary": summary} if name is None else {"summary": summary, "name": name}
+        return self.request("POST", self._session_path(session_id, "split"), body=body)
+
+    def add_usage(self, session_id: str, input_tokens: int = 0, output_tokens: int = 0,
+                  cost: float = 0.0) -> dict:
+        """Adds what a model call reported to the session's counters; returns the session."""
+        return self.request("POST", self._session_path(session_id, "usage"), body={
+            "inputTokens": input_tokens, "outputTokens": output_tokens, "cost": cost})
+
+    def search_all(self, query: str, user_id: str | None = None,
+                   limit: int | None = None) -> list[dict]:
+        """Full-text search across the namespace's sessions (or one user's), best first."""
+        return self.request("GET", "/v1/search",
+                            query={"q": query, "userId": user_id, "limit": limit})
+
     # -- messages ---------------------------------------------------------------------------
 
     def append(self, session_id: str, message: dict, parent: str | None = _OMITTED) -> dict:
@@ -358,6 +384,29 @@ class Client:
                              {"leaf": leaf}, _OMITTED)
         return _json_lines(raw.split(b"\n"))
 
+    def model_history(self, session_id: str, format: str = "openai",
+                      leaf: str | None = None) -> Any:
+        """The path to ``leaf`` with compactions applied, in a model API's format: ``openai``
+        (Chat Completions messages), ``openai-responses`` (Responses input items) or
+        ``anthropic`` (``{system, messages}``); tool calls are always followed by their
+        results."""
+        return self.request("GET", self._session_path(session_id, "history"),
+                            query={"format": format, "leaf": leaf})
+
+    def recent_history(self, session_id: str, max_bytes: int,
+                       leaf: str | None = None) -> dict:
+        """The longest end of the path to ``leaf`` whose messages fit in ``max_bytes`` (the leaf
+        at least), compactions applied, oldest first: ``{messages, truncated, totalBytes}``,
+        ``truncated`` telling whether older messages were left out, ``totalBytes`` the size of
+        the whole path."""
+        target, data, headers = self._prepare(self._session_path(session_id, "history"),
+                                              {"maxBytes": max_bytes, "leaf": leaf}, _OMITTED)
+        connection, answer = self._start("GET", target, headers, data)
+        raw = self._read(connection, answer, "GET", target)
+        return {"messages": _json_lines(raw.split(b"\n")),
+                "truncated": answer.headers.get("x-sessiondb-truncated") == "true",
+                "totalBytes": int(answer.headers.get("x-sessiondb-total-bytes", "0"))}
+
     def branches(self, session_id: str, message_id: str) -> list[dict]:
         """The children of a message, oldest first."""
         return self.request("GET", self._session_path(session_id, "branches", message_id))
@@ -393,6 +442,10 @@ class Client:
             "summary": summary, "fromMessageId": from_message_id,
             "toMessageId": to_message_id})
 
+    def compactions(self, session_id: str) -> list[dict]:
+        """The session's compactions, oldest first."""
+        return self.request("GET", self._session_path(session_id, "compactions"))
+
     def compact(self, session_id: str) -> dict | None:
         """Runs the server's summarizer; ``None`` when there was nothing to compact."""
         return self.request("POST", self._session_path(session_id, "compact"))
@@ -418,6 +471,123 @@ class Client:
     def all_state(self, session_id: str) -> dict:
         return self.request("GET", self._session_path(session_id, "state"))
 
+
+    # -- change feed ------------------------------------------------------------------------
+
+    def events(self, session_id: str | None = None,
+               last_event_id: str | None = None) -> Iterator[dict]:
+        """The change feed as it happens, one ``{event, id, data}`` per durable write (``event``
+        the change: ``append``, ``update``, ``delete``, ...; ``data`` decoded): a session's, or
+        with ``None`` the whole namespace's. To resume, pass the last ``id`` seen as
+        ``last_event_id``: the retained events after it come first, or a ``reset`` event when
+        it is no longer retained (re-read what you need, then follow). The feed never ends by
+        itself; stop iterating to close it. The server sends a keep-alive every 15 s, so the
+        client's ``timeout`` must be longer than that."""
+        path = self._session_path(session_id, "events") if session_id is not None \
+            else "/v1/events"
+        target, data, headers = self._prepare(path, None, _OMITTED)
+        headers["accept"] = "text/event-stream"
+        if last_event_id is not None:
+            headers["last-event-id"] = last_event_id
+        connection, answer = self._start("GET", target, headers, data)
+        if answer.status >= 400:
+            self._read(connection, answer, "GET", target)
+        try:
+            event: dict[str, Any] = {}
+            pending = b""
+            for block in answer.blocks():
+                *complete, pending = (pending + block).split(b"\n")
+                for raw in complete:
+                    line = raw.rstrip(b"\r").decode()
+                    if not line:
+                        if "data" in event:
+                            yield {"event": event.get("event", "message"),
+                                   "id": event.get("id"), "data": json.loads(event["data"])}
+                        event = {}
+                        continue
+                    if line.startswith(":"):
+                        continue  # a keep-alive
+                    name, _, value = line.partition(":")
+                    value = value.removeprefix(" ")
+                    if name == "data" and "data" in event:
+                        value = event["data"] + "\n" + value
+                    event[name] = value
+        except OSError as failure:
+            raise self._unavailable("GET", target, failure) from None
+        finally:
+            # A feed is never read to its end: its connection cannot serve another request.
+            connection.close()
+
+    # -- context blocks, the prompt and the tools -------------------------------------------
+    # A ``session_id`` of ``None`` addresses the namespace's templates, which every session
+    # sees (a session writing a template's text gets its own copy).
+
+    def _context_path(self, session_id: str | None, *rest: str) -> str:
+        if session_id is None:
+            return "/".join(["/v1/context", *(_segment(r) for r in rest)])
+        return self._session_path(session_id, "context", *rest)
+
+    def blocks(self, session_id: str | None) -> list[dict]:
+        """Every block in prompt order: ``{label, kind, description, maxTokens, content,
+        tokens}``."""
+        return self.request("GET", self._context_path(session_id))
+
+    def define_block(self, session_id: str | None, label: str, kind: str,
+                     description: str | None = None, max_tokens: int | None = None,
+                     content: str | None = None) -> dict:
+        """Defines (or redefines) a block: ``kind`` is ``readonly``, ``writable``, ``skill`` or
+        ``search``; text beyond ``max_tokens`` is refused."""
+        body = {"kind": kind, "description": description, "maxTokens": max_tokens,
+                "content": content}
+        return self.request("PUT", self._context_path(session_id, label),
+                            body={k: v for k, v in body.items() if v is not None})
+
+    def append_to_block(self, session_id: str | None, label: str, content: str) -> dict:
+        """Appends text to a writable block (on a line of its own); returns the block."""
+        return self.request("POST", self._context_path(session_id, label, "append"),
+                            body={"content": content})
+
+    def delete_block(self, session_id: str | None, label: str) -> None:
+        """Deletes a block with its entries; a missing one is a ``not_found`` error."""
+        self.request("DELETE", self._context_path(session_id, label))
+
+    def put_entry(self, session_id: str | None, label: str, key: str, content: str,
+                  description: str | None = None) -> dict:
+        """Stores an entry of a skill or search block under ``key``."""
+        body = {"content": content} if description is None else {
+            "content": content, "description": description}
+        return self.request("PUT", self._context_path(session_id, label, "entries", key),
+                            body=body)
+
+    def get_entry(self, session_id: str | None, label: str, key: str) -> dict:
+        """One entry (a session's own before its template's); missing: ``not_found``."""
+        return self.request("GET", self._context_path(session_id, label, "entries", key))
+
+    def entries(self, session_id: str | None, label: str) -> list[dict]:
+        """Every entry of a skill or search block, by key (a session's own in place of its
+        template's)."""
+        return self.request("GET", self._context_path(session_id, label, "entries"))
+
+    def prompt(self, session_id: str) -> dict:
+        """The session's system prompt, rendered and frozen on the first call:
+        ``{prompt, frozenAt}``."""
+        return self.request("GET", self._session_path(session_id, "prompt"))
+
+    def refresh_prompt(self, session_id: str) -> dict:
+        """Renders the prompt anew from the blocks as they are now and freezes that."""
+        return self.request("POST", self._session_path(session_id, "prompt", "refresh"))
+
+    def tools(self, session_id: str, format: str = "raw") -> list[dict]:
+        """The tools the session's blocks call for, as ``raw`` JSON Schema, ``openai`` or
+        ``anthropic`` definitions."""
+        return self.request("GET", self._session_path(session_id, "tools"),
+                            query={"format": format})
+
+    def run_tool(self, session_id: str, name: str, arguments: dict) -> str:
+        """Runs a tool call the model made; its output (a refusal is an ``Error: …`` output,
+        not an exception)."""
+        return self.request("POST", self._session_path(session_id, "tools", name),
+                            body={"arguments": arguments})["output"]
 
 def _json_lines(lines: list[bytes]) -> list:
     """The JSON values of NDJSON lines (no line holds a raw newline), parsed in one call."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import unittest
 
 from served import Served, ServedTest
@@ -132,7 +133,8 @@ class ClientTest(ServedTest):
 
         ids = [c.append("listed-1", {"role": "user", "content": f"turn {i}"})["message"]["id"]
                for i in range(4)]
-        c.add_compaction("listed-1", "turns zero and one", ids[0], ids[1])
+        added = c.add_compaction("listed-1", "turns zero and one", ids[0], ids[1])
+        self.assertEqual(c.compactions("listed-1"), [added])
         self.assertEqual([m.get("content") or m["parts"][0]["text"]
                           for m in c.history("listed-1")],
                          ["turns zero and one", "turn 2", "turn 3"])
@@ -193,6 +195,155 @@ class ClientTest(ServedTest):
                 clients[key].get_session("shared-name")
             self.assertEqual((caught.exception.status, caught.exception.code),
                              (401, "unauthorized"))
+
+
+    def test_fork_split_usage_and_namespace_search(self):
+        c = self.client
+        p = self.fresh_prefix()
+        c.append_batch(p + "main", [
+            {"id": "q", "role": "user", "content": "where is the platypus"},
+            {"id": "a", "role": "assistant", "content": "in the river"},
+            {"id": "q2", "role": "user", "content": "and the otter"}])
+        fork = c.fork(p + "main", "a", id=p + "fork", name="Branch")
+        self.assertEqual((fork["id"], fork["name"], fork["parentSessionId"]),
+                         (p + "fork", "Branch", p + "main"))
+        self.assertEqual([m["content"] for m in c.history(p + "fork")],
+                         ["where is the platypus", "in the river"])
+        self.assertEqual(c.get_session(p + "main")["messageCount"], 3, "the source stays")
+        continued = c.split(p + "main", "Asked about a platypus and an otter.", name="Part 2")
+        self.assertEqual(continued["name"], "Part 2")
+        self.assertEqual(c.get_session(p + "main")["endReason"], "compaction")
+        opening = c.full_history(continued["id"])[0]
+        self.assertEqual(opening["parts"], [{
+            "type": "text",
+            "text": "[Context from previous session]\n\nAsked about a platypus and an otter."}])
+        c.add_usage(p + "fork", input_tokens=10, output_tokens=4, cost=0.25)
+        used = c.add_usage(p + "fork", input_tokens=5)
+        self.assertEqual((used["inputTokens"], used["outputTokens"], used["cost"]), (15, 4, 0.25))
+        hits = c.search_all("platypus")
+        self.assertEqual({h["sessionId"] for h in hits},
+                         {p + "main", p + "fork", continued["id"]})
+
+    def test_history_in_model_formats_and_recent_windows(self):
+        c = self.client
+        p = self.fresh_prefix()
+        c.append_batch(p + "s", [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hello " * 40},
+            {"role": "assistant", "content": "hi"}])
+        self.assertEqual(c.model_history(p + "s"), [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hello " * 40},
+            {"role": "assistant", "content": "hi"}])
+        anthropic = c.model_history(p + "s", format="anthropic")
+        self.assertEqual(anthropic["system"], "Be brief.")
+        self.assertEqual([m["role"] for m in anthropic["messages"]], ["user", "assistant"])
+        with self.assertRaises(SessiondbError) as caught:
+            c.model_history(p + "s", format="smoke-signals")
+        self.assertEqual(caught.exception.code, "invalid_request")
+        whole = c.recent_history(p + "s", 1 << 20)
+        self.assertFalse(whole["truncated"])
+        self.assertEqual(len(whole["messages"]), 3)
+        recent = c.recent_history(p + "s", 100)
+        self.assertTrue(recent["truncated"])
+        self.assertEqual([m["content"] for m in recent["messages"]], ["hi"])
+        self.assertEqual(recent["totalBytes"], whole["totalBytes"])
+        self.assertGreater(recent["totalBytes"], 240)
+
+    def test_the_change_feed_follows_and_resumes(self):
+        p = self.fresh_prefix()
+        session = p + "followed"
+        stop = threading.Event()
+
+        def keep_appending():
+            with Client(self.served.url) as writer:
+                n = 0
+                while not stop.wait(0.05):
+                    writer.append(session, {"role": "user", "content": f"tick {n}"})
+                    n += 1
+
+        appender = threading.Thread(target=keep_appending)
+        appender.start()
+        try:
+            feed = self.client.events(session)
+            first = next(feed)
+            feed.close()
+        finally:
+            stop.set()
+            appender.join()
+        self.assertEqual(first["event"], "append")
+        self.assertTrue(first["data"]["message"]["content"].startswith("tick "), first)
+        self.client.append(session, {"role": "user", "content": "last"})
+        # Resumed after the first event: every later append comes, in order, up to the last.
+        seen = []
+        for event in self.client.events(session, last_event_id=first["id"]):
+            seen.append(event["data"]["message"]["content"])
+            if seen[-1] == "last":
+                break
+        written = [m["content"] for m in self.client.history(session)]
+        self.assertEqual(seen, written[written.index(first["data"]["message"]["content"]) + 1:])
+        reset = next(iter(self.client.events(None, last_event_id="not-an-id")))
+        self.assertEqual(reset["event"], "reset")
+
+
+class ContextTest(ServedTest):
+    """Context blocks on a server of their own: templates reach every session of it."""
+
+    def test_blocks_entries_prompt_and_tools(self):
+        c = self.client
+        soul = c.define_block(None, "soul", "readonly", description="Identity",
+                              content="You are a support agent.")
+        self.assertEqual(soul["kind"], "readonly")
+        c.define_block(None, "playbooks", "skill", description="Playbooks")
+        c.put_entry(None, "playbooks", "late-order", "Apologise once, then give the date.",
+                    description="Late orders")
+        c.define_block("chat", "memory", "writable", max_tokens=50)
+        c.append_to_block("chat", "memory", "likes tea")
+        self.assertEqual(c.append_to_block("chat", "memory", "has a dog")["content"],
+                         "likes tea\nhas a dog")
+        self.assertEqual([b["label"] for b in c.blocks("chat")], ["soul", "playbooks", "memory"])
+        self.assertEqual([b["label"] for b in c.blocks(None)], ["soul", "playbooks"])
+        with self.assertRaises(SessiondbError) as caught:
+            c.append_to_block("chat", "memory", "word " * 100)
+        self.assertEqual(caught.exception.code, "invalid_request")
+        with self.assertRaises(SessiondbError) as caught:
+            c.append_to_block("chat", "soul", "x")
+        self.assertEqual(caught.exception.code, "conflict")
+
+        c.put_entry("chat", "playbooks", "late-order", "Offer a voucher.")
+        self.assertEqual(c.get_entry("chat", "playbooks", "late-order")["content"],
+                         "Offer a voucher.")
+        self.assertEqual(c.get_entry(None, "playbooks", "late-order")["description"],
+                         "Late orders")
+        c.put_entry(None, "playbooks", "refund", "Refund within a day.")
+        self.assertEqual([(e["key"], e["content"]) for e in c.entries("chat", "playbooks")],
+                         [("late-order", "Offer a voucher."), ("refund", "Refund within a day.")])
+        with self.assertRaises(SessiondbError) as caught:
+            c.entries(None, "soul")
+        self.assertEqual(caught.exception.code, "conflict")
+
+        frozen = c.prompt("chat")
+        self.assertIn("You are a support agent.", frozen["prompt"])
+        self.assertIn("likes tea", frozen["prompt"])
+        c.append_to_block("chat", "memory", "moved house")
+        self.assertEqual(c.prompt("chat"), frozen, "frozen until refreshed")
+        self.assertIn("moved house", c.refresh_prompt("chat")["prompt"])
+
+        names = [t["name"] for t in c.tools("chat")]
+        self.assertEqual(names, ["set_context", "load_context", "unload_context",
+                                 "session_search"])
+        self.assertEqual([t["function"]["name"] for t in c.tools("chat", format="openai")], names)
+        self.assertEqual([t["name"] for t in c.tools("chat", format="anthropic")], names)
+        self.assertEqual(c.run_tool("chat", "load_context",
+                                    {"label": "playbooks", "key": "refund"}),
+                         "Refund within a day.")
+        refused = c.run_tool("chat", "set_context", {"label": "soul", "content": "x"})
+        self.assertTrue(refused.startswith("Error: "), refused)
+        c.delete_block("chat", "memory")
+        with self.assertRaises(SessiondbError) as caught:
+            c.delete_block("chat", "memory")
+        self.assertEqual(caught.exception.code, "not_found")
+        self.assertEqual([b["label"] for b in c.blocks("other")], ["soul", "playbooks"])
 
 
 if __name__ == "__main__":

@@ -89,6 +89,30 @@ export interface SearchHit {
   createdAt: number;
 }
 
+/** A context block as `GET …/context` lists it (a keyed block's content is its listing). */
+export interface Block {
+  label: string;
+  kind: 'readonly' | 'writable' | 'skill' | 'search';
+  description: string | null;
+  maxTokens: number | null;
+  content: string;
+  tokens: number;
+}
+
+/** An entry of a skill or search block. */
+export interface ContextEntry {
+  key: string;
+  content: string;
+  description: string | null;
+}
+
+/** A tool the session's blocks call for, in the `raw` format (JSON Schema parameters). */
+export interface ToolDefinition {
+  name: string;
+  description: string;
+  parameters: { [key: string]: Json };
+}
+
 /**
  * An error answer of the server: its HTTP status and the typed error it sent. `code` is one of
  * the API's error codes (`invalid_request`, `not_found`, `conflict`, `quota_exceeded`, ...). A
@@ -212,6 +236,7 @@ export class Client {
     query?: Query,
     body?: unknown,
     ndjson?: string,
+    extraHeaders: Record<string, string> = {},
   ): Promise<http.IncomingMessage> {
     // The path is sent as it is (no URL parser resolves "." or ".." segments on the way).
     let target = this.url.pathname.replace(/\/+$/, '') + path;
@@ -219,7 +244,7 @@ export class Client {
     if (pairs.length > 0) {
       target += '?' + new URLSearchParams(pairs.map(([k, v]) => [k, String(v)])).toString();
     }
-    const headers: Record<string, string> = { accept: 'application/json' };
+    const headers: Record<string, string> = { accept: 'application/json', ...extraHeaders };
     let payload: string | undefined;
     if (ndjson !== undefined) {
       headers['content-type'] = 'application/x-ndjson';
@@ -338,6 +363,33 @@ export class Client {
       after = page.nextCursor;
       if (after === undefined || page.items.length === 0) return;
     }
+  }
+
+  /** A new session holding the path to `atMessageId` (with fresh message ids); the source stays. */
+  fork(sessionId: string, fork: { atMessageId: string; id?: string; name?: string }): Promise<SessionRecord> {
+    return this.request('POST', this.sessionPath(sessionId, 'fork'), { body: fork });
+  }
+
+  /**
+   * Ends the session (`endReason` `compaction`) and resolves to its continuation, a new session
+   * that starts from `summary`.
+   */
+  split(sessionId: string, split: { summary: string; name?: string }): Promise<SessionRecord> {
+    return this.request('POST', this.sessionPath(sessionId, 'split'), { body: split });
+  }
+
+  /** Adds what a model call reported to the session's counters; resolves to the session. */
+  addUsage(
+    sessionId: string,
+    usage: { inputTokens?: number; outputTokens?: number; cost?: number },
+  ): Promise<SessionRecord> {
+    const body = { inputTokens: 0, outputTokens: 0, cost: 0, ...usage };
+    return this.request('POST', this.sessionPath(sessionId, 'usage'), { body });
+  }
+
+  /** Full-text search across the namespace's sessions (or one user's), best first. */
+  searchAll(q: string, options: { userId?: string; limit?: number } = {}): Promise<SearchHit[]> {
+    return this.request('GET', '/v1/search', { query: { q, userId: options.userId, limit: options.limit } });
   }
 
   // -- messages ---------------------------------------------------------------------------
@@ -488,6 +540,43 @@ export class Client {
     }
   }
 
+  /**
+   * The path to `leaf` with compactions applied, in a model API's format: `openai` (Chat
+   * Completions messages), `openai-responses` (Responses input items) or `anthropic`
+   * (`{system, messages}`); tool calls are always followed by their results.
+   */
+  modelHistory(
+    sessionId: string,
+    format: 'openai' | 'openai-responses' | 'anthropic' = 'openai',
+    options: { leaf?: string } = {},
+  ): Promise<Json> {
+    return this.request('GET', this.sessionPath(sessionId, 'history'), { query: { format, leaf: options.leaf } });
+  }
+
+  /**
+   * The longest end of the path to `leaf` whose messages fit in `maxBytes` (the leaf at least),
+   * compactions applied, oldest first; `truncated` tells whether older messages were left out,
+   * `totalBytes` is the size of the whole path.
+   */
+  async recentHistory(
+    sessionId: string,
+    maxBytes: number,
+    options: { leaf?: string } = {},
+  ): Promise<{ messages: StoredMessage[]; truncated: boolean; totalBytes: number }> {
+    const path = this.sessionPath(sessionId, 'history');
+    const answer = await this.open('GET', path, { maxBytes, leaf: options.leaf });
+    const text = await bodyOf(answer, `GET ${path}`);
+    const messages = text
+      .split('\n')
+      .filter((line) => line.trim() !== '')
+      .map((line) => JSON.parse(line) as StoredMessage);
+    return {
+      messages,
+      truncated: answer.headers['x-sessiondb-truncated'] === 'true',
+      totalBytes: Number(answer.headers['x-sessiondb-total-bytes'] ?? 0),
+    };
+  }
+
   /** The children of a message, oldest first. */
   branches(sessionId: string, messageId: string): Promise<StoredMessage[]> {
     return this.request('GET', this.sessionPath(sessionId, 'branches', messageId));
@@ -514,6 +603,11 @@ export class Client {
     return this.request('POST', this.sessionPath(sessionId, 'compactions'), { body: compaction });
   }
 
+  /** The session's compactions, oldest first. */
+  compactions(sessionId: string): Promise<Compaction[]> {
+    return this.request('GET', this.sessionPath(sessionId, 'compactions'));
+  }
+
   /** Runs the server's summarizer; `undefined` when there was nothing to compact. */
   compact(sessionId: string): Promise<Compaction | undefined> {
     return this.request('POST', this.sessionPath(sessionId, 'compact'));
@@ -536,6 +630,134 @@ export class Client {
 
   allState(sessionId: string): Promise<{ [key: string]: Json }> {
     return this.request('GET', this.sessionPath(sessionId, 'state'));
+  }
+
+  // -- change feed ------------------------------------------------------------------------
+
+  /**
+   * The change feed as it happens, one `{event, id, data}` per durable write (`event` the
+   * change: `append`, `update`, `delete`, ...; `data` decoded): a session's, or with `null` the
+   * whole namespace's. To resume, pass the last `id` seen as `lastEventId`: the retained events
+   * after it come first, or a `reset` event when it is no longer retained (re-read what you
+   * need, then follow). The feed never ends by itself; leave the loop to close it. The server
+   * sends a keep-alive every 15 s, so `timeoutMs` must be longer than that.
+   */
+  async *events(
+    sessionId: string | null,
+    options: { lastEventId?: string } = {},
+  ): AsyncGenerator<{ event: string; id: string | undefined; data: Json }> {
+    const path = sessionId === null ? '/v1/events' : this.sessionPath(sessionId, 'events');
+    const headers: Record<string, string> = { accept: 'text/event-stream' };
+    if (options.lastEventId !== undefined) headers['last-event-id'] = options.lastEventId;
+    const answer = await this.open('GET', path, undefined, undefined, undefined, headers);
+    answer.setEncoding('utf8');
+    let buffered = '';
+    let event: { [field: string]: string } = {};
+    try {
+      for await (const chunk of answer) {
+        buffered += chunk as string;
+        let newline: number;
+        while ((newline = buffered.indexOf('\n')) >= 0) {
+          const line = buffered.slice(0, newline).replace(/\r$/, '');
+          buffered = buffered.slice(newline + 1);
+          if (line === '') {
+            if (event.data !== undefined) {
+              yield { event: event.event ?? 'message', id: event.id, data: JSON.parse(event.data) as Json };
+            }
+            event = {};
+          } else if (!line.startsWith(':')) {
+            const colon = line.indexOf(':');
+            const name = colon < 0 ? line : line.slice(0, colon);
+            const value = colon < 0 ? '' : line.slice(colon + 1).replace(/^ /, '');
+            event[name] = name === 'data' && event.data !== undefined ? `${event.data}\n${value}` : value;
+          }
+        }
+      }
+    } catch (failure) {
+      throw new SessiondbUnavailable(`GET ${path} on ${this.baseUrl}: ${(failure as Error).message}`);
+    } finally {
+      // A feed is never read to its end: its connection cannot serve another request.
+      answer.destroy();
+    }
+  }
+
+  // -- context blocks, the prompt and the tools -------------------------------------------
+  // A `sessionId` of `null` addresses the namespace's templates, which every session sees (a
+  // session writing a template's text gets its own copy).
+
+  private contextPath(sessionId: string | null, ...rest: string[]): string {
+    if (sessionId === null) return ['/v1/context', ...rest.map(quoteSegment)].join('/');
+    return this.sessionPath(sessionId, 'context', ...rest);
+  }
+
+  /** Every block in prompt order. */
+  blocks(sessionId: string | null): Promise<Block[]> {
+    return this.request('GET', this.contextPath(sessionId));
+  }
+
+  /** Defines (or redefines) a block; text beyond `maxTokens` is refused. */
+  defineBlock(
+    sessionId: string | null,
+    label: string,
+    block: { kind: Block['kind']; description?: string; maxTokens?: number; content?: string },
+  ): Promise<Block> {
+    return this.request('PUT', this.contextPath(sessionId, label), { body: block });
+  }
+
+  /** Appends text to a writable block (on a line of its own); resolves to the block. */
+  appendToBlock(sessionId: string | null, label: string, content: string): Promise<Block> {
+    return this.request('POST', this.contextPath(sessionId, label, 'append'), { body: { content } });
+  }
+
+  /** Deletes a block with its entries; a missing one is a `not_found` error. */
+  async deleteBlock(sessionId: string | null, label: string): Promise<void> {
+    await this.request('DELETE', this.contextPath(sessionId, label));
+  }
+
+  /** Stores an entry of a skill or search block under `key`. */
+  putEntry(
+    sessionId: string | null,
+    label: string,
+    key: string,
+    entry: { content: string; description?: string },
+  ): Promise<ContextEntry> {
+    return this.request('PUT', this.contextPath(sessionId, label, 'entries', key), { body: entry });
+  }
+
+  /** One entry (a session's own before its template's); a missing one is `not_found`. */
+  getEntry(sessionId: string | null, label: string, key: string): Promise<ContextEntry> {
+    return this.request('GET', this.contextPath(sessionId, label, 'entries', key));
+  }
+
+  /** Every entry of a skill or search block, by key (a session's own in place of its template's). */
+  entries(sessionId: string | null, label: string): Promise<ContextEntry[]> {
+    return this.request('GET', this.contextPath(sessionId, label, 'entries'));
+  }
+
+  /** The session's system prompt, rendered and frozen on the first call. */
+  prompt(sessionId: string): Promise<{ prompt: string; frozenAt: number }> {
+    return this.request('GET', this.sessionPath(sessionId, 'prompt'));
+  }
+
+  /** Renders the prompt anew from the blocks as they are now and freezes that. */
+  refreshPrompt(sessionId: string): Promise<{ prompt: string; frozenAt: number }> {
+    return this.request('POST', this.sessionPath(sessionId, 'prompt', 'refresh'));
+  }
+
+  /** The tools the session's blocks call for, as raw JSON Schema, OpenAI or Anthropic definitions. */
+  tools(sessionId: string): Promise<ToolDefinition[]>;
+  tools(sessionId: string, options: { format: 'raw' }): Promise<ToolDefinition[]>;
+  tools(sessionId: string, options: { format: 'openai' | 'anthropic' }): Promise<Json[]>;
+  tools(sessionId: string, options: { format?: 'raw' | 'openai' | 'anthropic' } = {}): Promise<Json[] | ToolDefinition[]> {
+    return this.request('GET', this.sessionPath(sessionId, 'tools'), { query: { format: options.format } });
+  }
+
+  /** Runs a tool call the model made; its output (a refusal is an `Error: …` output, not a throw). */
+  async runTool(sessionId: string, name: string, args: { [key: string]: Json }): Promise<string> {
+    const answer = await this.request<{ output: string }>('POST', this.sessionPath(sessionId, 'tools', name), {
+      body: { arguments: args },
+    });
+    return answer.output;
   }
 }
 

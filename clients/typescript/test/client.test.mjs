@@ -132,7 +132,8 @@ test('sessions, state and compaction', async () => {
 
   const ids = [];
   for (let i = 0; i < 4; i++) ids.push((await shared.client.append('listed-1', { role: 'user', content: `turn ${i}` })).message.id);
-  await shared.client.addCompaction('listed-1', { summary: 'turns zero and one', fromMessageId: ids[0], toMessageId: ids[1] });
+  const added = await shared.client.addCompaction('listed-1', { summary: 'turns zero and one', fromMessageId: ids[0], toMessageId: ids[1] });
+  assert.deepEqual(await shared.client.compactions('listed-1'), [added]);
   const shown = await all(shared.client.history('listed-1'));
   assert.deepEqual(shown.map((m) => m.content ?? m.parts[0].text), ['turns zero and one', 'turn 2', 'turn 3']);
   await shared.client.deleteSession('listed-1');

@@ -24,7 +24,7 @@ fn python_client_suite_passes_against_the_server() {
 /// The same suite with every server it starts on a PostgreSQL database of its own.
 #[test]
 fn python_client_suite_passes_on_postgresql() {
-    let (_cluster, databases) = postgres_databases(12);
+    let (_cluster, databases) = postgres_databases(14);
     python_suite(&[("SESSIONDB_TEST_DATABASES", &databases)]);
 }
 
@@ -56,7 +56,7 @@ fn typescript_client_suite_passes_on_both_backends() {
     typescript_suite(&package, &[]);
     both_clients_read_what_the_other_wrote(&package);
 
-    let (_cluster, databases) = postgres_databases(10);
+    let (_cluster, databases) = postgres_databases(12);
     let claims = tempfile::tempdir().unwrap();
     typescript_suite(
         &package,
