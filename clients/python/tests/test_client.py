@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import pathlib
 import socket
 import threading
 import unittest
@@ -344,6 +347,32 @@ class ContextTest(ServedTest):
             c.delete_block("chat", "memory")
         self.assertEqual(caught.exception.code, "not_found")
         self.assertEqual([b["label"] for b in c.blocks("other")], ["soul", "playbooks"])
+
+
+
+class ReadmeContextExampleTest(unittest.TestCase):
+    """The README's context example, as written, against a server of its own."""
+
+    def test_readme_context_example_runs(self):
+        readme = (pathlib.Path(__file__).parents[3] / "README.md").read_text()
+        block = readme.split("<!-- python-context-example -->\n```python\n", 1)[1]
+        served = Served()
+        self.addCleanup(served.stop)
+        printed = io.StringIO()
+        scope: dict = {}
+        with contextlib.redirect_stdout(printed):
+            exec(block.split("```", 1)[0].replace("http://127.0.0.1:8787", served.url), scope)
+        scope["client"].close()
+        self.assertTrue(printed.getvalue().startswith("Written to memory. Usage: "),
+                        printed.getvalue())
+        self.assertIn("You are a support agent. Be brief.", scope["system"])
+        self.assertEqual([t["function"]["name"] for t in scope["tools"]],
+                         ["set_context", "session_search"])
+        self.assertEqual(scope["messages"][1],
+                         {"role": "user", "content": "Email me when it ships, please."})
+        with Client(served.url) as client:
+            memory = [b for b in client.blocks("chat-7") if b["label"] == "memory"]
+        self.assertEqual(memory[0]["content"], "Prefers email.")
 
 
 if __name__ == "__main__":
