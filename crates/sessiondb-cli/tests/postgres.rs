@@ -402,6 +402,16 @@ async fn instances_sweeping_one_database_delete_each_idle_session_once() {
         turns += 1;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Idle from now on, the busy session would go a second later, while the counters are read
+    // (a loaded machine can take that long): kept from here, it stays. Setting it is a write,
+    // as the appends were.
+    let keep = http
+        .patch(format!("{}/v1/sessions/busy", b.base))
+        .json(&json!({"settings": {"keepWhenIdle": true}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(keep.status(), 200);
     assert_eq!(history(&a.base, "busy").await.len(), turns);
     let mut deleted = 0;
     for base in [&a.base, &b.base] {

@@ -243,6 +243,17 @@ async fn sessions_idle_longer_than_their_namespace_allows_are_deleted() {
     }
     // A lower bound only: a slow machine makes the wait longer, never shorter.
     let waited = before_idle_writes.elapsed();
+    // Idle from now on, the busy session would go 2 s later, while the rest is read (a loaded
+    // machine can take that long): kept from here, it stays. Setting it is a write, as the
+    // appends were.
+    let keep = client
+        .patch(format!("{base}/v1/sessions/busy"))
+        .bearer_auth("ka")
+        .json(&json!({"settings": {"keepWhenIdle": true}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(keep.status(), 200);
     assert!(
         waited >= Duration::from_secs(2),
         "deleted after {waited:?}, before its 2 s were up"
