@@ -1,5 +1,6 @@
 """sessiondb's Python client: the HTTP API (``Client``) and framework adapters
-(``sessiondb.openai_agents``, ``sessiondb.claude_agent_sdk``, ``sessiondb.langgraph``)."""
+(``sessiondb.openai_agents``, ``sessiondb.claude_agent_sdk``, ``sessiondb.langgraph``,
+``sessiondb.langchain``)."""
 
 from .client import Client, SessiondbError, SessiondbUnavailable
 

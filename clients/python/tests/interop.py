@@ -1,8 +1,9 @@
 """The Python half of the check that both clients store alike (run by
 ``crates/sessiondb-cli/tests/clients.rs`` with the TypeScript half, ``test/interop.mjs``, against
-one server): ``write URL OUT`` stores a Claude transcript, a session binding and LangGraph store
-items (some with embeddings, and their ranking for a query) and writes what it stored to OUT; ``check URL IN`` reads what the TypeScript half added
-(described in IN) and asserts it is all there as written."""
+one server): ``write URL OUT`` stores a Claude transcript, a session binding, LangGraph store
+items (some with embeddings, and their ranking for a query) and a LangChain chat history, and
+writes what it stored to OUT; ``check URL IN`` reads what the TypeScript half added (described in
+IN) and asserts it is all there as written."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 
 from sessiondb import Client
 from sessiondb.claude_agent_sdk import SessiondbSessionBinding, SessiondbSessionStore
+from sessiondb.langchain import SessiondbChatMessageHistory
 from sessiondb.langgraph import SessiondbStore
 
 PREFIX = "interop:"
@@ -38,6 +40,19 @@ ITEMS = [(("users", "ada"), "pref", {"theme": "dark", "n": 3}),
          (("team", "x y/z", "ü"), "x" * 300, {"nested": {"level": 2}})]
 
 
+CHAT = PREFIX + "langchain"
+
+
+def chat_messages() -> list:
+    """A LangChain conversation with a tool call, as both halves build it."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    return [HumanMessage("Weather in Rome?", id="h1"),
+            AIMessage("", tool_calls=[{"name": "weather", "args": {"city": "Rome"},
+                                       "id": "call_1"}],
+                      usage_metadata={"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}),
+            ToolMessage("sunny", tool_call_id="call_1", name="weather")]
+
+
 def write(client: Client, out: str) -> None:
     store = SessiondbSessionStore(client, prefix=PREFIX)
     asyncio.run(store.append(KEY, TRANSCRIPT))
@@ -52,6 +67,7 @@ def write(client: Client, out: str) -> None:
     for i, text in enumerate(MEMORIES):
         memories.put(("memories",), f"m{i}", {"text": text})
     ranked = [[i.key, i.score] for i in memories.search(("memories",), query=QUERY)]
+    SessiondbChatMessageHistory(CHAT, client).add_messages(chat_messages())
     with open(out, "w") as file:
         json.dump({"key": KEY, "transcript": TRANSCRIPT, "binding": binding, "query": QUERY,
                    "ranked": ranked,
@@ -74,6 +90,9 @@ def check(client: Client, given: str) -> None:
     found = {(i.namespace, i.key) for i in items.search(("users",), limit=100)}
     assert found == {(("users", "ada"), "pref"), (("users", "ada", "notes"), "tab\there"),
                      (("users", "bob"), "from-typescript")}, found
+    from langchain_core.messages import AIMessage
+    chat = SessiondbChatMessageHistory(CHAT, client).messages
+    assert chat == chat_messages() + [AIMessage("Sunny in Rome.", id="a2")], chat
 
 
 if __name__ == "__main__":

@@ -6,8 +6,11 @@
 import assert from 'node:assert/strict';
 import { readFileSync, writeFileSync } from 'node:fs';
 
+import { AIMessage } from '@langchain/core/messages';
+
 import { SessiondbSessionBinding, SessiondbSessionStore } from '../dist/claude-agent-sdk.js';
 import { Client } from '../dist/index.js';
+import { SessiondbChatMessageHistory } from '../dist/langchain.js';
 import { SessiondbStore } from '../dist/langgraph.js';
 
 const [url, given, out] = process.argv.slice(2);
@@ -42,7 +45,16 @@ const ranked = (await memories.search(['memories'], { query: written.query })).m
 assert.deepEqual(ranked.map(([k]) => k), written.ranked.map(([k]) => k));
 ranked.forEach(([, score], i) => assert.ok(Math.abs(score - written.ranked[i][1]) < 1e-12, `${score} ${written.ranked[i][1]}`));
 
+// A LangChain history written from Python reads as the same messages, tool call included.
+const chat = new SessiondbChatMessageHistory({ client, sessionId: `${prefix}langchain` });
+const messages = await chat.getMessages();
+assert.deepEqual(messages.map((m) => [m.getType(), m.content, m.id]), [['human', 'Weather in Rome?', 'h1'], ['ai', '', undefined], ['tool', 'sunny', undefined]]);
+assert.deepEqual(messages[1].tool_calls, [{ name: 'weather', args: { city: 'Rome' }, id: 'call_1', type: 'tool_call' }]);
+assert.deepEqual(messages[1].usage_metadata, { input_tokens: 3, output_tokens: 2, total_tokens: 5 });
+assert.equal(messages[2].tool_call_id, 'call_1');
+
 // Then this side writes, for the Python half to read.
+await chat.addMessage(new AIMessage({ content: 'Sunny in Rome.', id: 'a2' }));
 const entries = [{ type: 'user', uuid: 'e3', parentUuid: 'e2', timestamp: '2026-12-04T10:01:00.000Z', message: { role: 'user', content: 'And for search?' } }];
 await store.append(key, entries);
 const summaries = await store.listSessionSummaries(key.projectKey);
