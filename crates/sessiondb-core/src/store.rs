@@ -182,6 +182,14 @@ pub struct ScopedBlock {
     pub block: BlockDef,
 }
 
+/// An entry of a keyed block as a backend returns it: from the namespace's templates or the
+/// session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopedEntry {
+    pub template: bool,
+    pub entry: ContextEntry,
+}
+
 /// A session's frozen system prompt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FrozenPrompt {
@@ -676,6 +684,14 @@ pub trait Store: Send + Sync + 'static {
         key: &SessionKey,
         label: &str,
     ) -> impl Future<Output = Result<Vec<(String, Option<String>)>, StoreError>> + Send;
+
+    /// Every entry of a block in both layers, by key, the session's own before its template's of
+    /// the same key (only the templates' for [`SessionKey::templates`]).
+    fn context_entries(
+        &self,
+        key: &SessionKey,
+        label: &str,
+    ) -> impl Future<Output = Result<Vec<ScopedEntry>, StoreError>> + Send;
 
     /// One entry, the session's own before its template's.
     fn context_entry(

@@ -3,7 +3,9 @@
 
 use deadpool_postgres::GenericClient;
 use sessiondb_core::context::{BlockDef, BlockKind, ContextError, WriteMode, written_content};
-use sessiondb_core::{ContextEntry, FrozenPrompt, ScopedBlock, SessionKey, StoreError};
+use sessiondb_core::{
+    ContextEntry, FrozenPrompt, ScopedBlock, ScopedEntry, SessionKey, StoreError,
+};
 use tokio_postgres::Row;
 
 use crate::sql::{Result, exec, get, pairs, row, rows, search_words};
@@ -172,6 +174,33 @@ pub(crate) async fn entry_keys<C: GenericClient>(
     )
     .await
     .and_then(|found| pairs(&found))
+}
+
+pub(crate) async fn entries<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    label: &str,
+) -> Result<Vec<ScopedEntry>> {
+    rows(
+        c,
+        "SELECT session_id, key, content, description FROM context_entries
+          WHERE namespace = $1 AND session_id IN ('', $2) AND label = $3
+          ORDER BY key, session_id = ''",
+        &[&key.namespace, &key.session_id, &label],
+    )
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(ScopedEntry {
+            template: get::<String>(r, 0)?.is_empty(),
+            entry: ContextEntry {
+                key: get(r, 1)?,
+                content: get(r, 2)?,
+                description: get(r, 3)?,
+            },
+        })
+    })
+    .collect()
 }
 
 pub(crate) async fn entry<C: GenericClient>(

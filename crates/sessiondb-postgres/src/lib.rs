@@ -38,9 +38,9 @@ use deadpool_postgres::Pool;
 use sessiondb_core::attachments::Payload;
 use sessiondb_core::{
     Change, ChangeFeed, Compaction, ContextEntry, FeedFilter, FrozenPrompt, PathPlan, PathRows,
-    PathRuns, PathSuffix, RangeTotals, ScopedBlock, SearchHit, SessionInfo, SessionKey,
-    SessionQuery, SessionStats, Store, StoreError, StoredMessage, Subscription, WriteOutcome,
-    WriteRequest,
+    PathRuns, PathSuffix, RangeTotals, ScopedBlock, ScopedEntry, SearchHit, SessionInfo,
+    SessionKey, SessionQuery, SessionStats, Store, StoreError, StoredMessage, Subscription,
+    WriteOutcome, WriteRequest,
 };
 use tokio::runtime::{Handle, Runtime};
 
@@ -642,6 +642,15 @@ impl Store for PgStore {
     ) -> impl Future<Output = Result<Vec<(String, Option<String>)>, StoreError>> + Send {
         let (key, label) = (key.clone(), label.to_owned());
         read!(self, |c| context::entry_keys(c, &key, &label))
+    }
+
+    fn context_entries(
+        &self,
+        key: &SessionKey,
+        label: &str,
+    ) -> impl Future<Output = Result<Vec<ScopedEntry>, StoreError>> + Send {
+        let (key, label) = (key.clone(), label.to_owned());
+        read!(self, |c| context::entries(c, &key, &label))
     }
 
     fn context_entry(

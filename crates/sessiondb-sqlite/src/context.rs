@@ -3,7 +3,9 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 use sessiondb_core::context::{BlockDef, BlockKind, ContextError, WriteMode, written_content};
-use sessiondb_core::{ContextEntry, FrozenPrompt, ScopedBlock, SessionKey, StoreError};
+use sessiondb_core::{
+    ContextEntry, FrozenPrompt, ScopedBlock, ScopedEntry, SessionKey, StoreError,
+};
 
 use crate::backend_error;
 use crate::queries::match_expression;
@@ -204,6 +206,32 @@ pub(crate) fn entry_keys(
         }
     }
     Ok(keys)
+}
+
+pub(crate) fn entries(
+    conn: &Connection,
+    key: &SessionKey,
+    label: &str,
+) -> Result<Vec<ScopedEntry>> {
+    conn.prepare_cached(
+        "SELECT session_id, key, content, description FROM context_entries
+          WHERE namespace = ?1 AND session_id IN ('', ?2) AND label = ?3
+          ORDER BY key, session_id = ''",
+    )
+    .and_then(|mut stmt| {
+        stmt.query_map(params![key.namespace, key.session_id, label], |r| {
+            Ok(ScopedEntry {
+                template: r.get::<_, String>(0)?.is_empty(),
+                entry: ContextEntry {
+                    key: r.get(1)?,
+                    content: r.get(2)?,
+                    description: r.get(3)?,
+                },
+            })
+        })?
+        .collect()
+    })
+    .map_err(backend_error)
 }
 
 pub(crate) fn entry(

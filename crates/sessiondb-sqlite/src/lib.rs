@@ -64,9 +64,9 @@ use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use sessiondb_core::attachments::Payload;
 use sessiondb_core::{
     Change, ChangeFeed, Compaction, ContextEntry, FeedFilter, FrozenPrompt, PathPlan, PathRows,
-    PathRuns, PathSuffix, RangeTotals, ScopedBlock, SearchHit, SessionInfo, SessionKey,
-    SessionQuery, SessionStats, Store, StoreError, StoredMessage, Subscription, WriteOutcome,
-    WriteRequest,
+    PathRuns, PathSuffix, RangeTotals, ScopedBlock, ScopedEntry, SearchHit, SessionInfo,
+    SessionKey, SessionQuery, SessionStats, Store, StoreError, StoredMessage, Subscription,
+    WriteOutcome, WriteRequest,
 };
 
 use crate::cache::RowCache;
@@ -1642,6 +1642,15 @@ impl Store for SqliteStore {
     ) -> impl Future<Output = Result<Vec<(String, Option<String>)>, StoreError>> + Send {
         let (key, label) = (key.clone(), label.to_owned());
         self.read(move |c| context::entry_keys(c, &key, &label))
+    }
+
+    fn context_entries(
+        &self,
+        key: &SessionKey,
+        label: &str,
+    ) -> impl Future<Output = Result<Vec<ScopedEntry>, StoreError>> + Send {
+        let (key, label) = (key.clone(), label.to_owned());
+        self.read(move |c| context::entries(c, &key, &label))
     }
 
     fn context_entry(

@@ -493,13 +493,14 @@ impl<S: Store> Context<S> {
         if self.custom(label).is_some() {
             return Err(ContextError::Unlisted(label.to_owned()).into());
         }
-        let store = self.store();
-        let keys = store.context_entry_keys(self.key(), label).await?;
-        let mut entries = Vec::with_capacity(keys.len());
-        for (key, _) in keys {
-            // An entry deleted between the two reads is no longer one of them.
-            if let Some(entry) = store.context_entry(self.key(), label, &key).await? {
-                entries.push(entry);
+        let mut entries: Vec<ContextEntry> = Vec::new();
+        // A session's entry comes before its template's of the same key and shadows it.
+        for scoped in self.store().context_entries(self.key(), label).await? {
+            if entries
+                .last()
+                .is_none_or(|last| last.key != scoped.entry.key)
+            {
+                entries.push(scoped.entry);
             }
         }
         Ok(entries)

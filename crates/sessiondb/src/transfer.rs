@@ -31,9 +31,8 @@ use sessiondb_core::context::BlockKind;
 use sessiondb_core::message::{JsonMap, validate_id, validate_text, validate_time};
 use sessiondb_core::registry::validate_state_key;
 use sessiondb_core::{
-    Compaction, ContextEntry, Message, SessionInfo, SessionKey, SessionRecord, Store,
-    StoredMessage, ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS,
-    WriteOp, WriteOutcome,
+    Compaction, ContextEntry, Message, SessionInfo, SessionRecord, Store, StoredMessage,
+    ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome,
 };
 
 use crate::context::BlockSpec;
@@ -566,7 +565,6 @@ impl<S: Store> Session<S> {
     async fn context_lines(&self) -> Result<Vec<String>, Error> {
         let store = &self.store;
         let in_templates = self.key().is_templates();
-        let templates = SessionKey::templates(&self.key().namespace);
         let blocks = store.context_blocks(self.key()).await?;
         let mut lines = Vec::new();
         for scoped in blocks.iter().filter(|b| b.template == in_templates) {
@@ -586,14 +584,14 @@ impl<S: Store> Session<S> {
             }
         }
         for label in keyed {
-            for (entry_key, _) in store.context_entry_keys(self.key(), label).await? {
-                let own = store.context_entry(self.key(), label, &entry_key).await?;
-                let inherited = match in_templates {
-                    true => None,
-                    false => store.context_entry(&templates, label, &entry_key).await?,
-                };
-                if let Some(entry) = own.filter(|own| Some(own) != inherited.as_ref()) {
-                    lines.push(entry_line(label, &entry));
+            // By key, the scope's own entry first: a template's entry directly after an own one
+            // of its key is the one that own entry shadows.
+            let entries = store.context_entries(self.key(), label).await?;
+            for (i, scoped) in entries.iter().enumerate() {
+                let own = &scoped.entry;
+                let shadowed = entries.get(i + 1).filter(|next| next.entry.key == own.key);
+                if scoped.template == in_templates && shadowed.is_none_or(|t| t.entry != *own) {
+                    lines.push(entry_line(label, own));
                 }
             }
         }

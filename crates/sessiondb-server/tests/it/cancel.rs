@@ -189,6 +189,13 @@ impl Store for CountingStore {
     ) -> impl Future<Output = Result<Vec<(String, Option<String>)>, StoreError>> + Send {
         self.inner.context_entry_keys(key, label)
     }
+    fn context_entries(
+        &self,
+        key: &SessionKey,
+        label: &str,
+    ) -> impl Future<Output = Result<Vec<sessiondb_core::ScopedEntry>, StoreError>> + Send {
+        self.inner.context_entries(key, label)
+    }
     fn context_entry(
         &self,
         key: &SessionKey,
