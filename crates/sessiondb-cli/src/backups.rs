@@ -16,6 +16,8 @@ use anyhow::{Context, bail};
 use sessiondb::SqliteStore;
 use sessiondb_server::App;
 
+use crate::signals::Requests;
+
 /// Where, how often and how many.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackupPlan {
@@ -58,39 +60,6 @@ pub fn parse_interval(text: &str) -> anyhow::Result<Duration> {
     Ok(Duration::from_secs(number.saturating_mul(seconds)))
 }
 
-/// SIGUSR1, the request for a backup now. Listened for by every server, so a signal sent to one
-/// without backups is logged instead of meeting the default action, which ends the process.
-pub struct Requests {
-    #[cfg(unix)]
-    signal: tokio::signal::unix::Signal,
-}
-
-impl Requests {
-    /// Listens from here on (before the server says it is listening). Needs a runtime.
-    pub fn listen() -> anyhow::Result<Self> {
-        Ok(Self {
-            #[cfg(unix)]
-            signal: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
-                .context("listening for SIGUSR1")?,
-        })
-    }
-
-    async fn next(&mut self) {
-        #[cfg(unix)]
-        self.signal.recv().await;
-        #[cfg(not(unix))]
-        std::future::pending::<()>().await;
-    }
-
-    /// For a server without backups: says so at each request.
-    pub async fn refuse(mut self, why: &'static str) {
-        loop {
-            self.next().await;
-            tracing::warn!("SIGUSR1 asks for a backup, but {why}");
-        }
-    }
-}
-
 /// The backup loop of a running server.
 pub struct Schedule {
     pub plan: BackupPlan,
@@ -109,7 +78,7 @@ impl Schedule {
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
-                () = self.requests.next() => tracing::info!("backup requested (SIGUSR1)"),
+                () = self.requests.next() => {}
             }
             let (app, plan) = (app.clone(), self.plan.clone());
             let began = SystemTime::now();

@@ -8,8 +8,10 @@ mod remote;
 mod retention;
 mod serve;
 mod session_commands;
+mod signals;
 mod transfer;
 mod tree;
+mod vacuums;
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -139,7 +141,8 @@ enum Command {
         remote: RemoteArgs,
     },
     /// Run the HTTP server (SQLite in --data, 127.0.0.1:8787 by default; --database for
-    /// PostgreSQL).
+    /// PostgreSQL). On the embedded store SIGUSR1 takes a backup (with --backup-dir) and SIGUSR2
+    /// vacuums the file.
     Serve(Box<serve::ServeArgs>),
     /// Bring a PostgreSQL database to this build's schema (servers also do this as they start).
     Migrate {
@@ -276,8 +279,8 @@ fn run_command(cli: Cli) -> anyhow::Result<()> {
                      --backup-dir DIR, at once on SIGUSR1 (`kill -USR1 <pid>`)",
                 ),
                 Command::Vacuum => error.context(
-                    "a running server holds this store: stop it first (or take a backup, \
-                     which is a vacuumed copy)",
+                    "a running server holds this store: send it SIGUSR2 (`kill -USR2 <pid>`) \
+                     to vacuum it while it serves",
                 ),
                 Command::Check => error.context(
                     "a running server holds this store: check a backup of it (SIGUSR1), or \

@@ -20,6 +20,8 @@ use sessiondb_summarizers::{AnthropicSummarizer, ModelConfig, OpenAiSummarizer};
 
 use crate::backups::{self, BackupPlan, BackupStats};
 use crate::retention::{self, RetentionPlan, RetentionStats};
+use crate::signals::Requests;
+use crate::vacuums::{self, VacuumStats};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 
@@ -377,10 +379,11 @@ fn init_logging(filter: &str) -> anyhow::Result<()> {
         .context("installing the logger")
 }
 
-/// Group-commit numbers and the room the database takes of the embedded store, and its backups
-/// and idle-session deletes when they are on, for `/metrics`.
+/// Group-commit numbers and the room the database takes of the embedded store, its vacuums, and
+/// its backups and idle-session deletes when they are on, for `/metrics`.
 fn sqlite_metrics(
     store: &SqliteStore,
+    vacuums: Arc<VacuumStats>,
     backups: Option<Arc<BackupStats>>,
     retention: Option<Arc<RetentionStats>>,
 ) -> sessiondb_server::BackendMetrics {
@@ -450,6 +453,7 @@ fn sqlite_metrics(
             }
             Err(error) => tracing::warn!("metrics: reading the database's size: {error}"),
         }
+        vacuums.write_metrics(out);
         if let Some(backups) = &backups {
             let _ = writeln!(
                 out,
@@ -512,7 +516,8 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
         .build()
         .context("starting the runtime")?;
     runtime.block_on(async move {
-        let requests = backups::Requests::listen()?;
+        let backup_requests = Requests::backups()?;
+        let vacuum_requests = Requests::vacuums()?;
         let retention_stats = config
             .retention
             .is_on()
@@ -524,22 +529,32 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
                     .backups
                     .map(|plan| (plan, Arc::<BackupStats>::default()));
                 let stats = scheduled.as_ref().map(|(_, stats)| stats.clone());
-                let metrics =
-                    Metrics::with_backend(sqlite_metrics(&store, stats, retention_stats.clone()));
+                let vacuum_stats = Arc::<VacuumStats>::default();
+                let metrics = Metrics::with_backend(sqlite_metrics(
+                    &store,
+                    vacuum_stats.clone(),
+                    stats,
+                    retention_stats.clone(),
+                ));
                 let app = App::new(Db::with_options(store, options), config.server, metrics);
                 retention::start(&app, &config.retention, retention_stats.as_ref());
+                tokio::spawn(vacuums::on_request(
+                    vacuum_requests,
+                    app.clone(),
+                    vacuum_stats,
+                ));
                 match scheduled {
                     Some((plan, stats)) => {
                         tracing::info!(dir = %plan.dir.display(), "backups on");
                         let schedule = backups::Schedule {
                             plan,
                             stats,
-                            requests,
+                            requests: backup_requests,
                         };
                         tokio::spawn(schedule.run(app.clone()));
                     }
                     None => {
-                        tokio::spawn(requests.refuse("this server has no --backup-dir"));
+                        tokio::spawn(backup_requests.refuse("this server has no --backup-dir"));
                     }
                 }
                 listen(config.listen, app, &data.display().to_string()).await
@@ -550,8 +565,11 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
                     ..PgConfig::default()
                 };
                 tokio::spawn(
-                    requests
+                    backup_requests
                         .refuse("a PostgreSQL database is backed up with its own tools (pg_dump)"),
+                );
+                tokio::spawn(
+                    vacuum_requests.refuse("PostgreSQL gives free room back itself (autovacuum)"),
                 );
                 let store = PgStore::connect_with(url, pg)
                     .await

@@ -378,7 +378,7 @@ fn vacuum_gives_the_room_of_deleted_sessions_back() {
     let held = run(data, &["vacuum"], None);
     assert!(!held.status.success());
     assert!(
-        String::from_utf8_lossy(&held.stderr).contains("stop it first"),
+        String::from_utf8_lossy(&held.stderr).contains("kill -USR2"),
         "{}",
         String::from_utf8_lossy(&held.stderr)
     );

@@ -363,6 +363,76 @@ async fn backups_run_on_the_timer_and_none_without_a_backup_dir() {
     assert!(plain.terminate().success());
 }
 
+/// SIGUSR2 vacuums the store a server holds: the room of deleted sessions goes back to the
+/// disk, what is left reads the same, and writes sent meanwhile are stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr2_vacuums_a_serving_store() {
+    let dir = free_dir();
+    let data = dir.path().join("data");
+    let served = Served::start(&data, &["--listen", "127.0.0.1:0"], &[]);
+    let client = reqwest::Client::new();
+    let base = served.base.clone();
+    let batch = |session: String, first: usize| {
+        let messages: Vec<Value> = (first..first + 50)
+            .map(|i| {
+                json!({"id": format!("m{i}"), "role": "user",
+                            "content": format!("{i} {}", "room to give back ".repeat(200))})
+            })
+            .collect();
+        client
+            .post(format!("{base}/v1/sessions/{session}/messages/batch"))
+            .json(&json!({"messages": messages}))
+            .send()
+    };
+    for session in 0..8 {
+        let answer = batch(format!("gone-{session}"), 0).await.unwrap();
+        assert_eq!(answer.status(), 201);
+    }
+    assert_eq!(batch("kept".into(), 0).await.unwrap().status(), 201);
+    for session in 0..8 {
+        let deleted = client
+            .delete(format!("{base}/v1/sessions/gone-{session}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(deleted.status(), 204);
+    }
+    let before = metric(&base, "sessiondb_database_bytes").await;
+    assert!(metric(&base, "sessiondb_database_free_bytes").await > before / 2);
+
+    served.signal("USR2");
+    let during = batch("kept".into(), 50).await.unwrap();
+    assert_eq!(during.status(), 201);
+    wait_for_count(
+        &base,
+        "sessiondb_vacuums_total",
+        1,
+        "sessiondb_vacuum_failures_total",
+    )
+    .await;
+    let after = metric(&base, "sessiondb_database_bytes").await;
+    assert!(after < before / 2, "{before} → {after}");
+    let kept: Value = client
+        .get(format!("{base}/v1/sessions/kept"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(kept["messageCount"], 100);
+    let hits: Value = client
+        .get(format!("{base}/v1/sessions/kept/search?q=99"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(hits[0]["id"], "m99");
+    assert!(served.terminate().success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_database_refuses_writes_and_keeps_serving_reads() {
     let dir = free_dir();
