@@ -18,6 +18,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use sessiondb::convert::ModelFormat;
 use sessiondb::{Db, HistoryOptions, Message, Parent, SessionSort, SqliteStore};
 
 use crate::remote::Remote;
@@ -75,6 +76,11 @@ enum Command {
         /// Leaf first.
         #[arg(long)]
         newest_first: bool,
+        /// The path as one JSON document of a model API, as it would be sent: openai (Chat
+        /// Completions messages), openai-responses (Responses input items) or anthropic
+        /// (`{system, messages}`) [default: NDJSON, a stored message per line].
+        #[arg(long, conflicts_with = "newest_first")]
+        format: Option<String>,
         #[command(flatten)]
         remote: RemoteArgs,
     },
@@ -379,10 +385,20 @@ async fn run(
             session,
             leaf,
             newest_first,
+            format,
             ..
         } => {
+            let format = match format.as_deref() {
+                None | Some("ndjson") => None,
+                Some(name) => Some(ModelFormat::parse(name).with_context(|| {
+                    format!(
+                        "--format: one of ndjson, {}; not `{name}`",
+                        ModelFormat::NAMES
+                    )
+                })?),
+            };
             let options = HistoryOptions { leaf, newest_first };
-            target(session)?.history(options, &mut out).await
+            target(session)?.history(options, format, &mut out).await
         }
         Command::Tree { session, .. } => target(session)?.tree(&mut out).await,
         Command::Search {

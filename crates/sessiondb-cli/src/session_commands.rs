@@ -10,6 +10,7 @@ use anyhow::{Context, bail};
 use futures::StreamExt;
 use reqwest::Method;
 use serde_json::{Value, json};
+use sessiondb::convert::ModelFormat;
 use sessiondb::{AppendOptions, HistoryOptions, Message, Parent, Session, SqliteStore};
 
 use crate::remote::{Remote, segment};
@@ -73,19 +74,26 @@ impl Target<'_> {
     }
 
     /// Prints the path root → leaf (or leaf first) as NDJSON.
+    /// The path as NDJSON, or with `format` as one JSON document of that model API.
     pub async fn history(
         &self,
         options: HistoryOptions,
+        format: Option<ModelFormat>,
         out: &mut impl Write,
     ) -> anyhow::Result<()> {
-        match self {
-            Target::Embedded(session) => {
+        match (self, format) {
+            (Target::Embedded(session), Some(format)) => {
+                let path = session.full_history(options).await?;
+                let messages: Vec<Value> = path.iter().map(|m| m.to_value()).collect();
+                writeln!(out, "{}", format.convert(&messages))?;
+            }
+            (Target::Embedded(session), None) => {
                 let mut history = std::pin::pin!(session.history(options));
                 while let Some(message) = history.next().await {
                     writeln!(out, "{}", message?.json())?;
                 }
             }
-            Target::Server { remote, session } => {
+            (Target::Server { remote, session }, format) => {
                 let mut query = Vec::new();
                 if let Some(leaf) = &options.leaf {
                     query.push(format!("leaf={}", segment(leaf)));
@@ -93,12 +101,19 @@ impl Target<'_> {
                 if options.newest_first {
                     query.push("order=newest".to_owned());
                 }
+                if let Some(format) = format {
+                    query.push(format!("format={}", format.name()));
+                }
                 let rest = format!("/history?{}", query.join("&"));
                 let url = remote.session_url(session, &rest);
                 let response = remote.send(remote.request(Method::GET, &url)).await?;
                 let mut body = response.bytes_stream();
                 while let Some(chunk) = body.next().await {
                     out.write_all(&chunk?)?;
+                }
+                // A converted path is one JSON document, sent without a line end.
+                if format.is_some() {
+                    writeln!(out)?;
                 }
             }
         }

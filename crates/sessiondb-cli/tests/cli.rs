@@ -77,6 +77,25 @@ fn append_history_tree_search_and_stats(
     let newest = ok(&["history", "chat", "--newest-first", "--leaf", "a1"], None);
     assert_eq!(newest.lines().count(), 2);
     assert!(newest.lines().next().unwrap().contains(r#""id":"a1""#));
+    // The path as a model API would be sent it: one JSON document.
+    let anthropic = ok(&["history", "chat", "--format", "anthropic"], None);
+    assert_eq!(
+        anthropic,
+        "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\
+         \"What is a B-tree?\"}]},{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\
+         \"text\":\"Wide nodes for databases\"}]},{\"role\":\"user\",\"content\":[{\"type\":\
+         \"text\",\"text\":\"follow up\"}]}]}\n"
+    );
+    let openai: serde_json::Value = serde_json::from_str(&ok(
+        &["history", "chat", "--format", "openai", "--leaf", "a1"],
+        None,
+    ))
+    .unwrap();
+    assert_eq!(
+        openai,
+        serde_json::json!([{"role": "user", "content": "What is a B-tree?"},
+                           {"role": "assistant", "content": "A balanced tree."}])
+    );
 
     let tree = ok(&["tree", "chat"], None);
     assert_eq!(

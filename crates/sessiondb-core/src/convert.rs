@@ -650,6 +650,45 @@ pub fn to_openai_responses(messages: &[Value]) -> Vec<Value> {
     out
 }
 
+/// A model API's format a path converts to, by the name reads take (`?format=`, `--format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelFormat {
+    /// `openai`: Chat Completions messages.
+    OpenAiChat,
+    /// `openai-responses`: Responses input items.
+    OpenAiResponses,
+    /// `anthropic`: `{system?, messages}`.
+    Anthropic,
+}
+
+impl ModelFormat {
+    /// The names, for messages that list them.
+    pub const NAMES: &'static str = "openai, openai-responses, anthropic";
+
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::OpenAiChat, Self::OpenAiResponses, Self::Anthropic]
+            .into_iter()
+            .find(|format| format.name() == name)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::OpenAiChat => "openai",
+            Self::OpenAiResponses => "openai-responses",
+            Self::Anthropic => "anthropic",
+        }
+    }
+
+    /// Stored messages (JSON, oldest first) as one JSON document of this API.
+    pub fn convert(self, messages: &[Value]) -> Value {
+        match self {
+            Self::OpenAiChat => Value::Array(to_openai_chat(messages)),
+            Self::OpenAiResponses => Value::Array(to_openai_responses(messages)),
+            Self::Anthropic => to_anthropic(messages).to_value(),
+        }
+    }
+}
+
 /// An Anthropic Messages request body's conversation: the lifted system text and alternating
 /// user/assistant messages.
 #[derive(Debug, Clone, PartialEq)]

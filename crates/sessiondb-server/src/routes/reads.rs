@@ -11,7 +11,8 @@ use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use serde::Deserialize;
 use serde_json::Value;
-use sessiondb::{HistoryOptions, Store, StoredMessage, convert};
+use sessiondb::convert::ModelFormat;
+use sessiondb::{HistoryOptions, Store, StoredMessage};
 
 use crate::App;
 use crate::error::ApiError;
@@ -97,7 +98,7 @@ pub(crate) async fn history<S: Store>(
         }
     };
     let session = app.reading(&ns, &sid, q.attachments.as_deref())?;
-    if let Some(convert) = converter(q.format.as_deref())? {
+    if let Some(format) = model_format(q.format.as_deref())? {
         if newest_first || q.max_bytes.is_some() {
             return Err(ApiError::invalid(
                 "a `format` other than ndjson converts the whole path oldest first; it takes \
@@ -114,7 +115,7 @@ pub(crate) async fn history<S: Store>(
             .iter()
             .map(StoredMessage::to_value)
             .collect();
-        return Ok(value_response(StatusCode::OK, &convert(&messages)));
+        return Ok(value_response(StatusCode::OK, &format.convert(&messages)));
     }
     let Some(max_bytes) = q.max_bytes else {
         let options = HistoryOptions {
@@ -143,22 +144,17 @@ pub(crate) async fn history<S: Store>(
     Ok(response)
 }
 
-/// Turns a path into one JSON document in a model API's format.
-type Converter = fn(&[Value]) -> Value;
-
-/// The converter a history `format` asks for; `None` for NDJSON.
-fn converter(format: Option<&str>) -> Result<Option<Converter>, ApiError> {
-    Ok(Some(match format {
-        None | Some("ndjson") => return Ok(None),
-        Some("openai") => |m| Value::Array(convert::to_openai_chat(m)),
-        Some("openai-responses") => |m| Value::Array(convert::to_openai_responses(m)),
-        Some("anthropic") => |m| convert::to_anthropic(m).to_value(),
-        Some(other) => {
-            return Err(ApiError::invalid(format!(
-                "`format` must be one of ndjson, openai, openai-responses, anthropic; not `{other}`"
-            )));
-        }
-    }))
+/// The model format a history `format` asks for; `None` for NDJSON.
+fn model_format(format: Option<&str>) -> Result<Option<ModelFormat>, ApiError> {
+    match format {
+        None | Some("ndjson") => Ok(None),
+        Some(name) => ModelFormat::parse(name).map(Some).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "`format` must be one of ndjson, {}; not `{name}`",
+                ModelFormat::NAMES
+            ))
+        }),
+    }
 }
 
 pub(crate) async fn branches<S: Store>(
