@@ -563,6 +563,11 @@ class Client:
         """One entry (a session's own before its template's); missing: ``not_found``."""
         return self.request("GET", self._context_path(session_id, label, "entries", key))
 
+    def delete_entry(self, session_id: str | None, label: str, key: str) -> None:
+        """Deletes the scope's own entry of ``key`` (a session's template entry of that key then
+        shows again); a missing one is a ``not_found`` error."""
+        self.request("DELETE", self._context_path(session_id, label, "entries", key))
+
     def entries(self, session_id: str | None, label: str) -> list[dict]:
         """Every entry of a skill or search block, by key (a session's own in place of its
         template's)."""

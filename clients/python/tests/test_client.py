@@ -324,6 +324,13 @@ class ContextTest(ServedTest):
         with self.assertRaises(SessiondbError) as caught:
             c.entries(None, "soul")
         self.assertEqual(caught.exception.code, "conflict")
+        c.put_entry("chat", "playbooks", "refund", "Refund at once.")
+        c.delete_entry("chat", "playbooks", "refund")
+        self.assertEqual(c.get_entry("chat", "playbooks", "refund")["content"],
+                         "Refund within a day.", "the template's shows again")
+        with self.assertRaises(SessiondbError) as caught:
+            c.delete_entry("chat", "playbooks", "refund")
+        self.assertEqual(caught.exception.code, "not_found")
 
         frozen = c.prompt("chat")
         self.assertIn("You are a support agent.", frozen["prompt"])

@@ -729,6 +729,14 @@ export class Client {
     return this.request('GET', this.contextPath(sessionId, label, 'entries', key));
   }
 
+  /**
+   * Deletes the scope's own entry of `key` (a session's template entry of that key then shows
+   * again); a missing one is a `not_found` error.
+   */
+  async deleteEntry(sessionId: string | null, label: string, key: string): Promise<void> {
+    await this.request('DELETE', this.contextPath(sessionId, label, 'entries', key));
+  }
+
   /** Every entry of a skill or search block, by key (a session's own in place of its template's). */
   entries(sessionId: string | null, label: string): Promise<ContextEntry[]> {
     return this.request('GET', this.contextPath(sessionId, label, 'entries'));

@@ -42,6 +42,10 @@ test('blocks, entries, the prompt and the tools', async () => {
     { key: 'refund', content: 'Refund within a day.', description: null },
   ]);
   await rejectsWith(c.entries(null, 'soul'), 'conflict');
+  await c.putEntry('chat', 'playbooks', 'refund', { content: 'Refund at once.' });
+  await c.deleteEntry('chat', 'playbooks', 'refund');
+  assert.equal((await c.getEntry('chat', 'playbooks', 'refund')).content, 'Refund within a day.', "the template's shows again");
+  await rejectsWith(c.deleteEntry('chat', 'playbooks', 'refund'), 'not_found');
   await rejectsWith(c.getEntry('chat', 'playbooks', 'nope'), 'not_found');
 
   const frozen = await c.prompt('chat');

@@ -159,6 +159,12 @@ pub enum WriteOp {
         label: String,
         entry: ContextEntry,
     },
+    /// Removes the scope's own entry of this key from a block (a template's entry of the same
+    /// key then shows again); `Existed(false)` when the scope holds none.
+    DeleteEntry {
+        label: String,
+        key: String,
+    },
     /// Stores the session's frozen system prompt: always when `replace`, otherwise only when none
     /// is stored (the stored one wins, so concurrent first freezes agree).
     FreezePrompt {

@@ -117,6 +117,7 @@ pub trait WriteTx {
     ) -> impl Future<Output = Result<BlockDef>>;
     fn delete_block(&mut self, label: &str) -> impl Future<Output = Result<bool>>;
     fn put_entry(&mut self, label: &str, entry: &ContextEntry) -> impl Future<Output = Result<()>>;
+    fn delete_entry(&mut self, label: &str, key: &str) -> impl Future<Output = Result<bool>>;
     fn freeze_prompt(
         &mut self,
         prompt: &str,
@@ -261,6 +262,9 @@ impl<T: WriteTx> Rules<'_, T> {
                 self.tx.put_entry(label, entry).await?;
                 self.touch_scope();
                 WriteOutcome::EntryPut
+            }
+            WriteOp::DeleteEntry { label, key } => {
+                WriteOutcome::Existed(self.tx.delete_entry(label, key).await?)
             }
             WriteOp::FreezePrompt { prompt, replace } => {
                 WriteOutcome::Prompt(self.tx.freeze_prompt(prompt, self.now, *replace).await?)

@@ -160,6 +160,22 @@ pub(crate) async fn put_entry<C: GenericClient>(
 }
 
 /// Keys and descriptions, the session's entry shadowing its template's.
+pub(crate) async fn delete_entry<C: GenericClient>(
+    c: &C,
+    key: &SessionKey,
+    label: &str,
+    entry_key: &str,
+) -> Result<bool> {
+    let deleted = exec(
+        c,
+        "DELETE FROM context_entries
+          WHERE namespace = $1 AND session_id = $2 AND label = $3 AND key = $4",
+        &[&key.namespace, &key.session_id, &label, &entry_key],
+    )
+    .await?;
+    Ok(deleted > 0)
+}
+
 pub(crate) async fn entry_keys<C: GenericClient>(
     c: &C,
     key: &SessionKey,

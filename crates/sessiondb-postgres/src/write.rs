@@ -722,6 +722,10 @@ impl<C: GenericClient> WriteTx for PgTx<'_, C> {
         context::put_entry(self.c, self.key, label, entry).await
     }
 
+    async fn delete_entry(&mut self, label: &str, entry_key: &str) -> Result<bool> {
+        context::delete_entry(self.c, self.key, label, entry_key).await
+    }
+
     async fn freeze_prompt(
         &mut self,
         prompt: &str,

@@ -180,6 +180,29 @@ pub(crate) fn put_entry(
     Ok(())
 }
 
+pub(crate) fn delete_entry(
+    conn: &Connection,
+    key: &SessionKey,
+    label: &str,
+    entry_key: &str,
+) -> Result<bool> {
+    let scope = params![key.namespace, key.session_id, label, entry_key];
+    exec(
+        conn,
+        "DELETE FROM context_fts WHERE rowid IN (
+             SELECT rowid FROM context_entries
+              WHERE namespace = ?1 AND session_id = ?2 AND label = ?3 AND key = ?4)",
+        scope,
+    )?;
+    let deleted = exec(
+        conn,
+        "DELETE FROM context_entries
+          WHERE namespace = ?1 AND session_id = ?2 AND label = ?3 AND key = ?4",
+        scope,
+    )?;
+    Ok(deleted > 0)
+}
+
 pub(crate) fn entry_keys(
     conn: &Connection,
     key: &SessionKey,

@@ -491,6 +491,10 @@ impl WriteTx for SqliteTx<'_> {
         context::put_entry(self.conn, self.key(), label, entry)
     }
 
+    async fn delete_entry(&mut self, label: &str, entry_key: &str) -> Result<bool> {
+        context::delete_entry(self.conn, self.key(), label, entry_key)
+    }
+
     async fn freeze_prompt(
         &mut self,
         prompt: &str,

@@ -461,6 +461,25 @@ impl<S: Store> Context<S> {
         Ok(())
     }
 
+    /// Deletes this scope's own entry of `key` (a session's template entry of that key then
+    /// shows again); false when the scope holds none. A custom block's entries are its
+    /// provider's and are not deleted here.
+    pub async fn delete_entry(&self, label: &str, key: &str) -> Result<bool, Error> {
+        check_label(label)?;
+        validate_entry_key(key)?;
+        if self.custom(label).is_some() {
+            return Err(ContextError::NoWrites(label.to_owned()).into());
+        }
+        let op = WriteOp::DeleteEntry {
+            label: label.to_owned(),
+            key: key.to_owned(),
+        };
+        Ok(matches!(
+            self.session.write_one(op).await?,
+            WriteOutcome::Existed(true)
+        ))
+    }
+
     /// One stored entry (a custom skill block's `load`, without a description).
     pub async fn entry(&self, label: &str, key: &str) -> Result<Option<ContextEntry>, Error> {
         check_label(label)?;

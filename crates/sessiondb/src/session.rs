@@ -354,6 +354,7 @@ impl<S: Store> Session<S> {
                     | WriteOp::WriteBlock { .. }
                     | WriteOp::DeleteBlock { .. }
                     | WriteOp::PutEntry { .. }
+                    | WriteOp::DeleteEntry { .. }
                     | WriteOp::FreezePrompt { .. }
             )
         });

@@ -59,6 +59,10 @@ fn no_block(label: &str) -> ApiError {
     ApiError::not_found(format!("no context block `{label}`"))
 }
 
+fn no_entry(label: &str, key: &str) -> ApiError {
+    ApiError::not_found(format!("no entry `{key}` in context block `{label}`"))
+}
+
 pub(crate) async fn list<S: Store>(
     State(app): State<Arc<App<S>>>,
     Tenant(ns): Tenant,
@@ -159,6 +163,20 @@ pub(crate) async fn entries<S: Store>(
     Ok(value_response(StatusCode::OK, &Value::Array(entries)))
 }
 
+pub(crate) async fn delete_entry<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    Params(params): Params<Vec<String>>,
+) -> Result<Response, ApiError> {
+    let (context, own) = scope(&app, &ns, params, 2)?;
+    let (label, key) = (&own[0], &own[1]);
+    if context.delete_entry(label, key).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(no_entry(label, key))
+    }
+}
+
 pub(crate) async fn get_entry<S: Store>(
     State(app): State<Arc<App<S>>>,
     Tenant(ns): Tenant,
@@ -168,9 +186,7 @@ pub(crate) async fn get_entry<S: Store>(
     let (label, key) = (&own[0], &own[1]);
     match context.entry(label, key).await? {
         Some(entry) => Ok(value_response(StatusCode::OK, &entry_json(&entry))),
-        None => Err(ApiError::not_found(format!(
-            "no entry `{key}` in context block `{label}`"
-        ))),
+        None => Err(no_entry(label, key)),
     }
 }
 

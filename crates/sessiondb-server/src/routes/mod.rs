@@ -92,7 +92,9 @@ pub(crate) fn routes<S: Store>() -> Router<Arc<App<S>>> {
         )
         .route(
             "/v1/sessions/{sid}/context/{label}/entries/{key}",
-            put(context::put_entry::<S>).get(context::get_entry::<S>),
+            put(context::put_entry::<S>)
+                .get(context::get_entry::<S>)
+                .delete(context::delete_entry::<S>),
         )
         .route("/v1/context", get(context::list::<S>))
         .route(
@@ -103,7 +105,9 @@ pub(crate) fn routes<S: Store>() -> Router<Arc<App<S>>> {
         .route("/v1/context/{label}/entries", get(context::entries::<S>))
         .route(
             "/v1/context/{label}/entries/{key}",
-            put(context::put_entry::<S>).get(context::get_entry::<S>),
+            put(context::put_entry::<S>)
+                .get(context::get_entry::<S>)
+                .delete(context::delete_entry::<S>),
         )
         .route("/v1/sessions/{sid}/prompt", get(context::prompt::<S>))
         .route(

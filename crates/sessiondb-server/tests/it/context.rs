@@ -330,6 +330,21 @@ async fn templates_errors_and_deletes() {
         server.get("/v1/context/faq/entries").await.json[1],
         json!({"key": "hours", "content": "Open at nine.", "description": null})
     );
+    // Deleting the session's own entry shows its template's again.
+    let path = "/v1/sessions/a/context/faq/entries/hours";
+    assert_eq!(server.delete(path).await.status, StatusCode::NO_CONTENT);
+    let gone = server.delete(path).await;
+    assert_eq!(
+        (gone.status, gone.code()),
+        (StatusCode::NOT_FOUND, "not_found")
+    );
+    assert_eq!(server.get(path).await.json["content"], "Open at nine.");
+    server
+        .put(
+            path,
+            json!({"content": "Open at ten.", "description": "a's hours"}),
+        )
+        .await;
     let not_keyed = server.get("/v1/context/soul/entries").await;
     assert_eq!(
         (not_keyed.status, not_keyed.code()),

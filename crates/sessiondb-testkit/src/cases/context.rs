@@ -1151,3 +1151,41 @@ pub async fn templates_list_export_and_move_to_another_namespace<S: Store>(db: D
     );
     assert!(session.info().await.unwrap().is_none());
 }
+
+pub async fn entries_are_deleted_one_at_a_time<S: Store>(db: Db<S>) {
+    let templates = db.context_templates("").unwrap();
+    define(&templates, "kb", spec(BlockKind::Search, None, None, "")).await;
+    for (key, content) in [("door", "the blue door"), ("car", "the red car")] {
+        templates.put_entry("kb", key, content, None).await.unwrap();
+    }
+    let context = db_session(&db, "s").context();
+    context
+        .put_entry("kb", "door", "the green door", None)
+        .await
+        .unwrap();
+    assert!(context.search("kb", "green").await.unwrap().is_some());
+
+    // The session's own entry goes; its template's shows again, found by search as before.
+    assert!(context.delete_entry("kb", "door").await.unwrap());
+    assert!(!context.delete_entry("kb", "door").await.unwrap());
+    assert_eq!(
+        context.entry("kb", "door").await.unwrap().unwrap().content,
+        "the blue door"
+    );
+    assert_eq!(context.search("kb", "green").await.unwrap(), None);
+    assert!(context.search("kb", "blue").await.unwrap().is_some());
+    // A template's entry goes for every session; the index forgets it.
+    assert!(templates.delete_entry("kb", "car").await.unwrap());
+    assert_eq!(context.search("kb", "red").await.unwrap(), None);
+    let keys: Vec<String> = context
+        .entries("kb")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.key)
+        .collect();
+    assert_eq!(keys, ["door"]);
+    assert!(!context.delete_entry("nowhere", "k").await.unwrap());
+    let invalid = context.delete_entry("kb", "").await.unwrap_err();
+    assert!(matches!(invalid, Error::Invalid(_)), "{invalid:?}");
+}
