@@ -1,6 +1,6 @@
 """sessiondb's Python client: the HTTP API (``Client``) and framework adapters
 (``sessiondb.openai_agents``, ``sessiondb.claude_agent_sdk``, ``sessiondb.langgraph``,
-``sessiondb.langchain``)."""
+``sessiondb.langchain``, ``sessiondb.pydantic_ai``)."""
 
 from .client import Client, SessiondbError, SessiondbUnavailable
 
