@@ -412,23 +412,11 @@ async fn sigusr2_vacuums_a_serving_store() {
     .await;
     let after = metric(&base, "sessiondb_database_bytes").await;
     assert!(after < before / 2, "{before} → {after}");
-    let kept: Value = client
-        .get(format!("{base}/v1/sessions/kept"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let kept = common::get_text(&format!("{base}/v1/sessions/kept")).await;
+    let kept: Value = serde_json::from_str(&kept).unwrap();
     assert_eq!(kept["messageCount"], 100);
-    let hits: Value = client
-        .get(format!("{base}/v1/sessions/kept/search?q=99"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let hits = common::get_text(&format!("{base}/v1/sessions/kept/search?q=99")).await;
+    let hits: Value = serde_json::from_str(&hits).unwrap();
     assert_eq!(hits[0]["id"], "m99");
     assert!(served.terminate().success());
 }
