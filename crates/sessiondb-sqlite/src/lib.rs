@@ -193,6 +193,8 @@ pub struct SqliteStore {
     write_stats: Arc<WriteStats>,
     rows: Arc<RowCache>,
     path: PathBuf,
+    /// The WAL beside the database file.
+    wal: PathBuf,
     /// [`SqliteConfig::max_database_bytes`] in whole pages.
     limit_bytes: Option<u64>,
     // Declared last: fields drop in order, so the directory lock is released only after every
@@ -303,8 +305,9 @@ impl SqliteStore {
         });
         let write_stats = Arc::new(WriteStats::default());
         let rows = Arc::new(RowCache::new(config.row_cache_bytes));
+        let wal = dir.join(format!("{DATABASE_FILE}-wal"));
         let durability = Durability::start(
-            dir.join(format!("{DATABASE_FILE}-wal")),
+            wal.clone(),
             config.synchronous == Synchronous::Full,
             feed.clone(),
         )?;
@@ -346,6 +349,7 @@ impl SqliteStore {
             write_stats,
             rows,
             path,
+            wal,
             limit_bytes,
             _lock: lock,
         })
@@ -356,7 +360,7 @@ impl SqliteStore {
     pub fn storage_probe(&self) -> StorageProbe {
         StorageProbe {
             readers: self.readers.clone(),
-            path: self.path.clone(),
+            wal: self.wal.clone(),
             limit_bytes: self.limit_bytes,
         }
     }
@@ -725,7 +729,7 @@ pub struct StorageUse {
 #[derive(Debug, Clone)]
 pub struct StorageProbe {
     readers: Arc<ReaderPool>,
-    path: PathBuf,
+    wal: PathBuf,
     limit_bytes: Option<u64>,
 }
 
@@ -740,12 +744,10 @@ impl StorageProbe {
                 .map_err(backend_error)
         };
         let page_size = pragma("page_size")?;
-        let mut wal = self.path.clone().into_os_string();
-        wal.push("-wal");
-        let wal_bytes = match std::fs::metadata(&wal) {
+        let wal_bytes = match std::fs::metadata(&self.wal) {
             Ok(metadata) => metadata.len(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-            Err(e) => return Err(io_error(Path::new(&wal), e)),
+            Err(e) => return Err(io_error(&self.wal, e)),
         };
         Ok(StorageUse {
             database_bytes: pragma("page_count")? * page_size,
