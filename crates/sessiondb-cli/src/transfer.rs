@@ -120,12 +120,11 @@ pub async fn import(
         }
         let parsed = sessiondb::parse_import_line(n, &line)?;
         let opens = match &parsed {
-            ImportLine::Session { .. } if all => {
-                let value: Value = serde_json::from_str(&line)?;
-                let Some(id) = value["session"]["id"].as_str() else {
+            ImportLine::Session { id, .. } if all => {
+                let Some(id) = id else {
                     bail!("line {}: a session line without an `id`", n + 1);
                 };
-                Some(Target::Session(id.to_owned()))
+                Some(Target::Session(id.clone()))
             }
             ImportLine::Templates if all => Some(Target::Templates),
             _ => None,

@@ -44,7 +44,10 @@ use crate::{Db, Error, Session};
 #[derive(Debug, Clone, PartialEq)]
 pub enum ImportLine {
     Session {
-        record: SessionRecord,
+        /// The exported session's id: names nothing for an import into one session, and the
+        /// session of its part for `sessiondb import --all`.
+        id: Option<String>,
+        record: Box<SessionRecord>,
         created_at: Option<i64>,
     },
     Message {
@@ -186,7 +189,13 @@ pub fn parse_import_line(number: usize, text: &str) -> Result<ImportLine, Valida
             settings: object_field(&mut s, &prefix, "settings")?,
         };
         let created_at = time_field(&s, &prefix, "createdAt")?;
-        return Ok(ImportLine::Session { record, created_at });
+        // The id names nothing inside the session it is imported into: not checked here.
+        let id = s.get("id").and_then(Value::as_str).map(str::to_owned);
+        return Ok(ImportLine::Session {
+            id,
+            record: Box::new(record),
+            created_at,
+        });
     }
     if let Some(message) = line.remove("message") {
         let parent_id = match line.get("parentId") {
@@ -420,7 +429,9 @@ impl<S: Store> Session<S> {
                         wrong(format!("lines[{number}]"), "at most one session line").into(),
                     );
                 }
-                ImportLine::Session { record, created_at } => {
+                ImportLine::Session {
+                    record, created_at, ..
+                } => {
                     let prefix = format!("lines[{number}].session");
                     check_record(&record).map_err(|e| ValidationError {
                         field: format!("{prefix}.{}", e.field),
@@ -429,7 +440,10 @@ impl<S: Store> Session<S> {
                     if let Some(ms) = created_at {
                         validate_time(&format!("{prefix}.createdAt"), ms)?;
                     }
-                    create = Some(WriteOp::CreateSession { record, created_at });
+                    create = Some(WriteOp::CreateSession {
+                        record: *record,
+                        created_at,
+                    });
                 }
                 ImportLine::Message {
                     message,
