@@ -212,9 +212,14 @@ class Client:
     def _exchange(self, method: str, path: str, query: dict[str, Any] | None,
                   body: Any) -> bytes:
         """One request; the whole body of a 2xx answer."""
+        return self._answered(method, path, query, body)[0]
+
+    def _answered(self, method: str, path: str, query: dict[str, Any] | None,
+                  body: Any) -> tuple[bytes, Answer]:
+        """One request; the whole body of a 2xx answer, and the answer (for its headers)."""
         target, data, headers = self._prepare(path, query, body)
         connection, answer = self._start(method, target, headers, data)
-        return self._read(connection, answer, method, target)
+        return self._read(connection, answer, method, target), answer
 
     def _lines(self, path: str, query: dict[str, Any] | None) -> Iterator[dict]:
         """The JSON lines of an NDJSON answer, read as they arrive; its connection is kept for
@@ -399,10 +404,8 @@ class Client:
         at least), compactions applied, oldest first: ``{messages, truncated, totalBytes}``,
         ``truncated`` telling whether older messages were left out, ``totalBytes`` the size of
         the whole path."""
-        target, data, headers = self._prepare(self._session_path(session_id, "history"),
-                                              {"maxBytes": max_bytes, "leaf": leaf}, _OMITTED)
-        connection, answer = self._start("GET", target, headers, data)
-        raw = self._read(connection, answer, "GET", target)
+        raw, answer = self._answered("GET", self._session_path(session_id, "history"),
+                                     {"maxBytes": max_bytes, "leaf": leaf}, _OMITTED)
         return {"messages": _json_lines(raw.split(b"\n")),
                 "truncated": answer.headers.get("x-sessiondb-truncated") == "true",
                 "totalBytes": int(answer.headers.get("x-sessiondb-total-bytes", "0"))}
