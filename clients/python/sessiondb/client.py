@@ -573,8 +573,16 @@ class Client:
 
     def entries(self, session_id: str | None, label: str) -> list[dict]:
         """Every entry of a skill or search block, by key (a session's own in place of its
-        template's)."""
-        return self.request("GET", self._context_path(session_id, label, "entries"))
+        template's), read a page of 100 at a time."""
+        path = self._context_path(session_id, label, "entries")
+        entries: list[dict] = []
+        after = None
+        while True:
+            page = self.request("GET", path, query={"limit": 100, "after": after})
+            entries.extend(page["items"])
+            after = page.get("nextCursor")
+            if after is None:
+                return entries
 
     def prompt(self, session_id: str) -> dict:
         """The session's system prompt, rendered and frozen on the first call:

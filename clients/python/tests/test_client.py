@@ -324,6 +324,12 @@ class ContextTest(ServedTest):
         with self.assertRaises(SessiondbError) as caught:
             c.entries(None, "soul")
         self.assertEqual(caught.exception.code, "conflict")
+        # More entries than a page holds come back whole, in key order.
+        c.define_block("pages", "notes", "search")
+        for i in reversed(range(130)):
+            c.put_entry("pages", "notes", f"n{i:03}", f"note {i}")
+        self.assertEqual([e["key"] for e in c.entries("pages", "notes")],
+                         [f"n{i:03}" for i in range(130)])
         c.put_entry("chat", "playbooks", "refund", "Refund at once.")
         c.delete_entry("chat", "playbooks", "refund")
         self.assertEqual(c.get_entry("chat", "playbooks", "refund")["content"],

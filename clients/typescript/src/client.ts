@@ -737,9 +737,20 @@ export class Client {
     await this.request('DELETE', this.contextPath(sessionId, label, 'entries', key));
   }
 
-  /** Every entry of a skill or search block, by key (a session's own in place of its template's). */
-  entries(sessionId: string | null, label: string): Promise<ContextEntry[]> {
-    return this.request('GET', this.contextPath(sessionId, label, 'entries'));
+  /**
+   * Every entry of a skill or search block, by key (a session's own in place of its template's),
+   * read a page of 100 at a time.
+   */
+  async entries(sessionId: string | null, label: string): Promise<ContextEntry[]> {
+    const path = this.contextPath(sessionId, label, 'entries');
+    const entries: ContextEntry[] = [];
+    let after: string | undefined;
+    do {
+      const page = await this.request<Page<ContextEntry>>('GET', path, { query: { limit: 100, after } });
+      entries.push(...page.items);
+      after = page.nextCursor;
+    } while (after !== undefined);
+    return entries;
   }
 
   /** The session's system prompt, rendered and frozen on the first call. */

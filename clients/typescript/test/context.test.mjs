@@ -42,6 +42,11 @@ test('blocks, entries, the prompt and the tools', async () => {
     { key: 'refund', content: 'Refund within a day.', description: null },
   ]);
   await rejectsWith(c.entries(null, 'soul'), 'conflict');
+  // More entries than a page holds come back whole, in key order.
+  await c.defineBlock('pages', 'notes', { kind: 'search' });
+  const keys = Array.from({ length: 130 }, (_, i) => `n${String(i).padStart(3, '0')}`);
+  for (const key of [...keys].reverse()) await c.putEntry('pages', 'notes', key, { content: `note ${key}` });
+  assert.deepEqual((await c.entries('pages', 'notes')).map((e) => e.key), keys);
   await c.putEntry('chat', 'playbooks', 'refund', { content: 'Refund at once.' });
   await c.deleteEntry('chat', 'playbooks', 'refund');
   assert.equal((await c.getEntry('chat', 'playbooks', 'refund')).content, 'Refund within a day.', "the template's shows again");

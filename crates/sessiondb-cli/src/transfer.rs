@@ -351,10 +351,22 @@ async fn export_templates(
                 }
             }
             for label in keyed {
-                let url = remote.url(&format!("/v1/context/{}/entries", segment(label)));
-                let entries: Vec<ContextEntry> = entries_of(remote.get_json(&url).await?)
-                    .with_context(|| format!("GET {url}: not a list of entries"))?;
-                lines.extend(entries.iter().map(|e| sessiondb::entry_line(label, e)));
+                let path = format!("/v1/context/{}/entries?limit=100", segment(label));
+                let mut after: Option<String> = None;
+                loop {
+                    let mut url = remote.url(&path);
+                    if let Some(cursor) = &after {
+                        url.push_str(&format!("&after={}", segment(cursor)));
+                    }
+                    let page = remote.get_json(&url).await?;
+                    let entries: Vec<ContextEntry> = entries_of(&page["items"])
+                        .with_context(|| format!("GET {url}: not a page of entries"))?;
+                    lines.extend(entries.iter().map(|e| sessiondb::entry_line(label, e)));
+                    after = page["nextCursor"].as_str().map(str::to_owned);
+                    if after.is_none() {
+                        break;
+                    }
+                }
             }
             if !lines.is_empty() {
                 lines.insert(0, sessiondb::TEMPLATES_LINE.to_owned());
@@ -370,7 +382,7 @@ async fn export_templates(
 }
 
 /// The entries of a `GET …/entries` answer.
-fn entries_of(list: Value) -> Option<Vec<ContextEntry>> {
+fn entries_of(list: &Value) -> Option<Vec<ContextEntry>> {
     list.as_array()?
         .iter()
         .map(|e| {

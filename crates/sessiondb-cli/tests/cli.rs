@@ -436,9 +436,19 @@ fn export_and_import_all_carry_the_namespace_templates() {
             "Be brief.",
         ),
         sessiondb::block_line("skills", BlockKind::Skill, None, None, ""),
-        sessiondb::entry_line("skills", &entry),
     ]
     .concat();
+    // More entries than a server's page holds, so an export through one reads several pages.
+    let mut templates = templates;
+    for i in 0..150 {
+        let numbered = ContextEntry {
+            key: format!("k{i:03}"),
+            content: format!("step {i}"),
+            description: None,
+        };
+        templates.push_str(&sessiondb::entry_line("skills", &numbered));
+    }
+    templates.push_str(&sessiondb::entry_line("skills", &entry));
     let dump = format!("{templates}{sessions}");
     let file = dir.path().join("dump.ndjson");
     std::fs::write(&file, &dump).unwrap();
@@ -450,7 +460,7 @@ fn export_and_import_all_carry_the_namespace_templates() {
     let printed = ok(&target, &["import", file_arg, "--all"], None);
     assert_eq!(
         printed.lines().next(),
-        Some(r#"{"templates":true,"imported":3,"skipped":0}"#),
+        Some(r#"{"templates":true,"imported":153,"skipped":0}"#),
         "{printed}"
     );
     assert_eq!(ok(&target, &["export", "--all"], None), dump);
@@ -470,7 +480,7 @@ fn export_and_import_all_carry_the_namespace_templates() {
     assert!(!refused.status.success());
     let error = String::from_utf8_lossy(&refused.stderr);
     assert!(
-        error.contains("context templates") && error.contains("lines[4]"),
+        error.contains("context templates") && error.contains("lines[154]"),
         "{error}"
     );
     assert_eq!(ok(&other, &["export", "--all"], None), "");

@@ -691,12 +691,15 @@ pub trait Store: Send + Sync + 'static {
         label: &str,
     ) -> impl Future<Output = Result<Vec<(String, Option<String>)>, StoreError>> + Send;
 
-    /// Every entry of a block in both layers, by key, the session's own before its template's of
-    /// the same key (only the templates' for [`SessionKey::templates`]).
+    /// A block's entries in both layers with keys after `after` (all when `None`), by key, the
+    /// session's own before its template's of the same key (only the templates' for
+    /// [`SessionKey::templates`]); at most `rows` of them when given. Keys compare as bytes.
     fn context_entries(
         &self,
         key: &SessionKey,
         label: &str,
+        after: Option<&str>,
+        rows: Option<usize>,
     ) -> impl Future<Output = Result<Vec<ScopedEntry>, StoreError>> + Send;
 
     /// One entry, the session's own before its template's.

@@ -196,13 +196,21 @@ pub(crate) async fn entries<C: GenericClient>(
     c: &C,
     key: &SessionKey,
     label: &str,
+    after: Option<&str>,
+    limit: Option<usize>,
 ) -> Result<Vec<ScopedEntry>> {
+    // Every key is at least one character, so all of them sort after ''; `LIMIT NULL` is none.
+    let (after, limit) = (
+        after.unwrap_or(""),
+        limit.map(|n| i64::try_from(n).unwrap_or(i64::MAX)),
+    );
     rows(
         c,
         "SELECT session_id, key, content, description FROM context_entries
-          WHERE namespace = $1 AND session_id IN ('', $2) AND label = $3
-          ORDER BY key, session_id = ''",
-        &[&key.namespace, &key.session_id, &label],
+          WHERE namespace = $1 AND session_id IN ('', $2) AND label = $3 AND key > $4
+          ORDER BY key, session_id = ''
+          LIMIT $5",
+        &[&key.namespace, &key.session_id, &label, &after, &limit],
     )
     .await?
     .iter()

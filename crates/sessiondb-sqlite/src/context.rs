@@ -235,14 +235,23 @@ pub(crate) fn entries(
     conn: &Connection,
     key: &SessionKey,
     label: &str,
+    after: Option<&str>,
+    limit: Option<usize>,
 ) -> Result<Vec<ScopedEntry>> {
+    // Every key is at least one character, so all of them sort after ''; `LIMIT -1` is none.
+    let (after, limit) = (
+        after.unwrap_or(""),
+        limit.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX)),
+    );
     conn.prepare_cached(
         "SELECT session_id, key, content, description FROM context_entries
-          WHERE namespace = ?1 AND session_id IN ('', ?2) AND label = ?3
-          ORDER BY key, session_id = ''",
+          WHERE namespace = ?1 AND session_id IN ('', ?2) AND label = ?3 AND key > ?4
+          ORDER BY key, session_id = ''
+          LIMIT ?5",
     )
     .and_then(|mut stmt| {
-        stmt.query_map(params![key.namespace, key.session_id, label], |r| {
+        let scope = params![key.namespace, key.session_id, label, after, limit];
+        stmt.query_map(scope, |r| {
             Ok(ScopedEntry {
                 template: r.get::<_, String>(0)?.is_empty(),
                 entry: ContextEntry {

@@ -1650,9 +1650,11 @@ impl Store for SqliteStore {
         &self,
         key: &SessionKey,
         label: &str,
+        after: Option<&str>,
+        rows: Option<usize>,
     ) -> impl Future<Output = Result<Vec<ScopedEntry>, StoreError>> + Send {
-        let (key, label) = (key.clone(), label.to_owned());
-        self.read(move |c| context::entries(c, &key, &label))
+        let (key, label, after) = (key.clone(), label.to_owned(), after.map(str::to_owned));
+        self.read(move |c| context::entries(c, &key, &label, after.as_deref(), rows))
     }
 
     fn context_entry(

@@ -21,6 +21,7 @@ use sessiondb_core::{
     ValidationErrorKind, WriteOp, WriteOutcome, message::validate_text, search,
 };
 
+use crate::page::{Direction, Page, PageRequest, invalid_cursor};
 use crate::{Db, Error, Session};
 
 /// What a custom provider returns; its error becomes [`ContextError::Provider`].
@@ -501,6 +502,56 @@ impl<S: Store> Context<S> {
     /// Every stored entry of a skill or search block, by key; in a session, its own entry in
     /// place of its template's of the same key.
     pub async fn entries(&self, label: &str) -> Result<Vec<ContextEntry>, Error> {
+        self.listed_entries(label, None, None).await
+    }
+
+    /// One page of [`Context::entries`]: ascending by key (as bytes), `request.after` a key
+    /// (the `next_cursor` of the page before, or any valid key to start after it). Pages only
+    /// go forward: `before` and `descending` are refused.
+    pub async fn entry_page(
+        &self,
+        label: &str,
+        request: &PageRequest,
+    ) -> Result<Page<ContextEntry>, Error> {
+        let (limit, direction) = request.checked()?;
+        let Direction::Forward(after) = direction else {
+            return Err(ValidationError::new(
+                "before",
+                ValidationErrorKind::WrongType {
+                    expected: "absent: entries page forward by key",
+                },
+            )
+            .into());
+        };
+        if request.descending {
+            return Err(ValidationError::new(
+                "order",
+                ValidationErrorKind::WrongType {
+                    expected: "ascending: entries page forward by key",
+                },
+            )
+            .into());
+        }
+        if after.is_some_and(|key| validate_entry_key(key).is_err()) {
+            return Err(invalid_cursor("after").into());
+        }
+        let mut items = self.listed_entries(label, after, Some(limit + 1)).await?;
+        let more = items.len() > limit;
+        items.truncate(limit);
+        Ok(Page {
+            next_cursor: more.then(|| items.last().map(|e| e.key.clone())).flatten(),
+            previous_cursor: None,
+            items,
+        })
+    }
+
+    /// At most `keys` entries (all when `None`) with keys after `after`.
+    async fn listed_entries(
+        &self,
+        label: &str,
+        after: Option<&str>,
+        keys: Option<usize>,
+    ) -> Result<Vec<ContextEntry>, Error> {
         check_label(label)?;
         let kinds = self.kinds().await?;
         let Some((_, kind, _)) = kinds.iter().find(|(l, _, _)| l == label) else {
@@ -512,9 +563,16 @@ impl<S: Store> Context<S> {
         if self.custom(label).is_some() {
             return Err(ContextError::Unlisted(label.to_owned()).into());
         }
+        // A key has at most two rows (the session's and its template's), so twice as many rows
+        // hold `keys` distinct keys whenever there are that many.
+        let rows = keys.map(|n| n.saturating_mul(2));
+        let scoped = self
+            .store()
+            .context_entries(self.key(), label, after, rows)
+            .await?;
         let mut entries: Vec<ContextEntry> = Vec::new();
         // A session's entry comes before its template's of the same key and shadows it.
-        for scoped in self.store().context_entries(self.key(), label).await? {
+        for scoped in scoped {
             if entries
                 .last()
                 .is_none_or(|last| last.key != scoped.entry.key)
@@ -522,6 +580,7 @@ impl<S: Store> Context<S> {
                 entries.push(scoped.entry);
             }
         }
+        entries.truncate(keys.unwrap_or(usize::MAX));
         Ok(entries)
     }
 

@@ -600,7 +600,7 @@ impl<S: Store> Session<S> {
         for label in keyed {
             // By key, the scope's own entry first: a template's entry directly after an own one
             // of its key is the one that own entry shadows.
-            let entries = store.context_entries(self.key(), label).await?;
+            let entries = store.context_entries(self.key(), label, None, None).await?;
             for (i, scoped) in entries.iter().enumerate() {
                 let own = &scoped.entry;
                 let shadowed = entries.get(i + 1).filter(|next| next.entry.key == own.key);

@@ -11,7 +11,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sessiondb::{BlockKind, BlockSpec, BlockView, Context, ContextEntry, FrozenPrompt, Store};
+use sessiondb::{
+    BlockKind, BlockSpec, BlockView, Context, ContextEntry, FrozenPrompt, PageRequest, Store,
+};
 
 use crate::App;
 use crate::error::ApiError;
@@ -148,19 +150,32 @@ pub(crate) async fn put_entry<S: Store>(
     Ok(value_response(StatusCode::OK, &entry_json(&entry)))
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EntriesQuery {
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
 pub(crate) async fn entries<S: Store>(
     State(app): State<Arc<App<S>>>,
     Tenant(ns): Tenant,
     Params(params): Params<Vec<String>>,
+    QueryParams(query): QueryParams<EntriesQuery>,
 ) -> Result<Response, ApiError> {
     let (context, own) = scope(&app, &ns, params, 1)?;
-    let entries: Vec<Value> = context
-        .entries(&own[0])
-        .await?
-        .iter()
-        .map(entry_json)
-        .collect();
-    Ok(value_response(StatusCode::OK, &Value::Array(entries)))
+    let request = PageRequest {
+        limit: query.limit,
+        after: query.after,
+        ..PageRequest::default()
+    };
+    let page = context.entry_page(&own[0], &request).await?;
+    let items: Vec<Value> = page.items.iter().map(entry_json).collect();
+    let mut body = json!({"items": items});
+    if let Some(next) = page.next_cursor {
+        body["nextCursor"] = next.into();
+    }
+    Ok(value_response(StatusCode::OK, &body))
 }
 
 pub(crate) async fn delete_entry<S: Store>(

@@ -193,8 +193,10 @@ impl Store for CountingStore {
         &self,
         key: &SessionKey,
         label: &str,
+        after: Option<&str>,
+        rows: Option<usize>,
     ) -> impl Future<Output = Result<Vec<sessiondb_core::ScopedEntry>, StoreError>> + Send {
-        self.inner.context_entries(key, label)
+        self.inner.context_entries(key, label, after, rows)
     }
     fn context_entry(
         &self,

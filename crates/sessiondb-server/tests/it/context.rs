@@ -323,11 +323,40 @@ async fn templates_errors_and_deletes() {
     assert_eq!(listed.status, StatusCode::OK);
     assert_eq!(
         listed.json,
-        json!([{"key": "address", "content": "Main Street.", "description": null},
-               {"key": "hours", "content": "Open at ten.", "description": "a's hours"}])
+        json!({"items": [{"key": "address", "content": "Main Street.", "description": null},
+               {"key": "hours", "content": "Open at ten.", "description": "a's hours"}]})
     );
+    // Pages go forward by key; the cursor is the last key of the page.
+    let first = server
+        .get("/v1/sessions/a/context/faq/entries?limit=1")
+        .await;
     assert_eq!(
-        server.get("/v1/context/faq/entries").await.json[1],
+        (&first.json["items"][0]["key"], &first.json["nextCursor"]),
+        (&json!("address"), &json!("address"))
+    );
+    let rest = server
+        .get("/v1/sessions/a/context/faq/entries?limit=1&after=address")
+        .await;
+    assert_eq!(rest.json["items"], json!([listed.json["items"][1]]));
+    assert_eq!(rest.json.get("nextCursor"), None);
+    for bad in [
+        "limit=0",
+        "limit=101",
+        "after=",
+        "before=hours",
+        "order=desc",
+    ] {
+        let refused = server
+            .get(&format!("/v1/sessions/a/context/faq/entries?{bad}"))
+            .await;
+        assert_eq!(
+            (refused.status, refused.code()),
+            (StatusCode::BAD_REQUEST, "invalid_request"),
+            "{bad}"
+        );
+    }
+    assert_eq!(
+        server.get("/v1/context/faq/entries").await.json["items"][1],
         json!({"key": "hours", "content": "Open at nine.", "description": null})
     );
     // Deleting the session's own entry shows its template's again.

@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use sessiondb::{
-    BlockKind, BlockSpec, Context, ContextError, CustomBlock, Db, Error, Provider, ProviderResult,
-    ReadonlyProvider, SECTION_RULE, SearchProvider, SkillProvider, Store, ValidationErrorKind,
-    WritableProvider,
+    BlockKind, BlockSpec, Context, ContextError, CustomBlock, Db, Error, PageRequest, Provider,
+    ProviderResult, ReadonlyProvider, SECTION_RULE, SearchProvider, SkillProvider, Store,
+    ValidationErrorKind, WritableProvider,
 };
 
 use crate::*;
@@ -1188,4 +1188,113 @@ pub async fn entries_are_deleted_one_at_a_time<S: Store>(db: Db<S>) {
     assert!(!context.delete_entry("nowhere", "k").await.unwrap());
     let invalid = context.delete_entry("kb", "").await.unwrap_err();
     assert!(matches!(invalid, Error::Invalid(_)), "{invalid:?}");
+}
+
+pub async fn entries_page_forward_by_key<S: Store>(db: Db<S>) {
+    let templates = db.context_templates("").unwrap();
+    define(&templates, "kb", spec(BlockKind::Search, None, None, "")).await;
+    for i in 0..10 {
+        let content = format!("template {i}");
+        templates
+            .put_entry("kb", &format!("k{i:02}"), &content, None)
+            .await
+            .unwrap();
+    }
+    let context = db_session(&db, "s").context();
+    // Own entries shadow templates' at k03 and k04 (two rows each, straddling a page edge at
+    // size 3 and 4) and add k10.
+    for key in ["k03", "k04", "k10"] {
+        context.put_entry("kb", key, "own", None).await.unwrap();
+    }
+    let everything: Vec<(String, String)> = context
+        .entries("kb")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.key, e.content))
+        .collect();
+    assert_eq!(everything.len(), 11);
+    assert_eq!(everything[3], ("k03".to_owned(), "own".to_owned()));
+    assert_eq!(everything[10], ("k10".to_owned(), "own".to_owned()));
+
+    for limit in [1, 2, 3, 4, 11, 100] {
+        let mut read = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let request = PageRequest {
+                limit: Some(limit),
+                after: after.clone(),
+                ..PageRequest::default()
+            };
+            let page = context.entry_page("kb", &request).await.unwrap();
+            assert!(page.items.len() <= limit, "limit {limit}");
+            assert_eq!(page.previous_cursor, None);
+            read.extend(page.items.into_iter().map(|e| (e.key, e.content)));
+            match page.next_cursor {
+                Some(next) => {
+                    assert_eq!(Some(&next), read.last().map(|(k, _)| k), "limit {limit}");
+                    after = Some(next);
+                }
+                None => break,
+            }
+        }
+        assert_eq!(read, everything, "limit {limit}");
+    }
+
+    // A cursor is a key, present or not; the templates' layer pages alone.
+    let request = |after: &str, limit: usize| PageRequest {
+        limit: Some(limit),
+        after: Some(after.to_owned()),
+        ..PageRequest::default()
+    };
+    let page = context.entry_page("kb", &request("k035", 2)).await.unwrap();
+    let keys: Vec<&str> = page.items.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(
+        (keys, page.next_cursor.as_deref()),
+        (vec!["k04", "k05"], Some("k05"))
+    );
+    assert_eq!(page.items[0].content, "own");
+    let tail = templates
+        .entry_page("kb", &request("k08", 5))
+        .await
+        .unwrap();
+    let keys: Vec<&str> = tail.items.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!((keys, tail.next_cursor), (vec!["k09"], None));
+
+    // Bad pages are typed errors naming their field.
+    let field = |err: Error| match err {
+        Error::Invalid(v) => v.field,
+        other => panic!("{other:?}"),
+    };
+    for (bad, name) in [
+        (request("", 2), "after"),
+        (request("a\u{1}b", 2), "after"),
+        (request("k00", 0), "limit"),
+        (request("k00", 101), "limit"),
+        (
+            PageRequest {
+                before: Some("k05".into()),
+                ..PageRequest::default()
+            },
+            "before",
+        ),
+        (
+            PageRequest {
+                descending: true,
+                ..PageRequest::default()
+            },
+            "order",
+        ),
+    ] {
+        let err = context.entry_page("kb", &bad).await.unwrap_err();
+        assert_eq!(field(err), name);
+    }
+    let missing = context
+        .entry_page("nowhere", &PageRequest::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&missing, Error::Context(ContextError::NotFound(l)) if l == "nowhere"),
+        "{missing:?}"
+    );
 }

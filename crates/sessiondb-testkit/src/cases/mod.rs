@@ -56,6 +56,7 @@ macro_rules! for_each_case {
             context::export_carries_the_sessions_own_context,
             context::templates_list_export_and_move_to_another_namespace,
             context::entries_are_deleted_one_at_a_time,
+            context::entries_page_forward_by_key,
             conversations::conversation_messages_round_trip,
             conversations::conversation_roles_and_content_are_validated,
             conversations::conversation_pages_have_no_gaps_while_appending,
