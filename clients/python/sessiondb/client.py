@@ -428,8 +428,14 @@ class Client:
     def import_lines(self, session_id: str, lines: Iterable[dict]) -> dict:
         """Imports lines as ``export`` gives them into the session (created if needed), all or
         nothing; messages whose id the session has are skipped. ``{imported, skipped}``."""
-        body = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
-        return self.request("POST", self._session_path(session_id, "import"), body=body)
+        return self.request("POST", self._session_path(session_id, "import"), body=_ndjson(lines))
+
+    def import_templates(self, lines: Iterable[dict]) -> dict:
+        """Imports a templates' part of a dump (an optional ``{"templates": {}}`` line, then block
+        and entry lines) into the namespace's context templates, all or nothing: a block
+        replaces the template of its label, an entry the template entry of its key.
+        ``{imported, skipped}``."""
+        return self.request("POST", "/v1/context", body=_ndjson(lines))
 
     def search(self, session_id: str, query: str, limit: int | None = None) -> list[dict]:
         return self.request("GET", self._session_path(session_id, "search"),
@@ -604,6 +610,12 @@ class Client:
         not an exception)."""
         return self.request("POST", self._session_path(session_id, "tools", name),
                             body={"arguments": arguments})["output"]
+
+
+def _ndjson(lines: Iterable[dict]) -> bytes:
+    """An NDJSON request body of ``lines``."""
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
 
 def _json_lines(lines: list[bytes]) -> list:
     """The JSON values of NDJSON lines (no line holds a raw newline), parsed in one call."""

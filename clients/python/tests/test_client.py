@@ -361,6 +361,16 @@ class ContextTest(ServedTest):
         self.assertEqual(caught.exception.code, "not_found")
         self.assertEqual([b["label"] for b in c.blocks("other")], ["soul", "playbooks"])
 
+        # A templates' part of a dump imports whole, or not at all.
+        part = [{"templates": {}}, {"block": {"label": "faq", "kind": "search"}},
+                {"entry": {"label": "faq", "key": "hours", "content": "Open at nine."}}]
+        with self.assertRaises(SessiondbError) as caught:
+            c.import_templates(part + [{"message": {"role": "user", "content": "x"}}])
+        self.assertEqual(caught.exception.code, "invalid_request")
+        self.assertEqual([b["label"] for b in c.blocks(None)], ["soul", "playbooks"])
+        self.assertEqual(c.import_templates(part), {"imported": 2, "skipped": 0})
+        self.assertEqual([e["content"] for e in c.entries("other", "faq")], ["Open at nine."])
+
 
 
 class ReadmeContextExampleTest(unittest.TestCase):

@@ -63,7 +63,12 @@ export type ExportLine =
   | { session: Omit<SessionRecord, 'updatedAt' | 'lastMessageAt' | 'messageCount' | 'leafId' | 'tokenEstimate' | 'contentBytes'> }
   | { message: StoredMessage; parentId: string | null; createdAt: number }
   | { compaction: Compaction }
-  | { state: { key: string; value: Json } };
+  | { state: { key: string; value: Json } }
+  | { block: { label: string; kind: BlockKind; description?: string; maxTokens?: number; content?: string } }
+  | { entry: { label: string; key: string; content: string; description?: string } }
+  | { prompt: { text: string } }
+  /** Opens the namespace templates' part of a dump (see `importTemplates`). */
+  | { templates: Record<string, never> };
 
 export interface Compaction {
   id: string;
@@ -89,10 +94,12 @@ export interface SearchHit {
   createdAt: number;
 }
 
+export type BlockKind = 'readonly' | 'writable' | 'skill' | 'search';
+
 /** A context block as `GET …/context` lists it (a keyed block's content is its listing). */
 export interface Block {
   label: string;
-  kind: 'readonly' | 'writable' | 'skill' | 'search';
+  kind: BlockKind;
   description: string | null;
   maxTokens: number | null;
   content: string;
@@ -501,13 +508,31 @@ export class Client {
    * Imports lines as `export` gives them into the session (created if needed), all or nothing;
    * messages whose id the session has are skipped.
    */
-  async importLines(
+  importLines(
     sessionId: string,
+    lines: Iterable<ExportLine> | AsyncIterable<ExportLine>,
+  ): Promise<{ imported: number; skipped: number }> {
+    return this.postLines(this.sessionPath(sessionId, 'import'), lines);
+  }
+
+  /**
+   * Imports a templates' part of a dump (an optional `{templates: {}}` line, then block and entry
+   * lines) into the namespace's context templates, all or nothing: a block replaces the template
+   * of its label, an entry the template entry of its key.
+   */
+  importTemplates(
+    lines: Iterable<ExportLine> | AsyncIterable<ExportLine>,
+  ): Promise<{ imported: number; skipped: number }> {
+    return this.postLines('/v1/context', lines);
+  }
+
+  /** POSTs `lines` as an NDJSON body; the answer's import counts. */
+  private async postLines(
+    path: string,
     lines: Iterable<ExportLine> | AsyncIterable<ExportLine>,
   ): Promise<{ imported: number; skipped: number }> {
     let text = '';
     for await (const line of lines) text += JSON.stringify(line) + '\n';
-    const path = this.sessionPath(sessionId, 'import');
     const answer = await this.open('POST', path, undefined, undefined, text);
     return JSON.parse(await bodyOf(answer, `POST ${path}`)) as { imported: number; skipped: number };
   }

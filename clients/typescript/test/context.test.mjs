@@ -68,6 +68,17 @@ test('blocks, entries, the prompt and the tools', async () => {
   await c.deleteBlock('chat', 'memory');
   await rejectsWith(c.deleteBlock('chat', 'memory'), 'not_found');
   assert.deepEqual((await c.blocks('other')).map((b) => b.label), ['soul', 'playbooks']);
+
+  // A templates' part of a dump imports whole, or not at all.
+  const part = [
+    { templates: {} },
+    { block: { label: 'faq', kind: 'search' } },
+    { entry: { label: 'faq', key: 'hours', content: 'Open at nine.' } },
+  ];
+  await rejectsWith(c.importTemplates([...part, { message: { id: 'm', role: 'user', content: 'x' }, parentId: null, createdAt: 1 }]), 'invalid_request');
+  assert.deepEqual((await c.blocks(null)).map((b) => b.label), ['soul', 'playbooks']);
+  assert.deepEqual(await c.importTemplates(part), { imported: 2, skipped: 0 });
+  assert.deepEqual((await c.entries('other', 'faq')).map((e) => e.content), ['Open at nine.']);
 });
 
 test('fork, split, usage and namespace search', async () => {

@@ -141,9 +141,9 @@ pub async fn import(
                 n + 1
             );
         };
-        // A server checks and parses a session's text again; the embedded store (and a server's
-        // templates, written block by block) take the lines parsed.
-        if remote.is_some() && matches!(current.target, Target::Session(_)) {
+        // A server checks and parses the part's text again; the embedded store takes the lines
+        // parsed.
+        if remote.is_some() {
             current.text.push_str(&line);
             current.text.push('\n');
         } else {
@@ -164,7 +164,7 @@ enum Target {
     Templates,
 }
 
-/// One part of an import: a session's lines as text for a server, else the lines parsed.
+/// One part of an import: its lines as text for a server, else the lines parsed.
 struct Part {
     target: Target,
     text: String,
@@ -190,36 +190,28 @@ impl Part {
         all: bool,
         out: &mut impl Write,
     ) -> anyhow::Result<()> {
-        let session = match self.target {
-            Target::Session(session) => session,
-            Target::Templates => {
-                let imported = match (db, remote) {
-                    (Some(db), None) => {
-                        let summary = db
-                            .import_templates(namespace, self.lines)
-                            .await
-                            .context("importing the namespace's context templates")?;
-                        summary.imported
-                    }
-                    (_, Some(remote)) => put_templates(remote, self.lines).await?,
-                    (None, None) => bail!("nothing to import into"),
-                };
-                let line = json!({"templates": true, "imported": imported, "skipped": 0});
-                writeln!(out, "{line}")?;
-                return Ok(());
-            }
-        };
         let summary: Value = match (db, remote) {
             (Some(db), None) => {
-                let summary = db
-                    .session_in(namespace, &session)?
-                    .import_lines(self.lines)
-                    .await
-                    .with_context(|| format!("importing session `{session}`"))?;
+                let (written, what) = match &self.target {
+                    Target::Session(session) => (
+                        db.session_in(namespace, session)?
+                            .import_lines(self.lines)
+                            .await,
+                        format!("session `{session}`"),
+                    ),
+                    Target::Templates => (
+                        db.import_templates(namespace, self.lines).await,
+                        "the namespace's context templates".to_owned(),
+                    ),
+                };
+                let summary = written.with_context(|| format!("importing {what}"))?;
                 json!({"imported": summary.imported, "skipped": summary.skipped})
             }
             (_, Some(remote)) => {
-                let url = remote.session_url(&session, "/import");
+                let url = match &self.target {
+                    Target::Session(session) => remote.session_url(session, "/import"),
+                    Target::Templates => remote.url("/v1/context"),
+                };
                 let request = remote
                     .request(reqwest::Method::POST, &url)
                     .header("content-type", "application/x-ndjson")
@@ -228,55 +220,19 @@ impl Part {
             }
             (None, None) => bail!("nothing to import into"),
         };
-        if all {
-            let named = json!({"session": session, "imported": summary["imported"],
-                               "skipped": summary["skipped"]});
-            writeln!(out, "{named}")?;
-        } else {
-            writeln!(out, "{summary}")?;
-        }
+        let counts = (&summary["imported"], &summary["skipped"]);
+        let line = match &self.target {
+            Target::Templates => {
+                json!({"templates": true, "imported": counts.0, "skipped": counts.1})
+            }
+            Target::Session(session) if all => {
+                json!({"session": session, "imported": counts.0, "skipped": counts.1})
+            }
+            Target::Session(_) => summary,
+        };
+        writeln!(out, "{line}")?;
         Ok(())
     }
-}
-
-/// Writes a templates part to a server block by block (a server has no route that takes the
-/// part whole), after checking that it holds only block and entry lines; returns how many
-/// blocks and entries it wrote. A run stopped part way is finished by running it again: each
-/// write replaces the template or entry of its name.
-async fn put_templates(remote: &Remote, lines: Vec<ImportLine>) -> anyhow::Result<usize> {
-    let mut requests = Vec::with_capacity(lines.len());
-    for line in lines {
-        let (path, body) = match line {
-            ImportLine::Templates => continue,
-            ImportLine::Block { label, spec } => {
-                let mut body = json!({"kind": spec.kind.as_str(), "description": spec.description,
-                                      "maxTokens": spec.max_tokens});
-                if !spec.kind.is_keyed() {
-                    body["content"] = spec.content.into();
-                }
-                (format!("/v1/context/{}", segment(&label)), body)
-            }
-            ImportLine::Entry { label, entry } => {
-                let path = format!(
-                    "/v1/context/{}/entries/{}",
-                    segment(&label),
-                    segment(&entry.key)
-                );
-                let body = json!({"content": entry.content, "description": entry.description});
-                (path, body)
-            }
-            _ => bail!(
-                "the namespace templates' part of the file holds a line that is neither a block \
-                 nor an entry"
-            ),
-        };
-        requests.push((path, body));
-    }
-    for (path, body) in &requests {
-        let request = remote.request(reqwest::Method::PUT, &remote.url(path));
-        remote.send(request.json(body)).await?;
-    }
-    Ok(requests.len())
 }
 
 /// Writes one session's export, or every session's one after another.

@@ -470,8 +470,9 @@ fn export_and_import_all_carry_the_namespace_templates() {
         assert_eq!(exported, dump);
     }
 
-    // A templates' part that cannot be written whole writes nothing: on the embedded store an
-    // entry of a block nothing defines, through a server a line that is not a block or entry.
+    // A templates' part that cannot be written whole writes nothing: an entry of a block
+    // nothing defines, or a line that is not a block or entry, on the embedded store and
+    // through a server alike.
     let orphan = r#"{"entry":{"label":"nowhere","key":"k","content":"x"}}"#;
     let broken = format!("{templates}{orphan}\n");
     std::fs::write(&file, &broken).unwrap();
@@ -484,16 +485,33 @@ fn export_and_import_all_carry_the_namespace_templates() {
         "{error}"
     );
     assert_eq!(ok(&other, &["export", "--all"], None), "");
-    let message = r#"{"message":{"id":"m","role":"user","content":"x"}}"#;
-    std::fs::write(&file, format!("{templates}{message}\n")).unwrap();
     let served = common::Served::start(&other, &["--listen", "127.0.0.1:0"], &[]);
     let url = ["--url", served.base.as_str()];
-    let refused = common::sessiondb(&[&["import", file_arg, "--all"][..], &url].concat(), None);
-    assert!(!refused.status.success());
-    let error = String::from_utf8_lossy(&refused.stderr);
-    assert!(error.contains("neither a block nor an entry"), "{error}");
+    let message = r#"{"message":{"id":"m","role":"user","content":"x"}}"#;
+    for (bad, expected) in [(orphan, "lines[154].entry.label"), (message, "lines[154]")] {
+        std::fs::write(&file, format!("{templates}{bad}\n")).unwrap();
+        let import = [&["import", file_arg, "--all"][..], &url].concat();
+        let refused = common::sessiondb(&import, None);
+        assert!(!refused.status.success());
+        let error = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            error.contains("invalid_request") && error.contains(expected),
+            "{error}"
+        );
+        let exported = common::sessiondb_ok(&[&["export", "--all"][..], &url].concat(), None);
+        assert_eq!(exported, "");
+    }
+    // Through a server too, the part goes in whole.
+    std::fs::write(&file, &dump).unwrap();
+    let import = [&["import", file_arg, "--all"][..], &url].concat();
+    let printed = common::sessiondb_ok(&import, None);
+    assert_eq!(
+        printed.lines().next(),
+        Some(r#"{"templates":true,"imported":153,"skipped":0}"#),
+        "{printed}"
+    );
     let exported = common::sessiondb_ok(&[&["export", "--all"][..], &url].concat(), None);
-    assert_eq!(exported, "");
+    assert_eq!(exported, dump);
 }
 
 #[test]

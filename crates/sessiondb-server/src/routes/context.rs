@@ -17,7 +17,7 @@ use sessiondb::{
 
 use crate::App;
 use crate::error::ApiError;
-use crate::extract::{JsonBody, Params, QueryParams, Tenant};
+use crate::extract::{JsonBody, NdjsonBody, Params, QueryParams, Tenant};
 use crate::wire::{Fields, value_response};
 
 /// The context a route addresses, and its own path parameters (label, entry key).
@@ -73,6 +73,23 @@ pub(crate) async fn list<S: Store>(
     let (context, _) = scope(&app, &ns, params, 0)?;
     let blocks: Vec<Value> = context.blocks().await?.iter().map(block_json).collect();
     Ok(value_response(StatusCode::OK, &Value::Array(blocks)))
+}
+
+/// `POST /v1/context`: a templates' part of a dump (as `sessiondb export --all` writes it: an
+/// optional `templates` line, then block and entry lines) into the namespace's templates, all
+/// lines or none. A fixed segment under `/v1/context` would hide the template of that label, so
+/// the import is the collection's POST.
+pub(crate) async fn import<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    NdjsonBody(text): NdjsonBody,
+) -> Result<Response, ApiError> {
+    let lines = sessiondb::parse_import(&text)?;
+    let summary = app.db.import_templates(&ns, lines).await?;
+    Ok(value_response(
+        StatusCode::OK,
+        &json!({"imported": summary.imported, "skipped": summary.skipped}),
+    ))
 }
 
 pub(crate) async fn put<S: Store>(

@@ -96,7 +96,10 @@ pub(crate) fn routes<S: Store>() -> Router<Arc<App<S>>> {
                 .get(context::get_entry::<S>)
                 .delete(context::delete_entry::<S>),
         )
-        .route("/v1/context", get(context::list::<S>))
+        .route(
+            "/v1/context",
+            get(context::list::<S>).post(context::import::<S>),
+        )
         .route(
             "/v1/context/{label}",
             put(context::put::<S>).delete(context::delete::<S>),

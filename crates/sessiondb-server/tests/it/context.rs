@@ -1,6 +1,6 @@
 //! Context blocks, the frozen prompt and the tools over HTTP, end to end.
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::common::{Server, start};
@@ -506,6 +506,94 @@ async fn templates_errors_and_deletes() {
     assert_eq!(
         server
             .get("/v1/sessions/a/context")
+            .await
+            .json
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+/// `POST /v1/context` takes a templates' part of a dump whole or not at all.
+#[tokio::test]
+async fn templates_import_whole_or_not_at_all() {
+    let server = start().await;
+    let import = |body: String| {
+        server.send(
+            server
+                .request(Method::POST, "/v1/context")
+                .header("content-type", "application/x-ndjson")
+                .body(body),
+        )
+    };
+    let part = [
+        r#"{"templates":{}}"#,
+        r#"{"block":{"label":"soul","kind":"readonly","content":"Be brief."}}"#,
+        r#"{"block":{"label":"kb","kind":"search"}}"#,
+        r#"{"entry":{"label":"kb","key":"door","content":"the blue door"}}"#,
+    ]
+    .map(|line| format!("{line}\n"))
+    .concat();
+    // A part that fails at its second line (an entry of a block nothing defines, a message, a
+    // readonly block past its token limit) does not write its first.
+    let first = r#"{"block":{"label":"memory","kind":"writable"}}"#;
+    for (second, named) in [
+        (
+            r#"{"entry":{"label":"nowhere","key":"k","content":"x"}}"#,
+            "lines[1].entry.label",
+        ),
+        (
+            r#"{"message":{"id":"m","role":"user","content":"x"}}"#,
+            "lines[1]",
+        ),
+        (
+            r#"{"block":{"label":"tiny","kind":"readonly","maxTokens":1,"content":"far too many words"}}"#,
+            "Block \"tiny\" exceeds maxTokens",
+        ),
+    ] {
+        let refused = import(format!("{first}\n{second}\n")).await;
+        assert_eq!(
+            (refused.status, refused.code()),
+            (StatusCode::BAD_REQUEST, "invalid_request"),
+            "{second}: {:?}",
+            refused.json
+        );
+        let message = refused.json["error"]["message"].as_str().unwrap();
+        assert!(message.contains(named), "{message}");
+        assert_eq!(server.get("/v1/context").await.json, json!([]), "{second}");
+    }
+
+    let imported = import(part.clone()).await;
+    assert_eq!(
+        (imported.status, &imported.json),
+        (StatusCode::OK, &json!({"imported": 3, "skipped": 0}))
+    );
+    let labels: Vec<Value> = server
+        .get("/v1/context")
+        .await
+        .json
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["label"].clone())
+        .collect();
+    assert_eq!(labels, [json!("soul"), json!("kb")]);
+    assert_eq!(
+        server
+            .get("/v1/sessions/s/context/kb/entries/door")
+            .await
+            .json["content"],
+        "the blue door"
+    );
+    // Importing again replaces each block and entry by name.
+    assert_eq!(
+        import(part).await.json,
+        json!({"imported": 3, "skipped": 0})
+    );
+    assert_eq!(
+        server
+            .get("/v1/context")
             .await
             .json
             .as_array()
