@@ -5,6 +5,13 @@ use serde_json::{Value, json};
 
 use crate::common::{Server, start};
 
+/// The labels of the blocks a `GET …/context` lists, in its order.
+async fn block_labels(server: &Server, path: &str) -> Vec<Value> {
+    let listed = server.get(path).await.json;
+    let blocks = listed.as_array().unwrap();
+    blocks.iter().map(|b| b["label"].clone()).collect()
+}
+
 async fn tool(server: &Server, sid: &str, name: &str, arguments: Value) -> String {
     let answer = server
         .post(
@@ -73,15 +80,7 @@ async fn blocks_prompt_and_tools_end_to_end() {
             .status,
         StatusCode::NOT_FOUND
     );
-    let labels: Vec<Value> = server
-        .get("/v1/sessions/s/context")
-        .await
-        .json
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["label"].clone())
-        .collect();
+    let labels = block_labels(&server, "/v1/sessions/s/context").await;
     assert_eq!(
         labels,
         [json!("soul"), json!("memory"), json!("skills"), json!("kb")]
@@ -569,15 +568,7 @@ async fn templates_import_whole_or_not_at_all() {
         (imported.status, &imported.json),
         (StatusCode::OK, &json!({"imported": 3, "skipped": 0}))
     );
-    let labels: Vec<Value> = server
-        .get("/v1/context")
-        .await
-        .json
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["label"].clone())
-        .collect();
+    let labels = block_labels(&server, "/v1/context").await;
     assert_eq!(labels, [json!("soul"), json!("kb")]);
     assert_eq!(
         server
