@@ -1,0 +1,313 @@
+"""Google's Agent Development Kit (ADK) sessions on sessiondb.
+
+``SessiondbSessionService`` is an ADK ``BaseSessionService``: pass it to a ``Runner`` in place of
+``InMemorySessionService``, ``SqliteSessionService`` or ``DatabaseSessionService``, and every
+session, event and state value lives in sessiondb, shared by every process that talks to the
+server, searchable, and readable by every other client as ordinary messages.
+
+How ADK's model is stored:
+
+- An ADK session ``(app_name, user_id, session_id)`` is the sessiondb session
+  ``adk/<app>/<user>/<session>`` (each part percent-encoded; a SHA-256 stands in past 256
+  characters) with ``userId`` = the ADK user and the three names in its metadata
+  (``adkApp``, ``adkUserId``, ``adkSessionId``).
+- An event is a message whose id is the event's id: role ``user`` when the user wrote it,
+  ``tool`` when its content holds only function responses, ``assistant`` otherwise; its
+  ``content`` is the text of its parts, and the whole event as ADK serialises it
+  (``model_dump_json(exclude_none=True)``) is kept under the metadata key ``adkEvent``, which
+  ``get_session`` reads back. A message another client wrote reads as an event of that role's
+  text (author ``user`` or ``model``).
+- Session-scoped state is the session's state keys. ``app:`` keys are the state of the session
+  ``adk-app/<app>``, ``user:`` keys that of ``adk-user/<app>/<user>``, both stored without their
+  prefix and merged back with it, as ADK's own services do; ``temp:`` keys are never stored.
+
+Writes. ``append_event`` stores the event and its session-scoped state changes in one import
+request, all or nothing, then the app and user state changes (each one request; should one fail,
+the error reaches the runner and the event stays stored). A session is stale when its stored
+last event is not the one this object last read or wrote: ``append_event`` then raises ADK's
+``StaleSessionError`` and writes nothing. The check and the write are two requests, so two writers
+racing within that gap both succeed: their events become siblings, the one written later on the
+active path, the other kept beside it in the tree.
+
+Reads. ``get_session`` reads the session, its events (the newest first, a page at a time, as far
+as ``num_recent_events`` and ``after_timestamp`` need) and the three states. ``list_sessions``
+lists the app's sessions (one user's through the server's user index, all users' by reading the
+namespace's listing) with their merged state, without events. The blocking client runs on worker
+threads, so the event loop never waits for the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any, Optional
+
+from google.adk.errors import StaleSessionError
+from google.adk.errors.already_exists_error import AlreadyExistsError
+from google.adk.errors.session_not_found_error import SessionNotFoundError
+from google.adk.events.event import Event
+from google.adk.sessions.base_session_service import (
+    BaseSessionService,
+    GetSessionConfig,
+    ListSessionsResponse,
+)
+from google.adk.sessions.session import Session
+from google.adk.sessions.state import State
+from google.genai import types
+from pydantic_core import to_jsonable_python
+
+from .client import Client, SessiondbError, bounded_id, joined_id, message_id_for
+
+EVENT_KEY = "adkEvent"
+APP_KEY = "adkApp"
+USER_KEY = "adkUserId"
+SESSION_KEY = "adkSessionId"
+PAGE_SIZE = 100
+# Ids of the messages that stand for compactions in a read with compactions applied.
+COMPACTION_PREFIX = "compaction_"
+
+
+def session_key(app_name: str, user_id: str, session_id: str) -> str:
+    """The sessiondb session holding an ADK session."""
+    return bounded_id(joined_id("adk", app_name, user_id, session_id))
+
+
+def app_state_key(app_name: str) -> str:
+    """The sessiondb session whose state is an app's ``app:`` state."""
+    return bounded_id(joined_id("adk-app", app_name))
+
+
+def user_state_key(app_name: str, user_id: str) -> str:
+    """The sessiondb session whose state is a user's ``user:`` state in an app."""
+    return bounded_id(joined_id("adk-user", app_name, user_id))
+
+
+def split_state(delta: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``delta`` as JSON values by scope (``app``, ``user``, ``session``), prefixes removed and
+    ``temp:`` keys left out. A value JSON cannot hold is stored as its ``repr``."""
+    scopes: dict[str, dict[str, Any]] = {"app": {}, "user": {}, "session": {}}
+    for key, value in delta.items():
+        if key.startswith(State.TEMP_PREFIX):
+            continue
+        value = to_jsonable_python(value, fallback=repr)
+        if key.startswith(State.APP_PREFIX):
+            scopes["app"][key.removeprefix(State.APP_PREFIX)] = value
+        elif key.startswith(State.USER_PREFIX):
+            scopes["user"][key.removeprefix(State.USER_PREFIX)] = value
+        else:
+            scopes["session"][key] = value
+    return scopes
+
+
+def merged_state(app: dict[str, Any], user: dict[str, Any],
+                 session: dict[str, Any]) -> dict[str, Any]:
+    """The state an ADK session shows: its own keys, then the app's and user's with prefixes."""
+    state = dict(session)
+    state.update({State.APP_PREFIX + k: v for k, v in app.items()})
+    state.update({State.USER_PREFIX + k: v for k, v in user.items()})
+    return state
+
+
+def _text_of(event: Event) -> str:
+    parts = event.content.parts if event.content and event.content.parts else []
+    return "\n".join(p.text for p in parts if p.text and not p.thought)
+
+
+def _role_of(event: Event) -> str:
+    if event.author == "user":
+        return "user"
+    parts = event.content.parts if event.content and event.content.parts else []
+    if parts and all(p.function_response is not None for p in parts):
+        return "tool"
+    return "assistant"
+
+
+def message_of_event(event: Event) -> dict:
+    """The sessiondb message that stores one ADK event."""
+    return {"id": message_id_for(event.id), "role": _role_of(event), "content": _text_of(event),
+            "metadata": {EVENT_KEY: json.loads(event.model_dump_json(exclude_none=True))}}
+
+
+def event_of(message: dict) -> Event:
+    """The ADK event a stored message holds (see the module's documentation)."""
+    stored = (message.get("metadata") or {}).get(EVENT_KEY)
+    if isinstance(stored, dict):
+        return Event.model_validate(stored)
+    content: Any = message.get("content")
+    if not isinstance(content, str):
+        content = "\n".join(p.get("text", "") for p in message.get("parts") or []
+                            if p.get("type") == "text")
+    role = "user" if message.get("role") == "user" else "model"
+    return Event(id=message["id"], invocation_id="", author=role,
+                 content=types.Content(role=role, parts=[types.Part(text=content)]),
+                 timestamp=message.get("createdAt", 0) / 1000)
+
+
+def _state_lines(values: dict[str, Any]) -> list[dict]:
+    """Import lines that set these state keys."""
+    return [{"state": {"key": k, "value": v}} for k, v in values.items()]
+
+
+class SessiondbSessionService(BaseSessionService):
+    """ADK sessions in sessiondb, through ``client`` (see the module's documentation)."""
+
+    def __init__(self, client: Client):
+        self.client = client
+
+    # -- ADK's interface --------------------------------------------------------------------
+
+    async def create_session(self, *, app_name: str, user_id: str,
+                             state: Optional[dict[str, Any]] = None,
+                             session_id: Optional[str] = None) -> Session:
+        # Ids are stripped of surrounding blanks, as ADK's in-memory service does.
+        return await asyncio.to_thread(self._create, app_name, user_id, state or {},
+                                       session_id.strip() if session_id else None)
+
+    async def get_session(self, *, app_name: str, user_id: str, session_id: str,
+                          config: Optional[GetSessionConfig] = None) -> Optional[Session]:
+        return await asyncio.to_thread(self._get, app_name, user_id, session_id.strip(),
+                                       config or GetSessionConfig())
+
+    async def list_sessions(self, *, app_name: str,
+                            user_id: Optional[str] = None) -> ListSessionsResponse:
+        return await asyncio.to_thread(self._list, app_name, user_id)
+
+    async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
+        await asyncio.to_thread(self.client.delete_session,
+                                session_key(app_name, user_id, session_id.strip()), True)
+
+    async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
+        return await asyncio.to_thread(self.client.all_state, user_state_key(app_name, user_id))
+
+    async def append_event(self, session: Session, event: Event) -> Event:
+        if event.partial:
+            return event
+        # Temp keys reach the in-memory session for the rest of the invocation, never storage.
+        self._apply_temp_state(session, event)
+        event = self._trim_temp_delta_state(event)
+        await asyncio.to_thread(self._store, session, event)
+        session.last_update_time = event.timestamp
+        session._storage_update_marker = message_id_for(event.id)
+        return self._commit_event_to_session(session, event)
+
+    # -- the requests, on a worker thread ---------------------------------------------------
+
+    def _create(self, app_name: str, user_id: str, state: dict[str, Any],
+                session_id: Optional[str]) -> Session:
+        session_id = session_id or str(uuid.uuid4())
+        key = session_key(app_name, user_id, session_id)
+        metadata = {APP_KEY: app_name, USER_KEY: user_id, SESSION_KEY: session_id}
+        try:
+            record = self.client.create_session(id=key, userId=user_id, metadata=metadata)
+        except SessiondbError as error:
+            if error.code == "conflict":
+                raise AlreadyExistsError(f"Session with id {session_id} already exists.") from error
+            raise
+        scopes = split_state(state)
+        if scopes["session"]:
+            self.client.import_lines(key, _state_lines(scopes["session"]))
+        self._write_scopes(app_name, user_id, scopes)
+        state = merged_state(self.client.all_state(app_state_key(app_name)),
+                             self.client.all_state(user_state_key(app_name, user_id)),
+                             scopes["session"])
+        return Session(id=session_id, app_name=app_name, user_id=user_id, state=state, events=[],
+                       last_update_time=record["createdAt"] / 1000)
+
+    def _get(self, app_name: str, user_id: str, session_id: str,
+             config: GetSessionConfig) -> Optional[Session]:
+        key = session_key(app_name, user_id, session_id)
+        try:
+            record = self.client.get_session(key)
+        except SessiondbError as error:
+            if error.code == "not_found":
+                return None
+            raise
+        events = self._events(key, config)
+        state = merged_state(self.client.all_state(app_state_key(app_name)),
+                             self.client.all_state(user_state_key(app_name, user_id)),
+                             self.client.all_state(key))
+        session = Session(id=session_id, app_name=app_name, user_id=user_id, state=state,
+                          events=events, last_update_time=record["updatedAt"] / 1000)
+        session._storage_update_marker = record["leafId"]
+        return session
+
+    def _events(self, key: str, config: GetSessionConfig) -> list[Event]:
+        """The events ``config`` asks for, oldest first."""
+        wanted, after = config.num_recent_events, config.after_timestamp
+        if wanted is None:
+            # The whole path in one request, as it reads with compactions applied: when none
+            # stands in it, that is the stored path.
+            path = self.client.full_history(key)
+            if not any(m["id"].startswith(COMPACTION_PREFIX) for m in path):
+                events = [event_of(m) for m in path]
+                return [e for e in events if e.timestamp >= after] if after else events
+        # The stored path newest first, a page at a time until ``config`` has enough.
+        events: list[Event] = []
+        cursor = None
+        while wanted is None or len(events) < wanted:
+            limit = PAGE_SIZE if wanted is None else min(PAGE_SIZE, wanted - len(events))
+            page = self.client.messages(key, limit=limit, order="desc", after=cursor)
+            for message in page["items"]:
+                event = event_of(message)
+                if after and event.timestamp < after:
+                    return events[::-1]
+                events.append(event)
+            cursor = page.get("nextCursor")
+            if cursor is None:
+                break
+        return events[::-1]
+
+    def _list(self, app_name: str, user_id: Optional[str]) -> ListSessionsResponse:
+        app = self.client.all_state(app_state_key(app_name))
+        users: dict[str, dict[str, Any]] = {}
+        sessions = []
+        for record in self.client.list_sessions(user_id=user_id, sort="updatedAt", order="asc"):
+            metadata = record.get("metadata") or {}
+            owner = metadata.get(USER_KEY)
+            if (metadata.get(APP_KEY) != app_name or SESSION_KEY not in metadata
+                    or (user_id is not None and owner != user_id)):
+                continue
+            if owner not in users:
+                users[owner] = self.client.all_state(user_state_key(app_name, owner))
+            state = merged_state(app, users[owner], self.client.all_state(record["id"]))
+            sessions.append(Session(id=metadata[SESSION_KEY], app_name=app_name, user_id=owner,
+                                    state=state, events=[],
+                                    last_update_time=record["updatedAt"] / 1000))
+        return ListSessionsResponse(sessions=sessions)
+
+    def _store(self, session: Session, event: Event) -> None:
+        key = session_key(session.app_name, session.user_id, session.id)
+        try:
+            record = self.client.get_session(key)
+        except SessiondbError as error:
+            if error.code == "not_found":
+                raise SessionNotFoundError(f"Session {session.id} not found.") from error
+            raise
+        # What this object last read or wrote: its marker, else (a session built by hand or by
+        # another service) its last event.
+        expected = session._storage_update_marker
+        if expected is None and session.events:
+            expected = message_id_for(session.events[-1].id)
+        if record["leafId"] != expected:
+            raise StaleSessionError(
+                "The session was written since this session object read it (its last stored "
+                "event is another one); get the session again before appending.")
+        scopes = split_state(event.actions.state_delta if event.actions else {})
+        lines = [{"message": message_of_event(event), "parentId": record["leafId"],
+                  "createdAt": int(event.timestamp * 1000)}]
+        self.client.import_lines(key, lines + _state_lines(scopes["session"]))
+        self._write_scopes(session.app_name, session.user_id, scopes)
+
+    def _write_scopes(self, app_name: str, user_id: str,
+                      scopes: dict[str, dict[str, Any]]) -> None:
+        """Writes the app and user state changes in ``scopes``, each scope in one request that
+        also creates the scope's session when it is new."""
+        if scopes["app"]:
+            record = {"metadata": {APP_KEY: app_name}}
+            self.client.import_lines(app_state_key(app_name),
+                                     [{"session": record}] + _state_lines(scopes["app"]))
+        if scopes["user"]:
+            record = {"userId": user_id, "metadata": {APP_KEY: app_name, USER_KEY: user_id}}
+            self.client.import_lines(user_state_key(app_name, user_id),
+                                     [{"session": record}] + _state_lines(scopes["user"]))

@@ -1,0 +1,247 @@
+"""ADK's session service on a real server, driven by ADK's own Runner with a scripted model."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import unittest
+from typing import AsyncGenerator
+
+from google.adk.agents import LlmAgent
+from google.adk.errors import StaleSessionError
+from google.adk.errors.already_exists_error import AlreadyExistsError
+from google.adk.errors.session_not_found_error import SessionNotFoundError
+from google.adk.events.event import Event
+from google.adk.events.event_actions import EventActions
+from google.adk.models.base_llm import BaseLlm
+from google.adk.models.llm_request import LlmRequest
+from google.adk.models.llm_response import LlmResponse
+from google.adk.runners import Runner
+from google.adk.sessions.base_session_service import GetSessionConfig
+from google.adk.tools.tool_context import ToolContext
+from google.genai import types
+from served import ServedTest
+
+from sessiondb.adk import SessiondbSessionService, session_key
+
+# The scripted model reports no token usage, which ADK logs at every answer.
+logging.getLogger("google_adk").setLevel(logging.ERROR)
+
+
+class ScriptedLlm(BaseLlm):
+    """Calls the tool `count_visit` once per turn, then answers with the turn's number and how
+    many messages it was shown."""
+
+    model: str = "scripted"
+
+    async def generate_content_async(self, llm_request: LlmRequest,
+                                     stream: bool = False) -> AsyncGenerator[LlmResponse, None]:
+        last = llm_request.contents[-1]
+        if any(p.function_response for p in last.parts or []):
+            visits = last.parts[0].function_response.response["visits"]
+            text = f"visit {visits}, shown {len(llm_request.contents)} contents"
+            yield LlmResponse(content=types.Content(role="model", parts=[types.Part(text=text)]))
+        else:
+            call = types.FunctionCall(name="count_visit", args={})
+            yield LlmResponse(content=types.Content(role="model",
+                                                    parts=[types.Part(function_call=call)]))
+
+
+def count_visit(tool_context: ToolContext) -> dict:
+    """Counts the user's visits (user state), the app's (app state) and this session's."""
+    visits = tool_context.state.get("user:visits", 0) + 1
+    tool_context.state["user:visits"] = visits
+    tool_context.state["app:total"] = tool_context.state.get("app:total", 0) + 1
+    tool_context.state["turns"] = tool_context.state.get("turns", 0) + 1
+    tool_context.state["temp:scratch"] = "never stored"
+    return {"visits": visits}
+
+
+def agent() -> LlmAgent:
+    return LlmAgent(name="counter", model=ScriptedLlm(), instruction="Count visits.",
+                    tools=[count_visit], output_key="last_answer")
+
+
+def dumped(events: list[Event]) -> list[dict]:
+    return [e.model_dump(mode="json", exclude_none=True) for e in events]
+
+
+class SessionServiceTest(ServedTest):
+    def setUp(self):
+        self.app = self.fresh_prefix() + "app"
+        self.service = SessiondbSessionService(self.client)
+
+    def run_turn(self, service, user: str, session: str, text: str) -> list[Event]:
+        runner = Runner(app_name=self.app, agent=agent(), session_service=service)
+
+        async def turn() -> list[Event]:
+            message = types.Content(role="user", parts=[types.Part(text=text)])
+            return [e async for e in runner.run_async(user_id=user, session_id=session,
+                                                      new_message=message)]
+        return asyncio.run(turn())
+
+    def get(self, user: str, session: str, config: GetSessionConfig | None = None):
+        return asyncio.run(self.service.get_session(app_name=self.app, user_id=user,
+                                                    session_id=session, config=config))
+
+    def test_a_runner_keeps_its_conversation_and_state_across_processes(self):
+        asyncio.run(self.service.create_session(app_name=self.app, user_id="ann",
+                                                session_id="s1", state={"lang": "en"}))
+        first = self.run_turn(self.service, "ann", "s1", "hello")
+        self.assertEqual(first[-1].content.parts[0].text, "visit 1, shown 3 contents")
+        # A new service (another process, say) reads everything back and runs on from it.
+        second = self.run_turn(SessiondbSessionService(self.client), "ann", "s1", "again")
+        self.assertEqual(second[-1].content.parts[0].text, "visit 2, shown 7 contents")
+
+        session = self.get("ann", "s1")
+        self.assertEqual(len(session.events), 8)
+        self.assertEqual(dumped(session.events[-3:]), dumped(second))
+        self.assertEqual(session.events[0].content.parts[0].text, "hello")
+        self.assertEqual(session.state, {
+            "lang": "en", "turns": 2, "last_answer": "visit 2, shown 7 contents",
+            "user:visits": 2, "app:total": 2})
+        # Other clients read ordinary messages.
+        stored = self.client.full_history(session_key(self.app, "ann", "s1"))
+        self.assertEqual([m["role"] for m in stored[:4]], ["user", "assistant", "tool", "assistant"])
+        self.assertEqual(stored[3]["content"], "visit 1, shown 3 contents")
+        self.assertEqual(self.client.search(session_key(self.app, "ann", "s1"), "again")[0]["id"],
+                         session.events[4].id)
+
+    def test_state_is_scoped_to_app_user_and_session(self):
+        for user, session in [("ann", "a1"), ("ann", "a2"), ("bob", "b1")]:
+            asyncio.run(self.service.create_session(app_name=self.app, user_id=user,
+                                                    session_id=session))
+            self.run_turn(self.service, user, session, "hi")
+        self.assertEqual(self.get("ann", "a2").state["user:visits"], 2)
+        self.assertEqual(self.get("ann", "a2").state["turns"], 1, "session state stays its own")
+        self.assertEqual(self.get("bob", "b1").state["user:visits"], 1)
+        self.assertEqual(self.get("bob", "b1").state["app:total"], 3, "app state is shared")
+        self.assertNotIn("temp:scratch", self.get("ann", "a1").state)
+        self.assertEqual(asyncio.run(self.service.get_user_state(app_name=self.app,
+                                                                 user_id="ann")),
+                         {"visits": 2})
+        self.assertEqual(asyncio.run(self.service.get_user_state(app_name=self.app,
+                                                                 user_id="nobody")), {})
+        # Initial state goes to its scopes too, as JSON (a date as ISO text).
+        created = asyncio.run(self.service.create_session(
+            app_name=self.app, user_id="cy",
+            state={"app:total": 10, "user:x": 1, "y": 2, "temp:z": 3,
+                   "day": datetime.date(2024, 1, 2)}))
+        expected = {"app:total": 10, "user:x": 1, "y": 2, "day": "2024-01-02"}
+        self.assertEqual(created.state, expected)
+        self.assertEqual(self.get("cy", created.id).state, expected)
+        self.assertEqual(self.get("bob", "b1").state["app:total"], 10)
+
+    def test_listing_deleting_and_creating_twice(self):
+        for user, session in [("ann", "x"), ("ann", "y"), ("bob", "z")]:
+            asyncio.run(self.service.create_session(app_name=self.app, user_id=user,
+                                                    session_id=session,
+                                                    state={"user:name": user}))
+        self.run_turn(self.service, "ann", "x", "hi")
+        listed = asyncio.run(self.service.list_sessions(app_name=self.app, user_id="ann"))
+        self.assertEqual([s.id for s in listed.sessions], ["y", "x"], "oldest update first")
+        self.assertEqual(listed.sessions[1].state["user:name"], "ann")
+        self.assertEqual(listed.sessions[1].events, [])
+        everyone = asyncio.run(self.service.list_sessions(app_name=self.app))
+        self.assertEqual(sorted((s.user_id, s.id) for s in everyone.sessions),
+                         [("ann", "x"), ("ann", "y"), ("bob", "z")])
+        other_app = asyncio.run(self.service.list_sessions(app_name=self.app + "-other"))
+        self.assertEqual(other_app.sessions, [])
+
+        with self.assertRaises(AlreadyExistsError):
+            asyncio.run(self.service.create_session(app_name=self.app, user_id="ann",
+                                                    session_id="x"))
+        asyncio.run(self.service.delete_session(app_name=self.app, user_id="ann",
+                                                session_id="x"))
+        asyncio.run(self.service.delete_session(app_name=self.app, user_id="ann",
+                                                session_id="x"))
+        self.assertIsNone(self.get("ann", "x"))
+        self.assertIsNone(self.get("ann", "never"))
+
+    def test_recent_events_and_events_after_a_time(self):
+        asyncio.run(self.service.create_session(app_name=self.app, user_id="ann",
+                                                session_id="t"))
+        session = self.get("ann", "t")
+        for i in range(250):
+            event = Event(author="user" if i % 2 == 0 else "counter", invocation_id=f"i{i}",
+                          timestamp=1000.0 + i,
+                          content=types.Content(role="user", parts=[types.Part(text=f"e{i}")]))
+            asyncio.run(self.service.append_event(session, event))
+
+        def texts(config):
+            return [e.content.parts[0].text for e in self.get("ann", "t", config).events]
+
+        self.assertEqual(len(texts(None)), 250)
+        self.assertEqual(texts(GetSessionConfig(num_recent_events=3)), ["e247", "e248", "e249"])
+        self.assertEqual(texts(GetSessionConfig(num_recent_events=0)), [])
+        self.assertEqual(texts(GetSessionConfig(after_timestamp=1245.0)),
+                         ["e245", "e246", "e247", "e248", "e249"])
+        self.assertEqual(texts(GetSessionConfig(after_timestamp=1010.0, num_recent_events=2)),
+                         ["e248", "e249"])
+        self.assertEqual(len(texts(GetSessionConfig(num_recent_events=120))), 120)
+
+    def test_a_stale_session_object_writes_nothing(self):
+        asyncio.run(self.service.create_session(app_name=self.app, user_id="ann",
+                                                session_id="st"))
+        mine, theirs = self.get("ann", "st"), self.get("ann", "st")
+
+        def event(text: str, delta: dict | None = None) -> Event:
+            return Event(author="user", invocation_id="i",
+                         content=types.Content(role="user", parts=[types.Part(text=text)]),
+                         actions=EventActions(state_delta=delta or {}))
+
+        asyncio.run(self.service.append_event(theirs, event("first")))
+        with self.assertRaises(StaleSessionError):
+            asyncio.run(self.service.append_event(mine, event("lost", {"k": 1})))
+        fresh = self.get("ann", "st")
+        self.assertEqual([e.content.parts[0].text for e in fresh.events], ["first"])
+        self.assertNotIn("k", fresh.state)
+        # Read again, it writes; a partial event is never stored.
+        asyncio.run(self.service.append_event(fresh, event("second", {"k": 1})))
+        partial = event("partial")
+        partial.partial = True
+        asyncio.run(self.service.append_event(fresh, partial))
+        again = self.get("ann", "st")
+        self.assertEqual([e.content.parts[0].text for e in again.events], ["first", "second"])
+        self.assertEqual(again.state["k"], 1)
+        # A session that is gone is not found.
+        asyncio.run(self.service.delete_session(app_name=self.app, user_id="ann",
+                                                session_id="st"))
+        with self.assertRaises(SessionNotFoundError):
+            asyncio.run(self.service.append_event(again, event("third")))
+
+    def test_a_compacted_session_still_gives_every_event(self):
+        asyncio.run(self.service.create_session(app_name=self.app, user_id="ann",
+                                                session_id="c"))
+        session = self.get("ann", "c")
+        for text in ["one", "two", "three"]:
+            asyncio.run(self.service.append_event(session, Event(
+                author="user", invocation_id="i",
+                content=types.Content(role="user", parts=[types.Part(text=text)]))))
+        key = session_key(self.app, "ann", "c")
+        ids = [e.id for e in session.events]
+        self.client.add_compaction(key, "Counted to two.", ids[0], ids[1])
+        self.assertTrue(self.client.full_history(key)[0]["id"].startswith("compaction_"))
+        for config in [None, GetSessionConfig(after_timestamp=1.0)]:
+            self.assertEqual(dumped(self.get("ann", "c", config).events), dumped(session.events))
+
+    def test_messages_other_clients_wrote_read_as_events(self):
+        asyncio.run(self.service.create_session(app_name=self.app, user_id="ann",
+                                                session_id="o"))
+        key = session_key(self.app, "ann", "o")
+        self.client.append(key, {"id": "u", "role": "user", "content": "from elsewhere"})
+        self.client.append(key, {"id": "a", "role": "assistant",
+                                 "parts": [{"type": "text", "text": "an answer"}]})
+        events = self.get("ann", "o").events
+        self.assertEqual([(e.id, e.author, e.content.role, e.content.parts[0].text)
+                          for e in events],
+                         [("u", "user", "user", "from elsewhere"),
+                          ("a", "model", "model", "an answer")])
+        # The runner goes on from them.
+        replies = self.run_turn(self.service, "ann", "o", "hi")
+        self.assertEqual(replies[-1].content.parts[0].text, "visit 1, shown 5 contents")
+
+
+if __name__ == "__main__":
+    unittest.main()
