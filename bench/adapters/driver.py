@@ -21,10 +21,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from workload import texts  # noqa: E402  (the comparison's text generator)
 
 from agents import SQLiteSession  # noqa: E402
+from google.adk.events.event import Event  # noqa: E402
+from google.adk.events.event_actions import EventActions  # noqa: E402
+from google.adk.sessions.sqlite_session_service import SqliteSessionService  # noqa: E402
+from google.genai import types  # noqa: E402
 from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
 
 from sessiondb import Client  # noqa: E402
+from sessiondb.adk import SessiondbSessionService  # noqa: E402
 from sessiondb.langgraph import SessiondbSaver  # noqa: E402
 from sessiondb.openai_agents import SessiondbSession  # noqa: E402
 
@@ -71,6 +76,27 @@ async def openai_turns(session, turns):
         started = time.perf_counter()
         await session.get_items()
         await session.add_items(items)
+        ms.append((time.perf_counter() - started) * 1000)
+    return ms
+
+
+async def adk_turns(service, turns):
+    """What ADK's runner does with its session service each turn: read the session, then store
+    the user's message and the agent's answer (with the state change its `output_key` makes)."""
+    await service.create_session(app_name="bench", user_id="u", session_id="bench")
+    lines = iter(texts(2 * turns))
+    ms = []
+    for i in range(turns):
+        started = time.perf_counter()
+        session = await service.get_session(app_name="bench", user_id="u", session_id="bench")
+        question = types.Content(role="user", parts=[types.Part(text=next(lines))])
+        await service.append_event(session, Event(author="user", invocation_id=f"i{i}",
+                                                  content=question))
+        answer = next(lines)
+        await service.append_event(session, Event(
+            author="assistant", invocation_id=f"i{i}",
+            content=types.Content(role="model", parts=[types.Part(text=answer)]),
+            actions=EventActions(state_delta={"last_answer": answer})))
         ms.append((time.perf_counter() - started) * 1000)
     return ms
 
@@ -128,12 +154,18 @@ def run(store, binary, scratch, turns, invokes):
         connection.close()
         emit("own", "langgraph", ms, sum(os.path.getsize(p) for p in [path, path + "-wal"]
                                             if os.path.exists(p)))
+        path = os.path.join(folder, "adk.db")
+        ms = asyncio.run(adk_turns(SqliteSessionService(path), turns))
+        emit("own", "adk", ms, sum(os.path.getsize(p) for p in [path, path + "-wal"]
+                                      if os.path.exists(p)))
         return
-    for framework in ["openai", "langgraph"]:
+    for framework in ["openai", "langgraph", "adk"]:
         server = Server(binary, os.path.join(folder, framework))
         with Client(server.url) as client:
             if framework == "openai":
                 ms = asyncio.run(openai_turns(SessiondbSession("bench", client), turns))
+            elif framework == "adk":
+                ms = asyncio.run(adk_turns(SessiondbSessionService(client), turns))
             else:
                 ms = langgraph_invokes(SessiondbSaver(client), invokes)
         emit("sessiondb", framework, ms, server.stop())

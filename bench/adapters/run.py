@@ -4,12 +4,14 @@
     python3 bench/adapters/run.py [--turns 300] [--invokes 200] [--rounds 3] [--no-readme]
 
 What a user swapping stores wants to know: the OpenAI Agents SDK on its `SQLiteSession` (a file)
-against `SessiondbSession`, and LangGraph on its `SqliteSaver` against `SessiondbSaver`, both
+against `SessiondbSession`, LangGraph on its `SqliteSaver` against `SessiondbSaver`, and Google's
+ADK on its `SqliteSessionService` against `SessiondbSessionService`, the
 sessiondb adapters going through the Python client to a release `sessiondb serve` on this
 machine (durable, as the SQLite stores are by default); and the AI SDK's chat store on the file
 store of its persistence guide (a JSON file per chat, no fsync) against `SessiondbChatStore`
 through the TypeScript client (bench/adapters/ai_sdk.mjs, on Node). Per step: one conversation
-turn (the runner's read of the history, then storing the turn's input and output; for the AI
+turn (the runner's read of the history, then storing the turn's input and output; for ADK, its
+session read whole and two events stored, the answer with a state change; for the AI
 SDK, `loadChat` and then `saveChat` with the turn's question and answer added) or one graph
 invocation (two nodes, each adding ~200 characters to an accumulating list). Rounds alternate
 which store goes first. Writes bench/adapters/results.json and the section of bench/README.md
@@ -32,9 +34,11 @@ BENCH = os.path.dirname(HERE)
 ROOT = os.path.dirname(BENCH)
 VENV = os.path.join(BENCH, ".peers", "adapters")
 RESULTS = os.path.join(HERE, "results.json")
-PACKAGES = ["openai-agents==0.24.0", "langgraph==1.2.22", "langgraph-checkpoint-sqlite==3.1.2"]
+PACKAGES = ["openai-agents==0.24.0", "langgraph==1.2.22", "langgraph-checkpoint-sqlite==3.1.2",
+            "google-adk==2.13.0"]
 FRAMEWORKS = {"openai": "OpenAI Agents SDK: one turn (SQLiteSession / SessiondbSession)",
               "langgraph": "LangGraph: one invocation (SqliteSaver / SessiondbSaver)",
+              "adk": "Google ADK: one turn (SqliteSessionService / SessiondbSessionService)",
               "ai-sdk": "AI SDK: one chat turn (the persistence guide's file store / SessiondbChatStore)"}
 TYPESCRIPT = os.path.join(ROOT, "clients", "typescript")
 
