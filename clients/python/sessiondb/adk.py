@@ -23,11 +23,10 @@ How ADK's model is stored:
 
 Writes. ``append_event`` stores the event and its session-scoped state changes in one import
 request, all or nothing, then the app and user state changes (each one request; should one fail,
-the error reaches the runner and the event stays stored). A session is stale when its stored
-last event is not the one this object last read or wrote: ``append_event`` then raises ADK's
-``StaleSessionError`` and writes nothing. The check and the write are two requests, so two writers
-racing within that gap both succeed: their events become siblings, the one written later on the
-active path, the other kept beside it in the tree.
+the error reaches the runner and the event stays stored). The import goes in only while the
+session's last stored event is the one this object last read or wrote (``ifLeaf``, checked in
+the write itself): otherwise ADK's ``StaleSessionError``, and nothing is written, so of two
+writers that read the same session one lands and the other must read again.
 
 Reads. ``get_session`` reads the session, its events (the newest first, a page at a time, as far
 as ``num_recent_events`` and ``after_timestamp`` need) and the three states. ``list_sessions``
@@ -278,25 +277,24 @@ class SessiondbSessionService(BaseSessionService):
 
     def _store(self, session: Session, event: Event) -> None:
         key = session_key(session.app_name, session.user_id, session.id)
+        # What this object last read or wrote: its marker, else (a session built by hand or by
+        # another service) its last event. The write goes in only while that is the stored leaf.
+        leaf = session._storage_update_marker
+        if leaf is None and session.events:
+            leaf = message_id_for(session.events[-1].id)
+        scopes = split_state(event.actions.state_delta if event.actions else {})
+        lines = [{"message": message_of_event(event), "parentId": leaf,
+                  "createdAt": int(event.timestamp * 1000)}]
         try:
-            record = self.client.get_session(key)
+            self.client.import_lines(key, lines + _state_lines(scopes["session"]), if_leaf=leaf)
         except SessiondbError as error:
             if error.code == "not_found":
                 raise SessionNotFoundError(f"Session {session.id} not found.") from error
+            if error.code == "conflict":
+                raise StaleSessionError(
+                    "The session was written since this session object read it; get the "
+                    f"session again before appending ({error.message}).") from error
             raise
-        # What this object last read or wrote: its marker, else (a session built by hand or by
-        # another service) its last event.
-        expected = session._storage_update_marker
-        if expected is None and session.events:
-            expected = message_id_for(session.events[-1].id)
-        if record["leafId"] != expected:
-            raise StaleSessionError(
-                "The session was written since this session object read it (its last stored "
-                "event is another one); get the session again before appending.")
-        scopes = split_state(event.actions.state_delta if event.actions else {})
-        lines = [{"message": message_of_event(event), "parentId": record["leafId"],
-                  "createdAt": int(event.timestamp * 1000)}]
-        self.client.import_lines(key, lines + _state_lines(scopes["session"]))
         self._write_scopes(session.app_name, session.user_id, scopes)
 
     def _write_scopes(self, app_name: str, user_id: str,

@@ -323,22 +323,28 @@ class Client:
 
     # -- messages ---------------------------------------------------------------------------
 
-    def append(self, session_id: str, message: dict, parent: str | None = _OMITTED) -> dict:
+    def append(self, session_id: str, message: dict, parent: str | None = _OMITTED,
+               if_leaf: str | None = _OMITTED) -> dict:
         """Appends one message; returns ``{inserted, message}``. ``parent`` omitted appends
         under the active leaf, ``None`` starts a new root, an id branches under that message.
-        Appending to an unknown session creates it."""
-        query = None if parent is _OMITTED else {"parent": parent or ""}
+        Appending to an unknown session creates it. With ``if_leaf`` (an id, or ``None`` for a
+        session without messages) the append happens only while the session exists with that
+        active leaf: otherwise a ``not_found`` or ``conflict`` error, and nothing written."""
+        query = _leaf_query(if_leaf)
+        if parent is not _OMITTED:
+            query["parent"] = parent or ""
         return self.request("POST", self._session_path(session_id, "messages"), query=query,
                             body=message)
 
     def append_batch(self, session_id: str, messages: list[dict],
-                     parent_id: str | None = None) -> list[dict]:
-        """Appends messages chained one after another in one write: all are stored or none."""
+                     parent_id: str | None = None, if_leaf: str | None = _OMITTED) -> list[dict]:
+        """Appends messages chained one after another in one write: all are stored or none
+        (``if_leaf`` as for ``append``)."""
         body: dict[str, Any] = {"messages": messages}
         if parent_id is not None:
             body["parentId"] = parent_id
         return self.request("POST", self._session_path(session_id, "messages", "batch"),
-                            body=body)["messages"]
+                            query=_leaf_query(if_leaf), body=body)["messages"]
 
     def messages(self, session_id: str, limit: int | None = None, order: str | None = None,
                  after: str | None = None, before: str | None = None) -> dict:
@@ -425,10 +431,13 @@ class Client:
         (``{message, parentId, createdAt}``), then compactions, state and context."""
         return self._lines(self._session_path(session_id, "export"), None)
 
-    def import_lines(self, session_id: str, lines: Iterable[dict]) -> dict:
+    def import_lines(self, session_id: str, lines: Iterable[dict],
+                     if_leaf: str | None = _OMITTED) -> dict:
         """Imports lines as ``export`` gives them into the session (created if needed), all or
-        nothing; messages whose id the session has are skipped. ``{imported, skipped}``."""
-        return self.request("POST", self._session_path(session_id, "import"), body=_ndjson(lines))
+        nothing; messages whose id the session has are skipped (``if_leaf`` as for
+        ``append``). ``{imported, skipped}``."""
+        return self.request("POST", self._session_path(session_id, "import"),
+                            query=_leaf_query(if_leaf), body=_ndjson(lines))
 
     def import_templates(self, lines: Iterable[dict]) -> dict:
         """Imports a templates' part of a dump (an optional ``{"templates": {}}`` line, then block
@@ -610,6 +619,11 @@ class Client:
         not an exception)."""
         return self.request("POST", self._session_path(session_id, "tools", name),
                             body={"arguments": arguments})["output"]
+
+
+def _leaf_query(if_leaf: str | None) -> dict[str, str]:
+    """The ``ifLeaf`` condition of a write: omitted, ``None`` (no message yet) or a leaf id."""
+    return {} if if_leaf is _OMITTED else {"ifLeaf": if_leaf or ""}
 
 
 def _ndjson(lines: Iterable[dict]) -> bytes:

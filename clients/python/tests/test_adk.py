@@ -194,8 +194,19 @@ class SessionServiceTest(ServedTest):
         asyncio.run(self.service.append_event(theirs, event("first")))
         with self.assertRaises(StaleSessionError):
             asyncio.run(self.service.append_event(mine, event("lost", {"k": 1})))
+        # Racing writers that read the same session: one lands.
+        racers = [self.get("ann", "st") for _ in range(4)]
+
+        async def race():
+            return await asyncio.gather(
+                *(self.service.append_event(r, event(f"racer {i}")) for i, r in enumerate(racers)),
+                return_exceptions=True)
+        outcomes = asyncio.run(race())
+        self.assertEqual(sum(isinstance(o, Event) for o in outcomes), 1, outcomes)
+        self.assertTrue(all(isinstance(o, (Event, StaleSessionError)) for o in outcomes), outcomes)
+        landed = next(o for o in outcomes if isinstance(o, Event)).content.parts[0].text
         fresh = self.get("ann", "st")
-        self.assertEqual([e.content.parts[0].text for e in fresh.events], ["first"])
+        self.assertEqual([e.content.parts[0].text for e in fresh.events], ["first", landed])
         self.assertNotIn("k", fresh.state)
         # Read again, it writes; a partial event is never stored.
         asyncio.run(self.service.append_event(fresh, event("second", {"k": 1})))
@@ -203,7 +214,8 @@ class SessionServiceTest(ServedTest):
         partial.partial = True
         asyncio.run(self.service.append_event(fresh, partial))
         again = self.get("ann", "st")
-        self.assertEqual([e.content.parts[0].text for e in again.events], ["first", "second"])
+        self.assertEqual([e.content.parts[0].text for e in again.events],
+                         ["first", landed, "second"])
         self.assertEqual(again.state["k"], 1)
         # A session that is gone is not found.
         asyncio.run(self.service.delete_session(app_name=self.app, user_id="ann",

@@ -102,6 +102,28 @@ class ClientTest(ServedTest):
         self.assertEqual(c.delete_messages("copy", ["b", "c", "missing"]), 2)
         self.assertEqual([m["id"] for m in c.full_history("copy")], ["a"])
 
+    def test_writes_conditioned_on_the_leaf(self):
+        c = self.client
+        with self.assertRaises(SessiondbError) as caught:
+            c.append("cond", {"id": "a", "role": "user", "content": "x"}, if_leaf=None)
+        self.assertEqual(caught.exception.code, "not_found")
+        c.create_session("cond")
+        c.append("cond", {"id": "a", "role": "user", "content": "x"}, if_leaf=None)
+        c.append_batch("cond", [{"id": "b", "role": "assistant", "content": "y"}], if_leaf="a")
+        for write in [
+                lambda: c.append("cond", {"id": "c", "role": "user", "content": "z"}, if_leaf="a"),
+                lambda: c.append_batch("cond", [{"id": "c", "role": "user", "content": "z"}],
+                                       if_leaf=None),
+                lambda: c.import_lines("cond", [{"state": {"key": "k", "value": 1}}],
+                                       if_leaf="a")]:
+            with self.assertRaises(SessiondbError) as caught:
+                write()
+            self.assertEqual(caught.exception.code, "conflict")
+        self.assertEqual([m["id"] for m in c.full_history("cond")], ["a", "b"])
+        self.assertEqual(c.all_state("cond"), {})
+        c.import_lines("cond", [{"state": {"key": "k", "value": 1}}], if_leaf="b")
+        self.assertEqual(c.all_state("cond"), {"k": 1})
+
     def test_identifiers_are_single_path_segments(self):
         c = self.client
         for sid in ["a/b", "what?x=1", "100% sure", "日本語 ✓", "..", "#frag"]:

@@ -155,6 +155,19 @@ export interface ClientOptions {
 type Query = Record<string, string | number | undefined>;
 
 /**
+ * A write's condition on the session's active leaf: absent, none; `null`, the session has no
+ * message yet; an id, that message is its active leaf. Checked atomically with the write.
+ */
+export interface LeafCondition {
+  ifLeaf?: string | null;
+}
+
+/** The `ifLeaf` query of a write. */
+function leafQuery(condition: LeafCondition): Query {
+  return condition.ifLeaf === undefined ? {} : { ifLeaf: condition.ifLeaf ?? '' };
+}
+
+/**
  * Percent-encodes one path segment the way Python's `urllib.parse.quote(s, safe="")` does,
  * so ids derived from names are the same in both clients.
  */
@@ -403,28 +416,35 @@ export class Client {
 
   /**
    * Appends one message. `parent` omitted appends under the active leaf, `null` starts a new
-   * root, an id branches under that message. Appending to an unknown session creates it.
+   * root, an id branches under that message. Appending to an unknown session creates it. With
+   * `ifLeaf` (an id, or `null` for a session without messages) the append happens only while
+   * the session exists with that active leaf: otherwise a `not_found` or `conflict` error, and
+   * nothing written.
    */
   append(
     sessionId: string,
     message: MessageInput,
-    options: { parent?: string | null } = {},
+    options: { parent?: string | null } & LeafCondition = {},
   ): Promise<{ inserted: boolean; message: StoredMessage }> {
-    const query = 'parent' in options ? { parent: options.parent ?? '' } : undefined;
+    const query: Query = leafQuery(options);
+    if ('parent' in options) query.parent = options.parent ?? '';
     return this.request('POST', this.sessionPath(sessionId, 'messages'), { query, body: message });
   }
 
-  /** Appends messages chained one after another in one write: all are stored or none. */
+  /**
+   * Appends messages chained one after another in one write: all are stored or none (`ifLeaf`
+   * as for `append`).
+   */
   async appendBatch(
     sessionId: string,
     messages: MessageInput[],
-    options: { parentId?: string } = {},
+    options: { parentId?: string } & LeafCondition = {},
   ): Promise<StoredMessage[]> {
     const body = { messages, ...(options.parentId === undefined ? {} : { parentId: options.parentId }) };
     const answer = await this.request<{ messages: StoredMessage[] }>(
       'POST',
       this.sessionPath(sessionId, 'messages', 'batch'),
-      { body },
+      { query: leafQuery(options), body },
     );
     return answer.messages;
   }
@@ -511,8 +531,9 @@ export class Client {
   importLines(
     sessionId: string,
     lines: Iterable<ExportLine> | AsyncIterable<ExportLine>,
+    options: LeafCondition = {},
   ): Promise<{ imported: number; skipped: number }> {
-    return this.postLines(this.sessionPath(sessionId, 'import'), lines);
+    return this.postLines(this.sessionPath(sessionId, 'import'), lines, leafQuery(options));
   }
 
   /**
@@ -530,10 +551,11 @@ export class Client {
   private async postLines(
     path: string,
     lines: Iterable<ExportLine> | AsyncIterable<ExportLine>,
+    query?: Query,
   ): Promise<{ imported: number; skipped: number }> {
     let text = '';
     for await (const line of lines) text += JSON.stringify(line) + '\n';
-    const answer = await this.open('POST', path, undefined, undefined, text);
+    const answer = await this.open('POST', path, query, undefined, text);
     return JSON.parse(await bodyOf(answer, `POST ${path}`)) as { imported: number; skipped: number };
   }
 

@@ -66,6 +66,22 @@ test('import of an export and deletes of many', async () => {
   assert.deepEqual((await all(c.history('copy'))).map((m) => m.id), ['a']);
 });
 
+test('writes conditioned on the leaf', async () => {
+  const c = shared.client;
+  await rejectsWith(c.append('cond', { id: 'a', role: 'user', content: 'x' }, { ifLeaf: null }), 404, 'not_found');
+  await c.createSession({ id: 'cond' });
+  await c.append('cond', { id: 'a', role: 'user', content: 'x' }, { ifLeaf: null });
+  await c.appendBatch('cond', [{ id: 'b', role: 'assistant', content: 'y' }], { ifLeaf: 'a' });
+  const state = [{ state: { key: 'k', value: 1 } }];
+  await rejectsWith(c.append('cond', { id: 'c', role: 'user', content: 'z' }, { ifLeaf: 'a' }), 409, 'conflict');
+  await rejectsWith(c.appendBatch('cond', [{ id: 'c', role: 'user', content: 'z' }], { ifLeaf: null }), 409, 'conflict');
+  await rejectsWith(c.importLines('cond', state, { ifLeaf: 'a' }), 409, 'conflict');
+  assert.deepEqual((await all(c.history('cond'))).map((m) => m.id), ['a', 'b']);
+  assert.deepEqual(await c.allState('cond'), {});
+  await c.importLines('cond', state, { ifLeaf: 'b' });
+  assert.deepEqual(await c.allState('cond'), { k: 1 });
+});
+
 test('branches, edits, deletes and search', async () => {
   const root = (await shared.client.append('tree', { role: 'user', content: 'which zebra is fastest' })).message;
   const a = (await shared.client.append('tree', { role: 'assistant', content: 'first answer' })).message;

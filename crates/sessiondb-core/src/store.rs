@@ -213,6 +213,11 @@ pub struct WriteRequest {
     /// Most messages the session may hold (on all branches); an insert beyond it fails the
     /// whole request with [`StoreError::QuotaExceeded`].
     pub max_messages: Option<u64>,
+    /// When `Some`, the request applies only if the session exists ([`StoreError::NoSession`])
+    /// and its active leaf is this one (`None`: it has no message), checked in the transaction
+    /// that writes ([`StoreError::LeafMoved`]): optimistic concurrency for writers that read a
+    /// session and then extend it.
+    pub if_leaf: Option<Option<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -452,6 +457,16 @@ pub enum StoreError {
     SchemaTooNew { found: i64, supported: i64 },
     #[error("the session would exceed its limit of {limit} messages")]
     QuotaExceeded { limit: u64 },
+    /// A request conditioned on the session's leaf ([`WriteRequest::if_leaf`]) found the
+    /// session without one.
+    #[error("the session does not exist")]
+    NoSession,
+    /// A request conditioned on the session's leaf found another one; nothing was written.
+    #[error("the session's active leaf is {}, not {}", leaf_name(.found), leaf_name(.expected))]
+    LeafMoved {
+        expected: Option<String>,
+        found: Option<String>,
+    },
     /// A context block refused a write.
     #[error(transparent)]
     Context(#[from] ContextError),
@@ -482,6 +497,11 @@ pub enum StoreError {
         "the store stopped taking writes after the disk failed to sync ({0}); reopen it to continue from what reached the disk"
     )]
     Halted(String),
+}
+
+fn leaf_name(leaf: &Option<String>) -> String {
+    leaf.as_ref()
+        .map_or_else(|| "none (no message)".to_owned(), |id| format!("`{id}`"))
 }
 
 /// A storage backend. Every method is atomic; writes are durable when their future resolves and

@@ -134,6 +134,17 @@ pub async fn apply_request<T: WriteTx>(
     request: &WriteRequest,
     session: &mut SessionRow,
 ) -> Result<(Vec<WriteOutcome>, Vec<Change>)> {
+    if let Some(expected) = &request.if_leaf {
+        if !session.exists() {
+            return Err(StoreError::NoSession);
+        }
+        if session.leaf_id != *expected {
+            return Err(StoreError::LeafMoved {
+                expected: expected.clone(),
+                found: session.leaf_id.clone(),
+            });
+        }
+    }
     let mut rules = Rules {
         tx,
         key: &request.key,

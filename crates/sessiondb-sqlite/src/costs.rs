@@ -103,6 +103,7 @@ mod tests {
             now_ms,
             ops,
             max_messages: None,
+            if_leaf: None,
         }
     }
 

@@ -27,6 +27,11 @@ use crate::{Error, Options};
 pub struct AppendOptions {
     pub parent: Parent,
     pub source: Source,
+    /// Writes only if the session exists and its active leaf is this one (`None`: it has no
+    /// message), checked atomically with the write; otherwise the write fails with
+    /// [`Error::Store`] holding [`crate::StoreError::NoSession`] or
+    /// [`crate::StoreError::LeafMoved`], and nothing is written.
+    pub if_leaf: Option<Option<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -335,10 +340,20 @@ impl<S: Store> Session<S> {
             now_ms: now_ms(),
             ops,
             max_messages: self.options.max_messages_per_session,
+            if_leaf: None,
         }
     }
 
     pub(crate) async fn write(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteOutcome>, Error> {
+        self.write_if_leaf(ops, None).await
+    }
+
+    /// [`Session::write`] under the precondition [`AppendOptions::if_leaf`].
+    pub(crate) async fn write_if_leaf(
+        &self,
+        ops: Vec<WriteOp>,
+        if_leaf: Option<Option<String>>,
+    ) -> Result<Vec<WriteOutcome>, Error> {
         // Writes that can change the settings, the overlays or the path under the active leaf
         // make the session's memos stale. Appends and updates keep them: they are the hot path,
         // and the auto-compaction memo follows appends itself.
@@ -358,7 +373,11 @@ impl<S: Store> Session<S> {
                     | WriteOp::FreezePrompt { .. }
             )
         });
-        let outcomes = self.store.write(self.request(ops)).await;
+        let request = WriteRequest {
+            if_leaf,
+            ..self.request(ops)
+        };
+        let outcomes = self.store.write(request).await;
         if stale {
             self.caches.forget(&self.key);
         }
@@ -396,7 +415,8 @@ impl<S: Store> Session<S> {
             message: prepared,
             parent: options.parent,
         };
-        let mut result = append_result(self.write_one(op).await?);
+        let mut outcomes = self.write_if_leaf(vec![op], options.if_leaf).await?;
+        let mut result = append_result(outcomes.pop().expect("one outcome per op"));
         if result.inserted {
             self.after_insert(&settings, &result.message).await;
         }
@@ -431,7 +451,7 @@ impl<S: Store> Session<S> {
                 parent: under,
             });
         }
-        let mut outcomes = self.write(ops).await?.into_iter();
+        let mut outcomes = self.write_if_leaf(ops, options.if_leaf).await?.into_iter();
         let mut results: Vec<AppendResult> = slots
             .into_iter()
             .map(|slot| match slot {
@@ -465,7 +485,8 @@ impl<S: Store> Session<S> {
             message: self.prepare(message, options.source, &settings).await?,
             parent: options.parent,
         };
-        let mut result = match self.write_one(op).await? {
+        let mut outcomes = self.write_if_leaf(vec![op], options.if_leaf).await?;
+        let mut result = match outcomes.pop().expect("one outcome per op") {
             WriteOutcome::Updated(
                 UpdateOutcome::Changed(message) | UpdateOutcome::Unchanged(message),
             ) => AppendResult {

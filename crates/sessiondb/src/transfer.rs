@@ -390,6 +390,16 @@ fn message_line(m: &StoredMessage) -> String {
 impl<S: Store> Session<S> {
     /// Writes every line in one atomic request: all lines land, or (on any error) none.
     pub async fn import_lines(&self, lines: Vec<ImportLine>) -> Result<ImportSummary, Error> {
+        self.import_lines_if_leaf(lines, None).await
+    }
+
+    /// [`Session::import_lines`] when the session exists with this active leaf (`None`: no
+    /// message), checked atomically with the write, as [`crate::AppendOptions::if_leaf`] is.
+    pub async fn import_lines_if_leaf(
+        &self,
+        lines: Vec<ImportLine>,
+        if_leaf: Option<Option<String>>,
+    ) -> Result<ImportSummary, Error> {
         let existing: Vec<String> = self
             .compactions()
             .await?
@@ -520,7 +530,12 @@ impl<S: Store> Session<S> {
         }
         let counted = usize::from(create.is_some());
         ops.splice(0..0, create);
-        for outcome in self.write(ops).await?.into_iter().skip(counted) {
+        for outcome in self
+            .write_if_leaf(ops, if_leaf)
+            .await?
+            .into_iter()
+            .skip(counted)
+        {
             match outcome {
                 WriteOutcome::Imported(None) => summary.skipped += 1,
                 _ => summary.imported += 1,

@@ -78,6 +78,7 @@ pub(crate) async fn handle<S: Store>(
         let options = AppendOptions {
             parent: parent_of(query_param("parent")),
             source: Source::Client,
+            ..AppendOptions::default()
         };
         let result = session.append(message, options).await?;
         return Ok(appended(&app, &result));

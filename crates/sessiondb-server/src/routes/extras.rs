@@ -13,7 +13,8 @@ use sessiondb::Store;
 
 use crate::App;
 use crate::error::ApiError;
-use crate::extract::{JsonBody, NdjsonBody, Params, Tenant};
+use crate::extract::{JsonBody, NdjsonBody, Params, QueryParams, Tenant};
+use crate::routes::messages::{IfLeafQuery, if_leaf_of};
 use crate::routes::reads::NDJSON;
 use crate::wire::{self, Fields, value_response};
 
@@ -21,10 +22,14 @@ pub(crate) async fn import<S: Store>(
     State(app): State<Arc<App<S>>>,
     Tenant(ns): Tenant,
     Params(sid): Params<String>,
+    QueryParams(q): QueryParams<IfLeafQuery>,
     NdjsonBody(text): NdjsonBody,
 ) -> Result<Response, ApiError> {
     let lines = sessiondb::parse_import(&text)?;
-    let summary = app.session(&ns, &sid)?.import_lines(lines).await?;
+    let summary = app
+        .session(&ns, &sid)?
+        .import_lines_if_leaf(lines, if_leaf_of(q.if_leaf))
+        .await?;
     Ok(value_response(
         StatusCode::OK,
         &json!({"imported": summary.imported, "skipped": summary.skipped}),

@@ -26,17 +26,32 @@ pub(crate) fn parent_of(parent: Option<String>) -> Parent {
     }
 }
 
-fn client(parent: Parent) -> AppendOptions {
+/// `?ifLeaf=` semantics: absent ⇒ no condition; empty ⇒ the session has no message; else the
+/// session's active leaf must be that message.
+pub(crate) fn if_leaf_of(if_leaf: Option<String>) -> Option<Option<String>> {
+    if_leaf.map(|leaf| Some(leaf).filter(|leaf| !leaf.is_empty()))
+}
+
+fn client(parent: Parent, if_leaf: Option<String>) -> AppendOptions {
     AppendOptions {
         parent,
         source: Source::Client,
+        if_leaf: if_leaf_of(if_leaf),
     }
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct AppendQuery {
     parent: Option<String>,
+    if_leaf: Option<String>,
+}
+
+/// The query of the routes that take only the leaf condition (a batch, an import).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct IfLeafQuery {
+    pub(crate) if_leaf: Option<String>,
 }
 
 pub(crate) async fn append<S: Store>(
@@ -81,7 +96,9 @@ async fn append_to<S: Store>(
 ) -> Result<Response, ApiError> {
     let message = Message::from_value(body.value)?;
     let session = app.session(ns, sid)?;
-    let result = session.append(message, client(parent_of(q.parent))).await?;
+    let result = session
+        .append(message, client(parent_of(q.parent), q.if_leaf))
+        .await?;
     Ok(appended(app, &result))
 }
 
@@ -103,6 +120,7 @@ pub(crate) async fn batch<S: Store>(
     State(app): State<Arc<App<S>>>,
     Tenant(ns): Tenant,
     Params(sid): Params<String>,
+    QueryParams(q): QueryParams<IfLeafQuery>,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
     let mut f = Fields::new(body.value, "batch")?;
@@ -124,7 +142,9 @@ pub(crate) async fn batch<S: Store>(
         );
     }
     let session = app.session(&ns, &sid)?;
-    let results = session.append_all(messages, client(parent)).await?;
+    let results = session
+        .append_all(messages, client(parent, q.if_leaf))
+        .await?;
     let stored: Vec<_> = results
         .into_iter()
         .map(|r| {
@@ -239,7 +259,9 @@ pub(crate) async fn put<S: Store>(
     let message = Message::from_value(with_path_id(body.value, &mid)?)?;
     let session = app.session(&ns, &sid)?;
     let stored = if q.upsert.unwrap_or(false) {
-        let result = session.upsert(message, client(Parent::ActiveLeaf)).await?;
+        let result = session
+            .upsert(message, client(Parent::ActiveLeaf, None))
+            .await?;
         if result.inserted {
             app.metrics.record_append(result.message.bytes);
         }

@@ -251,3 +251,79 @@ async fn message_pages_walk_the_active_path() {
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{bad}");
     }
 }
+
+/// `?ifLeaf=` conditions an append, a batch or an import on the session's active leaf: 404
+/// without the session, 409 once another write moved the leaf, and nothing is written then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_conditioned_on_the_leaf() {
+    let server = start().await;
+    let missing = server
+        .post("/v1/sessions/s/messages?ifLeaf=", text("a", "hi"))
+        .await;
+    assert_eq!(
+        (missing.status, missing.code()),
+        (StatusCode::NOT_FOUND, "not_found")
+    );
+    assert_eq!(
+        server.get("/v1/sessions/s").await.status,
+        StatusCode::NOT_FOUND
+    );
+    server.post("/v1/sessions", json!({"id": "s"})).await;
+    let first = server
+        .post("/v1/sessions/s/messages?ifLeaf=", text("a", "hi"))
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let second = server
+        .post("/v1/sessions/s/messages?ifLeaf=a", text("b", "yo"))
+        .await;
+    assert_eq!(second.status, StatusCode::CREATED);
+
+    let stale = server
+        .post("/v1/sessions/s/messages?ifLeaf=a", text("c", "late"))
+        .await;
+    assert_eq!(
+        (stale.status, stale.code()),
+        (StatusCode::CONFLICT, "conflict")
+    );
+    assert_eq!(
+        stale.json["error"]["message"],
+        "the session's active leaf is `b`, not `a`"
+    );
+    let batch = json!({"messages": [text("c", "q"), text("d", "r")]});
+    let refused = server
+        .post("/v1/sessions/s/messages/batch?ifLeaf=", batch.clone())
+        .await;
+    assert_eq!(refused.status, StatusCode::CONFLICT);
+    let import = |query: &'static str| {
+        server.send(
+            server
+                .request(
+                    reqwest::Method::POST,
+                    &format!("/v1/sessions/s/import{query}"),
+                )
+                .header("content-type", "application/x-ndjson")
+                .body("{\"state\":{\"key\":\"k\",\"value\":1}}\n"),
+        )
+    };
+    assert_eq!(import("?ifLeaf=a").await.status, StatusCode::CONFLICT);
+    assert_eq!(
+        server.get("/v1/sessions/s/state").await.json,
+        json!({}),
+        "nothing of a refused write is stored"
+    );
+    assert_eq!(server.get("/v1/sessions/s").await.json["messageCount"], 2);
+
+    let landed = server
+        .post("/v1/sessions/s/messages/batch?ifLeaf=b", batch)
+        .await;
+    assert_eq!(landed.status, StatusCode::CREATED);
+    assert_eq!(import("?ifLeaf=d").await.status, StatusCode::OK);
+    assert_eq!(
+        server.get("/v1/sessions/s/state").await.json,
+        json!({"k": 1})
+    );
+    let unknown = server
+        .post("/v1/sessions/s/messages?ifleaf=d", text("e", "x"))
+        .await;
+    assert_eq!(unknown.status, StatusCode::BAD_REQUEST, "names are exact");
+}

@@ -102,6 +102,7 @@ macro_rules! for_each_case {
             tree::seq_strictly_increases_and_is_never_reused,
             tree::concurrent_appends_all_land,
             writes::update_replaces_body_and_keeps_position,
+            writes::writes_conditioned_on_the_leaf_apply_only_there,
             writes::message_quota_refuses_the_whole_request,
             writes::update_of_unknown_id_creates_nothing,
             writes::identical_update_writes_and_emits_nothing,

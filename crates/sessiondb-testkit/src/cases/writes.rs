@@ -460,3 +460,103 @@ pub async fn message_quota_refuses_the_whole_request<S: Store>(db: Db<S>) {
     // Other sessions have their own count.
     chain(&db_session(&db, "t"), &["a"]).await;
 }
+
+/// Writes conditioned on the session's active leaf apply only while it is that leaf, checked
+/// in the transaction that writes: of two writers that read the same leaf, one lands.
+pub async fn writes_conditioned_on_the_leaf_apply_only_there<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    let expecting = |leaf: Option<&str>| AppendOptions {
+        if_leaf: Some(leaf.map(str::to_owned)),
+        ..Default::default()
+    };
+    let refusal = |err: Error| match err {
+        Error::Store(store) => store,
+        other => panic!("{other:?}"),
+    };
+    // A session that does not exist has no leaf to match, and is not created.
+    let missing = s.append(text("a", "user", "hi"), expecting(None)).await;
+    assert!(matches!(
+        refusal(missing.unwrap_err()),
+        StoreError::NoSession
+    ));
+    assert!(s.info().await.unwrap().is_none());
+    db.create_session("", Some("s".into()), Default::default())
+        .await
+        .unwrap();
+    s.append(text("a", "user", "hi"), expecting(None))
+        .await
+        .unwrap();
+    s.append(text("b", "assistant", "yo"), expecting(Some("a")))
+        .await
+        .unwrap();
+
+    let mut sub = db.subscribe(FeedFilter::All);
+    let stale = s
+        .append(text("c", "user", "late"), expecting(Some("a")))
+        .await;
+    let moved = refusal(stale.unwrap_err());
+    assert!(
+        matches!(&moved, StoreError::LeafMoved { expected, found }
+            if expected.as_deref() == Some("a") && found.as_deref() == Some("b")),
+        "{moved:?}"
+    );
+    assert_eq!(
+        moved.to_string(),
+        "the session's active leaf is `b`, not `a`"
+    );
+    let batch = vec![text("c", "user", "q"), text("d", "assistant", "r")];
+    let refused = s.append_all(batch.clone(), expecting(None)).await;
+    assert!(matches!(
+        refusal(refused.unwrap_err()),
+        StoreError::LeafMoved { .. }
+    ));
+    let line = ImportLine::State {
+        key: "k".into(),
+        value: json!(1),
+    };
+    let refused = s
+        .import_lines_if_leaf(vec![line.clone()], Some(Some("a".into())))
+        .await;
+    assert!(matches!(
+        refusal(refused.unwrap_err()),
+        StoreError::LeafMoved { .. }
+    ));
+    assert_eq!(history_ids(&s, None).await, ["a", "b"]);
+    assert_eq!(s.state("k").await.unwrap(), None);
+    assert!(
+        drain(&mut sub).is_empty(),
+        "a refused write publishes nothing"
+    );
+
+    s.append_all(batch, expecting(Some("b"))).await.unwrap();
+    s.import_lines_if_leaf(vec![line], Some(Some("d".into())))
+        .await
+        .unwrap();
+    assert_eq!(history_ids(&s, None).await, ["a", "b", "c", "d"]);
+    assert_eq!(s.state("k").await.unwrap(), Some(json!(1)));
+
+    // Writers racing from the same leaf: exactly one lands, however the store groups them.
+    let start = std::sync::Arc::new(std::sync::Barrier::new(8));
+    let racers: Vec<_> = (0..8)
+        .map(|i| {
+            let (s, start) = (s.clone(), start.clone());
+            std::thread::spawn(move || {
+                let reply = text(&format!("r{i}"), "assistant", "mine");
+                start.wait();
+                block_on(s.append(reply, expecting(Some("d"))))
+            })
+        })
+        .collect();
+    let mut landed = Vec::new();
+    for racer in racers {
+        match racer.join().unwrap() {
+            Ok(appended) => landed.push(appended.message.id.to_string()),
+            Err(err) => assert!(matches!(refusal(err), StoreError::LeafMoved { .. })),
+        }
+    }
+    assert_eq!(landed.len(), 1, "{landed:?}");
+    assert_eq!(
+        history_ids(&s, None).await,
+        ["a", "b", "c", "d", &landed[0]]
+    );
+}
