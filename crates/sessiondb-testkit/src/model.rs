@@ -43,6 +43,21 @@ pub enum Op {
         from: u8,
         to: u8,
     },
+    /// An append under the active leaf, conditioned on the leaf ([`AppendOptions::if_leaf`]).
+    AppendIfLeaf {
+        id: u8,
+        text: String,
+        expected: ExpectedLeaf,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub enum ExpectedLeaf {
+    /// The leaf the session has when the op runs (the condition holds).
+    Current,
+    /// No message.
+    Empty,
+    Id(u8),
 }
 
 #[derive(Debug, Clone)]
@@ -94,10 +109,16 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => (0..ID_POOL, text.clone()).prop_map(|(id, text)| Op::Update { id, text }),
         2 => proptest::collection::vec(0..ID_POOL, 0..4).prop_map(|ids| Op::Delete { ids }),
         1 => Just(Op::Clear),
-        2 => (0..ID_POOL, text, proptest::option::of(0..ID_POOL + 2))
+        2 => (0..ID_POOL, text.clone(), proptest::option::of(0..ID_POOL + 2))
             .prop_map(|(id, text, parent)| Op::Import { id, text, parent }),
         // Starts from half the pool, so overlays often share a start or nest.
         2 => (0..ID_POOL / 2, 0..ID_POOL).prop_map(|(from, to)| Op::Compact { from, to }),
+        2 => (0..ID_POOL, text, prop_oneof![
+            2 => Just(ExpectedLeaf::Current),
+            1 => Just(ExpectedLeaf::Empty),
+            2 => (0..ID_POOL).prop_map(ExpectedLeaf::Id),
+        ])
+            .prop_map(|(id, text, expected)| Op::AppendIfLeaf { id, text, expected }),
     ]
 }
 
@@ -158,6 +179,23 @@ impl Model {
                 };
                 let parent = parent.filter(|p| !self.reaches(p, &id(*n)));
                 self.insert(*n, text, parent);
+            }
+            Op::AppendIfLeaf {
+                id: n,
+                text,
+                expected,
+            } => {
+                let expected = match expected {
+                    ExpectedLeaf::Current => self.leaf.clone(),
+                    ExpectedLeaf::Empty => None,
+                    ExpectedLeaf::Id(p) => Some(id(*p)),
+                };
+                if expected != self.leaf {
+                    return false;
+                }
+                if !self.nodes.contains_key(&id(*n)) {
+                    self.insert(*n, text, self.leaf.clone());
+                }
             }
             Op::Update { id: n, text } => {
                 if let Some(node) = self.nodes.get_mut(&id(*n)) {
@@ -335,6 +373,25 @@ async fn run_op<S: Store>(session: &sessiondb::Session<S>, op: &Op) -> bool {
             .add_compaction("summary".into(), id(*from), id(*to))
             .await
             .is_ok(),
+        Op::AppendIfLeaf {
+            id: n,
+            text,
+            expected,
+        } => {
+            let leaf = match expected {
+                ExpectedLeaf::Current => {
+                    let leaf = session.latest_leaf().await.unwrap();
+                    leaf.map(|m| m.id.to_string())
+                }
+                ExpectedLeaf::Empty => None,
+                ExpectedLeaf::Id(p) => Some(id(*p)),
+            };
+            let options = AppendOptions {
+                if_leaf: Some(leaf),
+                ..Default::default()
+            };
+            session.append(message(*n, text), options).await.is_ok()
+        }
     }
 }
 
@@ -547,6 +604,10 @@ pub fn check_against_model<S: Store, G>(open: impl Fn() -> (Db<S>, G), cases: u3
             let session = db.session("model").unwrap();
             let mut model = Model::default();
             block_on(async {
+                // Conditioned appends need the session to exist from the start.
+                db.create_session("", Some("model".into()), Default::default())
+                    .await
+                    .unwrap();
                 for op in &ops {
                     let accepted = model.apply(op);
                     prop_assert_eq!(run_op(&session, op).await, accepted, "op {:?}", op);
