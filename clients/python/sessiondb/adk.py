@@ -28,8 +28,10 @@ session's last stored event is the one this object last read or wrote (``ifLeaf`
 the write itself): otherwise ADK's ``StaleSessionError``, and nothing is written, so of two
 writers that read the same session one lands and the other must read again.
 
-Reads. ``get_session`` reads the session, its events (the newest first, a page at a time, as far
-as ``num_recent_events`` and ``after_timestamp`` need) and the three states. ``list_sessions``
+Reads. ``get_session`` reads the session, its events and the three states. The events come in
+one streamed read; with ``num_recent_events`` (or once a compaction's summary stands in the path,
+since ADK needs the events themselves) they are read newest first, a page at a time, as far as
+``num_recent_events`` and ``after_timestamp`` need. ``list_sessions``
 lists the app's sessions (one user's through the server's user index, all users' by reading the
 namespace's listing) with their merged state, without events. The blocking client runs on worker
 threads, so the event loop never waits for the server.

@@ -194,7 +194,9 @@ impl Model {
                     return false;
                 }
                 if !self.nodes.contains_key(&id(*n)) {
-                    self.insert(*n, text, self.leaf.clone());
+                    // As for any append: never under a row whose ancestry holds this id.
+                    let parent = self.leaf.clone().filter(|p| !self.reaches(p, &id(*n)));
+                    self.insert(*n, text, parent);
                 }
             }
             Op::Update { id: n, text } => {

@@ -385,7 +385,15 @@ impl<S: Store> Session<S> {
     }
 
     pub(crate) async fn write_one(&self, op: WriteOp) -> Result<WriteOutcome, Error> {
-        let mut outcomes = self.write(vec![op]).await?;
+        self.write_one_if_leaf(op, None).await
+    }
+
+    async fn write_one_if_leaf(
+        &self,
+        op: WriteOp,
+        if_leaf: Option<Option<String>>,
+    ) -> Result<WriteOutcome, Error> {
+        let mut outcomes = self.write_if_leaf(vec![op], if_leaf).await?;
         Ok(outcomes.pop().expect("one outcome per op"))
     }
 
@@ -415,8 +423,7 @@ impl<S: Store> Session<S> {
             message: prepared,
             parent: options.parent,
         };
-        let mut outcomes = self.write_if_leaf(vec![op], options.if_leaf).await?;
-        let mut result = append_result(outcomes.pop().expect("one outcome per op"));
+        let mut result = append_result(self.write_one_if_leaf(op, options.if_leaf).await?);
         if result.inserted {
             self.after_insert(&settings, &result.message).await;
         }
@@ -485,8 +492,7 @@ impl<S: Store> Session<S> {
             message: self.prepare(message, options.source, &settings).await?,
             parent: options.parent,
         };
-        let mut outcomes = self.write_if_leaf(vec![op], options.if_leaf).await?;
-        let mut result = match outcomes.pop().expect("one outcome per op") {
+        let mut result = match self.write_one_if_leaf(op, options.if_leaf).await? {
             WriteOutcome::Updated(
                 UpdateOutcome::Changed(message) | UpdateOutcome::Unchanged(message),
             ) => AppendResult {
