@@ -65,8 +65,6 @@ APP_KEY = "adkApp"
 USER_KEY = "adkUserId"
 SESSION_KEY = "adkSessionId"
 PAGE_SIZE = 100
-# Ids of the messages that stand for compactions in a read with compactions applied.
-COMPACTION_PREFIX = "compaction_"
 
 
 def session_key(app_name: str, user_id: str, session_id: str) -> str:
@@ -237,17 +235,13 @@ class SessiondbSessionService(BaseSessionService):
         """The events ``config`` asks for, oldest first."""
         wanted, after = config.num_recent_events, config.after_timestamp
         if wanted is None:
-            # The whole path in one request, as it reads with compactions applied: when none
-            # stands in it, that is the stored path.
-            path = self.client.full_history(key)
-            if not any(m["id"].startswith(COMPACTION_PREFIX) for m in path):
-                events = [event_of(m) for m in path]
-                return [e for e in events if e.timestamp >= after] if after else events
+            events = [event_of(m) for m in self.client.stored_history(key)]
+            return [e for e in events if e.timestamp >= after] if after else events
         # The stored path newest first, a page at a time until ``config`` has enough.
         events: list[Event] = []
         cursor = None
-        while wanted is None or len(events) < wanted:
-            limit = PAGE_SIZE if wanted is None else min(PAGE_SIZE, wanted - len(events))
+        while len(events) < wanted:
+            limit = min(PAGE_SIZE, wanted - len(events))
             page = self.client.messages(key, limit=limit, order="desc", after=cursor)
             for message in page["items"]:
                 event = event_of(message)

@@ -38,6 +38,8 @@ class SessiondbUnavailable(SessiondbError):
 
 
 MAX_ID_CHARS = 256
+# Ids of the messages that stand for compactions in a read with compactions applied.
+COMPACTION_PREFIX = "compaction_"
 
 
 def _segment(value: str) -> str:
@@ -394,6 +396,22 @@ class Client:
         raw = self._exchange("GET", self._session_path(session_id, "history"),
                              {"leaf": leaf}, _OMITTED)
         return _json_lines(raw.split(b"\n"))
+
+    def stored_history(self, session_id: str) -> list[dict]:
+        """The active path as stored, oldest first: no compaction's summary in place of the
+        messages it covers. One history read when no compaction stands in the path, else pages of
+        ``messages``."""
+        path = self.full_history(session_id)
+        if not any(m["id"].startswith(COMPACTION_PREFIX) for m in path):
+            return path
+        stored: list[dict] = []
+        after = None
+        while True:
+            page = self.messages(session_id, limit=100, order="asc", after=after)
+            stored.extend(page["items"])
+            after = page.get("nextCursor")
+            if after is None:
+                return stored
 
     def model_history(self, session_id: str, format: str = "openai",
                       leaf: str | None = None) -> Any:

@@ -1,0 +1,175 @@
+"""LlamaIndex's chat store on sessiondb.
+
+``SessiondbChatStore`` is an ``AsyncDBChatStore``, the store behind LlamaIndex's ``Memory``: pass
+it as ``Memory(session_id=..., sql_store=SessiondbChatStore(client=client), token_limit=...)``
+where the default ``SQLAlchemyChatStore`` (an SQLite file, or a database URI) went. Each memory's
+messages then live in sessiondb, shared by every process that talks to the server, searchable,
+and readable by every other client as ordinary messages.
+
+How it is stored. A key (``Memory``'s ``session_id``) is the sessiondb session
+``llama-index/<key>`` (percent-encoded; a SHA-256 stands in past 256 characters) with the key in
+its metadata (``llamaIndexKey``). A ``ChatMessage`` is a message of its role whose ``content`` is
+the message's text; the whole message as LlamaIndex serialises it (``model_dump(mode="json")``)
+is kept under the metadata key ``llamaIndexMessage`` and its status under ``llamaIndexStatus``
+(``active`` or ``archived``: ``Memory`` archives the oldest messages of its queue once they pass
+its token limit, and sessiondb keeps them). A message another client wrote reads as an active
+message of its role and text.
+
+Order and ids. Messages are the session's active path, oldest first; ``add_messages`` is one
+write, all or none. ``delete_message(key, idx)`` takes a position on that path (``SQLAlchemyChatStore``
+takes its row id, which a ``ChatMessage`` does not carry). ``set_messages`` and the deletes and
+archives of several messages are two or more requests, as they are two statements (a delete,
+then inserts or updates) in ``SQLAlchemyChatStore``. The blocking client runs on worker threads,
+so the event loop never waits for the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, List, Optional
+
+from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+from llama_index.core.storage.chat_store.base_db import AsyncDBChatStore, MessageStatus
+
+from .client import Client, SessiondbError, bounded_id, joined_id
+
+MESSAGE_KEY = "llamaIndexMessage"
+STATUS_KEY = "llamaIndexStatus"
+KEY_KEY = "llamaIndexKey"
+
+
+def session_of(key: str) -> str:
+    """The sessiondb session holding a chat store key's messages."""
+    return bounded_id(joined_id("llama-index", key))
+
+
+def message_of_chat_message(message: ChatMessage, status: MessageStatus) -> dict:
+    """The sessiondb message that stores one LlamaIndex message."""
+    return {"role": message.role.value, "content": message.content or "",
+            "metadata": {MESSAGE_KEY: message.model_dump(mode="json"),
+                         STATUS_KEY: status.value}}
+
+
+def chat_message_of(message: dict) -> ChatMessage:
+    """The LlamaIndex message a stored message holds (see the module's documentation)."""
+    stored = (message.get("metadata") or {}).get(MESSAGE_KEY)
+    if isinstance(stored, dict):
+        return ChatMessage.model_validate(stored)
+    content: Any = message.get("content")
+    if not isinstance(content, str):
+        content = "\n".join(p.get("text", "") for p in message.get("parts") or []
+                            if p.get("type") == "text")
+    return ChatMessage(role=message.get("role", "user"), content=content)
+
+
+def _status_of(message: dict) -> str:
+    return (message.get("metadata") or {}).get(STATUS_KEY, MessageStatus.ACTIVE.value)
+
+
+class SessiondbChatStore(AsyncDBChatStore):
+    """LlamaIndex chat memory in sessiondb, through ``client`` (see the module's
+    documentation)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    client: Client = Field(exclude=True)
+    # Keys whose session this store has created (or found), so an add needs one request.
+    _registered: set[str] = PrivateAttr(default_factory=set)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "SessiondbChatStore"
+
+    async def get_messages(self, key: str, status: Optional[MessageStatus] = MessageStatus.ACTIVE,
+                           limit: Optional[int] = None,
+                           offset: Optional[int] = None) -> List[ChatMessage]:
+        stored = await asyncio.to_thread(self._stored, key, status)
+        start = offset or 0
+        end = None if limit is None else start + limit
+        return [chat_message_of(m) for m in stored[start:end]]
+
+    async def count_messages(self, key: str,
+                             status: Optional[MessageStatus] = MessageStatus.ACTIVE) -> int:
+        return len(await asyncio.to_thread(self._stored, key, status))
+
+    async def add_message(self, key: str, message: ChatMessage,
+                          status: MessageStatus = MessageStatus.ACTIVE) -> None:
+        await self.add_messages(key, [message], status)
+
+    async def add_messages(self, key: str, messages: List[ChatMessage],
+                           status: MessageStatus = MessageStatus.ACTIVE) -> None:
+        if messages:
+            await asyncio.to_thread(self._append, key, messages, status)
+
+    async def set_messages(self, key: str, messages: List[ChatMessage],
+                           status: MessageStatus = MessageStatus.ACTIVE) -> None:
+        await asyncio.to_thread(self.client.clear, session_of(key))
+        await self.add_messages(key, messages, status)
+
+    async def delete_message(self, key: str, idx: int) -> Optional[ChatMessage]:
+        return await asyncio.to_thread(self._delete_at, key, idx)
+
+    async def delete_messages(self, key: str, status: Optional[MessageStatus] = None) -> None:
+        if status is None:
+            await asyncio.to_thread(self.client.delete_session, session_of(key), True)
+            self._registered.discard(key)
+            return
+        stored = await asyncio.to_thread(self._stored, key, status)
+        await asyncio.to_thread(self.client.delete_messages, session_of(key),
+                                [m["id"] for m in stored])
+
+    async def delete_oldest_messages(self, key: str, n: int) -> List[ChatMessage]:
+        oldest = (await asyncio.to_thread(self._stored, key, MessageStatus.ACTIVE))[:max(n, 0)]
+        if oldest:
+            await asyncio.to_thread(self.client.delete_messages, session_of(key),
+                                    [m["id"] for m in oldest])
+        return [chat_message_of(m) for m in oldest]
+
+    async def archive_oldest_messages(self, key: str, n: int) -> List[ChatMessage]:
+        return await asyncio.to_thread(self._archive_oldest, key, n)
+
+    async def get_keys(self) -> List[str]:
+        return await asyncio.to_thread(self._keys)
+
+    # -- the requests, on a worker thread ---------------------------------------------------
+
+    def _stored(self, key: str, status: Optional[MessageStatus]) -> list[dict]:
+        """The key's stored messages of ``status`` (any when ``None``), oldest first."""
+        try:
+            path = self.client.stored_history(session_of(key))
+        except SessiondbError as error:
+            if error.code == "not_found":
+                return []
+            raise
+        return [m for m in path if status is None or _status_of(m) == status.value]
+
+    def _append(self, key: str, messages: List[ChatMessage], status: MessageStatus) -> None:
+        session = session_of(key)
+        if key not in self._registered:
+            try:
+                # The key in the session's metadata lists it in get_keys, whatever its id became.
+                self.client.create_session(session, metadata={KEY_KEY: key})
+            except SessiondbError as error:
+                if error.code != "conflict":
+                    raise
+            self._registered.add(key)
+        self.client.append_batch(session, [message_of_chat_message(m, status) for m in messages])
+
+    def _delete_at(self, key: str, idx: int) -> Optional[ChatMessage]:
+        stored = self._stored(key, None)
+        if not 0 <= idx < len(stored):
+            return None
+        self.client.delete_message(session_of(key), stored[idx]["id"])
+        return chat_message_of(stored[idx])
+
+    def _archive_oldest(self, key: str, n: int) -> List[ChatMessage]:
+        oldest = self._stored(key, MessageStatus.ACTIVE)[:max(n, 0)]
+        for message in oldest:
+            metadata = {**(message.get("metadata") or {}), STATUS_KEY: MessageStatus.ARCHIVED.value}
+            self.client.update_message(session_of(key), message["id"], metadata=metadata)
+        return [chat_message_of(m) for m in oldest]
+
+    def _keys(self) -> List[str]:
+        return [record["metadata"][KEY_KEY] for record in self.client.list_sessions()
+                if KEY_KEY in (record.get("metadata") or {}) and record["messageCount"] > 0]

@@ -1,0 +1,112 @@
+"""LlamaIndex's chat store on a real server, driven by LlamaIndex's own Memory."""
+
+from __future__ import annotations
+
+import asyncio
+import unittest
+
+from llama_index.core.base.llms.types import ChatMessage, MessageRole
+from llama_index.core.memory import Memory
+from llama_index.core.storage.chat_store.base_db import MessageStatus
+from served import ServedTest
+
+from sessiondb.llama_index import SessiondbChatStore, session_of
+
+ACTIVE, ARCHIVED = MessageStatus.ACTIVE, MessageStatus.ARCHIVED
+
+
+def words(text: str) -> list:
+    """A tokenizer that needs no download: one token per word."""
+    return text.split()
+
+
+def texts(messages: list[ChatMessage]) -> list[str]:
+    return [m.content for m in messages]
+
+
+class ChatStoreTest(ServedTest):
+    def setUp(self):
+        self.store = SessiondbChatStore(client=self.client)
+        self.key = self.fresh_prefix() + "chat"
+
+    def memory(self, token_limit: int = 1000) -> Memory:
+        return Memory(session_id=self.key, sql_store=SessiondbChatStore(client=self.client),
+                      token_limit=token_limit, tokenizer_fn=words, token_flush_size=4,
+                      chat_history_token_ratio=0.5)
+
+    def test_a_memory_is_read_back_by_another_process(self):
+        memory = self.memory()
+        asyncio.run(memory.aput_messages([
+            ChatMessage(role="user", content="What is the capital of France?"),
+            ChatMessage(role="assistant", content="Paris.",
+                        additional_kwargs={"tool_calls": []}),
+        ]))
+        again = self.memory()
+        read = asyncio.run(again.aget())
+        self.assertEqual([(m.role, m.content) for m in read],
+                         [(MessageRole.USER, "What is the capital of France?"),
+                          (MessageRole.ASSISTANT, "Paris.")])
+        self.assertEqual(read[1].additional_kwargs, {"tool_calls": []})
+        # Other clients read ordinary messages, and search finds them.
+        stored = self.client.full_history(session_of(self.key))
+        self.assertEqual([(m["role"], m["content"]) for m in stored],
+                         [("user", "What is the capital of France?"), ("assistant", "Paris.")])
+        self.assertEqual(len(self.client.search(session_of(self.key), "capital")), 1)
+        self.assertIn(self.key, asyncio.run(self.store.get_keys()))
+
+    def test_memory_archives_what_passes_its_limit_and_sessiondb_keeps_it(self):
+        memory = self.memory(token_limit=40)
+        for turn in range(8):
+            asyncio.run(memory.aput(ChatMessage(role="user", content=f"question {turn} " * 3)))
+            asyncio.run(memory.aput(ChatMessage(role="assistant", content=f"answer {turn} " * 3)))
+        active = asyncio.run(self.store.get_messages(self.key, ACTIVE))
+        archived = asyncio.run(self.store.get_messages(self.key, ARCHIVED))
+        self.assertGreater(len(archived), 0)
+        self.assertLessEqual(sum(len(words(m.content)) for m in active), 20)
+        self.assertEqual(texts(archived + active),
+                         [f"{kind} {turn} " * 3 for turn in range(8)
+                          for kind in ("question", "answer")])
+        self.assertEqual(texts(asyncio.run(memory.aget())), texts(active))
+        self.assertEqual(len(self.client.full_history(session_of(self.key))), 16)
+
+    def test_the_store_interface(self):
+        store, key = self.store, self.key
+        run = asyncio.run
+        self.assertEqual(run(store.get_messages(key)), [])
+        self.assertEqual(run(store.count_messages(key)), 0)
+        run(store.add_messages(key, [ChatMessage(role="user", content=f"m{i}") for i in range(6)]))
+        run(store.add_message(key, ChatMessage(role="assistant", content="old"), ARCHIVED))
+        self.assertEqual(run(store.count_messages(key)), 6)
+        self.assertEqual(run(store.count_messages(key, None)), 7)
+        self.assertEqual(texts(run(store.get_messages(key, limit=2, offset=1))), ["m1", "m2"])
+        self.assertEqual(texts(run(store.get_messages(key, ARCHIVED))), ["old"])
+        self.assertEqual(texts(run(store.archive_oldest_messages(key, 2))), ["m0", "m1"])
+        self.assertEqual(texts(run(store.get_messages(key, ARCHIVED))), ["m0", "m1", "old"])
+        self.assertEqual(texts(run(store.delete_oldest_messages(key, 1))), ["m2"])
+        self.assertEqual(run(store.delete_message(key, 0)).content, "m0")
+        self.assertIsNone(run(store.delete_message(key, 99)))
+        self.assertEqual(texts(run(store.get_messages(key, None))), ["m1", "m3", "m4", "m5", "old"])
+        run(store.delete_messages(key, ARCHIVED))
+        self.assertEqual(texts(run(store.get_messages(key, None))), ["m3", "m4", "m5"])
+        run(store.set_messages(key, [ChatMessage(role="user", content="fresh")]))
+        self.assertEqual(texts(run(store.get_messages(key))), ["fresh"])
+        run(store.delete_messages(key))
+        self.assertEqual(run(store.get_messages(key, None)), [])
+        self.assertNotIn(key, run(store.get_keys()))
+        # A key used again after its deletion comes back.
+        run(store.add_message(key, ChatMessage(role="user", content="again")))
+        self.assertIn(key, run(store.get_keys()))
+
+    def test_messages_other_clients_wrote_read_as_active_messages(self):
+        session = session_of(self.key)
+        self.client.append(session, {"role": "user", "content": "from elsewhere"})
+        self.client.append(session, {"role": "assistant",
+                                     "parts": [{"type": "text", "text": "an answer"}]})
+        read = asyncio.run(self.store.get_messages(self.key))
+        self.assertEqual([(m.role, m.content) for m in read],
+                         [(MessageRole.USER, "from elsewhere"),
+                          (MessageRole.ASSISTANT, "an answer")])
+
+
+if __name__ == "__main__":
+    unittest.main()
