@@ -25,11 +25,15 @@ from google.adk.events.event import Event  # noqa: E402
 from google.adk.events.event_actions import EventActions  # noqa: E402
 from google.adk.sessions.sqlite_session_service import SqliteSessionService  # noqa: E402
 from google.genai import types  # noqa: E402
+from llama_index.core.base.llms.types import ChatMessage  # noqa: E402
+from llama_index.core.memory import Memory  # noqa: E402
+from llama_index.core.storage.chat_store.sql import SQLAlchemyChatStore  # noqa: E402
 from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
 
 from sessiondb import Client  # noqa: E402
 from sessiondb.adk import SessiondbSessionService  # noqa: E402
+from sessiondb.llama_index import SessiondbChatStore  # noqa: E402
 from sessiondb.langgraph import SessiondbSaver  # noqa: E402
 from sessiondb.openai_agents import SessiondbSession  # noqa: E402
 
@@ -101,6 +105,22 @@ async def adk_turns(service, turns):
     return ms
 
 
+async def llama_index_turns(store, turns):
+    """What an agent does with LlamaIndex's `Memory` each turn: read it, then put the user's
+    message and the answer (a limit no history here reaches, so nothing is archived)."""
+    memory = Memory(session_id="bench", sql_store=store, token_limit=10_000_000,
+                    tokenizer_fn=str.split)
+    lines = iter(texts(2 * turns))
+    ms = []
+    for _ in range(turns):
+        started = time.perf_counter()
+        await memory.aget()
+        await memory.aput_messages([ChatMessage(role="user", content=next(lines)),
+                                    ChatMessage(role="assistant", content=next(lines))])
+        ms.append((time.perf_counter() - started) * 1000)
+    return ms
+
+
 class State(TypedDict):
     steps: Annotated[list[str], operator.add]
     topic: str
@@ -158,14 +178,21 @@ def run(store, binary, scratch, turns, invokes):
         ms = asyncio.run(adk_turns(SqliteSessionService(path), turns))
         emit("own", "adk", ms, sum(os.path.getsize(p) for p in [path, path + "-wal"]
                                       if os.path.exists(p)))
+        path = os.path.join(folder, "llama.db")
+        store = SQLAlchemyChatStore(table_name="memory", async_database_uri=f"sqlite+aiosqlite:///{path}")
+        ms = asyncio.run(llama_index_turns(store, turns))
+        emit("own", "llama-index", ms, sum(os.path.getsize(p) for p in [path, path + "-wal"]
+                                              if os.path.exists(p)))
         return
-    for framework in ["openai", "langgraph", "adk"]:
+    for framework in ["openai", "langgraph", "adk", "llama-index"]:
         server = Server(binary, os.path.join(folder, framework))
         with Client(server.url) as client:
             if framework == "openai":
                 ms = asyncio.run(openai_turns(SessiondbSession("bench", client), turns))
             elif framework == "adk":
                 ms = asyncio.run(adk_turns(SessiondbSessionService(client), turns))
+            elif framework == "llama-index":
+                ms = asyncio.run(llama_index_turns(SessiondbChatStore(client=client), turns))
             else:
                 ms = langgraph_invokes(SessiondbSaver(client), invokes)
         emit("sessiondb", framework, ms, server.stop())

@@ -5,13 +5,15 @@
 
 What a user swapping stores wants to know: the OpenAI Agents SDK on its `SQLiteSession` (a file)
 against `SessiondbSession`, LangGraph on its `SqliteSaver` against `SessiondbSaver`, and Google's
-ADK on its `SqliteSessionService` against `SessiondbSessionService`, the
+ADK on its `SqliteSessionService` against `SessiondbSessionService`, LlamaIndex's `Memory` on its
+`SQLAlchemyChatStore` (aiosqlite) against `SessiondbChatStore`, the
 sessiondb adapters going through the Python client to a release `sessiondb serve` on this
 machine (durable, as the SQLite stores are by default); and the AI SDK's chat store on the file
 store of its persistence guide (a JSON file per chat, no fsync) against `SessiondbChatStore`
 through the TypeScript client (bench/adapters/ai_sdk.mjs, on Node). Per step: one conversation
 turn (the runner's read of the history, then storing the turn's input and output; for ADK, its
-session read whole and two events stored, the answer with a state change; for the AI
+session read whole and two events stored, the answer with a state change; for LlamaIndex,
+`Memory.aget` then `aput_messages` with the turn's two messages; for the AI
 SDK, `loadChat` and then `saveChat` with the turn's question and answer added) or one graph
 invocation (two nodes, each adding ~200 characters to an accumulating list). Rounds alternate
 which store goes first. Writes bench/adapters/results.json and the section of bench/README.md
@@ -35,10 +37,11 @@ ROOT = os.path.dirname(BENCH)
 VENV = os.path.join(BENCH, ".peers", "adapters")
 RESULTS = os.path.join(HERE, "results.json")
 PACKAGES = ["openai-agents==0.24.0", "langgraph==1.2.22", "langgraph-checkpoint-sqlite==3.1.2",
-            "google-adk==2.13.0"]
+            "google-adk==2.13.0", "llama-index-core==0.14.25"]
 FRAMEWORKS = {"openai": "OpenAI Agents SDK: one turn (SQLiteSession / SessiondbSession)",
               "langgraph": "LangGraph: one invocation (SqliteSaver / SessiondbSaver)",
               "adk": "Google ADK: one turn (SqliteSessionService / SessiondbSessionService)",
+              "llama-index": "LlamaIndex Memory: one turn (SQLAlchemyChatStore on SQLite / SessiondbChatStore)",
               "ai-sdk": "AI SDK: one chat turn (the persistence guide's file store / SessiondbChatStore)"}
 TYPESCRIPT = os.path.join(ROOT, "clients", "typescript")
 

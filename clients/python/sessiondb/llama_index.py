@@ -9,8 +9,9 @@ and readable by every other client as ordinary messages.
 How it is stored. A key (``Memory``'s ``session_id``) is the sessiondb session
 ``llama-index/<key>`` (percent-encoded; a SHA-256 stands in past 256 characters) with the key in
 its metadata (``llamaIndexKey``). A ``ChatMessage`` is a message of its role whose ``content`` is
-the message's text; the whole message as LlamaIndex serialises it (``model_dump(mode="json")``)
-is kept under the metadata key ``llamaIndexMessage`` and its status under ``llamaIndexStatus``
+the message's text; the whole message as LlamaIndex serialises it (``model_dump(mode="json")``,
+without its blocks when they are that one text) is kept under the metadata key
+``llamaIndexMessage`` and its status under ``llamaIndexStatus``
 (``active`` or ``archived``: ``Memory`` archives the oldest messages of its queue once they pass
 its token limit, and sessiondb keeps them). A message another client wrote reads as an active
 message of its role and text.
@@ -46,15 +47,21 @@ def session_of(key: str) -> str:
 
 def message_of_chat_message(message: ChatMessage, status: MessageStatus) -> dict:
     """The sessiondb message that stores one LlamaIndex message."""
-    return {"role": message.role.value, "content": message.content or "",
-            "metadata": {MESSAGE_KEY: message.model_dump(mode="json"),
-                         STATUS_KEY: status.value}}
+    content = message.content or ""
+    whole = message.model_dump(mode="json")
+    # A message of one text block is its content: kept once, as the message's text.
+    if whole.get("blocks") == [{"block_type": "text", "text": content}]:
+        del whole["blocks"]
+    return {"role": message.role.value, "content": content,
+            "metadata": {MESSAGE_KEY: whole, STATUS_KEY: status.value}}
 
 
 def chat_message_of(message: dict) -> ChatMessage:
     """The LlamaIndex message a stored message holds (see the module's documentation)."""
     stored = (message.get("metadata") or {}).get(MESSAGE_KEY)
     if isinstance(stored, dict):
+        if "blocks" not in stored:
+            stored = {**stored, "content": message.get("content", "")}
         return ChatMessage.model_validate(stored)
     content: Any = message.get("content")
     if not isinstance(content, str):

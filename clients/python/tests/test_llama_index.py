@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import unittest
 
-from llama_index.core.base.llms.types import ChatMessage, MessageRole
+from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock
 from llama_index.core.memory import Memory
 from llama_index.core.storage.chat_store.base_db import MessageStatus
 from served import ServedTest
@@ -96,6 +96,18 @@ class ChatStoreTest(ServedTest):
         # A key used again after its deletion comes back.
         run(store.add_message(key, ChatMessage(role="user", content="again")))
         self.assertIn(key, run(store.get_keys()))
+
+    def test_messages_of_several_blocks_or_none_come_back_as_they_were(self):
+        messages = [ChatMessage(role="user", blocks=[TextBlock(text="a"), TextBlock(text="b")]),
+                    ChatMessage(role="assistant", content=None),
+                    ChatMessage(role="tool", content="42", additional_kwargs={"name": "calc"})]
+        asyncio.run(self.store.add_messages(self.key, messages))
+        read = asyncio.run(self.store.get_messages(self.key))
+        self.assertEqual([m.model_dump(mode="json") for m in read],
+                         [m.model_dump(mode="json") for m in messages])
+        stored = self.client.full_history(session_of(self.key))
+        self.assertNotIn("blocks", stored[2]["metadata"]["llamaIndexMessage"],
+                         "a single text is stored once, as the message's content")
 
     def test_messages_other_clients_wrote_read_as_active_messages(self):
         session = session_of(self.key)
