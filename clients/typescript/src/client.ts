@@ -526,7 +526,7 @@ export class Client {
 
   /**
    * Imports lines as `export` gives them into the session (created if needed), all or nothing;
-   * messages whose id the session has are skipped.
+   * messages whose id the session has are skipped (`ifLeaf` as for `append`).
    */
   importLines(
     sessionId: string,
