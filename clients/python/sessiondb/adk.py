@@ -14,7 +14,8 @@ How ADK's model is stored:
 - An event is a message whose id is the event's id: role ``user`` when the user wrote it,
   ``tool`` when its content holds only function responses, ``assistant`` otherwise; its
   ``content`` is the text of its parts, and the whole event as ADK serialises it
-  (``model_dump_json(exclude_none=True)``) is kept under the metadata key ``adkEvent``, which
+  (``model_dump_json(exclude_none=True)``; without its parts when they are that one text) is
+  kept under the metadata key ``adkEvent``, which
   ``get_session`` reads back. A message another client wrote reads as an event of that role's
   text (author ``user`` or ``model``).
 - Session-scoped state is the session's state keys. ``app:`` keys are the state of the session
@@ -124,14 +125,22 @@ def _role_of(event: Event) -> str:
 
 def message_of_event(event: Event) -> dict:
     """The sessiondb message that stores one ADK event."""
-    return {"id": message_id_for(event.id), "role": _role_of(event), "content": _text_of(event),
-            "metadata": {EVENT_KEY: json.loads(event.model_dump_json(exclude_none=True))}}
+    text = _text_of(event)
+    whole = json.loads(event.model_dump_json(exclude_none=True))
+    # An event of one text part is its text: kept once, as the message's content.
+    if text and whole.get("content", {}).get("parts") == [{"text": text}]:
+        del whole["content"]["parts"]
+    return {"id": message_id_for(event.id), "role": _role_of(event), "content": text,
+            "metadata": {EVENT_KEY: whole}}
 
 
 def event_of(message: dict) -> Event:
     """The ADK event a stored message holds (see the module's documentation)."""
     stored = (message.get("metadata") or {}).get(EVENT_KEY)
     if isinstance(stored, dict):
+        content, text = stored.get("content"), message.get("content")
+        if isinstance(content, dict) and "parts" not in content and text:
+            stored = {**stored, "content": {**content, "parts": [{"text": text}]}}
         return Event.model_validate(stored)
     content: Any = message.get("content")
     if not isinstance(content, str):

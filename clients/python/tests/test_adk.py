@@ -105,6 +105,9 @@ class SessionServiceTest(ServedTest):
         stored = self.client.full_history(session_key(self.app, "ann", "s1"))
         self.assertEqual([m["role"] for m in stored[:4]], ["user", "assistant", "tool", "assistant"])
         self.assertEqual(stored[3]["content"], "visit 1, shown 3 contents")
+        self.assertNotIn("parts", stored[3]["metadata"]["adkEvent"]["content"],
+                         "an event of one text keeps it once, as the message's content")
+        self.assertIn("parts", stored[1]["metadata"]["adkEvent"]["content"], "a function call")
         self.assertEqual(self.client.search(session_key(self.app, "ann", "s1"), "again")[0]["id"],
                          session.events[4].id)
 
