@@ -1,10 +1,13 @@
-"""LlamaIndex's chat store on sessiondb.
+"""LlamaIndex's chat stores on sessiondb.
 
 ``SessiondbChatStore`` is an ``AsyncDBChatStore``, the store behind LlamaIndex's ``Memory``: pass
 it as ``Memory(session_id=..., sql_store=SessiondbChatStore(client=client), token_limit=...)``
-where the default ``SQLAlchemyChatStore`` (an SQLite file, or a database URI) went. Each memory's
-messages then live in sessiondb, shared by every process that talks to the server, searchable,
-and readable by every other client as ordinary messages.
+where the default ``SQLAlchemyChatStore`` (an SQLite file, or a database URI) went.
+``SessiondbBaseChatStore`` is a ``BaseChatStore``, the store of ``ChatMemoryBuffer`` and the chat
+engines: pass it as ``ChatMemoryBuffer.from_defaults(chat_store=..., chat_store_key=...)`` where
+``SimpleChatStore`` or another ``BaseChatStore`` went. Both keep a key's messages in the same
+session, which then lives in sessiondb, shared by every process that talks to the server,
+searchable, and readable by every other client as ordinary messages.
 
 How it is stored. A key (``Memory``'s ``session_id``) is the sessiondb session
 ``llama-index/<key>`` (percent-encoded; a SHA-256 stands in past 256 characters) with the key in
@@ -17,8 +20,8 @@ its token limit, and sessiondb keeps them). A message another client wrote reads
 message of its role and text.
 
 Order and ids. Messages are the session's active path, oldest first; ``add_messages`` is one
-write, all or none. ``delete_message(key, idx)`` takes a position on that path (``SQLAlchemyChatStore``
-takes its row id, which a ``ChatMessage`` does not carry). ``set_messages`` and the deletes and
+write, all or none. ``delete_message(key, idx)`` takes a position on that path, in both stores
+(``SQLAlchemyChatStore`` takes its row id, which a ``ChatMessage`` does not carry). ``set_messages`` and the deletes and
 archives of several messages are two or more requests, as they are two statements (a delete,
 then inserts or updates) in ``SQLAlchemyChatStore``. The blocking client runs on worker threads,
 so the event loop never waits for the server.
@@ -31,6 +34,7 @@ from typing import Any, List, Optional
 
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+from llama_index.core.storage.chat_store.base import BaseChatStore
 from llama_index.core.storage.chat_store.base_db import AsyncDBChatStore, MessageStatus
 
 from .client import Client, SessiondbError, bounded_id, joined_id
@@ -74,74 +78,15 @@ def _status_of(message: dict) -> str:
     return (message.get("metadata") or {}).get(STATUS_KEY, MessageStatus.ACTIVE.value)
 
 
-class SessiondbChatStore(AsyncDBChatStore):
-    """LlamaIndex chat memory in sessiondb, through ``client`` (see the module's
-    documentation)."""
+class _KeyedSessions:
+    """The requests both stores make: each key a session, its messages on the active path."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    def __init__(self, client: Client):
+        self.client = client
+        # Keys whose session this process has created (or found), so an add is one request.
+        self.registered: set[str] = set()
 
-    client: Client = Field(exclude=True)
-    # Keys whose session this store has created (or found), so an add needs one request.
-    _registered: set[str] = PrivateAttr(default_factory=set)
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "SessiondbChatStore"
-
-    async def get_messages(self, key: str, status: Optional[MessageStatus] = MessageStatus.ACTIVE,
-                           limit: Optional[int] = None,
-                           offset: Optional[int] = None) -> List[ChatMessage]:
-        stored = await asyncio.to_thread(self._stored, key, status)
-        start = offset or 0
-        end = None if limit is None else start + limit
-        return [chat_message_of(m) for m in stored[start:end]]
-
-    async def count_messages(self, key: str,
-                             status: Optional[MessageStatus] = MessageStatus.ACTIVE) -> int:
-        return len(await asyncio.to_thread(self._stored, key, status))
-
-    async def add_message(self, key: str, message: ChatMessage,
-                          status: MessageStatus = MessageStatus.ACTIVE) -> None:
-        await self.add_messages(key, [message], status)
-
-    async def add_messages(self, key: str, messages: List[ChatMessage],
-                           status: MessageStatus = MessageStatus.ACTIVE) -> None:
-        if messages:
-            await asyncio.to_thread(self._append, key, messages, status)
-
-    async def set_messages(self, key: str, messages: List[ChatMessage],
-                           status: MessageStatus = MessageStatus.ACTIVE) -> None:
-        await asyncio.to_thread(self.client.clear, session_of(key))
-        await self.add_messages(key, messages, status)
-
-    async def delete_message(self, key: str, idx: int) -> Optional[ChatMessage]:
-        return await asyncio.to_thread(self._delete_at, key, idx)
-
-    async def delete_messages(self, key: str, status: Optional[MessageStatus] = None) -> None:
-        if status is None:
-            await asyncio.to_thread(self.client.delete_session, session_of(key), True)
-            self._registered.discard(key)
-            return
-        stored = await asyncio.to_thread(self._stored, key, status)
-        await asyncio.to_thread(self.client.delete_messages, session_of(key),
-                                [m["id"] for m in stored])
-
-    async def delete_oldest_messages(self, key: str, n: int) -> List[ChatMessage]:
-        oldest = (await asyncio.to_thread(self._stored, key, MessageStatus.ACTIVE))[:max(n, 0)]
-        if oldest:
-            await asyncio.to_thread(self.client.delete_messages, session_of(key),
-                                    [m["id"] for m in oldest])
-        return [chat_message_of(m) for m in oldest]
-
-    async def archive_oldest_messages(self, key: str, n: int) -> List[ChatMessage]:
-        return await asyncio.to_thread(self._archive_oldest, key, n)
-
-    async def get_keys(self) -> List[str]:
-        return await asyncio.to_thread(self._keys)
-
-    # -- the requests, on a worker thread ---------------------------------------------------
-
-    def _stored(self, key: str, status: Optional[MessageStatus]) -> list[dict]:
+    def stored(self, key: str, status: Optional[MessageStatus] = None) -> list[dict]:
         """The key's stored messages of ``status`` (any when ``None``), oldest first."""
         try:
             path = self.client.stored_history(session_of(key))
@@ -151,32 +96,159 @@ class SessiondbChatStore(AsyncDBChatStore):
             raise
         return [m for m in path if status is None or _status_of(m) == status.value]
 
-    def _append(self, key: str, messages: List[ChatMessage], status: MessageStatus) -> None:
+    def append(self, key: str, messages: List[ChatMessage],
+               status: MessageStatus = MessageStatus.ACTIVE) -> None:
+        if not messages:
+            return
         session = session_of(key)
-        if key not in self._registered:
+        if key not in self.registered:
             try:
                 # The key in the session's metadata lists it in get_keys, whatever its id became.
                 self.client.create_session(session, metadata={KEY_KEY: key})
             except SessiondbError as error:
                 if error.code != "conflict":
                     raise
-            self._registered.add(key)
+            self.registered.add(key)
         self.client.append_batch(session, [message_of_chat_message(m, status) for m in messages])
 
-    def _delete_at(self, key: str, idx: int) -> Optional[ChatMessage]:
-        stored = self._stored(key, None)
+    def replace(self, key: str, messages: List[ChatMessage],
+                status: MessageStatus = MessageStatus.ACTIVE) -> None:
+        try:
+            self.client.clear(session_of(key))
+        except SessiondbError as error:
+            if error.code != "not_found":
+                raise
+        self.append(key, messages, status)
+
+    def delete(self, key: str, stored: list[dict]) -> List[ChatMessage]:
+        """Deletes these stored messages of the key (in one write) and returns them."""
+        if stored:
+            self.client.delete_messages(session_of(key), [m["id"] for m in stored])
+        return [chat_message_of(m) for m in stored]
+
+    def delete_at(self, key: str, idx: int) -> Optional[ChatMessage]:
+        stored = self.stored(key)
         if not 0 <= idx < len(stored):
             return None
-        self.client.delete_message(session_of(key), stored[idx]["id"])
-        return chat_message_of(stored[idx])
+        return self.delete(key, [stored[idx]])[0]
 
-    def _archive_oldest(self, key: str, n: int) -> List[ChatMessage]:
-        oldest = self._stored(key, MessageStatus.ACTIVE)[:max(n, 0)]
+    def delete_key(self, key: str) -> None:
+        self.client.delete_session(session_of(key), True)
+        self.registered.discard(key)
+
+    def archive_oldest(self, key: str, n: int) -> List[ChatMessage]:
+        oldest = self.stored(key, MessageStatus.ACTIVE)[:max(n, 0)]
         for message in oldest:
             metadata = {**(message.get("metadata") or {}), STATUS_KEY: MessageStatus.ARCHIVED.value}
             self.client.update_message(session_of(key), message["id"], metadata=metadata)
         return [chat_message_of(m) for m in oldest]
 
-    def _keys(self) -> List[str]:
+    def keys(self) -> List[str]:
         return [record["metadata"][KEY_KEY] for record in self.client.list_sessions()
                 if KEY_KEY in (record.get("metadata") or {}) and record["messageCount"] > 0]
+
+
+class SessiondbChatStore(AsyncDBChatStore):
+    """The store of LlamaIndex's ``Memory`` in sessiondb, through ``client`` (see the module's
+    documentation)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    client: Client = Field(exclude=True)
+    _sessions: _KeyedSessions = PrivateAttr()
+
+    def model_post_init(self, context: Any) -> None:
+        self._sessions = _KeyedSessions(self.client)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "SessiondbChatStore"
+
+    async def get_messages(self, key: str, status: Optional[MessageStatus] = MessageStatus.ACTIVE,
+                           limit: Optional[int] = None,
+                           offset: Optional[int] = None) -> List[ChatMessage]:
+        stored = await asyncio.to_thread(self._sessions.stored, key, status)
+        start = offset or 0
+        end = None if limit is None else start + limit
+        return [chat_message_of(m) for m in stored[start:end]]
+
+    async def count_messages(self, key: str,
+                             status: Optional[MessageStatus] = MessageStatus.ACTIVE) -> int:
+        return len(await asyncio.to_thread(self._sessions.stored, key, status))
+
+    async def add_message(self, key: str, message: ChatMessage,
+                          status: MessageStatus = MessageStatus.ACTIVE) -> None:
+        await self.add_messages(key, [message], status)
+
+    async def add_messages(self, key: str, messages: List[ChatMessage],
+                           status: MessageStatus = MessageStatus.ACTIVE) -> None:
+        await asyncio.to_thread(self._sessions.append, key, messages, status)
+
+    async def set_messages(self, key: str, messages: List[ChatMessage],
+                           status: MessageStatus = MessageStatus.ACTIVE) -> None:
+        await asyncio.to_thread(self._sessions.replace, key, messages, status)
+
+    async def delete_message(self, key: str, idx: int) -> Optional[ChatMessage]:
+        return await asyncio.to_thread(self._sessions.delete_at, key, idx)
+
+    async def delete_messages(self, key: str, status: Optional[MessageStatus] = None) -> None:
+        if status is None:
+            await asyncio.to_thread(self._sessions.delete_key, key)
+        else:
+            await asyncio.to_thread(self._delete_where, key, status, None)
+
+    async def delete_oldest_messages(self, key: str, n: int) -> List[ChatMessage]:
+        return await asyncio.to_thread(self._delete_where, key, MessageStatus.ACTIVE, max(n, 0))
+
+    async def archive_oldest_messages(self, key: str, n: int) -> List[ChatMessage]:
+        return await asyncio.to_thread(self._sessions.archive_oldest, key, n)
+
+    async def get_keys(self) -> List[str]:
+        return await asyncio.to_thread(self._sessions.keys)
+
+    def _delete_where(self, key: str, status: MessageStatus,
+                      oldest: Optional[int]) -> List[ChatMessage]:
+        return self._sessions.delete(key, self._sessions.stored(key, status)[:oldest])
+
+
+class SessiondbBaseChatStore(BaseChatStore):
+    """The ``BaseChatStore`` of ``ChatMemoryBuffer`` and the chat engines in sessiondb, through
+    ``client``: the same sessions and messages as ``SessiondbChatStore`` (a key's messages
+    whatever their status), positions as indexes. Its ``a…`` methods run these on worker
+    threads, as ``BaseChatStore``'s do."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    client: Client = Field(exclude=True)
+    _sessions: _KeyedSessions = PrivateAttr()
+
+    def model_post_init(self, context: Any) -> None:
+        self._sessions = _KeyedSessions(self.client)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "SessiondbBaseChatStore"
+
+    def set_messages(self, key: str, messages: List[ChatMessage]) -> None:
+        self._sessions.replace(key, messages)
+
+    def get_messages(self, key: str) -> List[ChatMessage]:
+        return [chat_message_of(m) for m in self._sessions.stored(key)]
+
+    def add_message(self, key: str, message: ChatMessage) -> None:
+        self._sessions.append(key, [message])
+
+    def delete_messages(self, key: str) -> Optional[List[ChatMessage]]:
+        messages = self.get_messages(key)
+        self._sessions.delete_key(key)
+        return messages or None
+
+    def delete_message(self, key: str, idx: int) -> Optional[ChatMessage]:
+        return self._sessions.delete_at(key, idx)
+
+    def delete_last_message(self, key: str) -> Optional[ChatMessage]:
+        stored = self._sessions.stored(key)
+        return self._sessions.delete(key, stored[-1:])[0] if stored else None
+
+    def get_keys(self) -> List[str]:
+        return self._sessions.keys()

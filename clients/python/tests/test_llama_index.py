@@ -6,11 +6,11 @@ import asyncio
 import unittest
 
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock
-from llama_index.core.memory import Memory
+from llama_index.core.memory import ChatMemoryBuffer, Memory
 from llama_index.core.storage.chat_store.base_db import MessageStatus
 from served import ServedTest
 
-from sessiondb.llama_index import SessiondbChatStore, session_of
+from sessiondb.llama_index import SessiondbBaseChatStore, SessiondbChatStore, session_of
 
 ACTIVE, ARCHIVED = MessageStatus.ACTIVE, MessageStatus.ARCHIVED
 
@@ -108,6 +108,33 @@ class ChatStoreTest(ServedTest):
         stored = self.client.full_history(session_of(self.key))
         self.assertNotIn("blocks", stored[2]["metadata"]["llamaIndexMessage"],
                          "a single text is stored once, as the message's content")
+
+    def test_a_chat_memory_buffer_on_the_base_chat_store(self):
+        def buffer(token_limit: int = 1000) -> ChatMemoryBuffer:
+            return ChatMemoryBuffer.from_defaults(
+                token_limit=token_limit, tokenizer_fn=words, chat_store_key=self.key,
+                chat_store=SessiondbBaseChatStore(client=self.client))
+
+        memory = buffer()
+        for i in range(4):
+            memory.put(ChatMessage(role="user", content=f"question {i}"))
+            memory.put(ChatMessage(role="assistant", content=f"answer {i}"))
+        # Another process reads it back; a small window keeps the newest turns.
+        self.assertEqual(len(buffer().get_all()), 8)
+        self.assertEqual(texts(buffer(token_limit=5).get()), ["question 3", "answer 3"])
+        store = SessiondbBaseChatStore(client=self.client)
+        self.assertIn(self.key, store.get_keys())
+        self.assertEqual(store.delete_last_message(self.key).content, "answer 3")
+        self.assertEqual(store.delete_message(self.key, 0).content, "question 0")
+        self.assertIsNone(store.delete_message(self.key, 99))
+        self.assertEqual(texts(asyncio.run(store.aget_messages(self.key)))[:2],
+                         ["answer 0", "question 1"])
+        memory.set([ChatMessage(role="user", content="anew")])
+        self.assertEqual(texts(store.get_messages(self.key)), ["anew"])
+        self.assertEqual(texts(store.delete_messages(self.key)), ["anew"])
+        self.assertEqual(store.get_messages(self.key), [])
+        self.assertIsNone(store.delete_messages(self.key))
+        self.assertNotIn(self.key, store.get_keys())
 
     def test_messages_other_clients_wrote_read_as_active_messages(self):
         session = session_of(self.key)
