@@ -21,10 +21,10 @@ message of its role and text.
 
 Order and ids. Messages are the session's active path, oldest first; ``add_messages`` is one
 write, all or none. ``delete_message(key, idx)`` takes a position on that path, in both stores
-(``SQLAlchemyChatStore`` takes its row id, which a ``ChatMessage`` does not carry). ``set_messages`` and the deletes and
-archives of several messages are two or more requests, as they are two statements (a delete,
-then inserts or updates) in ``SQLAlchemyChatStore``. The blocking client runs on worker threads,
-so the event loop never waits for the server.
+(``SQLAlchemyChatStore`` takes its row id, which a ``ChatMessage`` does not carry).
+``set_messages`` and archives of several messages are two or more requests, as they are two
+statements (a delete, then inserts; or updates) in ``SQLAlchemyChatStore``. The blocking client
+runs on worker threads, so the event loop never waits for the server.
 """
 
 from __future__ import annotations
