@@ -33,7 +33,7 @@ import asyncio
 from typing import Any, List, Optional
 
 from llama_index.core.base.llms.types import ChatMessage
-from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+from llama_index.core.bridge.pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from llama_index.core.storage.chat_store.base import BaseChatStore
 from llama_index.core.storage.chat_store.base_db import AsyncDBChatStore, MessageStatus
 
@@ -148,9 +148,8 @@ class _KeyedSessions:
                 if KEY_KEY in (record.get("metadata") or {}) and record["messageCount"] > 0]
 
 
-class SessiondbChatStore(AsyncDBChatStore):
-    """The store of LlamaIndex's ``Memory`` in sessiondb, through ``client`` (see the module's
-    documentation)."""
+class _OnSessiondb(BaseModel):
+    """What both stores hold: the client, and the requests they make through it."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -159,6 +158,11 @@ class SessiondbChatStore(AsyncDBChatStore):
 
     def model_post_init(self, context: Any) -> None:
         self._sessions = _KeyedSessions(self.client)
+
+
+class SessiondbChatStore(_OnSessiondb, AsyncDBChatStore):
+    """The store of LlamaIndex's ``Memory`` in sessiondb, through ``client`` (see the module's
+    documentation)."""
 
     @classmethod
     def class_name(cls) -> str:
@@ -211,19 +215,11 @@ class SessiondbChatStore(AsyncDBChatStore):
         return self._sessions.delete(key, self._sessions.stored(key, status)[:oldest])
 
 
-class SessiondbBaseChatStore(BaseChatStore):
+class SessiondbBaseChatStore(_OnSessiondb, BaseChatStore):
     """The ``BaseChatStore`` of ``ChatMemoryBuffer`` and the chat engines in sessiondb, through
     ``client``: the same sessions and messages as ``SessiondbChatStore`` (a key's messages
     whatever their status), positions as indexes. Its ``a…`` methods run these on worker
     threads, as ``BaseChatStore``'s do."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    client: Client = Field(exclude=True)
-    _sessions: _KeyedSessions = PrivateAttr()
-
-    def model_post_init(self, context: Any) -> None:
-        self._sessions = _KeyedSessions(self.client)
 
     @classmethod
     def class_name(cls) -> str:
