@@ -130,13 +130,5 @@ async fn remote_page(
     if let Some(user) = &wanted.user_id {
         url.push_str(&format!("&userId={}", segment(user)));
     }
-    if let Some(cursor) = &after {
-        url.push_str(&format!("&after={}", segment(cursor)));
-    }
-    let mut page = remote.get_json(&url).await?;
-    let items = match page["items"].take() {
-        Value::Array(items) => items,
-        other => bail!("GET {url}: `items` is not a list: {other}"),
-    };
-    Ok((items, page["nextCursor"].as_str().map(str::to_owned)))
+    remote.page(&url, after.as_deref()).await
 }

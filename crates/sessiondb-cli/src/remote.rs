@@ -71,6 +71,25 @@ impl Remote {
         let response = self.send(self.request(Method::GET, url)).await?;
         Ok(response.json().await?)
     }
+
+    /// One page of a cursor listing: `url` (with its query) continued `after` a cursor, as its
+    /// `items` and its `nextCursor`.
+    pub async fn page(
+        &self,
+        url: &str,
+        after: Option<&str>,
+    ) -> anyhow::Result<(Vec<Value>, Option<String>)> {
+        let url = match after {
+            Some(cursor) => format!("{url}&after={}", segment(cursor)),
+            None => url.to_owned(),
+        };
+        let mut page = self.get_json(&url).await?;
+        let items = match page["items"].take() {
+            Value::Array(items) => items,
+            other => bail!("GET {url}: `items` is not a list: {other}"),
+        };
+        Ok((items, page["nextCursor"].as_str().map(str::to_owned)))
+    }
 }
 
 /// `response` when it is a success, else an error naming the request (`what`) that quotes the

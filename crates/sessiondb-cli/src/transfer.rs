@@ -307,20 +307,18 @@ async fn export_templates(
                 }
             }
             for label in keyed {
-                let path = format!("/v1/context/{}/entries?limit=100", segment(label));
+                let url = remote.url(&format!("/v1/context/{}/entries?limit=100", segment(label)));
                 let mut after: Option<String> = None;
                 loop {
-                    let mut url = remote.url(&path);
-                    if let Some(cursor) = &after {
-                        url.push_str(&format!("&after={}", segment(cursor)));
+                    let (items, next) = remote.page(&url, after.as_deref()).await?;
+                    for item in &items {
+                        let entry = entry_of(item)
+                            .with_context(|| format!("GET {url}: not an entry: {item}"))?;
+                        lines.push(sessiondb::entry_line(label, &entry));
                     }
-                    let page = remote.get_json(&url).await?;
-                    let entries: Vec<ContextEntry> = entries_of(&page["items"])
-                        .with_context(|| format!("GET {url}: not a page of entries"))?;
-                    lines.extend(entries.iter().map(|e| sessiondb::entry_line(label, e)));
-                    after = page["nextCursor"].as_str().map(str::to_owned);
-                    if after.is_none() {
-                        break;
+                    match next {
+                        Some(cursor) => after = Some(cursor),
+                        None => break,
                     }
                 }
             }
@@ -338,17 +336,12 @@ async fn export_templates(
 }
 
 /// The entries of a `GET …/entries` answer.
-fn entries_of(list: &Value) -> Option<Vec<ContextEntry>> {
-    list.as_array()?
-        .iter()
-        .map(|e| {
-            Some(ContextEntry {
-                key: e["key"].as_str()?.to_owned(),
-                content: e["content"].as_str()?.to_owned(),
-                description: e["description"].as_str().map(str::to_owned),
-            })
-        })
-        .collect()
+fn entry_of(item: &Value) -> Option<ContextEntry> {
+    Some(ContextEntry {
+        key: item["key"].as_str()?.to_owned(),
+        content: item["content"].as_str()?.to_owned(),
+        description: item["description"].as_str().map(str::to_owned),
+    })
 }
 
 /// Writes one session's export lines, counting them on `progress`; false when the session does
