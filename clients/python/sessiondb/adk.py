@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from itertools import islice, takewhile
 from typing import Any, Optional
 
 from google.adk.errors import StaleSessionError
@@ -246,21 +247,12 @@ class SessiondbSessionService(BaseSessionService):
         if wanted is None:
             events = [event_of(m) for m in self.client.stored_history(key)]
             return [e for e in events if e.timestamp >= after] if after else events
-        # The stored path newest first, a page at a time until ``config`` has enough.
-        events: list[Event] = []
-        cursor = None
-        while len(events) < wanted:
-            limit = min(PAGE_SIZE, wanted - len(events))
-            page = self.client.messages(key, limit=limit, order="desc", after=cursor)
-            for message in page["items"]:
-                event = event_of(message)
-                if after and event.timestamp < after:
-                    return events[::-1]
-                events.append(event)
-            cursor = page.get("nextCursor")
-            if cursor is None:
-                break
-        return events[::-1]
+        # The stored path newest first, read only as far as ``config`` needs.
+        page_size = max(1, min(PAGE_SIZE, wanted))
+        newest = map(event_of, self.client.iter_messages(key, order="desc", page_size=page_size))
+        if after:
+            newest = takewhile(lambda event: event.timestamp >= after, newest)
+        return list(islice(newest, wanted))[::-1]
 
     def _list(self, app_name: str, user_id: Optional[str]) -> ListSessionsResponse:
         app = self.client.all_state(app_state_key(app_name))

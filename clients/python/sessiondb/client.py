@@ -287,11 +287,14 @@ class Client:
     def list_sessions(self, user_id: str | None = None, sort: str | None = None,
                       order: str | None = None, page_size: int = 100) -> Iterator[dict]:
         """Every session of the namespace, following the listing's cursors page after page."""
+        return self._paged("/v1/sessions", {"limit": page_size, "userId": user_id, "sort": sort,
+                                            "order": order})
+
+    def _paged(self, path: str, query: dict[str, Any]) -> Iterator[dict]:
+        """Every item of the cursor listing at ``path``, one page at a time as it is taken."""
         after = None
         while True:
-            page = self.request("GET", "/v1/sessions", query={
-                "limit": page_size, "userId": user_id, "sort": sort, "order": order,
-                "after": after})
+            page = self.request("GET", path, query={**query, "after": after})
             yield from page["items"]
             after = page.get("nextCursor")
             if after is None or not page["items"]:
@@ -404,14 +407,14 @@ class Client:
         path = self.full_history(session_id)
         if not any(m["id"].startswith(COMPACTION_PREFIX) for m in path):
             return path
-        stored: list[dict] = []
-        after = None
-        while True:
-            page = self.messages(session_id, limit=100, order="asc", after=after)
-            stored.extend(page["items"])
-            after = page.get("nextCursor")
-            if after is None:
-                return stored
+        return list(self.iter_messages(session_id))
+
+    def iter_messages(self, session_id: str, order: str = "asc",
+                      page_size: int = 100) -> Iterator[dict]:
+        """Every message of the active path as stored, in ``order``, read a page at a time as
+        the iteration takes them."""
+        return self._paged(self._session_path(session_id, "messages"),
+                           {"limit": page_size, "order": order})
 
     def model_history(self, session_id: str, format: str = "openai",
                       leaf: str | None = None) -> Any:
@@ -607,15 +610,8 @@ class Client:
     def entries(self, session_id: str | None, label: str) -> list[dict]:
         """Every entry of a skill or search block, by key (a session's own in place of its
         template's), read a page of 100 at a time."""
-        path = self._context_path(session_id, label, "entries")
-        entries: list[dict] = []
-        after = None
-        while True:
-            page = self.request("GET", path, query={"limit": 100, "after": after})
-            entries.extend(page["items"])
-            after = page.get("nextCursor")
-            if after is None:
-                return entries
+        return list(self._paged(self._context_path(session_id, label, "entries"),
+                                {"limit": 100}))
 
     def prompt(self, session_id: str) -> dict:
         """The session's system prompt, rendered and frozen on the first call:
