@@ -362,23 +362,25 @@ export class Client {
   }
 
   /** Every session of the namespace, following the listing's cursors page after page. */
-  async *listSessions(options: {
+  listSessions(options: {
     userId?: string;
     sort?: 'updatedAt' | 'lastMessageAt' | 'createdAt';
     order?: 'asc' | 'desc';
     pageSize?: number;
   } = {}): AsyncGenerator<SessionRecord> {
+    return this.paged<SessionRecord>('/v1/sessions', {
+      limit: options.pageSize ?? 100,
+      userId: options.userId,
+      sort: options.sort,
+      order: options.order,
+    });
+  }
+
+  /** Every item of the cursor listing at `path`, one page at a time as they are taken. */
+  private async *paged<T>(path: string, query: Query): AsyncGenerator<T> {
     let after: string | undefined;
     for (;;) {
-      const page = await this.request<Page<SessionRecord>>('GET', '/v1/sessions', {
-        query: {
-          limit: options.pageSize ?? 100,
-          userId: options.userId,
-          sort: options.sort,
-          order: options.order,
-          after,
-        },
-      });
+      const page = await this.request<Page<T>>('GET', path, { query: { ...query, after } });
       yield* page.items;
       after = page.nextCursor;
       if (after === undefined || page.items.length === 0) return;
@@ -789,14 +791,10 @@ export class Client {
    * read a page of 100 at a time.
    */
   async entries(sessionId: string | null, label: string): Promise<ContextEntry[]> {
-    const path = this.contextPath(sessionId, label, 'entries');
     const entries: ContextEntry[] = [];
-    let after: string | undefined;
-    do {
-      const page = await this.request<Page<ContextEntry>>('GET', path, { query: { limit: 100, after } });
-      entries.push(...page.items);
-      after = page.nextCursor;
-    } while (after !== undefined);
+    for await (const entry of this.paged<ContextEntry>(this.contextPath(sessionId, label, 'entries'), { limit: 100 })) {
+      entries.push(entry);
+    }
     return entries;
   }
 
