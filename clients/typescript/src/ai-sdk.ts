@@ -11,16 +11,12 @@
  */
 import type { UIMessage } from 'ai';
 
-import { Client, type Json, type MessageInput, SessiondbError, type StoredMessage, usableId } from './client.js';
+import { Client, COMPACTION_PREFIX, type Json, type MessageInput, SessiondbError, type StoredMessage, usableId } from './client.js';
 
 /** Roles a `UIMessage` has; stored messages of other roles (other clients' tool rows) are left out on load. */
 const UI_ROLES = new Set(['system', 'user', 'assistant']);
 /** The state key holding a chat's resumable stream id. */
 export const ACTIVE_STREAM_KEY = 'aiSdkActiveStreamId';
-/** Ids of the messages that stand for compactions in a compacted read. */
-const COMPACTION_PREFIX = 'compaction_';
-/** Most messages `GET …/messages` gives in one page. */
-const PAGE_SIZE = 100;
 
 export interface SessiondbChatStoreOptions {
   client: Client;
@@ -101,7 +97,7 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
       if (options.leaf !== undefined) {
         throw invalid('`leaf` reads a path with compactions applied; it takes no `compacted: false`');
       }
-      stored.push(...(await this.storedPages(chatId)));
+      stored.push(...(await this.client.storedHistory(chatId)));
     } else {
       for await (const message of this.client.history(chatId, { leaf: options.leaf })) stored.push(message);
     }
@@ -239,23 +235,7 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
       if (current) return seen;
       this.forget(chatId);
     }
-    const stored: StoredMessage[] = [];
-    for await (const message of this.client.history(chatId)) {
-      if (isSummary(message)) return chatPath(await this.storedPages(chatId));
-      stored.push(message);
-    }
-    return chatPath(stored);
-  }
-
-  private async storedPages(chatId: string): Promise<StoredMessage[]> {
-    const path: StoredMessage[] = [];
-    let after: string | undefined;
-    for (;;) {
-      const page = await this.client.messages(chatId, { limit: PAGE_SIZE, after });
-      path.push(...page.items);
-      if (page.nextCursor === undefined || page.items.length === 0) return path;
-      after = page.nextCursor;
-    }
+    return chatPath(await this.client.storedHistory(chatId));
   }
 
   /** Replaces the stored message with `message`; resolves to the stored JSON (without times). */

@@ -207,13 +207,8 @@ export class SessiondbSessionStore implements SessionStore {
   /** The transcript's messages, oldest first. */
   private async messagesOf(sessionId: string): Promise<StoredMessage[]> {
     const messages: StoredMessage[] = [];
-    let after: string | undefined;
-    for (;;) {
-      const page = await this.client.messages(sessionId, { limit: 100, after });
-      messages.push(...page.items);
-      after = page.nextCursor;
-      if (after === undefined || page.items.length === 0) return messages;
-    }
+    for await (const message of this.client.iterMessages(sessionId)) messages.push(message);
+    return messages;
   }
 
   private async exists(sessionId: string): Promise<boolean> {

@@ -70,6 +70,15 @@ export type ExportLine =
   /** Opens the namespace templates' part of a dump (see `importTemplates`). */
   | { templates: Record<string, never> };
 
+/**
+ * A line `importLines` takes: any line `export` gives, or less of one (a session record with some
+ * of its fields, a message with no times of its own: it takes the line's `createdAt`, else now).
+ */
+export type ImportLine =
+  | ExportLine
+  | { session: Partial<Extract<ExportLine, { session: unknown }>['session']> }
+  | { message: MessageInput & { id: string; createdAt?: number }; parentId: string | null; createdAt?: number };
+
 export interface Compaction {
   id: string;
   summary: string;
@@ -186,9 +195,12 @@ export function usableName(value: unknown): value is string {
   return typeof value === 'string' && value.length > 0 && [...value].length <= MAX_ID_CHARS && !/[\u0000-\u001f\u007f-\u009f]/.test(value);
 }
 
+/** The id prefix of a compaction's summary, which reads stand in place of the messages it covers. */
+export const COMPACTION_PREFIX = 'compaction_';
+
 /** Whether sessiondb takes `value` as a message id: a usable name without the reserved `compaction_` prefix. */
 export function usableId(value: unknown): value is string {
-  return usableName(value) && !value.startsWith('compaction_');
+  return usableName(value) && !value.startsWith(COMPACTION_PREFIX);
 }
 
 /**
@@ -518,6 +530,35 @@ export class Client {
   }
 
   /**
+   * Every message of the active path as stored (no compaction's summary in place of the
+   * messages it covers), in `order`, read a page at a time as they are taken.
+   */
+  iterMessages(
+    sessionId: string,
+    options: { order?: 'asc' | 'desc'; pageSize?: number } = {},
+  ): AsyncGenerator<StoredMessage> {
+    return this.paged(this.sessionPath(sessionId, 'messages'), { limit: options.pageSize ?? 100, order: options.order });
+  }
+
+  /**
+   * The active path as stored, oldest first: one history read when no compaction stands in the
+   * path, else pages of `messages`.
+   */
+  async storedHistory(sessionId: string): Promise<StoredMessage[]> {
+    const path: StoredMessage[] = [];
+    let compacted = false;
+    for await (const message of this.history(sessionId)) {
+      compacted = message.id.startsWith(COMPACTION_PREFIX);
+      if (compacted) break;
+      path.push(message);
+    }
+    if (!compacted) return path;
+    const stored: StoredMessage[] = [];
+    for await (const message of this.iterMessages(sessionId)) stored.push(message);
+    return stored;
+  }
+
+  /**
    * The whole session as the server streams it: its record (`{session}`, what an import gives a
    * session it creates), every message of the tree with its `parentId`
    * (`{message, parentId, createdAt}`), then compactions, state and context.
@@ -532,7 +573,7 @@ export class Client {
    */
   importLines(
     sessionId: string,
-    lines: Iterable<ExportLine> | AsyncIterable<ExportLine>,
+    lines: Iterable<ImportLine> | AsyncIterable<ImportLine>,
     options: LeafCondition = {},
   ): Promise<{ imported: number; skipped: number }> {
     return this.postLines(this.sessionPath(sessionId, 'import'), lines, leafQuery(options));
@@ -552,7 +593,7 @@ export class Client {
   /** POSTs `lines` as an NDJSON body; the answer's import counts. */
   private async postLines(
     path: string,
-    lines: Iterable<ExportLine> | AsyncIterable<ExportLine>,
+    lines: Iterable<ImportLine> | AsyncIterable<ImportLine>,
     query?: Query,
   ): Promise<{ imported: number; skipped: number }> {
     let text = '';
