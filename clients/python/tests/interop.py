@@ -1,8 +1,8 @@
 """The Python half of the check that both clients store alike (run by
 ``crates/sessiondb-cli/tests/clients.rs`` with the TypeScript half, ``test/interop.mjs``, against
 one server): ``write URL OUT`` stores a Claude transcript, a session binding, LangGraph store
-items (some with embeddings, and their ranking for a query) and a LangChain chat history, and
-writes what it stored to OUT; ``check URL IN`` reads what the TypeScript half added (described in
+items (some with embeddings, and their ranking for a query), a LangChain chat history and an ADK
+session, and writes what it stored to OUT; ``check URL IN`` reads what the TypeScript half added (described in
 IN) and asserts it is all there as written."""
 
 from __future__ import annotations
@@ -41,6 +41,20 @@ ITEMS = [(("users", "ada"), "pref", {"theme": "dark", "n": 3}),
 
 
 CHAT = PREFIX + "langchain"
+ADK = {"app_name": PREFIX + "adk", "user_id": "ann", "session_id": "s"}
+
+
+def adk_events() -> list:
+    """An ADK conversation with a function call and state, as the Python half writes it."""
+    from google.adk.events.event import Event
+    from google.adk.events.event_actions import EventActions
+    from google.genai import types
+    call = types.FunctionCall(id="call_1", name="weather", args={"city": "Rome"})
+    return [Event(id="ev1", invocation_id="inv1", author="user", timestamp=1796000000.5,
+                  content=types.Content(role="user", parts=[types.Part(text="Weather in Rome?")])),
+            Event(id="ev2", invocation_id="inv1", author="helper", timestamp=1796000001.25,
+                  content=types.Content(role="model", parts=[types.Part(function_call=call)]),
+                  actions=EventActions(state_delta={"asked": "Rome", "user:city": "Rome"}))]
 
 
 def chat_messages() -> list:
@@ -68,6 +82,11 @@ def write(client: Client, out: str) -> None:
         memories.put(("memories",), f"m{i}", {"text": text})
     ranked = [[i.key, i.score] for i in memories.search(("memories",), query=QUERY)]
     SessiondbChatMessageHistory(CHAT, client).add_messages(chat_messages())
+    from sessiondb.adk import SessiondbSessionService
+    service = SessiondbSessionService(client)
+    session = asyncio.run(service.create_session(**ADK, state={"lang": "en"}))
+    for event in adk_events():
+        asyncio.run(service.append_event(session, event))
     with open(out, "w") as file:
         json.dump({"key": KEY, "transcript": TRANSCRIPT, "binding": binding, "query": QUERY,
                    "ranked": ranked,
@@ -93,6 +112,16 @@ def check(client: Client, given: str) -> None:
     from langchain_core.messages import AIMessage
     chat = SessiondbChatMessageHistory(CHAT, client).messages
     assert chat == chat_messages() + [AIMessage("Sunny in Rome.", id="a2")], chat
+    from sessiondb.adk import SessiondbSessionService
+    session = asyncio.run(SessiondbSessionService(client).get_session(**ADK))
+    events = [e.model_dump(mode="json", exclude_none=True) for e in session.events]
+    written = [e.model_dump(mode="json", exclude_none=True) for e in adk_events()]
+    assert events[:2] == written, events
+    answer = session.events[2]
+    assert (answer.id, answer.author, answer.content.parts[0].text, answer.timestamp) == (
+        added["adk"]["id"], "helper", "Sunny in Rome.", added["adk"]["timestamp"] / 1000), answer
+    assert session.state == {"lang": "en", "asked": "Rome", "answered": True,
+                             "user:city": "Rome"}, session.state
 
 
 if __name__ == "__main__":

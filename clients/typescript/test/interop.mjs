@@ -6,8 +6,10 @@
 import assert from 'node:assert/strict';
 import { readFileSync, writeFileSync } from 'node:fs';
 
+import { createEvent } from '@google/adk';
 import { AIMessage } from '@langchain/core/messages';
 
+import { SessiondbSessionService } from '../dist/adk.js';
 import { SessiondbSessionBinding, SessiondbSessionStore } from '../dist/claude-agent-sdk.js';
 import { Client } from '../dist/index.js';
 import { SessiondbChatMessageHistory } from '../dist/langchain.js';
@@ -53,6 +55,21 @@ assert.deepEqual(messages[1].tool_calls, [{ name: 'weather', args: { city: 'Rome
 assert.deepEqual(messages[1].usage_metadata, { input_tokens: 3, output_tokens: 2, total_tokens: 5 });
 assert.equal(messages[2].tool_call_id, 'call_1');
 
+// An ADK session written from Python reads as the same events and state: timestamps in
+// milliseconds here, the function call's arguments as they were.
+const adk = new SessiondbSessionService(client);
+const adkKey = { appName: `${prefix}adk`, userId: 'ann', sessionId: 's' };
+const session = await adk.getSession(adkKey);
+assert.deepEqual(
+  session.events.map((e) => [e.id, e.invocationId, e.author, e.timestamp, e.content]),
+  [
+    ['ev1', 'inv1', 'user', 1796000000500, { role: 'user', parts: [{ text: 'Weather in Rome?' }] }],
+    ['ev2', 'inv1', 'helper', 1796000001250, { role: 'model', parts: [{ functionCall: { id: 'call_1', name: 'weather', args: { city: 'Rome' } } }] }],
+  ],
+);
+assert.deepEqual(session.events[1].actions.stateDelta, { asked: 'Rome', 'user:city': 'Rome' });
+assert.deepEqual(session.state, { lang: 'en', asked: 'Rome', 'user:city': 'Rome' });
+
 // Then this side writes, for the Python half to read.
 await chat.addMessage(new AIMessage({ content: 'Sunny in Rome.', id: 'a2' }));
 const entries = [{ type: 'user', uuid: 'e3', parentUuid: 'e2', timestamp: '2026-12-04T10:01:00.000Z', message: { role: 'user', content: 'And for search?' } }];
@@ -61,4 +78,6 @@ const summaries = await store.listSessionSummaries(key.projectKey);
 assert.deepEqual(summaries.map((s) => s.sessionId), [key.sessionId], 'refolded from the whole transcript');
 const added = [{ namespace: ['users', 'bob'], key: 'from-typescript', value: { by: 'typescript' } }];
 for (const item of added) await items.put(item.namespace, item.key, item.value);
-writeFileSync(out, JSON.stringify({ entries, binding: await binding.sessionId('chat-7'), items: added }));
+const answer = createEvent({ invocationId: 'inv1', author: 'helper', content: { role: 'model', parts: [{ text: 'Sunny in Rome.' }] }, actions: { stateDelta: { answered: true } } });
+await adk.appendEvent({ session, event: answer });
+writeFileSync(out, JSON.stringify({ entries, binding: await binding.sessionId('chat-7'), items: added, adk: { id: answer.id, timestamp: answer.timestamp } }));

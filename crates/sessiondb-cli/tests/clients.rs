@@ -56,7 +56,7 @@ fn typescript_client_suite_passes_on_both_backends() {
     typescript_suite(&package, &[]);
     both_clients_read_what_the_other_wrote(&package);
 
-    let (_cluster, databases) = postgres_databases(12);
+    let (_cluster, databases) = postgres_databases(13);
     let claims = tempfile::tempdir().unwrap();
     typescript_suite(
         &package,
@@ -112,7 +112,8 @@ fn typescript_suite(package: &Path, env: &[(&str, &str)]) {
 }
 
 /// What one client stores the other reads as it was written: a Claude transcript, a session
-/// binding and LangGraph store items go from Python to TypeScript and back through one server.
+/// binding, LangGraph store items, a LangChain history and an ADK session go from Python to
+/// TypeScript and back through one server.
 fn both_clients_read_what_the_other_wrote(package: &Path) {
     let python = clients_dir().join("python");
     let dir = tempfile::tempdir().unwrap();

@@ -1,0 +1,421 @@
+/**
+ * Google's Agent Development Kit (ADK) for TypeScript on sessiondb: `SessiondbSessionService` is
+ * a `BaseSessionService`, so a `Runner` takes it in place of `InMemorySessionService` or
+ * `DatabaseSessionService`, and every session, event and state value lives in sessiondb: shared
+ * by every process that talks to the server, searchable, and readable by every other client as
+ * ordinary messages.
+ *
+ * Stored as the Python client's `sessiondb.adk` stores them, so both read one session:
+ *
+ * - An ADK session `(appName, userId, sessionId)` is the sessiondb session
+ *   `adk/<app>/<user>/<session>` (each part percent-encoded; a SHA-256 stands in past 256
+ *   characters) with `userId` the ADK user and the three names in its metadata (`adkApp`,
+ *   `adkUserId`, `adkSessionId`).
+ * - An event is a message whose id is the event's id: role `user` when the user wrote it, `tool`
+ *   when its content holds only function responses, `assistant` otherwise; its `content` is the
+ *   text of its parts, and the whole event in ADK's storage form (snake_case keys, as both ADKs'
+ *   database services keep it, the timestamp in seconds; without its parts when they are that one
+ *   text) is kept under the metadata key `adkEvent`. A message another client wrote reads as an
+ *   event of that role's text (author `user` or `model`).
+ * - Session-scoped state is the session's state keys; `app:` keys are the state of the session
+ *   `adk-app/<app>`, `user:` keys that of `adk-user/<app>/<user>`, both without their prefix;
+ *   `temp:` keys are never stored.
+ *
+ * Writes. `appendEvent` stores the event and its session-scoped state changes in one import, all
+ * or nothing, then the app and user state changes (one request each). The import goes in only
+ * while the session's last stored event is the one this service last read or wrote for that
+ * session object (`ifLeaf`). When another writer got there first, the session object is read
+ * again (events and state, as ADK's `DatabaseSessionService` refreshes a stale session) and the
+ * event goes in after what it missed, so of racing writers every event lands once, one after
+ * another. An event whose id the session object already holds replaces the stored one.
+ *
+ * Reads. `getSession` reads the session, its events and the three states at once; with
+ * `numRecentEvents` the events are read newest first, a page at a time, only as far as needed.
+ * `listSessions` lists the app's sessions (one user's through the server's user index), ordered
+ * and paged as ADK's own services do, with the merged state of the sessions on the page.
+ */
+import { BaseSessionService, State, createEvent, createSession } from '@google/adk';
+import type {
+  AppendEventRequest,
+  CreateSessionRequest,
+  DeleteSessionRequest,
+  Event,
+  GetSessionConfig,
+  GetSessionRequest,
+  ListSessionsRequest,
+  ListSessionsResponse,
+  Session,
+} from '@google/adk';
+import { randomUUID } from 'node:crypto';
+
+import {
+  Client,
+  type ImportLine,
+  type Json,
+  type MessageInput,
+  SessiondbError,
+  type SessionRecord,
+  type StoredMessage,
+  boundedId,
+  joinedId,
+  messageIdFor,
+} from './client.js';
+
+export const EVENT_KEY = 'adkEvent';
+export const APP_KEY = 'adkApp';
+export const USER_KEY = 'adkUserId';
+export const SESSION_KEY = 'adkSessionId';
+const PAGE_SIZE = 100;
+/** How often one append reads a session again after other writers moved it, before giving up. */
+const MAX_REFRESHES = 16;
+
+/** The sessiondb session holding an ADK session. */
+export function sessionKey(appName: string, userId: string, sessionId: string): string {
+  return boundedId(joinedId('adk', appName, userId, sessionId));
+}
+
+/** The sessiondb session whose state is an app's `app:` state. */
+export function appStateKey(appName: string): string {
+  return boundedId(joinedId('adk-app', appName));
+}
+
+/** The sessiondb session whose state is a user's `user:` state in an app. */
+export function userStateKey(appName: string, userId: string): string {
+  return boundedId(joinedId('adk-user', appName, userId));
+}
+
+type JsonObject = { [key: string]: Json };
+type Scopes = { app: JsonObject; user: JsonObject; session: JsonObject };
+
+/** `value` as JSON: as `JSON.stringify` gives it, `null` for what it leaves out, else its text. */
+function jsonOf(value: unknown): Json {
+  try {
+    const text = JSON.stringify(value);
+    return text === undefined ? null : (JSON.parse(text) as Json);
+  } catch {
+    return String(value);
+  }
+}
+
+/** `delta` by scope, prefixes removed and `temp:` keys left out. */
+export function splitState(delta: Record<string, unknown>): Scopes {
+  const scopes: Scopes = { app: {}, user: {}, session: {} };
+  for (const [key, value] of Object.entries(delta)) {
+    if (key.startsWith(State.TEMP_PREFIX)) continue;
+    if (key.startsWith(State.APP_PREFIX)) scopes.app[key.slice(State.APP_PREFIX.length)] = jsonOf(value);
+    else if (key.startsWith(State.USER_PREFIX)) scopes.user[key.slice(State.USER_PREFIX.length)] = jsonOf(value);
+    else scopes.session[key] = jsonOf(value);
+  }
+  return scopes;
+}
+
+/** The state an ADK session shows: its own keys, then the app's and user's with prefixes. */
+export function mergedState(app: JsonObject, user: JsonObject, session: JsonObject): Record<string, unknown> {
+  const state: Record<string, unknown> = { ...session };
+  for (const [key, value] of Object.entries(app)) state[State.APP_PREFIX + key] = value;
+  for (const [key, value] of Object.entries(user)) state[State.USER_PREFIX + key] = value;
+  return state;
+}
+
+// ADK's storage form of an event: snake_case keys, except inside the maps whose keys are the
+// user's (as `transformToSnakeCaseEvent` and `transformToCamelCaseEvent` keep them).
+const VERBATIM_CAMEL = ['actions.stateDelta', 'actions.artifactDelta', 'actions.requestedAuthConfigs',
+  'actions.requestedToolConfirmations', 'actions.customMetadata', 'customMetadata',
+  'content.parts.functionCall.args', 'content.parts.functionResponse.response', 'output', 'route',
+  'actions.agentState'];
+const VERBATIM_SNAKE = VERBATIM_CAMEL.map((path) => path.split('.').map(snakeKey).join('.'));
+
+function snakeKey(key: string): string {
+  return key.replace(/[A-Z]/g, (letter) => '_' + letter.toLowerCase());
+}
+
+function camelKey(key: string): string {
+  return key.replace(/_([a-z])/g, (_, letter: string) => letter.toUpperCase());
+}
+
+/** `value` with its keys renamed by `rename`, except below the paths in `verbatim` (paths
+ * name keys, not array positions). */
+function renamed(value: unknown, rename: (key: string) => string, verbatim: string[], path = ''): unknown {
+  if (Array.isArray(value)) return value.map((item) => renamed(item, rename, verbatim, path));
+  if (value === null || typeof value !== 'object') return value;
+  const result: Record<string, unknown> = {};
+  for (const [key, item] of Object.entries(value)) {
+    const at = path === '' ? key : `${path}.${key}`;
+    result[rename(key)] = verbatim.includes(at) ? item : renamed(item, rename, verbatim, at);
+  }
+  return result;
+}
+
+function partsOf(event: Event): Record<string, unknown>[] {
+  return (event.content?.parts ?? []) as Record<string, unknown>[];
+}
+
+function textOf(event: Event): string {
+  return partsOf(event)
+    .filter((part) => typeof part.text === 'string' && part.text !== '' && !part.thought)
+    .map((part) => part.text as string)
+    .join('\n');
+}
+
+function roleOf(event: Event): string {
+  if (event.author === 'user') return 'user';
+  const parts = partsOf(event);
+  return parts.length > 0 && parts.every((part) => part.functionResponse !== undefined) ? 'tool' : 'assistant';
+}
+
+function isObject(value: unknown): value is JsonObject {
+  return value !== null && typeof value === 'object' && !Array.isArray(value);
+}
+
+/** The sessiondb message that stores one ADK event. */
+export function messageOfEvent(event: Event): MessageInput & { id: string } {
+  const text = textOf(event);
+  const whole = jsonOf(renamed(event, snakeKey, VERBATIM_CAMEL)) as JsonObject;
+  whole.timestamp = event.timestamp / 1000;
+  // As every ADK service stores an event: without the `temp:` keys of its state delta.
+  const delta = isObject(whole.actions) ? whole.actions.state_delta : undefined;
+  if (isObject(delta)) for (const key of Object.keys(delta)) if (key.startsWith(State.TEMP_PREFIX)) delete delta[key];
+  // An event of one text part is its text: kept once, as the message's content.
+  const content = whole.content;
+  if (text !== '' && isObject(content) && JSON.stringify(content.parts) === JSON.stringify([{ text }])) {
+    delete content.parts;
+  }
+  return { id: messageIdFor(event.id), role: roleOf(event), content: text, metadata: { [EVENT_KEY]: whole } };
+}
+
+/** The ADK event a stored message holds (see the module's documentation). */
+export function eventOf(message: StoredMessage): Event {
+  const stored = message.metadata?.[EVENT_KEY];
+  const text = typeof message.content === 'string'
+    ? message.content
+    : (message.parts ?? [])
+        .filter((part): part is JsonObject => isObject(part) && part.type === 'text')
+        .map((part) => String(part.text ?? ''))
+        .join('\n');
+  if (isObject(stored)) {
+    let whole = stored;
+    if (isObject(whole.content) && !('parts' in whole.content) && text !== '') {
+      whole = { ...whole, content: { ...whole.content, parts: [{ text }] } };
+    }
+    const event = renamed(whole, camelKey, VERBATIM_SNAKE) as Record<string, unknown>;
+    return createEvent({ ...event, timestamp: Number(whole.timestamp) * 1000 } as Partial<Event>);
+  }
+  const role = message.role === 'user' ? 'user' : 'model';
+  return createEvent({
+    id: message.id,
+    invocationId: '',
+    author: role,
+    content: { role, parts: [{ text }] },
+    timestamp: message.createdAt,
+  });
+}
+
+function stateLines(values: JsonObject): ImportLine[] {
+  return Object.entries(values).map(([key, value]) => ({ state: { key, value } }));
+}
+
+function isMissing(error: unknown): boolean {
+  return error instanceof SessiondbError && error.code === 'not_found';
+}
+
+/** ADK sessions in sessiondb, through `client` (see the module's documentation). */
+export class SessiondbSessionService extends BaseSessionService {
+  readonly client: Client;
+  /** The stored leaf each session object was last read or written at (`null`: no events). */
+  private readonly leaves = new WeakMap<Session, string | null>();
+
+  constructor(client: Client) {
+    super();
+    this.client = client;
+  }
+
+  async createSession({ appName, userId, state, sessionId }: CreateSessionRequest): Promise<Session> {
+    const id = sessionId || randomUUID();
+    const key = sessionKey(appName, userId, id);
+    const record = await this.client.createSession({
+      id: key,
+      userId,
+      metadata: { [APP_KEY]: appName, [USER_KEY]: userId, [SESSION_KEY]: id },
+    });
+    const scopes = splitState(state ?? {});
+    if (Object.keys(scopes.session).length > 0) await this.client.importLines(key, stateLines(scopes.session));
+    await this.writeScopes(appName, userId, scopes);
+    const [app, user] = await Promise.all([
+      this.client.allState(appStateKey(appName)),
+      this.client.allState(userStateKey(appName, userId)),
+    ]);
+    const session = createSession({
+      id,
+      appName,
+      userId,
+      state: mergedState(app, user, scopes.session),
+      events: [],
+      lastUpdateTime: record.createdAt,
+    });
+    this.leaves.set(session, null);
+    return session;
+  }
+
+  async getSession({ appName, userId, sessionId, config }: GetSessionRequest): Promise<Session | undefined> {
+    const key = sessionKey(appName, userId, sessionId);
+    let record: SessionRecord;
+    try {
+      record = await this.client.getSession(key);
+    } catch (error) {
+      if (isMissing(error)) return undefined;
+      throw error;
+    }
+    const [events, app, user, own] = await Promise.all([
+      this.events(key, config),
+      this.client.allState(appStateKey(appName)),
+      this.client.allState(userStateKey(appName, userId)),
+      this.client.allState(key),
+    ]);
+    const session = createSession({
+      id: sessionId,
+      appName,
+      userId,
+      state: mergedState(app, user, own),
+      events,
+      lastUpdateTime: record.updatedAt,
+    });
+    this.leaves.set(session, record.leafId ?? null);
+    return session;
+  }
+
+  async listSessions({ appName, userId, limit, offset, page, order }: ListSessionsRequest): Promise<ListSessionsResponse> {
+    const records: SessionRecord[] = [];
+    for await (const record of this.client.listSessions({ userId, sort: 'updatedAt', order: 'asc' })) {
+      const metadata = record.metadata ?? {};
+      if (metadata[APP_KEY] !== appName || typeof metadata[SESSION_KEY] !== 'string') continue;
+      if (userId !== undefined && metadata[USER_KEY] !== userId) continue;
+      records.push(record);
+    }
+    const bySessionId = (a: SessionRecord, b: SessionRecord) =>
+      String(a.metadata?.[SESSION_KEY]).localeCompare(String(b.metadata?.[SESSION_KEY]));
+    if (order === 'asc') records.sort((a, b) => a.updatedAt - b.updatedAt || bySessionId(a, b));
+    if (order === 'desc') records.sort((a, b) => b.updatedAt - a.updatedAt || bySessionId(a, b));
+    // Paged as ADK's own services page: `page` (1-based, needs `limit`) before `offset`.
+    const totalItems = records.length;
+    let shown = records;
+    let paging = { page: 1, limit: totalItems, totalItems, totalPages: totalItems === 0 ? 0 : 1 };
+    if (limit !== undefined) {
+      const start = page !== undefined ? (page - 1) * limit : (offset ?? 0);
+      shown = records.slice(start, start + limit);
+      paging = {
+        page: page ?? (limit === 0 ? 1 : Math.floor(start / limit) + 1),
+        limit,
+        totalItems,
+        totalPages: limit === 0 ? 0 : Math.ceil(totalItems / limit),
+      };
+    } else if (offset) {
+      shown = records.slice(offset);
+    }
+    const app = await this.client.allState(appStateKey(appName));
+    const users = new Map<string, Promise<JsonObject>>();
+    const sessions = await Promise.all(shown.map(async (record) => {
+      const owner = String(record.metadata?.[USER_KEY]);
+      if (!users.has(owner)) users.set(owner, this.client.allState(userStateKey(appName, owner)));
+      const [user, own] = await Promise.all([users.get(owner)!, this.client.allState(record.id)]);
+      return createSession({
+        id: String(record.metadata?.[SESSION_KEY]),
+        appName,
+        userId: owner,
+        state: mergedState(app, user, own),
+        events: [],
+        lastUpdateTime: record.updatedAt,
+      });
+    }));
+    return { sessions, ...paging };
+  }
+
+  async deleteSession({ appName, userId, sessionId }: DeleteSessionRequest): Promise<void> {
+    await this.client.deleteSession(sessionKey(appName, userId, sessionId), { missingOk: true });
+  }
+
+  async appendEvent({ session, event }: AppendEventRequest): Promise<Event> {
+    if (event.partial) return event;
+    await this.store(session, event);
+    // The stored event now updates the session object as every service's does (temp keys
+    // left out of its state, an event of a known id replaced).
+    const appended = await super.appendEvent({ session, event });
+    session.lastUpdateTime = event.timestamp;
+    this.leaves.set(session, messageIdFor(event.id));
+    return appended;
+  }
+
+  /** The events `config` asks for, oldest first. */
+  private async events(key: string, config: GetSessionConfig | undefined): Promise<Event[]> {
+    const wanted = config?.numRecentEvents;
+    const after = config?.afterTimestamp;
+    // As ADK's own services: no `numRecentEvents` (or 0) reads every event.
+    if (!wanted) {
+      const events = (await this.client.storedHistory(key)).map(eventOf);
+      return after ? events.filter((event) => event.timestamp >= after) : events;
+    }
+    const newest: Event[] = [];
+    for await (const message of this.client.iterMessages(key, { order: 'desc', pageSize: Math.min(PAGE_SIZE, wanted) })) {
+      const event = eventOf(message);
+      if (after && event.timestamp < after) break;
+      newest.push(event);
+      if (newest.length === wanted) break;
+    }
+    return newest.reverse();
+  }
+
+  private async store(session: Session, event: Event): Promise<void> {
+    const key = sessionKey(session.appName, session.userId, session.id);
+    const scopes = splitState(event.actions?.stateDelta ?? {});
+    const message = messageOfEvent(event);
+    for (let refreshes = 0; ; refreshes++) {
+      try {
+        if (session.events.some((known) => known.id === event.id)) {
+          await this.client.replaceMessage(key, message.id, message);
+          await this.client.importLines(key, stateLines(scopes.session));
+        } else {
+          const leaf = this.leafOf(session);
+          const line: ImportLine = { message, parentId: leaf, createdAt: Math.floor(event.timestamp) };
+          await this.client.importLines(key, [line, ...stateLines(scopes.session)], { ifLeaf: leaf });
+        }
+        break;
+      } catch (error) {
+        const moved = error instanceof SessiondbError && error.code === 'conflict';
+        if (!moved || refreshes === MAX_REFRESHES) throw error;
+        await this.refresh(session);
+      }
+    }
+    await this.writeScopes(session.appName, session.userId, scopes);
+  }
+
+  /** What this service last read or wrote for `session`; for a session object it never saw, its
+   * last event. */
+  private leafOf(session: Session): string | null {
+    const leaf = this.leaves.get(session);
+    if (leaf !== undefined) return leaf;
+    const last = session.events[session.events.length - 1];
+    return last === undefined ? null : messageIdFor(last.id);
+  }
+
+  /** Reads `session` again into the same object: events, state, update time and leaf. */
+  private async refresh(session: Session): Promise<void> {
+    const fresh = await this.getSession({ appName: session.appName, userId: session.userId, sessionId: session.id });
+    if (fresh === undefined) throw new SessiondbError(404, 'not_found', `the session ${session.id} was deleted`);
+    session.events = fresh.events;
+    session.state = fresh.state;
+    session.lastUpdateTime = fresh.lastUpdateTime;
+    this.leaves.set(session, this.leaves.get(fresh) ?? null);
+  }
+
+  /** Writes the app and user state changes in `scopes`, each scope in one request that also
+   * creates the scope's session when it is new. */
+  private async writeScopes(appName: string, userId: string, scopes: Scopes): Promise<void> {
+    if (Object.keys(scopes.app).length > 0) {
+      const record = { metadata: { [APP_KEY]: appName } };
+      await this.client.importLines(appStateKey(appName), [{ session: record }, ...stateLines(scopes.app)]);
+    }
+    if (Object.keys(scopes.user).length > 0) {
+      const record = { userId, metadata: { [APP_KEY]: appName, [USER_KEY]: userId } };
+      await this.client.importLines(userStateKey(appName, userId), [{ session: record }, ...stateLines(scopes.user)]);
+    }
+  }
+}

@@ -1,0 +1,224 @@
+// ADK's session service on a real server, driven by ADK's own Runner with a scripted model.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import { BaseLlm, FunctionTool, LlmAgent, Runner, createEvent } from '@google/adk';
+
+import { SessiondbSessionService, sessionKey } from '../dist/adk.js';
+import { all, sharedServer } from './served.mjs';
+
+const shared = sharedServer();
+let apps = 0;
+const freshApp = () => `app-${process.pid}-${++apps}`;
+
+/** Calls the tool `count_visit` once per turn, then answers with the visit's number and how many
+ * contents it was shown. */
+class ScriptedLlm extends BaseLlm {
+  constructor() {
+    super({ model: 'scripted' });
+  }
+
+  async *generateContentAsync(request) {
+    const last = request.contents[request.contents.length - 1];
+    const answered = last.parts?.find((p) => p.functionResponse);
+    if (answered) {
+      const text = `visit ${answered.functionResponse.response.visits}, shown ${request.contents.length} contents`;
+      yield { content: { role: 'model', parts: [{ text }] } };
+    } else {
+      yield { content: { role: 'model', parts: [{ functionCall: { name: 'count_visit', args: {} } }] } };
+    }
+  }
+
+  async connect() {
+    throw new Error('the scripted model has no live connection');
+  }
+}
+
+/** Counts the user's visits (user state), the app's (app state) and this session's. */
+const countVisit = new FunctionTool({
+  name: 'count_visit',
+  description: 'Counts visits.',
+  execute: (_input, context) => {
+    const visits = (context.state.get('user:visits') ?? 0) + 1;
+    context.state.set('user:visits', visits);
+    context.state.set('app:total', (context.state.get('app:total') ?? 0) + 1);
+    context.state.set('turns', (context.state.get('turns') ?? 0) + 1);
+    context.state.set('temp:scratch', 'never stored');
+    return { visits };
+  },
+});
+
+const agent = () =>
+  new LlmAgent({ name: 'counter', model: new ScriptedLlm(), instruction: 'Count visits.', tools: [countVisit], outputKey: 'last_answer' });
+
+async function runTurn(service, appName, userId, sessionId, text) {
+  const runner = new Runner({ appName, agent: agent(), sessionService: service });
+  return all(runner.runAsync({ userId, sessionId, newMessage: { role: 'user', parts: [{ text }] } }));
+}
+
+const textOf = (event) => event.content.parts[0].text;
+const userEvent = (text, stateDelta = {}, fields = {}) =>
+  createEvent({ author: 'user', invocationId: 'i', content: { role: 'user', parts: [{ text }] }, actions: { stateDelta }, ...fields });
+// What an event is, for comparison: as JSON (the signature symbol and unset fields left out).
+const plain = (events) => JSON.parse(JSON.stringify(events));
+
+test('a runner keeps its conversation and state across service instances', async () => {
+  const app = freshApp();
+  const service = new SessiondbSessionService(shared.client);
+  await service.createSession({ appName: app, userId: 'ann', sessionId: 's1', state: { lang: 'en' } });
+  const first = await runTurn(service, app, 'ann', 's1', 'hello');
+  assert.equal(textOf(first.at(-1)), 'visit 1, shown 3 contents');
+  // A new service (another process, say) reads everything back and runs on from it.
+  const second = await runTurn(new SessiondbSessionService(shared.client), app, 'ann', 's1', 'again');
+  assert.equal(textOf(second.at(-1)), 'visit 2, shown 7 contents');
+
+  const session = await service.getSession({ appName: app, userId: 'ann', sessionId: 's1' });
+  assert.equal(session.events.length, 8);
+  assert.deepEqual(plain(session.events.slice(-3)), plain(second));
+  assert.equal(textOf(session.events[0]), 'hello');
+  assert.deepEqual(session.state, { lang: 'en', turns: 2, last_answer: 'visit 2, shown 7 contents', 'user:visits': 2, 'app:total': 2 });
+  // Other clients read ordinary messages.
+  const key = sessionKey(app, 'ann', 's1');
+  const stored = await all(shared.client.history(key));
+  assert.deepEqual(stored.slice(0, 4).map((m) => m.role), ['user', 'assistant', 'tool', 'assistant']);
+  assert.equal(stored[3].content, 'visit 1, shown 3 contents');
+  assert.equal(stored[3].metadata.adkEvent.content.parts, undefined, 'an event of one text keeps it once, as the content');
+  assert.deepEqual(stored[1].metadata.adkEvent.content.parts[0].function_call.name, 'count_visit', 'stored as ADK stores events');
+  assert.equal(stored[0].metadata.adkEvent.timestamp, session.events[0].timestamp / 1000, 'in seconds');
+  assert.equal(stored[0].createdAt, Math.floor(session.events[0].timestamp));
+  assert.equal((await shared.client.search(key, 'again'))[0].id, session.events[4].id);
+});
+
+test('state is scoped to app, user and session', async () => {
+  const app = freshApp();
+  const service = new SessiondbSessionService(shared.client);
+  const get = (userId, sessionId) => service.getSession({ appName: app, userId, sessionId });
+  for (const [user, session] of [['ann', 'a1'], ['ann', 'a2'], ['bob', 'b1']]) {
+    await service.createSession({ appName: app, userId: user, sessionId: session });
+    await runTurn(service, app, user, session, 'hi');
+  }
+  assert.equal((await get('ann', 'a2')).state['user:visits'], 2);
+  assert.equal((await get('ann', 'a2')).state.turns, 1, 'session state stays its own');
+  assert.equal((await get('bob', 'b1')).state['user:visits'], 1);
+  assert.equal((await get('bob', 'b1')).state['app:total'], 3, 'app state is shared');
+  assert.ok(!('temp:scratch' in (await get('ann', 'a1')).state));
+  // Initial state goes to its scopes too, as JSON (a date as ISO text, nothing for undefined).
+  const created = await service.createSession({
+    appName: app,
+    userId: 'cy',
+    state: { 'app:total': 10, 'user:x': 1, y: 2, 'temp:z': 3, day: new Date('2024-01-02T00:00:00Z'), gone: undefined },
+  });
+  const expected = { 'app:total': 10, 'user:x': 1, y: 2, day: '2024-01-02T00:00:00.000Z', gone: null };
+  assert.deepEqual(created.state, expected);
+  assert.deepEqual((await get('cy', created.id)).state, expected);
+  assert.equal((await get('bob', 'b1')).state['app:total'], 10);
+});
+
+test('listing in ADK pages, deleting, and creating twice', async () => {
+  const app = freshApp();
+  const service = new SessiondbSessionService(shared.client);
+  for (const [user, session] of [['ann', 'x'], ['ann', 'y'], ['bob', 'z']]) {
+    await service.createSession({ appName: app, userId: user, sessionId: session, state: { 'user:name': user } });
+  }
+  await runTurn(service, app, 'ann', 'x', 'hi');
+  const ann = await service.listSessions({ appName: app, userId: 'ann', order: 'asc' });
+  assert.deepEqual(ann.sessions.map((s) => s.id), ['y', 'x'], 'oldest update first');
+  assert.equal(ann.sessions[1].state['user:name'], 'ann');
+  assert.deepEqual(ann.sessions[1].events, []);
+  assert.deepEqual([ann.page, ann.limit, ann.totalItems, ann.totalPages], [1, 2, 2, 1]);
+  const everyone = await service.listSessions({ appName: app, order: 'desc' });
+  assert.deepEqual(everyone.sessions.map((s) => `${s.userId}/${s.id}`), ['ann/x', 'bob/z', 'ann/y']);
+  const second = await service.listSessions({ appName: app, order: 'desc', limit: 2, page: 2 });
+  assert.deepEqual(second.sessions.map((s) => s.id), ['y']);
+  assert.deepEqual([second.page, second.limit, second.totalItems, second.totalPages], [2, 2, 3, 2]);
+  const offset = await service.listSessions({ appName: app, order: 'desc', limit: 1, offset: 1 });
+  assert.deepEqual([offset.sessions.map((s) => s.id), offset.page], [['z'], 2]);
+  assert.deepEqual((await service.listSessions({ appName: `${app}-other` })).sessions, []);
+
+  await assert.rejects(service.createSession({ appName: app, userId: 'ann', sessionId: 'x' }), { code: 'conflict' });
+  await service.deleteSession({ appName: app, userId: 'ann', sessionId: 'x' });
+  await service.deleteSession({ appName: app, userId: 'ann', sessionId: 'x' });
+  assert.equal(await service.getSession({ appName: app, userId: 'ann', sessionId: 'x' }), undefined);
+  assert.equal(await service.getSession({ appName: app, userId: 'ann', sessionId: 'never' }), undefined);
+  await assert.rejects(runTurn(service, app, 'ann', 'x', 'hi'), /Session not found/);
+});
+
+test('recent events and events after a time', async () => {
+  const app = freshApp();
+  const service = new SessiondbSessionService(shared.client);
+  const session = await service.createSession({ appName: app, userId: 'ann', sessionId: 't' });
+  for (let i = 0; i < 250; i++) {
+    await service.appendEvent({ session, event: userEvent(`e${i}`, {}, { author: i % 2 === 0 ? 'user' : 'counter', timestamp: 1_000_000 + i * 1000 }) });
+  }
+  const texts = async (config) =>
+    (await service.getSession({ appName: app, userId: 'ann', sessionId: 't', config })).events.map(textOf);
+  assert.equal((await texts(undefined)).length, 250);
+  assert.deepEqual(await texts({ numRecentEvents: 3 }), ['e247', 'e248', 'e249']);
+  assert.equal((await texts({ numRecentEvents: 0 })).length, 250, 'as ADK reads: 0 is no limit');
+  assert.deepEqual(await texts({ afterTimestamp: 1_245_000 }), ['e245', 'e246', 'e247', 'e248', 'e249']);
+  assert.deepEqual(await texts({ afterTimestamp: 1_010_000, numRecentEvents: 2 }), ['e248', 'e249']);
+  assert.deepEqual(await texts({ afterTimestamp: 1_248_000, numRecentEvents: 20 }), ['e248', 'e249']);
+  assert.equal((await texts({ numRecentEvents: 120 })).length, 120);
+});
+
+test('a stale session object is read again and its event goes in after what it missed', async () => {
+  const app = freshApp();
+  const service = new SessiondbSessionService(shared.client);
+  const get = () => service.getSession({ appName: app, userId: 'ann', sessionId: 'st' });
+  await service.createSession({ appName: app, userId: 'ann', sessionId: 'st' });
+  const mine = await get();
+  const theirs = await get();
+  await service.appendEvent({ session: theirs, event: userEvent('first', { k: 'theirs', other: 1 }) });
+  await service.appendEvent({ session: mine, event: userEvent('mine', { k: 'mine' }) });
+  assert.deepEqual(mine.events.map(textOf), ['first', 'mine'], 'the object was read again');
+  assert.deepEqual(mine.state, { k: 'mine', other: 1 });
+  // Racing writers that read the same session: every event lands once, one after another.
+  const racers = await Promise.all([0, 1, 2, 3].map(get));
+  await Promise.all(racers.map((session, i) => service.appendEvent({ session, event: userEvent(`racer ${i}`, { [`r${i}`]: i }) })));
+  const fresh = await get();
+  assert.deepEqual(fresh.events.slice(0, 2).map(textOf), ['first', 'mine']);
+  assert.deepEqual(fresh.events.slice(2).map(textOf).sort(), ['racer 0', 'racer 1', 'racer 2', 'racer 3']);
+  assert.deepEqual(fresh.state, { k: 'mine', other: 1, r0: 0, r1: 1, r2: 2, r3: 3 });
+  const rows = await shared.client.rows(sessionKey(app, 'ann', 'st'));
+  assert.equal(rows.length, 6, 'one path, no branches');
+  // An event the object already holds replaces the stored one; a partial event is never stored.
+  const edited = { ...fresh.events[0], content: { role: 'user', parts: [{ text: 'first, edited' }] } };
+  await service.appendEvent({ session: fresh, event: edited });
+  await service.appendEvent({ session: fresh, event: userEvent('partial', {}, { partial: true }) });
+  assert.deepEqual((await get()).events.map(textOf), fresh.events.map(textOf));
+  assert.equal(textOf((await get()).events[0]), 'first, edited');
+  // A session that is gone is not found.
+  await service.deleteSession({ appName: app, userId: 'ann', sessionId: 'st' });
+  await assert.rejects(service.appendEvent({ session: fresh, event: userEvent('third') }), { code: 'not_found' });
+});
+
+test('a compacted session still gives every event', async () => {
+  const app = freshApp();
+  const service = new SessiondbSessionService(shared.client);
+  const session = await service.createSession({ appName: app, userId: 'ann', sessionId: 'c' });
+  for (const text of ['one', 'two', 'three']) await service.appendEvent({ session, event: userEvent(text) });
+  const key = sessionKey(app, 'ann', 'c');
+  await shared.client.addCompaction(key, { summary: 'Counted to two.', fromMessageId: session.events[0].id, toMessageId: session.events[1].id });
+  assert.ok((await all(shared.client.history(key)))[0].id.startsWith('compaction_'));
+  for (const config of [undefined, { afterTimestamp: 1 }]) {
+    const read = await service.getSession({ appName: app, userId: 'ann', sessionId: 'c', config });
+    assert.deepEqual(plain(read.events), plain(session.events));
+  }
+});
+
+test('messages other clients wrote read as events', async () => {
+  const app = freshApp();
+  const service = new SessiondbSessionService(shared.client);
+  await service.createSession({ appName: app, userId: 'ann', sessionId: 'o' });
+  const key = sessionKey(app, 'ann', 'o');
+  await shared.client.append(key, { id: 'u', role: 'user', content: 'from elsewhere' });
+  await shared.client.append(key, { id: 'a', role: 'assistant', parts: [{ type: 'text', text: 'an answer' }] });
+  const { events } = await service.getSession({ appName: app, userId: 'ann', sessionId: 'o' });
+  assert.deepEqual(events.map((e) => [e.id, e.author, e.content.role, textOf(e)]), [
+    ['u', 'user', 'user', 'from elsewhere'],
+    ['a', 'model', 'model', 'an answer'],
+  ]);
+  // The runner goes on from them.
+  const replies = await runTurn(service, app, 'ann', 'o', 'hi');
+  assert.equal(textOf(replies.at(-1)), 'visit 1, shown 5 contents');
+});
