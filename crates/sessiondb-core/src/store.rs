@@ -522,6 +522,14 @@ pub trait Store: Send + Sync + 'static {
         futures::future::join_all(requests.into_iter().map(|request| self.write(request)))
     }
 
+    /// Several requests (of one or more sessions) as one atomic write: every request applies
+    /// and they commit together, or (on any request's error) nothing of any is written and
+    /// that error is the answer. Outcomes and change events come in the requests' order.
+    fn write_together(
+        &self,
+        requests: Vec<WriteRequest>,
+    ) -> impl Future<Output = Result<Vec<Vec<WriteOutcome>>, StoreError>> + Send;
+
     fn message(
         &self,
         key: &SessionKey,

@@ -314,30 +314,40 @@ impl PgStore {
 }
 
 impl Inner {
-    /// Applies one request in its own transaction, retrying lost deadlocks; publishes its events
-    /// once committed.
-    async fn write(&self, request: WriteRequest) -> Result<Vec<WriteOutcome>, StoreError> {
+    /// Applies `requests` in one transaction (a lone request through the pipelined
+    /// [`write::commit`]), retrying lost deadlocks; publishes their events once committed.
+    async fn write(&self, requests: &[WriteRequest]) -> Result<Vec<Vec<WriteOutcome>>, StoreError> {
         let client = self.pool.get().await.map_err(pool_error)?;
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match write::commit(&client, &request).await {
+            let committed = match requests {
+                [request] => write::commit(&client, request).await.map(|c| vec![c]),
+                requests => write::commit_together(&client, requests).await,
+            };
+            match committed {
                 Ok(committed) => {
-                    if let Some(first) = committed.first_position {
-                        let events = committed
-                            .changes
-                            .into_iter()
-                            .map(|change| (request.key.clone(), change))
-                            .collect();
+                    // One transaction's feed positions are consecutive from its first event.
+                    let first = committed.iter().find_map(|c| c.first_position);
+                    let mut events = Vec::new();
+                    let mut outcomes = Vec::with_capacity(committed.len());
+                    for (request, committed) in requests.iter().zip(committed) {
+                        let key = &request.key;
+                        events.extend(committed.changes.into_iter().map(|c| (key.clone(), c)));
+                        outcomes.push(committed.outcomes);
+                    }
+                    if let Some(first) = first {
                         // Committed: a failure to publish here must not fail the write; the
                         // follower publishes the events from the table instead.
                         let _ = self.sync.publish_committed(&client, first, events).await;
                     }
-                    self.bulk_analyze.after(&client, &committed.outcomes).await;
-                    return Ok(committed.outcomes);
+                    for outcomes in &outcomes {
+                        self.bulk_analyze.after(&client, outcomes).await;
+                    }
+                    return Ok(outcomes);
                 }
                 Err(e) => {
-                    // Nothing of the request stays; a connection that cannot even roll back is
+                    // Nothing of the requests stays; a connection that cannot even roll back is
                     // not reused.
                     if client.batch_execute("ROLLBACK").await.is_err() {
                         let _ = deadpool_postgres::Object::take(client);
@@ -381,7 +391,22 @@ impl Store for PgStore {
         &self,
         request: WriteRequest,
     ) -> impl Future<Output = Result<Vec<WriteOutcome>, StoreError>> + Send {
-        self.run(|inner| async move { inner.write(request).await })
+        self.run(|inner| async move {
+            let mut outcomes = inner.write(std::slice::from_ref(&request)).await?;
+            Ok(outcomes.pop().expect("one request, one answer"))
+        })
+    }
+
+    fn write_together(
+        &self,
+        requests: Vec<WriteRequest>,
+    ) -> impl Future<Output = Result<Vec<Vec<WriteOutcome>>, StoreError>> + Send {
+        self.run(|inner| async move {
+            match requests.is_empty() {
+                true => Ok(Vec::new()),
+                false => inner.write(&requests).await,
+            }
+        })
     }
 
     fn message(

@@ -170,6 +170,52 @@ pub(crate) struct Committed {
 /// lock, the session row and the rows the messages name go out together, and so do the new
 /// rows, the session row, the feed events and `COMMIT`. A lone append costs two round trips.
 pub(crate) async fn commit<C: GenericClient>(c: &C, request: &WriteRequest) -> Result<Committed> {
+    apply(c, request, Bounds::Whole).await
+}
+
+/// Runs `requests` as one transaction on `c` and commits it; on an error the transaction is
+/// left for the caller to roll back, as [`commit`] leaves it. Every session is locked first, in
+/// key order, so two such writes over the same sessions wait for each other instead of
+/// deadlocking.
+pub(crate) async fn commit_together<C: GenericClient>(
+    c: &C,
+    requests: &[WriteRequest],
+) -> Result<Vec<Committed>> {
+    c.batch_execute("BEGIN").await.map_err(backend_error)?;
+    let mut keys: Vec<&SessionKey> = requests.iter().map(|r| &r.key).collect();
+    keys.sort();
+    keys.dedup();
+    for key in keys {
+        lock_session(c, key).await?;
+    }
+    let mut committed = Vec::with_capacity(requests.len());
+    for (i, request) in requests.iter().enumerate() {
+        let bounds = match i + 1 == requests.len() {
+            true => Bounds::Last,
+            false => Bounds::Inside,
+        };
+        committed.push(apply(c, request, bounds).await?);
+    }
+    Ok(committed)
+}
+
+/// Which ends of the transaction a request's statements carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bounds {
+    /// `BEGIN` and `COMMIT`: the request is the transaction.
+    Whole,
+    /// Neither: the request is one of several, begun earlier.
+    Inside,
+    /// `COMMIT` only: the last of several.
+    Last,
+}
+
+/// Applies `request` on `c` in the transaction `bounds` describe.
+async fn apply<C: GenericClient>(
+    c: &C,
+    request: &WriteRequest,
+    bounds: Bounds,
+) -> Result<Committed> {
     let key = &request.key;
     let named = Known::named_ids(&request.ops);
     // A pipeline is only in order if each statement goes out on its first poll: prepared ones do
@@ -177,7 +223,12 @@ pub(crate) async fn commit<C: GenericClient>(c: &C, request: &WriteRequest) -> R
     prepare(c, &[LOCK_SESSION, LOAD_SESSION, LOAD_KNOWN]).await?;
     let (begun, locked, session, known) = tokio::join!(
         biased;
-        c.batch_execute("BEGIN"),
+        async {
+            match bounds {
+                Bounds::Whole => c.batch_execute("BEGIN").await,
+                Bounds::Inside | Bounds::Last => Ok(()),
+            }
+        },
         lock_session(c, key),
         load_session(c, key, request.now_ms),
         async {
@@ -231,7 +282,12 @@ pub(crate) async fn commit<C: GenericClient>(c: &C, request: &WriteRequest) -> R
                 false => feed::record(c, key, &changes).await.map(Some),
             }
         },
-        c.batch_execute("COMMIT"),
+        async {
+            match bounds {
+                Bounds::Whole | Bounds::Last => c.batch_execute("COMMIT").await,
+                Bounds::Inside => Ok(()),
+            }
+        },
     );
     // The first failure is the cause; the statements after it only found the transaction
     // aborted (and COMMIT then rolls back).

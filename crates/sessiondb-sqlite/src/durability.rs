@@ -29,11 +29,35 @@ pub(crate) struct Committed {
     pub(crate) replies: Vec<Answer>,
 }
 
-/// A caller's reply channel and what it will be told.
-pub(crate) type Answer = (
-    Reply<Vec<WriteOutcome>>,
-    Result<Vec<WriteOutcome>, StoreError>,
-);
+/// A caller's reply channel and what it will be told once the group is durable.
+pub(crate) enum Answer {
+    One(
+        Reply<Vec<WriteOutcome>>,
+        Result<Vec<WriteOutcome>, StoreError>,
+    ),
+    Together(
+        Reply<Vec<Vec<WriteOutcome>>>,
+        Result<Vec<Vec<WriteOutcome>>, StoreError>,
+    ),
+}
+
+impl Answer {
+    fn send(self) {
+        match self {
+            Answer::One(reply, outcome) => drop(reply.send(outcome)),
+            Answer::Together(reply, outcome) => drop(reply.send(outcome)),
+        }
+    }
+
+    /// Tells the caller the sync failed instead.
+    fn halted(self, reason: &str) {
+        let halted = || StoreError::Halted(reason.to_owned());
+        match self {
+            Answer::One(reply, _) => drop(reply.send(Err(halted()))),
+            Answer::Together(reply, _) => drop(reply.send(Err(halted()))),
+        }
+    }
+}
 
 #[derive(Default)]
 struct Pending {
@@ -158,13 +182,11 @@ impl Shared {
             match &synced {
                 Ok(()) => {
                     self.feed.publish(group.events);
-                    for (reply, outcome) in group.replies {
-                        let _ = reply.send(outcome);
-                    }
+                    group.replies.into_iter().for_each(Answer::send);
                 }
                 Err(reason) => {
-                    for (reply, _) in group.replies {
-                        let _ = reply.send(Err(StoreError::Halted(reason.clone())));
+                    for answer in group.replies {
+                        answer.halted(reason);
                     }
                 }
             }

@@ -70,7 +70,7 @@ use sessiondb_core::{
 };
 
 use crate::cache::RowCache;
-use crate::durability::{Committed, Durability};
+use crate::durability::{Answer, Committed, Durability};
 use crate::queries::SessionRange;
 use crate::write::WriteContext;
 
@@ -177,6 +177,8 @@ pub(crate) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
 enum WriteJob {
     Write(WriteRequest, Reply<Vec<WriteOutcome>>),
+    /// Requests committed together or not at all ([`Store::write_together`]).
+    WriteTogether(Vec<WriteRequest>, Reply<Vec<Vec<WriteOutcome>>>),
     EnsureSearchIndex(Reply<()>),
 }
 
@@ -1029,6 +1031,19 @@ impl Writer<()> {
     }
 }
 
+/// Why nothing of a transaction that failed was committed: a full disk that one of its requests
+/// met (SQLite may then roll the transaction back itself), else the transaction's own error.
+fn failed_transaction(applied: &[Applied], error: &rusqlite::Error) -> StoreError {
+    let full = applied.iter().find_map(|r| match r {
+        Err(StoreError::StorageFull(reason)) => Some(reason.clone()),
+        _ => None,
+    });
+    match full {
+        Some(reason) => StoreError::StorageFull(reason),
+        None => store_error(error),
+    }
+}
+
 /// Answers every job of `batch` with `error` (the writer could not be set up): nothing of them
 /// was written.
 fn refuse(batch: Vec<WriteJob>, error: &StoreError) {
@@ -1036,6 +1051,7 @@ fn refuse(batch: Vec<WriteJob>, error: &StoreError) {
     for job in batch {
         match job {
             WriteJob::Write(_, reply) => drop(reply.send(Err(refused()))),
+            WriteJob::WriteTogether(_, reply) => drop(reply.send(Err(refused()))),
             WriteJob::EnsureSearchIndex(reply) => drop(reply.send(Err(refused()))),
         }
     }
@@ -1061,6 +1077,14 @@ impl Writer {
                     Some(halted) => drop(reply.send(Err(halted))),
                     None => writes.push((request, reply)),
                 },
+                WriteJob::WriteTogether(requests, reply) => {
+                    // Its own transaction, after the requests queued before it.
+                    self.commit_group(&mut writes, durability);
+                    match durability.halted() {
+                        Some(halted) => drop(reply.send(Err(halted))),
+                        None => self.commit_together(requests, reply, durability),
+                    }
+                }
                 WriteJob::EnsureSearchIndex(reply) => {
                     self.commit_group(&mut writes, durability);
                     // Derived data: an index lost to a power failure is rebuilt by the next
@@ -1152,21 +1176,10 @@ impl Writer {
             self.stats.record_commit(writes.len());
         }
         if let Err(e) = committed {
-            // Nothing of this group is committed: every caller learns it, none sees an event. A
-            // full disk can end the transaction inside a request (SQLite may roll it back
-            // itself), and then that request's error is the group's.
-            let full = results.iter().find_map(|r| match r {
-                Err(StoreError::StorageFull(reason)) => Some(reason.clone()),
-                _ => None,
-            });
+            // Nothing of this group is committed: every caller learns it, none sees an event.
             results = writes
                 .iter()
-                .map(|_| {
-                    Err(match &full {
-                        Some(reason) => StoreError::StorageFull(reason.clone()),
-                        None => store_error(&e),
-                    })
-                })
+                .map(|_| Err(failed_transaction(&results, &e)))
                 .collect();
         }
         // The changes move into the feed; only the outcomes go back to the callers.
@@ -1181,10 +1194,67 @@ impl Writer {
                     events.extend(changes.into_iter().map(|c| (request.key.clone(), c)));
                     outcomes
                 });
-                (reply, outcomes)
+                Answer::One(reply, outcomes)
             })
             .collect();
         self.changes_since_backlog += events.len();
+        durability.push(Committed { events, replies });
+    }
+
+    /// Applies `requests` in one transaction of their own and commits it; at the first
+    /// request's error everything rolls back and that error is the answer.
+    fn commit_together(
+        &mut self,
+        requests: Vec<WriteRequest>,
+        reply: Reply<Vec<Vec<WriteOutcome>>>,
+        durability: &Durability,
+    ) {
+        let ctx = WriteContext {
+            search_index: self.search_index.load(Ordering::Acquire),
+        };
+        let conn = &self.conn;
+        let run = |sql: &str| {
+            conn.prepare_cached(sql)
+                .and_then(|mut s| s.execute([]).map(drop))
+        };
+        let mut applied: Vec<Applied> = Vec::with_capacity(requests.len());
+        let committed = (|| -> Result<(), rusqlite::Error> {
+            run("BEGIN IMMEDIATE")?;
+            for request in &requests {
+                applied.push(write::apply(conn, ctx, request));
+                if applied.last().is_some_and(Result::is_err) {
+                    // A full disk may have rolled the transaction back already.
+                    return match conn.is_autocommit() {
+                        true => Ok(()),
+                        false => run("ROLLBACK"),
+                    };
+                }
+            }
+            run("COMMIT")
+        })();
+        if committed.is_err() && !conn.is_autocommit() {
+            let _ = run("ROLLBACK");
+        }
+        let mut events = Vec::new();
+        let outcome = match committed {
+            Err(e) => Err(failed_transaction(&applied, &e)),
+            Ok(()) if applied.last().is_some_and(Result::is_err) => Err(applied
+                .pop()
+                .and_then(Result::err)
+                .expect("the failed request")),
+            Ok(()) => {
+                self.stats.record_commit(requests.len());
+                let outcomes = requests.iter().zip(applied).map(|(request, applied)| {
+                    let (outcomes, changes) = applied.expect("every request applied");
+                    self.rows.committed(&request.key, &outcomes);
+                    events.extend(changes.into_iter().map(|c| (request.key.clone(), c)));
+                    outcomes
+                });
+                Ok(outcomes.collect())
+            }
+        };
+        self.changes_since_backlog += events.len();
+        let replies = vec![Answer::Together(reply, outcome)];
         durability.push(Committed { events, replies });
     }
 
@@ -1411,6 +1481,13 @@ impl Store for SqliteStore {
             }
             outcomes
         }
+    }
+
+    fn write_together(
+        &self,
+        requests: Vec<WriteRequest>,
+    ) -> impl Future<Output = Result<Vec<Vec<WriteOutcome>>, StoreError>> + Send {
+        self.submit(|reply| WriteJob::WriteTogether(requests, reply))
     }
 
     fn message(

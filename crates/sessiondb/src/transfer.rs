@@ -31,8 +31,9 @@ use sessiondb_core::context::BlockKind;
 use sessiondb_core::message::{JsonMap, validate_id, validate_text, validate_time};
 use sessiondb_core::registry::validate_state_key;
 use sessiondb_core::{
-    Compaction, ContextEntry, Message, SessionInfo, SessionRecord, Store, StoredMessage,
-    ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteOp, WriteOutcome,
+    Compaction, ContextEntry, Message, SessionInfo, SessionKey, SessionRecord, Store,
+    StoredMessage, ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS,
+    WriteOp, WriteOutcome, WriteRequest,
 };
 
 use crate::context::BlockSpec;
@@ -76,6 +77,39 @@ pub enum ImportLine {
 
 /// The first line of the namespace templates' part of a dump.
 pub const TEMPLATES_LINE: &str = "{\"templates\":{}}\n";
+
+/// How an import's write ops count in its [`ImportSummary`].
+struct ImportTally {
+    /// Leading ops that count in neither total (the session line's).
+    uncounted: usize,
+    /// Lines skipped before writing (compactions the session has).
+    skipped: usize,
+}
+
+impl ImportTally {
+    fn summary(self, outcomes: Vec<WriteOutcome>) -> ImportSummary {
+        let mut summary = ImportSummary {
+            imported: 0,
+            skipped: self.skipped,
+        };
+        for outcome in outcomes.into_iter().skip(self.uncounted) {
+            match outcome {
+                WriteOutcome::Imported(None) => summary.skipped += 1,
+                _ => summary.imported += 1,
+            }
+        }
+        summary
+    }
+}
+
+/// One session's part of [`Db::import_together`]: the lines to import into it and, as for
+/// [`Session::import_lines_if_leaf`], the active leaf it must have (`Some(None)`: no message).
+#[derive(Debug, Clone)]
+pub struct ImportPart {
+    pub session_id: String,
+    pub lines: Vec<ImportLine>,
+    pub if_leaf: Option<Option<String>>,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ImportSummary {
@@ -155,15 +189,23 @@ fn time_field(map: &JsonMap, prefix: &str, name: &str) -> Result<Option<i64>, Va
 
 /// Parses line `number` (0-based; errors name it as `lines[n]`).
 pub fn parse_import_line(number: usize, text: &str) -> Result<ImportLine, ValidationError> {
-    let prefix = format!("lines[{number}]");
-    let value: Value = serde_json::from_str(text).map_err(|e| {
+    import_line_of(number, json_line(number, text)?)
+}
+
+fn json_line(number: usize, text: &str) -> Result<Value, ValidationError> {
+    serde_json::from_str(text).map_err(|e| {
         ValidationError::new(
-            prefix.clone(),
+            format!("lines[{number}]"),
             ValidationErrorKind::NotJson {
                 reason: e.to_string(),
             },
         )
-    })?;
+    })
+}
+
+/// Line `number`, parsed as JSON, as an import line.
+fn import_line_of(number: usize, value: Value) -> Result<ImportLine, ValidationError> {
+    let prefix = format!("lines[{number}]");
     let mut line = object(value, &prefix)?;
     if let Some(session) = line.remove("session") {
         let prefix = format!("{prefix}.session");
@@ -250,7 +292,10 @@ pub fn parse_import_line(number: usize, text: &str) -> Result<ImportLine, Valida
         let prefix = format!("{prefix}.state");
         let mut s = object(state, &prefix)?;
         let key = string_field(&s, &prefix, "key")?;
-        validate_state_key(&key)?;
+        validate_state_key(&key).map_err(|e| ValidationError {
+            field: format!("{prefix}.{}", e.field),
+            kind: e.kind,
+        })?;
         let value = s.remove("value").ok_or_else(|| {
             ValidationError::new(format!("{prefix}.value"), ValidationErrorKind::Missing)
         })?;
@@ -307,6 +352,45 @@ pub fn parse_import_line(number: usize, text: &str) -> Result<ImportLine, Valida
         "an object with `session`, `message`, `compaction`, `state`, `block`, `entry`, `prompt` \
          or `templates`",
     ))
+}
+
+/// Parses the NDJSON body of an import into several sessions ([`Db::import_together`]): a line
+/// `{"into": {"sessionId": "…", "ifLeaf": "…"|null}}` opens each session's part (`ifLeaf`
+/// optional, `null` for a session without messages), and the lines after it, as [`parse_import`]
+/// takes them, are that part's. Blank lines are ignored; the first bad line fails it all.
+pub fn parse_import_parts(text: &str) -> Result<Vec<ImportPart>, ValidationError> {
+    let mut parts: Vec<ImportPart> = Vec::new();
+    let lines = text.lines().enumerate();
+    for (number, text) in lines.filter(|(_, line)| !line.trim().is_empty()) {
+        let mut value = json_line(number, text)?;
+        if let Some(into) = value.as_object_mut().and_then(|line| line.remove("into")) {
+            let prefix = format!("lines[{number}].into");
+            let into = object(into, &prefix)?;
+            let if_leaf = match into.get("ifLeaf") {
+                None => None,
+                Some(Value::Null) => Some(None),
+                Some(Value::String(id)) => Some(Some(id.clone())),
+                Some(_) => return Err(wrong(format!("{prefix}.ifLeaf"), "a message id or null")),
+            };
+            parts.push(ImportPart {
+                session_id: string_field(&into, &prefix, "sessionId")?,
+                lines: Vec::new(),
+                if_leaf,
+            });
+            continue;
+        }
+        let line = import_line_of(number, value)?;
+        match parts.last_mut() {
+            Some(part) => part.lines.push(line),
+            None => {
+                return Err(wrong(
+                    format!("lines[{number}]"),
+                    "an `into` line first, naming the session the lines after it import into",
+                ));
+            }
+        }
+    }
+    Ok(parts)
 }
 
 /// Parses a whole NDJSON document (blank lines ignored); the first bad line fails it all.
@@ -400,13 +484,22 @@ impl<S: Store> Session<S> {
         lines: Vec<ImportLine>,
         if_leaf: Option<Option<String>>,
     ) -> Result<ImportSummary, Error> {
+        let (ops, tally) = self.plan_import(lines).await?;
+        Ok(tally.summary(self.write_if_leaf(ops, if_leaf).await?))
+    }
+
+    /// The write ops of an import's lines, every line checked, and how to count what they did.
+    async fn plan_import(
+        &self,
+        lines: Vec<ImportLine>,
+    ) -> Result<(Vec<WriteOp>, ImportTally), Error> {
         let existing: Vec<String> = self
             .compactions()
             .await?
             .into_iter()
             .map(|c| c.id)
             .collect();
-        let mut summary = ImportSummary::default();
+        let mut skipped = 0;
         let mut ops = Vec::with_capacity(lines.len());
         // Goes first, before a message line's write registers the session with an empty record.
         let mut create: Option<WriteOp> = None;
@@ -474,7 +567,7 @@ impl<S: Store> Session<S> {
                         updated_at,
                     });
                 }
-                ImportLine::Compaction(c) if existing.contains(&c.id) => summary.skipped += 1,
+                ImportLine::Compaction(c) if existing.contains(&c.id) => skipped += 1,
                 ImportLine::Compaction(compaction) => {
                     self.check_text("summary", &compaction.summary)?;
                     let field = format!("lines[{number}].compaction.createdAt");
@@ -528,20 +621,9 @@ impl<S: Store> Session<S> {
                 }
             }
         }
-        let counted = usize::from(create.is_some());
+        let uncounted = usize::from(create.is_some());
         ops.splice(0..0, create);
-        for outcome in self
-            .write_if_leaf(ops, if_leaf)
-            .await?
-            .into_iter()
-            .skip(counted)
-        {
-            match outcome {
-                WriteOutcome::Imported(None) => summary.skipped += 1,
-                _ => summary.imported += 1,
-            }
-        }
-        Ok(summary)
+        Ok((ops, ImportTally { uncounted, skipped }))
     }
 
     /// The session as NDJSON lines (each ending in `\n`), read window by window.
@@ -648,6 +730,46 @@ impl<S: Store> Db<S> {
             lines.insert(0, TEMPLATES_LINE.to_owned());
         }
         Ok(lines)
+    }
+
+    /// Imports into several sessions of `namespace` as one atomic write: every part's lines
+    /// land, or (on any error in any part, a leaf condition included) nothing of any part. Each
+    /// part is checked and applied as [`Session::import_lines_if_leaf`] does (errors in its
+    /// lines name them as `parts[i].lines[n]`); a session may have several parts, applied in
+    /// order. Summaries come in the parts' order.
+    pub async fn import_together(
+        &self,
+        namespace: &str,
+        parts: Vec<ImportPart>,
+    ) -> Result<Vec<ImportSummary>, Error> {
+        let mut tallies = Vec::with_capacity(parts.len());
+        let mut requests = Vec::with_capacity(parts.len());
+        for (i, part) in parts.into_iter().enumerate() {
+            let in_part = |error| match error {
+                Error::Invalid(e) => Error::Invalid(ValidationError {
+                    field: format!("parts[{i}].{}", e.field),
+                    kind: e.kind,
+                }),
+                other => other,
+            };
+            let session = self
+                .session_in(namespace, &part.session_id)
+                .map_err(in_part)?;
+            let (ops, tally) = session.plan_import(part.lines).await.map_err(in_part)?;
+            requests.push(WriteRequest {
+                if_leaf: part.if_leaf,
+                ..session.request(ops)
+            });
+            tallies.push(tally);
+        }
+        let keys: Vec<SessionKey> = requests.iter().map(|r| r.key.clone()).collect();
+        let written = self.store.write_together(requests).await;
+        // Imports can change what the sessions' memos were computed from.
+        for key in &keys {
+            self.caches.forget(key);
+        }
+        let summaries = tallies.into_iter().zip(written?).map(|(t, o)| t.summary(o));
+        Ok(summaries.collect())
     }
 
     /// Imports a templates part of a dump (its `templates` line, then block and entry lines)

@@ -36,6 +36,32 @@ pub(crate) async fn import<S: Store>(
     ))
 }
 
+/// `POST /v1/import`: lines for several sessions, each session's part opened by an `into` line
+/// (see [`sessiondb::parse_import_parts`]), written all together or not at all.
+pub(crate) async fn import_together<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    NdjsonBody(text): NdjsonBody,
+) -> Result<Response, ApiError> {
+    let parts = sessiondb::parse_import_parts(&text)?;
+    let ids: Vec<String> = parts.iter().map(|p| p.session_id.clone()).collect();
+    let summaries = app.db.import_together(&ns, parts).await?;
+    let (mut imported, mut skipped) = (0, 0);
+    let parts: Vec<Value> = ids
+        .into_iter()
+        .zip(summaries)
+        .map(|(id, summary)| {
+            imported += summary.imported;
+            skipped += summary.skipped;
+            json!({"sessionId": id, "imported": summary.imported, "skipped": summary.skipped})
+        })
+        .collect();
+    Ok(value_response(
+        StatusCode::OK,
+        &json!({"imported": imported, "skipped": skipped, "parts": parts}),
+    ))
+}
+
 pub(crate) async fn export<S: Store>(
     State(app): State<Arc<App<S>>>,
     Tenant(ns): Tenant,

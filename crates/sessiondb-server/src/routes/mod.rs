@@ -65,6 +65,7 @@ pub(crate) fn routes<S: Store>() -> Router<Arc<App<S>>> {
         .route("/v1/sessions/{sid}/search", get(reads::search::<S>))
         .route("/v1/search", get(reads::search_all::<S>))
         .route("/v1/sessions/{sid}/import", post(extras::import::<S>))
+        .route("/v1/import", post(extras::import_together::<S>))
         .route("/v1/sessions/{sid}/export", get(extras::export::<S>))
         .route(
             "/v1/sessions/{sid}/compactions",

@@ -30,6 +30,12 @@ impl Store for CountingStore {
     ) -> impl Future<Output = Result<Vec<WriteOutcome>, StoreError>> + Send {
         self.inner.write(request)
     }
+    fn write_together(
+        &self,
+        requests: Vec<WriteRequest>,
+    ) -> impl Future<Output = Result<Vec<Vec<WriteOutcome>>, StoreError>> + Send {
+        self.inner.write_together(requests)
+    }
     fn message(
         &self,
         key: &SessionKey,

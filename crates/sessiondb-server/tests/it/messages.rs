@@ -327,3 +327,100 @@ async fn writes_conditioned_on_the_leaf() {
         .await;
     assert_eq!(unknown.status, StatusCode::BAD_REQUEST, "names are exact");
 }
+
+/// `POST /v1/import` writes several sessions' parts at once: all of them, or (on a refusal in
+/// any part) none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imports_into_several_sessions_land_together() {
+    let server = start().await;
+    let import = |body: &str| {
+        server.send(
+            server
+                .request(reqwest::Method::POST, "/v1/import")
+                .header("content-type", "application/x-ndjson")
+                .body(body.to_owned()),
+        )
+    };
+    server
+        .post("/v1/sessions/a/messages", text("x", "hi"))
+        .await;
+    let body = [
+        r#"{"into": {"sessionId": "a", "ifLeaf": "x"}}"#,
+        r#"{"message": {"id": "y", "role": "assistant", "content": "yo"}, "parentId": "x"}"#,
+        r#"{"state": {"key": "k", "value": 1}}"#,
+        "",
+        r#"{"into": {"sessionId": "b"}}"#,
+        r#"{"session": {"userId": "ann"}}"#,
+        r#"{"state": {"key": "total", "value": 2}}"#,
+    ]
+    .join("\n");
+    let landed = import(&body).await;
+    assert_eq!(landed.status, StatusCode::OK, "{:?}", landed.json);
+    assert_eq!(
+        landed.json,
+        json!({"imported": 3, "skipped": 0, "parts": [
+            {"sessionId": "a", "imported": 2, "skipped": 0},
+            {"sessionId": "b", "imported": 1, "skipped": 0}]})
+    );
+    assert_eq!(server.get("/v1/sessions/a").await.json["leafId"], "y");
+    assert_eq!(server.get("/v1/sessions/b").await.json["userId"], "ann");
+    assert_eq!(
+        server.get("/v1/sessions/b/state").await.json,
+        json!({"total": 2})
+    );
+
+    // The first part would do, the second is refused: nothing lands.
+    let first = r#"{"into": {"sessionId": "b"}}
+{"state": {"key": "total", "value": 3}}"#;
+    for (second, status, code) in [
+        (
+            r#"{"into": {"sessionId": "a", "ifLeaf": "x"}}"#,
+            StatusCode::CONFLICT,
+            "conflict",
+        ),
+        (
+            r#"{"into": {"sessionId": "c", "ifLeaf": null}}"#,
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            r#"{"into": {"sessionId": "a"}}
+{"state": {"key": "", "value": 1}}"#,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+    ] {
+        let refused = import(&format!("{first}\n{second}\n")).await;
+        assert_eq!((refused.status, refused.code()), (status, code), "{second}");
+        assert_eq!(
+            server.get("/v1/sessions/b/state").await.json,
+            json!({"total": 2})
+        );
+    }
+    assert_eq!(
+        server.get("/v1/sessions/c").await.status,
+        StatusCode::NOT_FOUND
+    );
+    for (bad, field) in [
+        (r#"{"state": {"key": "k", "value": 1}}"#, "lines[0]"),
+        (r#"{"into": {"ifLeaf": "x"}}"#, "lines[0].into.sessionId"),
+        (
+            r#"{"into": {"sessionId": "a", "ifLeaf": 3}}"#,
+            "lines[0].into.ifLeaf",
+        ),
+        ("{\"into\": {\"sessionId\": \"a\"}}\nnot json", "lines[1]"),
+        (
+            "{\"into\": {\"sessionId\": \"a\"}}\n{\"state\": {\"key\": \"\", \"value\": 1}}",
+            "lines[1].state.key",
+        ),
+        (
+            "{\"into\": {\"sessionId\": \"a\"}}\n{\"entry\": {\"label\": \"nope\", \"key\": \"k\", \"content\": \"c\"}}",
+            "parts[0].lines[0].entry.label",
+        ),
+    ] {
+        let refused = import(bad).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{bad}");
+        let message = refused.json["error"]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{message} should name {field}");
+    }
+}

@@ -2,8 +2,8 @@
 
 use serde_json::json;
 use sessiondb::{
-    AppendOptions, Compaction, Db, Error, FeedFilter, ImportLine, Message, Source, Store,
-    StoreError, ValidationErrorKind,
+    AppendOptions, Compaction, Db, Error, FeedFilter, FeedItem, ImportLine, ImportPart, Message,
+    Source, Store, StoreError, ValidationErrorKind,
 };
 
 use crate::*;
@@ -188,6 +188,114 @@ pub async fn import_under_a_missing_parent_keeps_the_link<S: Store>(db: Db<S>) {
         .await
         .unwrap();
     assert_eq!(history_ids(&s, Some("child")).await, ["later", "child"]);
+}
+
+/// An import into several sessions lands whole or not at all: a later part's refusal (a
+/// leaf condition, a missing session, a loop) leaves the earlier parts unwritten too.
+pub async fn imports_together_land_all_or_none<S: Store>(db: Db<S>) {
+    let (a, b) = (db_session(&db, "a"), db_session(&db, "b"));
+    chain(&a, &["x"]).await;
+    let message = |id: &str, parent: &str| ImportLine::Message {
+        message: text(id, "user", id),
+        parent_id: Some(parent.to_owned()),
+        created_at: None,
+        updated_at: None,
+    };
+    let state = |key: &str, value: i64| ImportLine::State {
+        key: key.into(),
+        value: json!(value),
+    };
+    let part = |id: &str, if_leaf: Option<Option<&str>>, lines: Vec<ImportLine>| ImportPart {
+        session_id: id.into(),
+        lines,
+        if_leaf: if_leaf.map(|leaf| leaf.map(str::to_owned)),
+    };
+    let mut sub = db.subscribe(FeedFilter::All);
+    let summaries = db
+        .import_together(
+            "",
+            vec![
+                part("a", Some(Some("x")), vec![message("y", "x"), state("k", 1)]),
+                part("b", None, vec![state("z", 2), message("n", "none")]),
+                part("a", None, vec![message("y", "x"), message("w", "y")]),
+            ],
+        )
+        .await
+        .unwrap();
+    let counts: Vec<_> = summaries.iter().map(|s| (s.imported, s.skipped)).collect();
+    assert_eq!(counts, [(2, 0), (2, 0), (1, 1)]);
+    assert_eq!(history_ids(&a, None).await, ["x", "y", "w"]);
+    assert_eq!(history_ids(&b, None).await, ["n"]);
+    assert_eq!(a.state("k").await.unwrap(), Some(json!(1)));
+    assert_eq!(b.state("z").await.unwrap(), Some(json!(2)));
+    let mut sessions: Vec<String> = drain(&mut sub)
+        .into_iter()
+        .filter_map(|item| match item {
+            FeedItem::Event(e) => Some(e.key.session_id.clone()),
+            FeedItem::Lagged { .. } => None,
+        })
+        .collect();
+    sessions.dedup();
+    assert_eq!(sessions, ["a", "b", "a"], "events in the parts' order");
+
+    // Each refusal comes from the last part and leaves the first one unwritten.
+    let refusals = [
+        part("a", Some(Some("x")), vec![state("z", 9)]),
+        part("missing", Some(None), vec![state("z", 9)]),
+        part("b", None, vec![message("p", "q"), message("q", "p")]),
+    ];
+    for refused in refusals {
+        let written = db
+            .import_together(
+                "",
+                vec![
+                    part("b", None, vec![state("z", 9), message("m", "m0")]),
+                    refused,
+                ],
+            )
+            .await;
+        assert!(
+            matches!(
+                written,
+                Err(Error::Store(
+                    StoreError::LeafMoved { .. }
+                        | StoreError::NoSession
+                        | StoreError::ParentCycle { .. }
+                ))
+            ),
+            "{written:?}"
+        );
+        assert_eq!(b.state("z").await.unwrap(), Some(json!(2)));
+        assert!(b.message("m").await.unwrap().is_none());
+        assert!(
+            drain(&mut sub).is_empty(),
+            "a refused write publishes nothing"
+        );
+    }
+    assert!(
+        db.session("missing")
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // A part's bad line names the part; nothing is written.
+    let bad = db
+        .import_together(
+            "",
+            vec![
+                part("b", None, vec![state("z", 9)]),
+                part("b", None, vec![state("", 1)]),
+            ],
+        )
+        .await;
+    assert!(
+        matches!(&bad, Err(Error::Invalid(e)) if e.field.starts_with("parts[1].")),
+        "{bad:?}"
+    );
+    assert_eq!(b.state("z").await.unwrap(), Some(json!(2)));
+    assert!(db.import_together("", Vec::new()).await.unwrap().is_empty());
 }
 
 pub async fn import_that_would_loop_is_refused<S: Store>(db: Db<S>) {
