@@ -22,12 +22,11 @@ How ADK's model is stored:
   ``adk-app/<app>``, ``user:`` keys that of ``adk-user/<app>/<user>``, both stored without their
   prefix and merged back with it, as ADK's own services do; ``temp:`` keys are never stored.
 
-Writes. ``append_event`` stores the event and its session-scoped state changes in one import
-request, all or nothing, then the app and user state changes (each one request; should one fail,
-the error reaches the runner and the event stays stored). The import goes in only while the
-session's last stored event is the one this object last read or wrote (``ifLeaf``, checked in
-the write itself): otherwise ADK's ``StaleSessionError``, and nothing is written, so of two
-writers that read the same session one lands and the other must read again.
+Writes. ``append_event`` stores the event with its state changes, session, app and user scope
+alike, in one request (``POST /v1/import`` into the three sessions), all or nothing. It goes in
+only while the session's last stored event is the one this object last read or wrote
+(``ifLeaf``, checked in the write itself): otherwise ADK's ``StaleSessionError``, and nothing is
+written, so of two writers that read the same session one lands and the other must read again.
 
 Reads. ``get_session`` reads the session, its events and the three states. The events come in
 one streamed read; with ``num_recent_events`` (or once a compaction's summary stands in the path,
@@ -214,9 +213,11 @@ class SessiondbSessionService(BaseSessionService):
                 raise AlreadyExistsError(f"Session with id {session_id} already exists.") from error
             raise
         scopes = split_state(state)
+        parts = _scope_parts(app_name, user_id, scopes)
         if scopes["session"]:
-            self.client.import_lines(key, _state_lines(scopes["session"]))
-        self._write_scopes(app_name, user_id, scopes)
+            parts.insert(0, {"session_id": key, "lines": _state_lines(scopes["session"])})
+        if parts:
+            self.client.import_together(parts)
         state = merged_state(self.client.all_state(app_state_key(app_name)),
                              self.client.all_state(user_state_key(app_name, user_id)),
                              scopes["session"])
@@ -281,9 +282,11 @@ class SessiondbSessionService(BaseSessionService):
             leaf = message_id_for(session.events[-1].id)
         scopes = split_state(event.actions.state_delta if event.actions else {})
         lines = [{"message": message_of_event(event), "parentId": leaf,
-                  "createdAt": int(event.timestamp * 1000)}]
+                  "createdAt": int(event.timestamp * 1000)}] + _state_lines(scopes["session"])
+        event_part = {"session_id": key, "lines": lines, "if_leaf": leaf}
         try:
-            self.client.import_lines(key, lines + _state_lines(scopes["session"]), if_leaf=leaf)
+            self.client.import_together(
+                [event_part] + _scope_parts(session.app_name, session.user_id, scopes))
         except SessiondbError as error:
             if error.code == "not_found":
                 raise SessionNotFoundError(f"Session {session.id} not found.") from error
@@ -292,17 +295,18 @@ class SessiondbSessionService(BaseSessionService):
                     "The session was written since this session object read it; get the "
                     f"session again before appending ({error.message}).") from error
             raise
-        self._write_scopes(session.app_name, session.user_id, scopes)
 
-    def _write_scopes(self, app_name: str, user_id: str,
-                      scopes: dict[str, dict[str, Any]]) -> None:
-        """Writes the app and user state changes in ``scopes``, each scope in one request that
-        also creates the scope's session when it is new."""
-        if scopes["app"]:
-            record = {"metadata": {APP_KEY: app_name}}
-            self.client.import_lines(app_state_key(app_name),
-                                     [{"session": record}] + _state_lines(scopes["app"]))
-        if scopes["user"]:
-            record = {"userId": user_id, "metadata": {APP_KEY: app_name, USER_KEY: user_id}}
-            self.client.import_lines(user_state_key(app_name, user_id),
-                                     [{"session": record}] + _state_lines(scopes["user"]))
+
+def _scope_parts(app_name: str, user_id: str, scopes: dict[str, dict[str, Any]]) -> list[dict]:
+    """Parts of an ``import_together`` that write the app and user state changes in
+    ``scopes``, each creating its scope's session when it is new."""
+    parts = []
+    if scopes["app"]:
+        record = {"metadata": {APP_KEY: app_name}}
+        parts.append({"session_id": app_state_key(app_name),
+                      "lines": [{"session": record}] + _state_lines(scopes["app"])})
+    if scopes["user"]:
+        record = {"userId": user_id, "metadata": {APP_KEY: app_name, USER_KEY: user_id}}
+        parts.append({"session_id": user_state_key(app_name, user_id),
+                      "lines": [{"session": record}] + _state_lines(scopes["user"])})
+    return parts

@@ -460,6 +460,20 @@ class Client:
         return self.request("POST", self._session_path(session_id, "import"),
                             query=_leaf_query(if_leaf), body=_ndjson(lines))
 
+    def import_together(self, parts: Iterable[dict]) -> dict:
+        """Imports into several sessions as one write: every part lands, or (on any error in
+        any part) none. Each part is a dict with ``session_id``, ``lines`` (as ``import_lines``
+        takes them) and, optionally, ``if_leaf`` (as for ``import_lines``: ``None`` for a session
+        without messages). ``{imported, skipped, parts: [{sessionId, imported, skipped}]}``."""
+        lines: list[dict] = []
+        for part in parts:
+            into: dict[str, Any] = {"sessionId": part["session_id"]}
+            if "if_leaf" in part:
+                into["ifLeaf"] = part["if_leaf"]
+            lines.append({"into": into})
+            lines.extend(part["lines"])
+        return self.request("POST", "/v1/import", body=_ndjson(lines))
+
     def import_templates(self, lines: Iterable[dict]) -> dict:
         """Imports a templates' part of a dump (an optional ``{"templates": {}}`` line, then block
         and entry lines) into the namespace's context templates, all or nothing: a block

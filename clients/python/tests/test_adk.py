@@ -23,6 +23,7 @@ from google.adk.tools.tool_context import ToolContext
 from google.genai import types
 from served import ServedTest
 
+from sessiondb import SessiondbError
 from sessiondb.adk import SessiondbSessionService, session_key
 
 # The scripted model reports no token usage, which ADK logs at every answer.
@@ -225,6 +226,21 @@ class SessionServiceTest(ServedTest):
                                                 session_id="st"))
         with self.assertRaises(SessionNotFoundError):
             asyncio.run(self.service.append_event(again, event("third")))
+
+    def test_an_event_whose_state_is_refused_stores_nothing(self):
+        asyncio.run(self.service.create_session(app_name=self.app, user_id="ann",
+                                                session_id="r"))
+        session = self.get("ann", "r")
+        event = Event(author="user", invocation_id="i",
+                      content=types.Content(role="user", parts=[types.Part(text="hi")]),
+                      actions=EventActions(state_delta={"turn": 1, "app:ok": 1,
+                                                        "user:" + "k" * 300: 1}))
+        # The user's state key is refused: the event, its session and app state go with it.
+        with self.assertRaises(SessiondbError) as refused:
+            asyncio.run(self.service.append_event(session, event))
+        self.assertEqual(refused.exception.code, "invalid_request")
+        again = self.get("ann", "r")
+        self.assertEqual((again.events, again.state), ([], {}))
 
     def test_a_compacted_session_still_gives_every_event(self):
         asyncio.run(self.service.create_session(app_name=self.app, user_id="ann",

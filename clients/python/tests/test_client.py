@@ -123,6 +123,20 @@ class ClientTest(ServedTest):
         self.assertEqual(c.all_state("cond"), {})
         c.import_lines("cond", [{"state": {"key": "k", "value": 1}}], if_leaf="b")
         self.assertEqual(c.all_state("cond"), {"k": 1})
+        # Several sessions in one write: all parts, or none when one is refused.
+        other = {"session_id": "cond-other", "lines": [{"state": {"key": "n", "value": 2}}]}
+        with self.assertRaises(SessiondbError) as caught:
+            c.import_together([other, {"session_id": "cond", "if_leaf": "a",
+                                       "lines": [{"state": {"key": "k", "value": 3}}]}])
+        self.assertEqual(caught.exception.code, "conflict")
+        self.assertEqual(c.all_state("cond-other"), {})
+        answer = c.import_together([other, {"session_id": "cond", "if_leaf": "b", "lines": [
+            {"message": {"id": "c", "role": "user", "content": "z"}, "parentId": "b"}]}])
+        self.assertEqual(answer, {"imported": 2, "skipped": 0, "parts": [
+            {"sessionId": "cond-other", "imported": 1, "skipped": 0},
+            {"sessionId": "cond", "imported": 1, "skipped": 0}]})
+        self.assertEqual(c.all_state("cond-other"), {"n": 2})
+        self.assertEqual(c.get_session("cond")["leafId"], "c")
 
     def test_identifiers_are_single_path_segments(self):
         c = self.client

@@ -21,9 +21,9 @@
  *   `adk-app/<app>`, `user:` keys that of `adk-user/<app>/<user>`, both without their prefix;
  *   `temp:` keys are never stored.
  *
- * Writes. `appendEvent` stores the event and its session-scoped state changes in one import, all
- * or nothing, then the app and user state changes (one request each). The import goes in only
- * while the session's last stored event is the one this service last read or wrote for that
+ * Writes. `appendEvent` stores the event with its state changes, session, app and user scope
+ * alike, in one request (`POST /v1/import` into the three sessions), all or nothing. It goes in
+ * only while the session's last stored event is the one this service last read or wrote for that
  * session object (`ifLeaf`). When another writer got there first, the session object is read
  * again (events and state, as ADK's `DatabaseSessionService` refreshes a stale session) and the
  * event goes in after what it missed, so of racing writers every event lands once, one after
@@ -214,6 +214,21 @@ function stateLines(values: JsonObject): ImportLine[] {
   return Object.entries(values).map(([key, value]) => ({ state: { key, value } }));
 }
 
+/** Parts of an `importTogether` that write the app and user state changes in `scopes`, each
+ * creating its scope's session when it is new. */
+function scopeParts(appName: string, userId: string, scopes: Scopes): { sessionId: string; lines: ImportLine[] }[] {
+  const parts = [];
+  if (Object.keys(scopes.app).length > 0) {
+    const record = { metadata: { [APP_KEY]: appName } };
+    parts.push({ sessionId: appStateKey(appName), lines: [{ session: record }, ...stateLines(scopes.app)] });
+  }
+  if (Object.keys(scopes.user).length > 0) {
+    const record = { userId, metadata: { [APP_KEY]: appName, [USER_KEY]: userId } };
+    parts.push({ sessionId: userStateKey(appName, userId), lines: [{ session: record }, ...stateLines(scopes.user)] });
+  }
+  return parts;
+}
+
 function isMissing(error: unknown): boolean {
   return error instanceof SessiondbError && error.code === 'not_found';
 }
@@ -238,8 +253,9 @@ export class SessiondbSessionService extends BaseSessionService {
       metadata: { [APP_KEY]: appName, [USER_KEY]: userId, [SESSION_KEY]: id },
     });
     const scopes = splitState(state ?? {});
-    if (Object.keys(scopes.session).length > 0) await this.client.importLines(key, stateLines(scopes.session));
-    await this.writeScopes(appName, userId, scopes);
+    const parts = scopeParts(appName, userId, scopes);
+    if (Object.keys(scopes.session).length > 0) parts.unshift({ sessionId: key, lines: stateLines(scopes.session) });
+    if (parts.length > 0) await this.client.importTogether(parts);
     const [app, user] = await Promise.all([
       this.client.allState(appStateKey(appName)),
       this.client.allState(userStateKey(appName, userId)),
@@ -367,24 +383,25 @@ export class SessiondbSessionService extends BaseSessionService {
     const key = sessionKey(session.appName, session.userId, session.id);
     const scopes = splitState(event.actions?.stateDelta ?? {});
     const message = messageOfEvent(event);
+    const scoped = scopeParts(session.appName, session.userId, scopes);
     for (let refreshes = 0; ; refreshes++) {
       try {
         if (session.events.some((known) => known.id === event.id)) {
           await this.client.replaceMessage(key, message.id, message);
-          await this.client.importLines(key, stateLines(scopes.session));
+          await this.client.importTogether([{ sessionId: key, lines: stateLines(scopes.session) }, ...scoped]);
         } else {
           const leaf = this.leafOf(session);
           const line: ImportLine = { message, parentId: leaf, createdAt: Math.floor(event.timestamp) };
-          await this.client.importLines(key, [line, ...stateLines(scopes.session)], { ifLeaf: leaf });
+          const lines = [line, ...stateLines(scopes.session)];
+          await this.client.importTogether([{ sessionId: key, lines, ifLeaf: leaf }, ...scoped]);
         }
-        break;
+        return;
       } catch (error) {
         const moved = error instanceof SessiondbError && error.code === 'conflict';
         if (!moved || refreshes === MAX_REFRESHES) throw error;
         await this.refresh(session);
       }
     }
-    await this.writeScopes(session.appName, session.userId, scopes);
   }
 
   /** What this service last read or wrote for `session`; for a session object it never saw, its
@@ -404,18 +421,5 @@ export class SessiondbSessionService extends BaseSessionService {
     session.state = fresh.state;
     session.lastUpdateTime = fresh.lastUpdateTime;
     this.leaves.set(session, this.leaves.get(fresh) ?? null);
-  }
-
-  /** Writes the app and user state changes in `scopes`, each scope in one request that also
-   * creates the scope's session when it is new. */
-  private async writeScopes(appName: string, userId: string, scopes: Scopes): Promise<void> {
-    if (Object.keys(scopes.app).length > 0) {
-      const record = { metadata: { [APP_KEY]: appName } };
-      await this.client.importLines(appStateKey(appName), [{ session: record }, ...stateLines(scopes.app)]);
-    }
-    if (Object.keys(scopes.user).length > 0) {
-      const record = { userId, metadata: { [APP_KEY]: appName, [USER_KEY]: userId } };
-      await this.client.importLines(userStateKey(appName, userId), [{ session: record }, ...stateLines(scopes.user)]);
-    }
   }
 }

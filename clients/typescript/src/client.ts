@@ -79,6 +79,9 @@ export type ImportLine =
   | { session: Partial<Extract<ExportLine, { session: unknown }>['session']> }
   | { message: MessageInput & { id: string; createdAt?: number }; parentId: string | null; createdAt?: number };
 
+/** The line of `POST /v1/import` that opens a session's part. */
+type IntoLine = { into: { sessionId: string; ifLeaf?: string | null } };
+
 export interface Compaction {
   id: string;
   summary: string;
@@ -580,6 +583,21 @@ export class Client {
   }
 
   /**
+   * Imports into several sessions as one write: every part lands, or (on any error in any part)
+   * none. A part's `lines` are as `importLines` takes them, its `ifLeaf` as for `importLines`.
+   */
+  importTogether(
+    parts: Iterable<{ sessionId: string; lines: Iterable<ImportLine>; ifLeaf?: string | null }>,
+  ): Promise<{ imported: number; skipped: number; parts: { sessionId: string; imported: number; skipped: number }[] }> {
+    const lines: (ImportLine | IntoLine)[] = [];
+    for (const { sessionId, lines: partLines, ifLeaf } of parts) {
+      lines.push({ into: ifLeaf === undefined ? { sessionId } : { sessionId, ifLeaf } });
+      lines.push(...partLines);
+    }
+    return this.postLines('/v1/import', lines);
+  }
+
+  /**
    * Imports a templates' part of a dump (an optional `{templates: {}}` line, then block and entry
    * lines) into the namespace's context templates, all or nothing: a block replaces the template
    * of its label, an entry the template entry of its key.
@@ -591,15 +609,15 @@ export class Client {
   }
 
   /** POSTs `lines` as an NDJSON body; the answer's import counts. */
-  private async postLines(
+  private async postLines<T = { imported: number; skipped: number }>(
     path: string,
-    lines: Iterable<ImportLine> | AsyncIterable<ImportLine>,
+    lines: Iterable<ImportLine | IntoLine> | AsyncIterable<ImportLine | IntoLine>,
     query?: Query,
-  ): Promise<{ imported: number; skipped: number }> {
+  ): Promise<T> {
     let text = '';
     for await (const line of lines) text += JSON.stringify(line) + '\n';
     const answer = await this.open('POST', path, query, undefined, text);
-    return JSON.parse(await bodyOf(answer, `POST ${path}`)) as { imported: number; skipped: number };
+    return JSON.parse(await bodyOf(answer, `POST ${path}`)) as T;
   }
 
   /** The JSON lines of an NDJSON answer, read as they arrive; closed when the loop ends. */

@@ -192,6 +192,17 @@ test('a stale session object is read again and its event goes in after what it m
   await assert.rejects(service.appendEvent({ session: fresh, event: userEvent('third') }), { code: 'not_found' });
 });
 
+test('an event whose state is refused stores nothing', async () => {
+  const app = freshApp();
+  const service = new SessiondbSessionService(shared.client);
+  const session = await service.createSession({ appName: app, userId: 'ann', sessionId: 'r' });
+  // The user's state key is refused: the event, its session and app state go with it.
+  const event = userEvent('hi', { turn: 1, 'app:ok': 1, [`user:${'k'.repeat(300)}`]: 1 });
+  await assert.rejects(service.appendEvent({ session, event }), { code: 'invalid_request' });
+  const again = await service.getSession({ appName: app, userId: 'ann', sessionId: 'r' });
+  assert.deepEqual([again.events, again.state], [[], {}]);
+});
+
 test('a compacted session still gives every event', async () => {
   const app = freshApp();
   const service = new SessiondbSessionService(shared.client);

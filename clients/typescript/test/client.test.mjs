@@ -80,6 +80,21 @@ test('writes conditioned on the leaf', async () => {
   assert.deepEqual(await c.allState('cond'), {});
   await c.importLines('cond', state, { ifLeaf: 'b' });
   assert.deepEqual(await c.allState('cond'), { k: 1 });
+  // Several sessions in one write: all parts, or none when one is refused.
+  const other = { sessionId: 'cond-other', lines: [{ state: { key: 'n', value: 2 } }] };
+  await rejectsWith(c.importTogether([other, { sessionId: 'cond', ifLeaf: 'a', lines: state }]), 409, 'conflict');
+  assert.deepEqual(await c.allState('cond-other'), {});
+  const reply = { message: { id: 'c', role: 'user', content: 'z' }, parentId: 'b' };
+  assert.deepEqual(await c.importTogether([other, { sessionId: 'cond', ifLeaf: 'b', lines: [reply] }]), {
+    imported: 2,
+    skipped: 0,
+    parts: [
+      { sessionId: 'cond-other', imported: 1, skipped: 0 },
+      { sessionId: 'cond', imported: 1, skipped: 0 },
+    ],
+  });
+  assert.deepEqual(await c.allState('cond-other'), { n: 2 });
+  assert.equal((await c.getSession('cond')).leafId, 'c');
 });
 
 test('branches, edits, deletes and search', async () => {
