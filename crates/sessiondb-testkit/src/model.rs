@@ -8,8 +8,8 @@ use futures::TryStreamExt;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use sessiondb::{
-    AppendOptions, Db, HeuristicCounter, HistoryOptions, ImportOptions, Message, Parent, Source,
-    Store, StoredMessage,
+    AppendOptions, Db, HeuristicCounter, HistoryOptions, ImportLine, ImportOptions, ImportPart,
+    Message, Parent, Source, Store, StoredMessage,
 };
 
 use crate::{block_on, ids};
@@ -48,6 +48,13 @@ pub enum Op {
         id: u8,
         text: String,
         expected: ExpectedLeaf,
+    },
+    /// Imports (id, text, parent) in parts of the session written together
+    /// ([`Db::import_together`]), the first part conditioned on the leaf when `expected` is set:
+    /// every import lands, or none.
+    ImportTogether {
+        parts: Vec<Vec<(u8, String, Option<u8>)>>,
+        expected: Option<ExpectedLeaf>,
     },
 }
 
@@ -104,6 +111,11 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => Just(ParentChoice::Root),
         2 => (0..ID_POOL + 2).prop_map(ParentChoice::Id),
     ];
+    let expected = prop_oneof![
+        2 => Just(ExpectedLeaf::Current),
+        1 => Just(ExpectedLeaf::Empty),
+        2 => (0..ID_POOL).prop_map(ExpectedLeaf::Id),
+    ];
     prop_oneof![
         6 => (0..ID_POOL, text.clone(), parent).prop_map(|(id, text, parent)| Op::Append { id, text, parent }),
         2 => (0..ID_POOL, text.clone()).prop_map(|(id, text)| Op::Update { id, text }),
@@ -113,12 +125,16 @@ fn op_strategy() -> impl Strategy<Value = Op> {
             .prop_map(|(id, text, parent)| Op::Import { id, text, parent }),
         // Starts from half the pool, so overlays often share a start or nest.
         2 => (0..ID_POOL / 2, 0..ID_POOL).prop_map(|(from, to)| Op::Compact { from, to }),
-        2 => (0..ID_POOL, text, prop_oneof![
-            2 => Just(ExpectedLeaf::Current),
-            1 => Just(ExpectedLeaf::Empty),
-            2 => (0..ID_POOL).prop_map(ExpectedLeaf::Id),
-        ])
+        2 => (0..ID_POOL, text.clone(), expected.clone())
             .prop_map(|(id, text, expected)| Op::AppendIfLeaf { id, text, expected }),
+        2 => (
+            proptest::collection::vec(
+                proptest::collection::vec((0..ID_POOL, text, proptest::option::of(0..ID_POOL + 2)), 1..3),
+                1..3,
+            ),
+            proptest::option::of(expected),
+        )
+            .prop_map(|(parts, expected)| Op::ImportTogether { parts, expected }),
     ]
 }
 
@@ -132,7 +148,7 @@ struct Node {
 
 /// The reference tree: a map of nodes, the active leaf, the next seq and the compactions
 /// (`(from, to)` ids in creation order; a clear keeps them).
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct Model {
     nodes: BTreeMap<String, Node>,
     leaf: Option<String>,
@@ -161,6 +177,14 @@ impl Model {
         self.leaf = Some(id(n));
     }
 
+    fn expected_leaf(&self, expected: &ExpectedLeaf) -> Option<String> {
+        match expected {
+            ExpectedLeaf::Current => self.leaf.clone(),
+            ExpectedLeaf::Empty => None,
+            ExpectedLeaf::Id(p) => Some(id(*p)),
+        }
+    }
+
     /// Applies an op; returns false when the store must refuse it (an import cycle).
     fn apply(&mut self, op: &Op) -> bool {
         match op {
@@ -185,12 +209,7 @@ impl Model {
                 text,
                 expected,
             } => {
-                let expected = match expected {
-                    ExpectedLeaf::Current => self.leaf.clone(),
-                    ExpectedLeaf::Empty => None,
-                    ExpectedLeaf::Id(p) => Some(id(*p)),
-                };
-                if expected != self.leaf {
+                if self.expected_leaf(expected) != self.leaf {
                     return false;
                 }
                 if !self.nodes.contains_key(&id(*n)) {
@@ -198,6 +217,22 @@ impl Model {
                     let parent = self.leaf.clone().filter(|p| !self.reaches(p, &id(*n)));
                     self.insert(*n, text, parent);
                 }
+            }
+            Op::ImportTogether { parts, expected } => {
+                if expected
+                    .as_ref()
+                    .is_some_and(|e| self.expected_leaf(e) != self.leaf)
+                {
+                    return false;
+                }
+                let mut after = self.clone();
+                for (n, text, parent) in parts.iter().flatten() {
+                    let (id, text, parent) = (*n, text.clone(), *parent);
+                    if !after.apply(&Op::Import { id, text, parent }) {
+                        return false;
+                    }
+                }
+                *self = after;
             }
             Op::Update { id: n, text } => {
                 if let Some(node) = self.nodes.get_mut(&id(*n)) {
@@ -333,7 +368,22 @@ impl Model {
     }
 }
 
-async fn run_op<S: Store>(session: &sessiondb::Session<S>, op: &Op) -> bool {
+/// The leaf `expected` names in the store's session now.
+async fn leaf_in<S: Store>(
+    session: &sessiondb::Session<S>,
+    expected: &ExpectedLeaf,
+) -> Option<String> {
+    match expected {
+        ExpectedLeaf::Current => {
+            let leaf = session.latest_leaf().await.unwrap();
+            leaf.map(|m| m.id.to_string())
+        }
+        ExpectedLeaf::Empty => None,
+        ExpectedLeaf::Id(p) => Some(id(*p)),
+    }
+}
+
+async fn run_op<S: Store>(db: &Db<S>, session: &sessiondb::Session<S>, op: &Op) -> bool {
     match op {
         Op::Append {
             id: n,
@@ -380,19 +430,31 @@ async fn run_op<S: Store>(session: &sessiondb::Session<S>, op: &Op) -> bool {
             text,
             expected,
         } => {
-            let leaf = match expected {
-                ExpectedLeaf::Current => {
-                    let leaf = session.latest_leaf().await.unwrap();
-                    leaf.map(|m| m.id.to_string())
-                }
-                ExpectedLeaf::Empty => None,
-                ExpectedLeaf::Id(p) => Some(id(*p)),
-            };
             let options = AppendOptions {
-                if_leaf: Some(leaf),
+                if_leaf: Some(leaf_in(session, expected).await),
                 ..Default::default()
             };
             session.append(message(*n, text), options).await.is_ok()
+        }
+        Op::ImportTogether { parts, expected } => {
+            let mut if_leaf = match expected {
+                Some(expected) => Some(leaf_in(session, expected).await),
+                None => None,
+            };
+            let parts = parts.iter().map(|imports| ImportPart {
+                session_id: session.key().session_id.clone(),
+                lines: imports
+                    .iter()
+                    .map(|(n, text, parent)| ImportLine::Message {
+                        message: message(*n, text),
+                        parent_id: parent.map(id),
+                        created_at: Some(1),
+                        updated_at: None,
+                    })
+                    .collect(),
+                if_leaf: if_leaf.take(),
+            });
+            db.import_together("", parts.collect()).await.is_ok()
         }
     }
 }
@@ -612,7 +674,7 @@ pub fn check_against_model<S: Store, G>(open: impl Fn() -> (Db<S>, G), cases: u3
                     .unwrap();
                 for op in &ops {
                     let accepted = model.apply(op);
-                    prop_assert_eq!(run_op(&session, op).await, accepted, "op {:?}", op);
+                    prop_assert_eq!(run_op(&db, &session, op).await, accepted, "op {:?}", op);
                     compare(&db, &session, &model).await?;
                 }
                 reimports_byte_for_byte(&db, &session).await
