@@ -213,11 +213,21 @@ pub struct WriteRequest {
     /// Most messages the session may hold (on all branches); an insert beyond it fails the
     /// whole request with [`StoreError::QuotaExceeded`].
     pub max_messages: Option<u64>,
-    /// When `Some`, the request applies only if the session exists ([`StoreError::NoSession`])
-    /// and its active leaf is this one (`None`: it has no message), checked in the transaction
-    /// that writes ([`StoreError::LeafMoved`]): optimistic concurrency for writers that read a
-    /// session and then extend it.
-    pub if_leaf: Option<Option<String>>,
+    /// What must hold of the session for the request to apply, checked in the transaction that
+    /// writes, before any op.
+    pub condition: Option<WriteCondition>,
+}
+
+/// A precondition of a [`WriteRequest`] on its session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteCondition {
+    /// The session exists ([`StoreError::NoSession`]) and its active leaf is this one (`None`:
+    /// it has no message; else [`StoreError::LeafMoved`]): optimistic concurrency for writers
+    /// that read a session and then extend it.
+    Leaf(Option<String>),
+    /// The session does not exist yet ([`StoreError::SessionExists`]): a request that creates a
+    /// session with its first contents.
+    Absent,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -457,10 +467,13 @@ pub enum StoreError {
     SchemaTooNew { found: i64, supported: i64 },
     #[error("the session would exceed its limit of {limit} messages")]
     QuotaExceeded { limit: u64 },
-    /// A request conditioned on the session's leaf ([`WriteRequest::if_leaf`]) found the
-    /// session without one.
+    /// A request conditioned on the session's leaf ([`WriteCondition::Leaf`]) found no such
+    /// session.
     #[error("the session does not exist")]
     NoSession,
+    /// A request conditioned on the session's absence ([`WriteCondition::Absent`]) found it.
+    #[error("the session already exists")]
+    SessionExists,
     /// A request conditioned on the session's leaf found another one; nothing was written.
     #[error("the session's active leaf is {}, not {}", leaf_name(.found), leaf_name(.expected))]
     LeafMoved {

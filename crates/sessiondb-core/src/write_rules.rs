@@ -13,7 +13,7 @@ use std::future::Future;
 use crate::context::{BlockDef, WriteMode};
 use crate::plan::{PathTotals, splice_rewires};
 use crate::session_row::{PathGrowth, SessionRow};
-use crate::store::{ContextEntry, FrozenPrompt, PathRuns};
+use crate::store::{ContextEntry, FrozenPrompt, PathRuns, WriteCondition};
 use crate::{
     Change, Compaction, MAX_PATH_DEPTH, MessageId, Parent, PreparedMessage, SessionAction,
     SessionKey, SessionRecord, StoreError, StoredMessage, UpdateOutcome, WriteOp, WriteOutcome,
@@ -134,16 +134,18 @@ pub async fn apply_request<T: WriteTx>(
     request: &WriteRequest,
     session: &mut SessionRow,
 ) -> Result<(Vec<WriteOutcome>, Vec<Change>)> {
-    if let Some(expected) = &request.if_leaf {
-        if !session.exists() {
-            return Err(StoreError::NoSession);
-        }
-        if session.leaf_id != *expected {
+    match &request.condition {
+        None => {}
+        Some(WriteCondition::Absent) if session.exists() => return Err(StoreError::SessionExists),
+        Some(WriteCondition::Absent) => {}
+        Some(WriteCondition::Leaf(_)) if !session.exists() => return Err(StoreError::NoSession),
+        Some(WriteCondition::Leaf(expected)) if session.leaf_id != *expected => {
             return Err(StoreError::LeafMoved {
                 expected: expected.clone(),
                 found: session.leaf_id.clone(),
             });
         }
+        Some(WriteCondition::Leaf(_)) => {}
     }
     let mut rules = Rules {
         tx,

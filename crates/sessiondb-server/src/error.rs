@@ -114,9 +114,9 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::QuotaExceeded { .. } => ApiError::quota(e.to_string()),
-            StoreError::ParentCycle { .. } | StoreError::LeafMoved { .. } => {
-                ApiError::conflict(e.to_string())
-            }
+            StoreError::ParentCycle { .. }
+            | StoreError::LeafMoved { .. }
+            | StoreError::SessionExists => ApiError::conflict(e.to_string()),
             StoreError::NoSession => ApiError::not_found(e.to_string()),
             StoreError::Context(context) => context.into(),
             // A fault of the moment rather than of the server: 503, which clients retry.

@@ -103,7 +103,7 @@ mod tests {
             now_ms,
             ops,
             max_messages: None,
-            if_leaf: None,
+            condition: None,
         }
     }
 

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use sessiondb::{
     AppendOptions, Db, HeuristicCounter, HistoryOptions, ImportLine, ImportOptions, ImportPart,
-    Message, Parent, Source, Store, StoredMessage,
+    Message, Parent, Source, Store, StoredMessage, WriteCondition,
 };
 
 use crate::{block_on, ids};
@@ -452,7 +452,7 @@ async fn run_op<S: Store>(db: &Db<S>, session: &sessiondb::Session<S>, op: &Op) 
                         updated_at: None,
                     })
                     .collect(),
-                if_leaf: if_leaf.take(),
+                condition: if_leaf.take().map(WriteCondition::Leaf),
             });
             db.import_together("", parts.collect()).await.is_ok()
         }

@@ -63,7 +63,7 @@ pub use sessiondb_core::{
     Change, ChangeEvent, CompactionPhase, CompactionStatus, FeedFilter, FeedItem, MAX_PATH_ROWS,
     Message, MessageId, Parent, PathRows, PathRuns, RowStat, SearchHit, SessionKey, SessionStats,
     Source, Store, StoreError, StoredFields, StoredMessage, Subscription, ValidationError,
-    ValidationErrorKind,
+    ValidationErrorKind, WriteCondition,
 };
 #[cfg(feature = "sqlite")]
 pub use sessiondb_sqlite::{

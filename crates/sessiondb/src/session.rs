@@ -17,7 +17,7 @@ use sessiondb_core::{
     Compaction, MAX_PATH_ROWS, Message, MessageId, Parent, PathRuns, PlanRow, PreparedMessage,
     RangeTotals, RowStat, SearchHit, SessionKey, SessionStats, Source, Store, StoredMessage,
     UpdateOutcome, ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS,
-    WriteOp, WriteOutcome, WriteRequest, search,
+    WriteCondition, WriteOp, WriteOutcome, WriteRequest, search,
 };
 
 use crate::compact::{SessionCaches, WriteSettings};
@@ -340,7 +340,7 @@ impl<S: Store> Session<S> {
             now_ms: now_ms(),
             ops,
             max_messages: self.options.max_messages_per_session,
-            if_leaf: None,
+            condition: None,
         }
     }
 
@@ -374,7 +374,7 @@ impl<S: Store> Session<S> {
             )
         });
         let request = WriteRequest {
-            if_leaf,
+            condition: if_leaf.map(WriteCondition::Leaf),
             ..self.request(ops)
         };
         let outcomes = self.store.write(request).await;

@@ -33,7 +33,7 @@ use sessiondb_core::registry::validate_state_key;
 use sessiondb_core::{
     Compaction, ContextEntry, Message, SessionInfo, SessionKey, SessionRecord, Store,
     StoredMessage, ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS,
-    WriteOp, WriteOutcome, WriteRequest,
+    WriteCondition, WriteOp, WriteOutcome, WriteRequest,
 };
 
 use crate::context::BlockSpec;
@@ -102,13 +102,14 @@ impl ImportTally {
     }
 }
 
-/// One session's part of [`Db::import_together`]: the lines to import into it and, as for
-/// [`Session::import_lines_if_leaf`], the active leaf it must have (`Some(None)`: no message).
+/// One session's part of [`Db::import_together`]: the lines to import into it and what must
+/// hold of the session first: the active leaf it has, as for [`Session::import_lines_if_leaf`],
+/// or that it does not exist yet.
 #[derive(Debug, Clone)]
 pub struct ImportPart {
     pub session_id: String,
     pub lines: Vec<ImportLine>,
-    pub if_leaf: Option<Option<String>>,
+    pub condition: Option<WriteCondition>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -355,9 +356,11 @@ fn import_line_of(number: usize, value: Value) -> Result<ImportLine, ValidationE
 }
 
 /// Parses the NDJSON body of an import into several sessions ([`Db::import_together`]): a line
-/// `{"into": {"sessionId": "…", "ifLeaf": "…"|null}}` opens each session's part (`ifLeaf`
-/// optional, `null` for a session without messages), and the lines after it, as [`parse_import`]
-/// takes them, are that part's. Blank lines are ignored; the first bad line fails it all.
+/// `{"into": {"sessionId": "…", "ifLeaf": "…"|null, "ifAbsent": true}}` opens each session's
+/// part (the conditions optional and exclusive: `ifLeaf` `null` for a session without
+/// messages, `ifAbsent` for one that must not exist yet), and the lines after it, as
+/// [`parse_import`] takes them, are that part's. Blank lines are ignored; the first bad line
+/// fails it all.
 pub fn parse_import_parts(text: &str) -> Result<Vec<ImportPart>, ValidationError> {
     let mut parts: Vec<ImportPart> = Vec::new();
     let lines = text.lines().enumerate();
@@ -366,16 +369,31 @@ pub fn parse_import_parts(text: &str) -> Result<Vec<ImportPart>, ValidationError
         if let Some(into) = value.as_object_mut().and_then(|line| line.remove("into")) {
             let prefix = format!("lines[{number}].into");
             let into = object(into, &prefix)?;
-            let if_leaf = match into.get("ifLeaf") {
+            let leaf = match into.get("ifLeaf") {
                 None => None,
                 Some(Value::Null) => Some(None),
                 Some(Value::String(id)) => Some(Some(id.clone())),
                 Some(_) => return Err(wrong(format!("{prefix}.ifLeaf"), "a message id or null")),
             };
+            let absent = match into.get("ifAbsent") {
+                None | Some(Value::Bool(false)) => false,
+                Some(Value::Bool(true)) if leaf.is_none() => true,
+                Some(Value::Bool(true)) => {
+                    return Err(wrong(
+                        format!("{prefix}.ifAbsent"),
+                        "no `ifAbsent` beside `ifLeaf` (a session cannot both be absent and have a leaf)",
+                    ));
+                }
+                Some(_) => return Err(wrong(format!("{prefix}.ifAbsent"), "a boolean")),
+            };
+            let condition = match absent {
+                true => Some(WriteCondition::Absent),
+                false => leaf.map(WriteCondition::Leaf),
+            };
             parts.push(ImportPart {
                 session_id: string_field(&into, &prefix, "sessionId")?,
                 lines: Vec::new(),
-                if_leaf,
+                condition,
             });
             continue;
         }
@@ -757,7 +775,7 @@ impl<S: Store> Db<S> {
                 .map_err(in_part)?;
             let (ops, tally) = session.plan_import(part.lines).await.map_err(in_part)?;
             requests.push(WriteRequest {
-                if_leaf: part.if_leaf,
+                condition: part.condition,
                 ..session.request(ops)
             });
             tallies.push(tally);

@@ -384,6 +384,11 @@ async fn imports_into_several_sessions_land_together() {
             "not_found",
         ),
         (
+            r#"{"into": {"sessionId": "a", "ifAbsent": true}}"#,
+            StatusCode::CONFLICT,
+            "conflict",
+        ),
+        (
             r#"{"into": {"sessionId": "a"}}
 {"state": {"key": "", "value": 1}}"#,
             StatusCode::BAD_REQUEST,
@@ -401,12 +406,42 @@ async fn imports_into_several_sessions_land_together() {
         server.get("/v1/sessions/c").await.status,
         StatusCode::NOT_FOUND
     );
+    // `ifAbsent` creates a session with its first contents, or nothing when it exists.
+    let created = import(
+        r#"{"into": {"sessionId": "c", "ifAbsent": true}}
+{"session": {"name": "new"}}
+{"state": {"key": "k", "value": 1}}"#,
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::OK);
+    assert_eq!(server.get("/v1/sessions/c").await.json["name"], "new");
+    let again = import(
+        r#"{"into": {"sessionId": "c", "ifAbsent": true}}
+{"state": {"key": "k", "value": 2}}"#,
+    )
+    .await;
+    assert_eq!(
+        (again.status, again.json["error"]["message"].as_str()),
+        (StatusCode::CONFLICT, Some("the session already exists"))
+    );
+    assert_eq!(
+        server.get("/v1/sessions/c/state").await.json,
+        json!({"k": 1})
+    );
     for (bad, field) in [
         (r#"{"state": {"key": "k", "value": 1}}"#, "lines[0]"),
         (r#"{"into": {"ifLeaf": "x"}}"#, "lines[0].into.sessionId"),
         (
             r#"{"into": {"sessionId": "a", "ifLeaf": 3}}"#,
             "lines[0].into.ifLeaf",
+        ),
+        (
+            r#"{"into": {"sessionId": "a", "ifLeaf": "x", "ifAbsent": true}}"#,
+            "lines[0].into.ifAbsent",
+        ),
+        (
+            r#"{"into": {"sessionId": "a", "ifAbsent": 1}}"#,
+            "lines[0].into.ifAbsent",
         ),
         ("{\"into\": {\"sessionId\": \"a\"}}\nnot json", "lines[1]"),
         (

@@ -245,7 +245,7 @@ pub async fn a_conditional_delete_keeps_a_session_written_since<S: Store>(db: Db
             updated_before: Some(before),
         }],
         max_messages: None,
-        if_leaf: None,
+        condition: None,
     };
     let kept = db.store().write(delete(written)).await.unwrap();
     assert_eq!(kept, [WriteOutcome::Existed(false)]);

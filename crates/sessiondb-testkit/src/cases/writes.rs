@@ -3,7 +3,7 @@
 use serde_json::json;
 use sessiondb::{
     AppendOptions, Compaction, Db, Error, FeedFilter, FeedItem, ImportLine, ImportPart, Message,
-    Source, Store, StoreError, ValidationErrorKind,
+    Source, Store, StoreError, ValidationErrorKind, WriteCondition,
 };
 
 use crate::*;
@@ -208,7 +208,12 @@ pub async fn imports_together_land_all_or_none<S: Store>(db: Db<S>) {
     let part = |id: &str, if_leaf: Option<Option<&str>>, lines: Vec<ImportLine>| ImportPart {
         session_id: id.into(),
         lines,
-        if_leaf: if_leaf.map(|leaf| leaf.map(str::to_owned)),
+        condition: if_leaf.map(|leaf| WriteCondition::Leaf(leaf.map(str::to_owned))),
+    };
+    let new = |id: &str, lines: Vec<ImportLine>| ImportPart {
+        session_id: id.into(),
+        lines,
+        condition: Some(WriteCondition::Absent),
     };
     let mut sub = db.subscribe(FeedFilter::All);
     let summaries = db
@@ -242,6 +247,7 @@ pub async fn imports_together_land_all_or_none<S: Store>(db: Db<S>) {
     let refusals = [
         part("a", Some(Some("x")), vec![state("z", 9)]),
         part("missing", Some(None), vec![state("z", 9)]),
+        new("a", vec![state("z", 9)]),
         part("b", None, vec![message("p", "q"), message("q", "p")]),
     ];
     for refused in refusals {
@@ -260,6 +266,7 @@ pub async fn imports_together_land_all_or_none<S: Store>(db: Db<S>) {
                 Err(Error::Store(
                     StoreError::LeafMoved { .. }
                         | StoreError::NoSession
+                        | StoreError::SessionExists
                         | StoreError::ParentCycle { .. }
                 ))
             ),
@@ -296,6 +303,14 @@ pub async fn imports_together_land_all_or_none<S: Store>(db: Db<S>) {
     );
     assert_eq!(b.state("z").await.unwrap(), Some(json!(2)));
     assert!(db.import_together("", Vec::new()).await.unwrap().is_empty());
+    // A part on a session that must not exist yet creates it with its first contents.
+    db.import_together(
+        "",
+        vec![new("c", vec![state("z", 1), message("c1", "none")])],
+    )
+    .await
+    .unwrap();
+    assert_eq!(history_ids(&db_session(&db, "c"), None).await, ["c1"]);
 }
 
 pub async fn import_that_would_loop_is_refused<S: Store>(db: Db<S>) {
