@@ -22,8 +22,9 @@ How ADK's model is stored:
   ``adk-app/<app>``, ``user:`` keys that of ``adk-user/<app>/<user>``, both stored without their
   prefix and merged back with it, as ADK's own services do; ``temp:`` keys are never stored.
 
-Writes. ``append_event`` stores the event with its state changes, session, app and user scope
-alike, in one request (``POST /v1/import`` into the three sessions), all or nothing. It goes in
+Writes. ``create_session`` creates the session with its initial state, and ``append_event``
+stores an event with its state changes, session, app and user scope alike, each in one request
+(``POST /v1/import`` into the three sessions), all or nothing. It goes in
 only while the session's last stored event is the one this object last read or wrote
 (``ifLeaf``, checked in the write itself): otherwise ADK's ``StaleSessionError``, and nothing is
 written, so of two writers that read the same session one lands and the other must read again.
@@ -206,18 +207,17 @@ class SessiondbSessionService(BaseSessionService):
         session_id = session_id or str(uuid.uuid4())
         key = session_key(app_name, user_id, session_id)
         metadata = {APP_KEY: app_name, USER_KEY: user_id, SESSION_KEY: session_id}
+        scopes = split_state(state)
+        created = {"session_id": key, "if_absent": True,
+                   "lines": [{"session": {"userId": user_id, "metadata": metadata}}]
+                   + _state_lines(scopes["session"])}
         try:
-            record = self.client.create_session(id=key, userId=user_id, metadata=metadata)
+            self.client.import_together([created] + _scope_parts(app_name, user_id, scopes))
         except SessiondbError as error:
             if error.code == "conflict":
                 raise AlreadyExistsError(f"Session with id {session_id} already exists.") from error
             raise
-        scopes = split_state(state)
-        parts = _scope_parts(app_name, user_id, scopes)
-        if scopes["session"]:
-            parts.insert(0, {"session_id": key, "lines": _state_lines(scopes["session"])})
-        if parts:
-            self.client.import_together(parts)
+        record = self.client.get_session(key)
         state = merged_state(self.client.all_state(app_state_key(app_name)),
                              self.client.all_state(user_state_key(app_name, user_id)),
                              scopes["session"])

@@ -464,12 +464,16 @@ class Client:
         """Imports into several sessions as one write: every part lands, or (on any error in
         any part) none. Each part is a dict with ``session_id``, ``lines`` (as ``import_lines``
         takes them) and, optionally, ``if_leaf`` (as for ``import_lines``: ``None`` for a session
-        without messages). ``{imported, skipped, parts: [{sessionId, imported, skipped}]}``."""
+        without messages) or ``if_absent=True`` (the session must not exist yet: it is created
+        with these lines, else a ``conflict``).
+        ``{imported, skipped, parts: [{sessionId, imported, skipped}]}``."""
         lines: list[dict] = []
         for part in parts:
             into: dict[str, Any] = {"sessionId": part["session_id"]}
             if "if_leaf" in part:
                 into["ifLeaf"] = part["if_leaf"]
+            if part.get("if_absent"):
+                into["ifAbsent"] = True
             lines.append({"into": into})
             lines.extend(part["lines"])
         return self.request("POST", "/v1/import", body=_ndjson(lines))

@@ -241,6 +241,12 @@ class SessionServiceTest(ServedTest):
         self.assertEqual(refused.exception.code, "invalid_request")
         again = self.get("ann", "r")
         self.assertEqual((again.events, again.state), ([], {}))
+        # So is a session created with such a state: it is not created at all.
+        with self.assertRaises(SessiondbError):
+            asyncio.run(self.service.create_session(
+                app_name=self.app, user_id="ann", session_id="r2",
+                state={"lang": "en", "user:" + "k" * 300: 1}))
+        self.assertIsNone(self.get("ann", "r2"))
 
     def test_a_compacted_session_still_gives_every_event(self):
         asyncio.run(self.service.create_session(app_name=self.app, user_id="ann",

@@ -137,6 +137,14 @@ class ClientTest(ServedTest):
             {"sessionId": "cond", "imported": 1, "skipped": 0}]})
         self.assertEqual(c.all_state("cond-other"), {"n": 2})
         self.assertEqual(c.get_session("cond")["leafId"], "c")
+        # A part may instead require its session not to exist yet.
+        fresh = {"session_id": "cond-new", "if_absent": True,
+                 "lines": [{"session": {"name": "fresh"}}]}
+        c.import_together([fresh])
+        self.assertEqual(c.get_session("cond-new")["name"], "fresh")
+        with self.assertRaises(SessiondbError) as caught:
+            c.import_together([fresh])
+        self.assertEqual(caught.exception.code, "conflict")
 
     def test_identifiers_are_single_path_segments(self):
         c = self.client

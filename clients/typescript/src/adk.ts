@@ -21,8 +21,9 @@
  *   `adk-app/<app>`, `user:` keys that of `adk-user/<app>/<user>`, both without their prefix;
  *   `temp:` keys are never stored.
  *
- * Writes. `appendEvent` stores the event with its state changes, session, app and user scope
- * alike, in one request (`POST /v1/import` into the three sessions), all or nothing. It goes in
+ * Writes. `createSession` creates the session with its initial state, and `appendEvent` stores
+ * an event with its state changes, session, app and user scope alike, each in one request
+ * (`POST /v1/import` into the three sessions), all or nothing. It goes in
  * only while the session's last stored event is the one this service last read or wrote for that
  * session object (`ifLeaf`). When another writer got there first, the session object is read
  * again (events and state, as ADK's `DatabaseSessionService` refreshes a stale session) and the
@@ -247,16 +248,12 @@ export class SessiondbSessionService extends BaseSessionService {
   async createSession({ appName, userId, state, sessionId }: CreateSessionRequest): Promise<Session> {
     const id = sessionId || randomUUID();
     const key = sessionKey(appName, userId, id);
-    const record = await this.client.createSession({
-      id: key,
-      userId,
-      metadata: { [APP_KEY]: appName, [USER_KEY]: userId, [SESSION_KEY]: id },
-    });
     const scopes = splitState(state ?? {});
-    const parts = scopeParts(appName, userId, scopes);
-    if (Object.keys(scopes.session).length > 0) parts.unshift({ sessionId: key, lines: stateLines(scopes.session) });
-    if (parts.length > 0) await this.client.importTogether(parts);
-    const [app, user] = await Promise.all([
+    const metadata = { [APP_KEY]: appName, [USER_KEY]: userId, [SESSION_KEY]: id };
+    const lines: ImportLine[] = [{ session: { userId, metadata } }, ...stateLines(scopes.session)];
+    await this.client.importTogether([{ sessionId: key, lines, ifAbsent: true }, ...scopeParts(appName, userId, scopes)]);
+    const [record, app, user] = await Promise.all([
+      this.client.getSession(key),
       this.client.allState(appStateKey(appName)),
       this.client.allState(userStateKey(appName, userId)),
     ]);

@@ -80,7 +80,7 @@ export type ImportLine =
   | { message: MessageInput & { id: string; createdAt?: number }; parentId: string | null; createdAt?: number };
 
 /** The line of `POST /v1/import` that opens a session's part. */
-type IntoLine = { into: { sessionId: string; ifLeaf?: string | null } };
+type IntoLine = { into: { sessionId: string; ifLeaf?: string | null; ifAbsent?: boolean } };
 
 export interface Compaction {
   id: string;
@@ -584,14 +584,15 @@ export class Client {
 
   /**
    * Imports into several sessions as one write: every part lands, or (on any error in any part)
-   * none. A part's `lines` are as `importLines` takes them, its `ifLeaf` as for `importLines`.
+   * none. A part's `lines` are as `importLines` takes them, its `ifLeaf` as for `importLines`;
+   * `ifAbsent` has the part create its session with these lines (a `conflict` when it exists).
    */
   importTogether(
-    parts: Iterable<{ sessionId: string; lines: Iterable<ImportLine>; ifLeaf?: string | null }>,
+    parts: Iterable<{ sessionId: string; lines: Iterable<ImportLine>; ifLeaf?: string | null; ifAbsent?: boolean }>,
   ): Promise<{ imported: number; skipped: number; parts: { sessionId: string; imported: number; skipped: number }[] }> {
     const lines: (ImportLine | IntoLine)[] = [];
-    for (const { sessionId, lines: partLines, ifLeaf } of parts) {
-      lines.push({ into: ifLeaf === undefined ? { sessionId } : { sessionId, ifLeaf } });
+    for (const { sessionId, lines: partLines, ifLeaf, ifAbsent } of parts) {
+      lines.push({ into: { sessionId, ...(ifLeaf === undefined ? {} : { ifLeaf }), ...(ifAbsent ? { ifAbsent } : {}) } });
       lines.push(...partLines);
     }
     return this.postLines('/v1/import', lines);

@@ -201,6 +201,10 @@ test('an event whose state is refused stores nothing', async () => {
   await assert.rejects(service.appendEvent({ session, event }), { code: 'invalid_request' });
   const again = await service.getSession({ appName: app, userId: 'ann', sessionId: 'r' });
   assert.deepEqual([again.events, again.state], [[], {}]);
+  // So is a session created with such a state: it is not created at all.
+  const state = { lang: 'en', [`user:${'k'.repeat(300)}`]: 1 };
+  await assert.rejects(service.createSession({ appName: app, userId: 'ann', sessionId: 'r2', state }), { code: 'invalid_request' });
+  assert.equal(await service.getSession({ appName: app, userId: 'ann', sessionId: 'r2' }), undefined);
 });
 
 test('a compacted session still gives every event', async () => {

@@ -95,6 +95,11 @@ test('writes conditioned on the leaf', async () => {
   });
   assert.deepEqual(await c.allState('cond-other'), { n: 2 });
   assert.equal((await c.getSession('cond')).leafId, 'c');
+  // A part may instead require its session not to exist yet.
+  const fresh = { sessionId: 'cond-new', ifAbsent: true, lines: [{ session: { name: 'fresh' } }] };
+  await c.importTogether([fresh]);
+  assert.equal((await c.getSession('cond-new')).name, 'fresh');
+  await rejectsWith(c.importTogether([fresh]), 409, 'conflict');
 });
 
 test('branches, edits, deletes and search', async () => {
