@@ -1031,6 +1031,14 @@ impl Writer<()> {
     }
 }
 
+/// Runs `BEGIN IMMEDIATE`, `COMMIT`, a savepoint's statement and the like through the
+/// connection's statement cache: parsing them anew for every append was a measurable share of
+/// its cost.
+fn transaction_control(conn: &Connection, sql: &str) -> Result<(), rusqlite::Error> {
+    conn.prepare_cached(sql)
+        .and_then(|mut s| s.execute([]).map(drop))
+}
+
 /// Why nothing of a transaction that failed was committed: a full disk that one of its requests
 /// met (SQLite may then roll the transaction back itself), else the transaction's own error.
 fn failed_transaction(applied: &[Applied], error: &rusqlite::Error) -> StoreError {
@@ -1131,13 +1139,8 @@ impl Writer {
             search_index: self.search_index.load(Ordering::Acquire),
         };
         let mut results: Vec<Applied> = Vec::with_capacity(writes.len());
-        // Transaction control runs through cached statements: parsing them anew for every
-        // append was a measurable share of its cost.
         let conn = &self.conn;
-        let run = |sql: &str| {
-            conn.prepare_cached(sql)
-                .and_then(|mut s| s.execute([]).map(drop))
-        };
+        let run = |sql: &str| transaction_control(conn, sql);
         let committed = (|| -> Result<(), rusqlite::Error> {
             run("BEGIN IMMEDIATE")?;
             for (request, _) in writes.iter() {
@@ -1213,10 +1216,7 @@ impl Writer {
             search_index: self.search_index.load(Ordering::Acquire),
         };
         let conn = &self.conn;
-        let run = |sql: &str| {
-            conn.prepare_cached(sql)
-                .and_then(|mut s| s.execute([]).map(drop))
-        };
+        let run = |sql: &str| transaction_control(conn, sql);
         let mut applied: Vec<Applied> = Vec::with_capacity(requests.len());
         let committed = (|| -> Result<(), rusqlite::Error> {
             run("BEGIN IMMEDIATE")?;
