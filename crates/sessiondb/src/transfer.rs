@@ -783,7 +783,11 @@ impl<S: Store> Db<S> {
         let keys: Vec<SessionKey> = requests.iter().map(|r| r.key.clone()).collect();
         // A lone part is an ordinary write (on SQLite it then shares a group's commit).
         let written = match <[WriteRequest; 1]>::try_from(requests) {
-            Ok([request]) => self.store.write(request).await.map(|outcomes| vec![outcomes]),
+            Ok([request]) => self
+                .store
+                .write(request)
+                .await
+                .map(|outcomes| vec![outcomes]),
             Err(requests) => self.store.write_together(requests).await,
         };
         // Imports can change what the sessions' memos were computed from.
