@@ -259,10 +259,7 @@ fn import_line_of(number: usize, value: Value) -> Result<ImportLine, ValidationE
         };
         let created_at = time_field(&line, &prefix, "createdAt")?.or(own_time("createdAt"));
         let updated_at = own_time("updatedAt");
-        let message = Message::from_value(message).map_err(|e| ValidationError {
-            field: format!("{prefix}.message.{}", e.field),
-            kind: e.kind,
-        })?;
+        let message = Message::from_value(message).map_err(under(&format!("{prefix}.message")))?;
         if message.id().is_none() {
             return Err(ValidationError::new(
                 format!("{prefix}.message.id"),
@@ -293,10 +290,7 @@ fn import_line_of(number: usize, value: Value) -> Result<ImportLine, ValidationE
         let prefix = format!("{prefix}.state");
         let mut s = object(state, &prefix)?;
         let key = string_field(&s, &prefix, "key")?;
-        validate_state_key(&key).map_err(|e| ValidationError {
-            field: format!("{prefix}.{}", e.field),
-            kind: e.kind,
-        })?;
+        validate_state_key(&key).map_err(under(&prefix))?;
         let value = s.remove("value").ok_or_else(|| {
             ValidationError::new(format!("{prefix}.value"), ValidationErrorKind::Missing)
         })?;
@@ -422,11 +416,21 @@ pub fn parse_import(text: &str) -> Result<Vec<ImportLine>, ValidationError> {
 
 /// Names an invalid field of line `number`'s `kind` object in its error, as parse errors do.
 fn on_line(number: usize, kind: &'static str) -> impl Fn(Error) -> Error {
+    invalid_under(format!("lines[{number}].{kind}"))
+}
+
+/// Names an invalid field as one inside `prefix`.
+fn under(prefix: &str) -> impl Fn(ValidationError) -> ValidationError + '_ {
+    move |e| ValidationError {
+        field: format!("{prefix}.{}", e.field),
+        kind: e.kind,
+    }
+}
+
+/// [`under`] for the facade's errors: other errors pass as they are.
+fn invalid_under(prefix: String) -> impl Fn(Error) -> Error {
     move |error| match error {
-        Error::Invalid(e) => Error::Invalid(ValidationError {
-            field: format!("lines[{number}].{kind}.{}", e.field),
-            kind: e.kind,
-        }),
+        Error::Invalid(e) => Error::Invalid(under(&prefix)(e)),
         other => other,
     }
 }
@@ -554,10 +558,7 @@ impl<S: Store> Session<S> {
                     record, created_at, ..
                 } => {
                     let prefix = format!("lines[{number}].session");
-                    check_record(&record).map_err(|e| ValidationError {
-                        field: format!("{prefix}.{}", e.field),
-                        kind: e.kind,
-                    })?;
+                    check_record(&record).map_err(under(&prefix))?;
                     if let Some(ms) = created_at {
                         validate_time(&format!("{prefix}.createdAt"), ms)?;
                     }
@@ -763,17 +764,11 @@ impl<S: Store> Db<S> {
         let mut tallies = Vec::with_capacity(parts.len());
         let mut requests = Vec::with_capacity(parts.len());
         for (i, part) in parts.into_iter().enumerate() {
-            let in_part = |error| match error {
-                Error::Invalid(e) => Error::Invalid(ValidationError {
-                    field: format!("parts[{i}].{}", e.field),
-                    kind: e.kind,
-                }),
-                other => other,
-            };
+            let in_part = invalid_under(format!("parts[{i}]"));
             let session = self
                 .session_in(namespace, &part.session_id)
-                .map_err(in_part)?;
-            let (ops, tally) = session.plan_import(part.lines).await.map_err(in_part)?;
+                .map_err(&in_part)?;
+            let (ops, tally) = session.plan_import(part.lines).await.map_err(&in_part)?;
             requests.push(WriteRequest {
                 condition: part.condition,
                 ..session.request(ops)
