@@ -510,6 +510,23 @@ pub enum StoreError {
         "the store stopped taking writes after the disk failed to sync ({0}); reopen it to continue from what reached the disk"
     )]
     Halted(String),
+    /// [`Store::write_together`]: the request at `index` (counting from 0, in the order given)
+    /// failed with `error`, so nothing of any request was written.
+    #[error("request {index} of the write: {error}")]
+    InRequest {
+        index: usize,
+        error: Box<StoreError>,
+    },
+}
+
+impl StoreError {
+    /// What went wrong, without the request [`StoreError::InRequest`] names.
+    pub fn cause(&self) -> &StoreError {
+        match self {
+            StoreError::InRequest { error, .. } => error.cause(),
+            other => other,
+        }
+    }
 }
 
 fn leaf_name(leaf: &Option<String>) -> String {
@@ -537,7 +554,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Several requests (of one or more sessions) as one atomic write: every request applies
     /// and they commit together, or (on any request's error) nothing of any is written and
-    /// that error is the answer. Outcomes and change events come in the requests' order.
+    /// that error is the answer, as [`StoreError::InRequest`] naming the request (an error of
+    /// the commit itself names none). Outcomes and change events come in the requests' order.
     fn write_together(
         &self,
         requests: Vec<WriteRequest>,

@@ -353,7 +353,7 @@ impl Inner {
                         let _ = deadpool_postgres::Object::take(client);
                         return Err(e);
                     }
-                    if attempt < WRITE_ATTEMPTS && is_conflict(&e) {
+                    if attempt < WRITE_ATTEMPTS && is_conflict(e.cause()) {
                         continue;
                     }
                     return Err(e);

@@ -17,7 +17,7 @@ use sessiondb_core::store::{ContextEntry, FrozenPrompt, PathRuns};
 use sessiondb_core::write_rules::{self, CurrentRow, NewRow, WriteTx};
 use sessiondb_core::{
     Change, Compaction, MAX_PATH_ROWS, MAX_SLICE_BYTES, Parent, PreparedMessage, SessionKey,
-    SessionRecord, StoredMessage, WriteOp, WriteOutcome, WriteRequest,
+    SessionRecord, StoreError, StoredMessage, WriteOp, WriteOutcome, WriteRequest,
 };
 
 use crate::queries::{self, Location, PathTotals};
@@ -194,7 +194,11 @@ pub(crate) async fn commit_together<C: GenericClient>(
             true => Bounds::Last,
             false => Bounds::Inside,
         };
-        committed.push(apply(c, request, bounds).await?);
+        let applied = apply(c, request, bounds).await;
+        committed.push(applied.map_err(|error| StoreError::InRequest {
+            index: i,
+            error: Box::new(error),
+        })?);
     }
     Ok(committed)
 }

@@ -68,6 +68,14 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
 
+    /// The same answer, its message said of `place` (the part of the request that failed).
+    fn prefixed(self, place: &str) -> Self {
+        Self {
+            message: format!("{place}: {}", self.message),
+            ..self
+        }
+    }
+
     /// The response body as JSON text.
     pub fn body(&self) -> String {
         serde_json::json!({"error": {"code": self.code, "message": self.message}}).to_string()
@@ -105,6 +113,13 @@ impl From<sessiondb::Error> for ApiError {
             sessiondb::Error::Summarize(_) => ApiError::bad_gateway(e.to_string()),
             sessiondb::Error::Store(store) => store.into(),
             sessiondb::Error::Context(context) => context.into(),
+            sessiondb::Error::InPart {
+                part,
+                session_id,
+                error,
+            } => {
+                ApiError::from(*error).prefixed(&format!("parts[{part}] (session `{session_id}`)"))
+            }
             other => ApiError::internal(other.to_string()),
         }
     }
@@ -121,6 +136,9 @@ impl From<StoreError> for ApiError {
             StoreError::Context(context) => context.into(),
             // A fault of the moment rather than of the server: 503, which clients retry.
             StoreError::Unavailable(_) => ApiError::unavailable(e.to_string()),
+            StoreError::InRequest { index, error } => {
+                ApiError::from(*error).prefixed(&format!("request {index} of the write"))
+            }
             other => ApiError::internal(other.to_string()),
         }
     }

@@ -1238,10 +1238,15 @@ impl Writer {
         let mut events = Vec::new();
         let outcome = match committed {
             Err(e) => Err(failed_transaction(&applied, &e)),
-            Ok(()) if applied.last().is_some_and(Result::is_err) => Err(applied
-                .pop()
-                .and_then(Result::err)
-                .expect("the failed request")),
+            Ok(()) if applied.last().is_some_and(Result::is_err) => Err(StoreError::InRequest {
+                index: applied.len() - 1,
+                error: Box::new(
+                    applied
+                        .pop()
+                        .and_then(Result::err)
+                        .expect("the failed request"),
+                ),
+            }),
             Ok(()) => {
                 self.stats.record_commit(requests.len());
                 let outcomes = requests.iter().zip(applied).map(|(request, applied)| {

@@ -128,6 +128,15 @@ pub enum Error {
     /// The summarizer failed; nothing was written.
     #[error("compaction failed: {0}")]
     Summarize(SummarizeError),
+    /// [`Db::import_together`]: the part at `part` (counting from 0) into `session_id` failed
+    /// with `error`, so nothing of any part was written. (A part's invalid line is an
+    /// [`Error::Invalid`] whose field starts `parts[i].`.)
+    #[error("parts[{part}] (session `{session_id}`): {error}")]
+    InPart {
+        part: usize,
+        session_id: String,
+        error: Box<Error>,
+    },
 }
 
 impl From<StoreError> for Error {

@@ -31,7 +31,7 @@ use sessiondb_core::context::BlockKind;
 use sessiondb_core::message::{JsonMap, validate_id, validate_text, validate_time};
 use sessiondb_core::registry::validate_state_key;
 use sessiondb_core::{
-    Compaction, ContextEntry, Message, SessionInfo, SessionKey, SessionRecord, Store,
+    Compaction, ContextEntry, Message, SessionInfo, SessionKey, SessionRecord, Store, StoreError,
     StoredMessage, ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS,
     WriteCondition, WriteOp, WriteOutcome, WriteRequest,
 };
@@ -416,7 +416,11 @@ pub fn parse_import(text: &str) -> Result<Vec<ImportLine>, ValidationError> {
 
 /// Names an invalid field of line `number`'s `kind` object in its error, as parse errors do.
 fn on_line(number: usize, kind: &'static str) -> impl Fn(Error) -> Error {
-    invalid_under(format!("lines[{number}].{kind}"))
+    let prefix = format!("lines[{number}].{kind}");
+    move |error| match error {
+        Error::Invalid(e) => Error::Invalid(under(&prefix)(e)),
+        other => other,
+    }
 }
 
 /// Names an invalid field as one inside `prefix`.
@@ -427,11 +431,16 @@ fn under(prefix: &str) -> impl Fn(ValidationError) -> ValidationError + '_ {
     }
 }
 
-/// [`under`] for the facade's errors: other errors pass as they are.
-fn invalid_under(prefix: String) -> impl Fn(Error) -> Error {
-    move |error| match error {
-        Error::Invalid(e) => Error::Invalid(under(&prefix)(e)),
-        other => other,
+/// An error met in part `part` of [`Db::import_together`]: an invalid field named inside the
+/// part, anything else as [`Error::InPart`].
+fn in_part(part: usize, session_id: &str, error: Error) -> Error {
+    match error {
+        Error::Invalid(e) => Error::Invalid(under(&format!("parts[{part}]"))(e)),
+        error => Error::InPart {
+            part,
+            session_id: session_id.to_owned(),
+            error: Box::new(error),
+        },
     }
 }
 
@@ -764,11 +773,11 @@ impl<S: Store> Db<S> {
         let mut tallies = Vec::with_capacity(parts.len());
         let mut requests = Vec::with_capacity(parts.len());
         for (i, part) in parts.into_iter().enumerate() {
-            let in_part = invalid_under(format!("parts[{i}]"));
+            let named = |error| in_part(i, &part.session_id, error);
             let session = self
                 .session_in(namespace, &part.session_id)
-                .map_err(&in_part)?;
-            let (ops, tally) = session.plan_import(part.lines).await.map_err(&in_part)?;
+                .map_err(named)?;
+            let (ops, tally) = session.plan_import(part.lines).await.map_err(named)?;
             requests.push(WriteRequest {
                 condition: part.condition,
                 ..session.request(ops)
@@ -778,12 +787,20 @@ impl<S: Store> Db<S> {
         let keys: Vec<SessionKey> = requests.iter().map(|r| r.key.clone()).collect();
         // A lone part is an ordinary write (on SQLite it then shares a group's commit).
         let written = match <[WriteRequest; 1]>::try_from(requests) {
-            Ok([request]) => self
+            Ok([request]) => match self.store.write(request).await {
+                Ok(outcomes) => Ok(vec![outcomes]),
+                Err(error) => Err(in_part(0, &keys[0].session_id, error.into())),
+            },
+            Err(requests) => self
                 .store
-                .write(request)
+                .write_together(requests)
                 .await
-                .map(|outcomes| vec![outcomes]),
-            Err(requests) => self.store.write_together(requests).await,
+                .map_err(|e| match e {
+                    StoreError::InRequest { index, error } => {
+                        in_part(index, &keys[index].session_id, (*error).into())
+                    }
+                    other => other.into(),
+                }),
         };
         // Imports can change what the sessions' memos were computed from.
         for key in &keys {

@@ -397,6 +397,15 @@ async fn imports_into_several_sessions_land_together() {
     ] {
         let refused = import(&format!("{first}\n{second}\n")).await;
         assert_eq!((refused.status, refused.code()), (status, code), "{second}");
+        // A refusal names the part; a bad line, the line of the body.
+        let message = refused.json["error"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        let place = match code {
+            "invalid_request" => "invalid `lines[3].",
+            _ => "parts[1] (session `",
+        };
+        assert!(message.starts_with(place), "{message}");
         assert_eq!(
             server.get("/v1/sessions/b/state").await.json,
             json!({"total": 2})
@@ -422,7 +431,10 @@ async fn imports_into_several_sessions_land_together() {
     .await;
     assert_eq!(
         (again.status, again.json["error"]["message"].as_str()),
-        (StatusCode::CONFLICT, Some("the session already exists"))
+        (
+            StatusCode::CONFLICT,
+            Some("parts[0] (session `c`): the session already exists")
+        )
     );
     assert_eq!(
         server.get("/v1/sessions/c/state").await.json,

@@ -243,7 +243,7 @@ pub async fn imports_together_land_all_or_none<S: Store>(db: Db<S>) {
     sessions.dedup();
     assert_eq!(sessions, ["a", "b", "a"], "events in the parts' order");
 
-    // Each refusal comes from the last part and leaves the first one unwritten.
+    // Each refusal comes from the last part, names it and leaves the first one unwritten.
     let refusals = [
         part("a", Some(Some("x")), vec![state("z", 9)]),
         part("missing", Some(None), vec![state("z", 9)]),
@@ -251,6 +251,7 @@ pub async fn imports_together_land_all_or_none<S: Store>(db: Db<S>) {
         part("b", None, vec![message("p", "q"), message("q", "p")]),
     ];
     for refused in refusals {
+        let refused_session = refused.session_id.clone();
         let written = db
             .import_together(
                 "",
@@ -260,17 +261,26 @@ pub async fn imports_together_land_all_or_none<S: Store>(db: Db<S>) {
                 ],
             )
             .await;
+        let Err(Error::InPart {
+            part: 1,
+            session_id,
+            error,
+        }) = &written
+        else {
+            panic!("the second part's refusal, got {written:?}");
+        };
+        assert_eq!(session_id, &refused_session);
         assert!(
             matches!(
-                written,
-                Err(Error::Store(
+                **error,
+                Error::Store(
                     StoreError::LeafMoved { .. }
                         | StoreError::NoSession
                         | StoreError::SessionExists
                         | StoreError::ParentCycle { .. }
-                ))
+                )
             ),
-            "{written:?}"
+            "{error:?}"
         );
         assert_eq!(b.state("z").await.unwrap(), Some(json!(2)));
         assert!(b.message("m").await.unwrap().is_none());
@@ -311,6 +321,15 @@ pub async fn imports_together_land_all_or_none<S: Store>(db: Db<S>) {
     .await
     .unwrap();
     assert_eq!(history_ids(&db_session(&db, "c"), None).await, ["c1"]);
+    // A lone part (written as an ordinary write) is named in its refusal too.
+    let again = db
+        .import_together("", vec![new("c", vec![state("z", 2)])])
+        .await;
+    assert!(
+        matches!(&again, Err(Error::InPart { part: 0, session_id, error })
+            if session_id == "c" && matches!(**error, Error::Store(StoreError::SessionExists))),
+        "{again:?}"
+    );
 }
 
 pub async fn import_that_would_loop_is_refused<S: Store>(db: Db<S>) {
