@@ -5,23 +5,13 @@
 // {store, framework, ms: [...per turn], size_bytes}.
 //
 //     node ai_sdk.mjs SERVER_BINARY SCRATCH ORDER TURNS
-import { spawn } from 'node:child_process';
-import { mkdirSync, readdirSync, statSync } from 'node:fs';
+import { mkdirSync } from 'node:fs';
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { createInterface } from 'node:readline';
 
 import { SessiondbChatStore } from '../../clients/typescript/dist/ai-sdk.js';
 import { Client } from '../../clients/typescript/dist/index.js';
-
-const WORDS = 'alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau upsilon'.split(' ');
-
-/** ~200 characters of words, different for every `i`. */
-function text(i) {
-  const words = [];
-  for (let k = 0; words.join(' ').length < 190; k++) words.push(WORDS[(i * 7 + k * k) % WORDS.length]);
-  return `${words.join(' ')} ${i}`;
-}
+import { dirSize, serve, text } from './node_common.mjs';
 
 /** The guide's store: one JSON file per chat, read whole and written whole (no fsync). */
 function fileStore(dir) {
@@ -54,37 +44,6 @@ async function turns(chats, count) {
     ms.push(performance.now() - started);
   }
   return ms;
-}
-
-function dirSize(dir) {
-  return readdirSync(dir, { recursive: true })
-    .map((name) => statSync(join(dir, name)))
-    .filter((stat) => stat.isFile())
-    .reduce((sum, stat) => sum + stat.size, 0);
-}
-
-/** A release `sessiondb serve` on its own data directory (durable: synchronous=full). */
-async function serve(binary, data) {
-  const child = spawn(binary, ['--data', data, 'serve', '--listen', '127.0.0.1:0'], {
-    stdio: ['ignore', 'ignore', 'pipe'],
-    env: { ...process.env, SESSIONDB_LOG: 'warn' },
-  });
-  const url = await new Promise((resolve, reject) => {
-    child.once('exit', () => reject(new Error('the server exited before listening')));
-    createInterface({ input: child.stderr }).on('line', (line) => {
-      if (line.startsWith('sessiondb listening on ')) resolve(line.slice('sessiondb listening on '.length).trim());
-    });
-  });
-  return {
-    url,
-    /** Graceful stop (the store checkpoints and closes), then the files' size. */
-    async stop() {
-      const exited = new Promise((resolve) => child.once('exit', resolve));
-      child.kill('SIGTERM');
-      await exited;
-      return dirSize(data);
-    },
-  };
 }
 
 const [binary, scratch, order, count] = process.argv.slice(2);

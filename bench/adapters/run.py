@@ -15,7 +15,9 @@ turn (the runner's read of the history, then storing the turn's input and output
 session read whole and two events stored, the answer with a state change; for LlamaIndex,
 `Memory.aget` then `aput_messages` with the turn's two messages; for the AI
 SDK, `loadChat` and then `saveChat` with the turn's question and answer added) or one graph
-invocation (two nodes, each adding ~200 characters to an accumulating list). Rounds alternate
+invocation (two nodes, each adding ~200 characters to an accumulating list). ADK for TypeScript
+runs the same turn as ADK in Python on its `DatabaseSessionService` (MikroORM's SQLite driver, a
+file) against the TypeScript `SessiondbSessionService` (bench/adapters/adk.mjs). Rounds alternate
 which store goes first. Writes bench/adapters/results.json and the section of bench/README.md
 between its `adapters:begin` / `adapters:end` markers.
 """
@@ -35,14 +37,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.dirname(HERE)
 ROOT = os.path.dirname(BENCH)
 VENV = os.path.join(BENCH, ".peers", "adapters")
+NODE_PEERS = os.path.join(BENCH, ".peers", "adapters-node")
 RESULTS = os.path.join(HERE, "results.json")
 PACKAGES = ["openai-agents==0.24.0", "langgraph==1.2.22", "langgraph-checkpoint-sqlite==3.1.2",
             "google-adk==2.13.0", "llama-index-core==0.14.25"]
+# MikroORM pinned to one 6.x release throughout: 7.x needs Node 22.
+NODE_PACKAGES = ["@google/adk@2.0.0", "@mikro-orm/core@6.6.16", "@mikro-orm/knex@6.6.16",
+                 "@mikro-orm/reflection@6.6.16", "@mikro-orm/sqlite@6.6.16"]
 FRAMEWORKS = {"openai": "OpenAI Agents SDK: one turn (SQLiteSession / SessiondbSession)",
               "langgraph": "LangGraph: one invocation (SqliteSaver / SessiondbSaver)",
               "adk": "Google ADK: one turn (SqliteSessionService / SessiondbSessionService)",
               "llama-index": "LlamaIndex Memory: one turn (SQLAlchemyChatStore on SQLite / SessiondbChatStore)",
-              "ai-sdk": "AI SDK: one chat turn (the persistence guide's file store / SessiondbChatStore)"}
+              "ai-sdk": "AI SDK: one chat turn (the persistence guide's file store / SessiondbChatStore)",
+              "adk-ts": "ADK for TypeScript: one turn (DatabaseSessionService on SQLite / SessiondbSessionService)"}
 TYPESCRIPT = os.path.join(ROOT, "clients", "typescript")
 
 
@@ -70,6 +77,22 @@ def python_with_packages():
     return python
 
 
+def node_with_packages():
+    """The folder holding ADK for TypeScript and its SQLite driver (sqlite3 builds natively)."""
+    marker = os.path.join(NODE_PEERS, ".installed")
+    wanted = " ".join(NODE_PACKAGES)
+    if not (os.path.exists(marker) and open(marker).read() == wanted):
+        log(f"installing {wanted} (npm) into bench/.peers/adapters-node")
+        shutil.rmtree(NODE_PEERS, ignore_errors=True)
+        os.makedirs(NODE_PEERS)
+        with open(os.path.join(NODE_PEERS, "package.json"), "w") as f:
+            json.dump({"name": "adapters-node", "private": True}, f)
+        sh(["npm", "install", "--save-exact", "--no-audit", "--no-fund", *NODE_PACKAGES],
+           cwd=NODE_PEERS)
+        open(marker, "w").write(wanted)
+    return NODE_PEERS
+
+
 def summary(samples):
     """Median of the per-round medians, over all steps and over the last fifth (the longest
     history)."""
@@ -91,6 +114,7 @@ def main():
     sh(["cargo", "build", "--release", "-q", "-p", "sessiondb-cli"], cwd=ROOT)
     binary = os.path.join(ROOT, "target", "release", "sessiondb")
     python = python_with_packages()
+    node_peers = node_with_packages()
     log("building the TypeScript client (npm ci when it has no node_modules, then tsc)")
     if not os.path.exists(os.path.join(TYPESCRIPT, "node_modules", ".bin", "tsc")):
         sh(["npm", "ci", "--no-audit", "--no-fund"], cwd=TYPESCRIPT)
@@ -108,6 +132,8 @@ def main():
                       str(args.turns), str(args.invokes)], env=env)
             out += sh(["node", os.path.join(HERE, "ai_sdk.mjs"), binary, scratch, ",".join(order),
                        str(args.turns)])
+            out += sh(["node", os.path.join(HERE, "adk.mjs"), binary, scratch, ",".join(order),
+                       str(args.turns), node_peers])
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         for line in out.splitlines():
