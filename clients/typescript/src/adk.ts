@@ -164,6 +164,11 @@ function roleOf(event: Event): string {
   return parts.length > 0 && parts.every((part) => part.functionResponse !== undefined) ? 'tool' : 'assistant';
 }
 
+/** Whether the session object holds an event of `event`'s id (appending it replaces that one). */
+function isHeld(session: Session, event: Event): boolean {
+  return session.events.some((held) => held.id === event.id);
+}
+
 function isObject(value: unknown): value is JsonObject {
   return value !== null && typeof value === 'object' && !Array.isArray(value);
 }
@@ -348,12 +353,14 @@ export class SessiondbSessionService extends BaseSessionService {
 
   async appendEvent({ session, event }: AppendEventRequest): Promise<Event> {
     if (event.partial) return event;
+    const replaces = isHeld(session, event);
     await this.store(session, event);
     // The stored event now updates the session object as every service's does (temp keys
     // left out of its state, an event of a known id replaced).
     const appended = await super.appendEvent({ session, event });
     session.lastUpdateTime = event.timestamp;
-    this.leaves.set(session, messageIdFor(event.id));
+    // A replaced event stays where it was: the leaf moves only for a new one.
+    if (!replaces) this.leaves.set(session, messageIdFor(event.id));
     return appended;
   }
 
@@ -383,15 +390,14 @@ export class SessiondbSessionService extends BaseSessionService {
     const scoped = scopeParts(session.appName, session.userId, scopes);
     for (let refreshes = 0; ; refreshes++) {
       try {
-        if (session.events.some((known) => known.id === event.id)) {
-          await this.client.replaceMessage(key, message.id, message);
-          await this.client.importTogether([{ sessionId: key, lines: stateLines(scopes.session) }, ...scoped]);
-        } else {
-          const leaf = this.leafOf(session);
-          const line: ImportLine = { message, parentId: leaf, createdAt: Math.floor(event.timestamp) };
-          const lines = [line, ...stateLines(scopes.session)];
-          await this.client.importTogether([{ sessionId: key, lines, ifLeaf: leaf }, ...scoped]);
-        }
+        // A new event goes under the leaf the object was read at; one the object holds is
+        // rewritten where it is stored. Either way the write holds only while that leaf is the
+        // session's (so a deleted session stays deleted).
+        const known = isHeld(session, event);
+        const leaf = this.leafOf(session);
+        const line: ImportLine = { message, parentId: leaf, createdAt: Math.floor(event.timestamp), ...(known ? { replace: true } : {}) };
+        const lines = [line, ...stateLines(scopes.session)];
+        await this.client.importTogether([{ sessionId: key, lines, ifLeaf: leaf }, ...scoped]);
         return;
       } catch (error) {
         const moved = error instanceof SessiondbError && error.code === 'conflict';

@@ -73,11 +73,13 @@ export type ExportLine =
 /**
  * A line `importLines` takes: any line `export` gives, or less of one (a session record with some
  * of its fields, a message with no times of its own: it takes the line's `createdAt`, else now).
+ * A message line with `replace: true` rewrites the stored message of its id, as `replaceMessage`
+ * does (its parent, seq and createdAt stay), where an import would skip it.
  */
 export type ImportLine =
   | ExportLine
   | { session: Partial<Extract<ExportLine, { session: unknown }>['session']> }
-  | { message: MessageInput & { id: string; createdAt?: number }; parentId: string | null; createdAt?: number };
+  | { message: MessageInput & { id: string; createdAt?: number }; parentId: string | null; createdAt?: number; replace?: boolean };
 
 /** The line of `POST /v1/import` that opens a session's part. */
 type IntoLine = { into: { sessionId: string; ifLeaf?: string | null; ifAbsent?: boolean } };

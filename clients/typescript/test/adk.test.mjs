@@ -187,9 +187,15 @@ test('a stale session object is read again and its event goes in after what it m
   await service.appendEvent({ session: fresh, event: userEvent('partial', {}, { partial: true }) });
   assert.deepEqual((await get()).events.map(textOf), fresh.events.map(textOf));
   assert.equal(textOf((await get()).events[0]), 'first, edited');
-  // A session that is gone is not found.
+  // Replacing is one write with the event's state: a refused state leaves the event as it was.
+  const refused = { ...edited, content: { role: 'user', parts: [{ text: 'edited again' }] }, actions: { stateDelta: { [`user:${'k'.repeat(300)}`]: 1 } } };
+  await assert.rejects(service.appendEvent({ session: fresh, event: refused }), { code: 'invalid_request' });
+  assert.equal(textOf((await get()).events[0]), 'first, edited');
+  // A session that is gone is not found, and an event it held does not bring it back.
   await service.deleteSession({ appName: app, userId: 'ann', sessionId: 'st' });
   await assert.rejects(service.appendEvent({ session: fresh, event: userEvent('third') }), { code: 'not_found' });
+  await assert.rejects(service.appendEvent({ session: fresh, event: edited }), { code: 'not_found' });
+  assert.equal(await get(), undefined);
 });
 
 test('an event whose state is refused stores nothing', async () => {

@@ -85,15 +85,18 @@ pub enum WriteOp {
         message: PreparedMessage,
         parent: Parent,
     },
-    /// Verbatim historical write with an explicit (unvalidated) parent and timestamp; ignored when
-    /// the id exists. Refused with [`StoreError::ParentCycle`] when the parent chain would loop
-    /// back to this id. A written row becomes the active leaf.
+    /// Verbatim historical write with an explicit (unvalidated) parent and timestamp. Refused
+    /// with [`StoreError::ParentCycle`] when the parent chain would loop back to this id. A
+    /// written row becomes the active leaf. When the id exists, nothing is written, or with
+    /// `replace` the stored message's body is rewritten as [`WriteOp::Update`] does (parent,
+    /// seq and createdAt stay; the outcome is then [`WriteOutcome::Updated`]).
     Import {
         message: PreparedMessage,
         parent_id: Option<String>,
         created_at: i64,
         /// Kept from the exported message, if it had been updated.
         updated_at: Option<i64>,
+        replace: bool,
     },
     /// Deletes the existing ids among these; each surviving child of a deleted row moves to its
     /// nearest surviving ancestor.

@@ -190,9 +190,18 @@ impl<T: WriteTx> Rules<'_, T> {
                 parent_id,
                 created_at,
                 updated_at,
+                replace,
             } => {
-                self.import(message, parent_id.as_deref(), *created_at, *updated_at)
-                    .await?
+                let (exists, orphans) = self.id_status(message).await?;
+                match (exists, replace) {
+                    (true, true) => WriteOutcome::Updated(self.update(message).await?),
+                    (true, false) => WriteOutcome::Imported(None),
+                    (false, _) => {
+                        let parent_id = parent_id.as_deref();
+                        self.import(message, parent_id, orphans, *created_at, *updated_at)
+                            .await?
+                    }
+                }
             }
             WriteOp::Delete { ids } => self.delete(ids).await?,
             WriteOp::Clear => {
@@ -396,17 +405,16 @@ impl<T: WriteTx> Rules<'_, T> {
         Ok(UpdateOutcome::Changed(stored))
     }
 
+    /// Imports a message whose id the session does not have (`orphans`: stored rows name that
+    /// id as their parent, which has not arrived until now).
     async fn import(
         &mut self,
         message: &PreparedMessage,
         parent_id: Option<&str>,
+        orphans: bool,
         created_at: i64,
         updated_at: Option<i64>,
     ) -> Result<WriteOutcome> {
-        let (exists, orphans) = self.id_status(message).await?;
-        if exists {
-            return Ok(WriteOutcome::Imported(None));
-        }
         let link = match parent_id {
             Some(p) if p == message.id || (orphans && self.reaches(p, &message.id).await?) => {
                 return Err(StoreError::ParentCycle {

@@ -49,14 +49,17 @@ pub enum Op {
         text: String,
         expected: ExpectedLeaf,
     },
-    /// Imports (id, text, parent) in parts of the session written together
-    /// ([`Db::import_together`]), the first part conditioned on the leaf when `expected` is set:
-    /// every import lands, or none.
+    /// Imports lines in parts of the session written together ([`Db::import_together`]), the
+    /// first part conditioned on the leaf when `expected` is set: every import lands, or none.
     ImportTogether {
-        parts: Vec<Vec<(u8, String, Option<u8>)>>,
+        parts: Vec<Vec<ModelLine>>,
         expected: Option<ExpectedLeaf>,
     },
 }
+
+/// An import line of [`Op::ImportTogether`]: (id, text, parent, replace), where `replace`
+/// updates a message that exists.
+pub type ModelLine = (u8, String, Option<u8>, bool);
 
 #[derive(Debug, Clone)]
 pub enum ExpectedLeaf {
@@ -129,7 +132,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
             .prop_map(|(id, text, expected)| Op::AppendIfLeaf { id, text, expected }),
         2 => (
             proptest::collection::vec(
-                proptest::collection::vec((0..ID_POOL, text, proptest::option::of(0..ID_POOL + 2)), 1..3),
+                proptest::collection::vec((0..ID_POOL, text, proptest::option::of(0..ID_POOL + 2), any::<bool>()), 1..3),
                 1..3,
             ),
             proptest::option::of(expected),
@@ -226,9 +229,13 @@ impl Model {
                     return false;
                 }
                 let mut after = self.clone();
-                for (n, text, parent) in parts.iter().flatten() {
+                for (n, text, parent, replace) in parts.iter().flatten() {
                     let (id, text, parent) = (*n, text.clone(), *parent);
-                    if !after.apply(&Op::Import { id, text, parent }) {
+                    let op = match *replace && after.nodes.contains_key(&self::id(id)) {
+                        true => Op::Update { id, text },
+                        false => Op::Import { id, text, parent },
+                    };
+                    if !after.apply(&op) {
                         return false;
                     }
                 }
@@ -445,11 +452,12 @@ async fn run_op<S: Store>(db: &Db<S>, session: &sessiondb::Session<S>, op: &Op) 
                 session_id: session.key().session_id.clone(),
                 lines: imports
                     .iter()
-                    .map(|(n, text, parent)| ImportLine::Message {
+                    .map(|(n, text, parent, replace)| ImportLine::Message {
                         message: message(*n, text),
                         parent_id: parent.map(id),
                         created_at: Some(1),
                         updated_at: None,
+                        replace: *replace,
                     })
                     .collect(),
                 condition: if_leaf.take().map(WriteCondition::Leaf),

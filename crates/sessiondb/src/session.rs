@@ -585,6 +585,7 @@ impl<S: Store> Session<S> {
             parent_id: options.parent_id,
             created_at: options.created_at,
             updated_at: None,
+            replace: false,
         };
         match self.write_one(op).await? {
             WriteOutcome::Imported(stored) => self.resolved_one(stored).await,

@@ -32,8 +32,8 @@ use sessiondb_core::message::{JsonMap, validate_id, validate_text, validate_time
 use sessiondb_core::registry::validate_state_key;
 use sessiondb_core::{
     Compaction, ContextEntry, Message, SessionInfo, SessionKey, SessionRecord, Store, StoreError,
-    StoredMessage, ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS,
-    WriteCondition, WriteOp, WriteOutcome, WriteRequest,
+    StoredMessage, UpdateOutcome, ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES,
+    WINDOW_MAX_ROWS, WriteCondition, WriteOp, WriteOutcome, WriteRequest,
 };
 
 use crate::context::BlockSpec;
@@ -56,6 +56,9 @@ pub enum ImportLine {
         parent_id: Option<String>,
         created_at: Option<i64>,
         updated_at: Option<i64>,
+        /// `"replace": true`: a message of this id the session has is rewritten with this body
+        /// (as `PUT …/messages/{id}`: its parent, seq and createdAt stay) instead of skipped.
+        replace: bool,
     },
     Compaction(Compaction),
     State {
@@ -94,7 +97,10 @@ impl ImportTally {
         };
         for outcome in outcomes.into_iter().skip(self.uncounted) {
             match outcome {
-                WriteOutcome::Imported(None) => summary.skipped += 1,
+                WriteOutcome::Imported(None)
+                | WriteOutcome::Updated(UpdateOutcome::Unchanged(_) | UpdateOutcome::Missing) => {
+                    summary.skipped += 1
+                }
                 _ => summary.imported += 1,
             }
         }
@@ -266,11 +272,17 @@ fn import_line_of(number: usize, value: Value) -> Result<ImportLine, ValidationE
                 ValidationErrorKind::Missing,
             ));
         }
+        let replace = match line.get("replace") {
+            None => false,
+            Some(Value::Bool(replace)) => *replace,
+            Some(_) => return Err(wrong(format!("{prefix}.replace"), "a boolean")),
+        };
         return Ok(ImportLine::Message {
             message,
             parent_id,
             created_at,
             updated_at,
+            replace,
         });
     }
     if let Some(compaction) = line.remove("compaction") {
@@ -581,6 +593,7 @@ impl<S: Store> Session<S> {
                     parent_id,
                     created_at,
                     updated_at,
+                    replace,
                 } => {
                     let times = [("createdAt", created_at), ("message.updatedAt", updated_at)];
                     for (name, ms) in times {
@@ -593,6 +606,7 @@ impl<S: Store> Session<S> {
                         parent_id,
                         created_at: created_at.unwrap_or(now),
                         updated_at,
+                        replace,
                     });
                 }
                 ImportLine::Compaction(c) if existing.contains(&c.id) => skipped += 1,

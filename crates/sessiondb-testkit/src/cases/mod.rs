@@ -111,6 +111,7 @@ macro_rules! for_each_case {
             writes::upsert_appends_when_missing_and_updates_when_present,
             writes::import_is_verbatim_with_explicit_parent_and_time,
             writes::import_of_existing_id_is_ignored,
+            writes::import_may_replace_a_stored_message,
             writes::import_under_a_missing_parent_keeps_the_link,
             writes::import_that_would_loop_is_refused,
             writes::imports_together_land_all_or_none,

@@ -136,6 +136,7 @@ pub async fn import_is_verbatim_with_explicit_parent_and_time<S: Store>(db: Db<S
             parent_id: None,
             created_at: Some(7),
             updated_at: None,
+            replace: false,
         },
         ImportLine::Compaction(Compaction {
             id: "c".into(),
@@ -178,6 +179,63 @@ pub async fn import_of_existing_id_is_ignored<S: Store>(db: Db<S>) {
     assert_eq!(event_names(&drain(&mut sub)), ["import"]);
 }
 
+/// An import line with `replace` rewrites the stored message of its id as an update does
+/// (parent, seq and createdAt stay; an unchanged body writes nothing and counts as skipped), and
+/// imports a message the session lacks as any line does. A refused import replaces nothing.
+pub async fn import_may_replace_a_stored_message<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    chain(&s, &["a", "b"]).await;
+    let before = s.message("a").await.unwrap().unwrap();
+    let mut sub = db.subscribe(FeedFilter::All);
+    let replacing = |message: Message, parent: &str| ImportLine::Message {
+        message,
+        parent_id: Some(parent.to_owned()),
+        created_at: Some(5),
+        updated_at: None,
+        replace: true,
+    };
+    let summary = s
+        .import_lines(vec![
+            replacing(text("a", "user", "a again"), "b"),
+            replacing(text("b", "assistant", "message b"), "a"),
+            replacing(text("c", "user", "new c"), "b"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!((summary.imported, summary.skipped), (2, 1));
+    assert_eq!(event_names(&drain(&mut sub)), ["update", "import"]);
+    let after = s.message("a").await.unwrap().unwrap();
+    assert!(after.json().contains("a again"), "{}", after.json());
+    assert_eq!(
+        (after.seq, &after.parent_id, after.created_at),
+        (before.seq, &before.parent_id, before.created_at),
+        "the stored message keeps its place and time"
+    );
+    assert_eq!(history_ids(&s, None).await, ["a", "b", "c"]);
+    assert_eq!(s.message("c").await.unwrap().unwrap().created_at, 5);
+
+    // A refusal later in the import leaves the replaced message as it was.
+    let refused = s
+        .import_lines(vec![
+            replacing(text("a", "user", "a once more"), "b"),
+            ImportLine::State {
+                key: String::new(),
+                value: json!(1),
+            },
+        ])
+        .await;
+    assert!(matches!(refused, Err(Error::Invalid(_))), "{refused:?}");
+    assert!(
+        s.message("a")
+            .await
+            .unwrap()
+            .unwrap()
+            .json()
+            .contains("a again")
+    );
+    assert!(drain(&mut sub).is_empty());
+}
+
 pub async fn import_under_a_missing_parent_keeps_the_link<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     s.import(text("child", "user", "c"), imported(Some("later"), 2))
@@ -200,6 +258,7 @@ pub async fn imports_together_land_all_or_none<S: Store>(db: Db<S>) {
         parent_id: Some(parent.to_owned()),
         created_at: None,
         updated_at: None,
+        replace: false,
     };
     let state = |key: &str, value: i64| ImportLine::State {
         key: key.into(),
