@@ -214,17 +214,19 @@ pub async fn import_may_replace_a_stored_message<S: Store>(db: Db<S>) {
     assert_eq!(history_ids(&s, None).await, ["a", "b", "c"]);
     assert_eq!(s.message("c").await.unwrap().unwrap().created_at, 5);
 
-    // A refusal later in the import leaves the replaced message as it was.
+    // A refusal later in the same write (two lines that would loop) leaves the replaced
+    // message as it was.
     let refused = s
         .import_lines(vec![
             replacing(text("a", "user", "a once more"), "b"),
-            ImportLine::State {
-                key: String::new(),
-                value: json!(1),
-            },
+            replacing(text("p", "user", "p"), "q"),
+            replacing(text("q", "user", "q"), "p"),
         ])
         .await;
-    assert!(matches!(refused, Err(Error::Invalid(_))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(Error::Store(StoreError::ParentCycle { .. }))),
+        "{refused:?}"
+    );
     assert!(
         s.message("a")
             .await
