@@ -455,8 +455,9 @@ class Client:
     def import_lines(self, session_id: str, lines: Iterable[dict],
                      if_leaf: str | None = _OMITTED) -> dict:
         """Imports lines as ``export`` gives them into the session (created if needed), all or
-        nothing; messages whose id the session has are skipped (``if_leaf`` as for
-        ``append``). ``{imported, skipped}``."""
+        nothing; messages whose id the session has are skipped, unless their line has
+        ``"replace": True`` (the stored message is then rewritten as ``replace_message`` does).
+        ``if_leaf`` as for ``append``. ``{imported, skipped}``."""
         return self.request("POST", self._session_path(session_id, "import"),
                             query=_leaf_query(if_leaf), body=_ndjson(lines))
 
