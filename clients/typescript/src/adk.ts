@@ -164,11 +164,6 @@ function roleOf(event: Event): string {
   return parts.length > 0 && parts.every((part) => part.functionResponse !== undefined) ? 'tool' : 'assistant';
 }
 
-/** Whether the session object holds an event of `event`'s id (appending it replaces that one). */
-function isHeld(session: Session, event: Event): boolean {
-  return session.events.some((held) => held.id === event.id);
-}
-
 function isObject(value: unknown): value is JsonObject {
   return value !== null && typeof value === 'object' && !Array.isArray(value);
 }
@@ -353,8 +348,9 @@ export class SessiondbSessionService extends BaseSessionService {
 
   async appendEvent({ session, event }: AppendEventRequest): Promise<Event> {
     if (event.partial) return event;
-    const replaces = isHeld(session, event);
-    await this.store(session, event);
+    // An event of an id the session object holds replaces that one.
+    const replaces = session.events.some((held) => held.id === event.id);
+    await this.store(session, event, replaces);
     // The stored event now updates the session object as every service's does (temp keys
     // left out of its state, an event of a known id replaced).
     const appended = await super.appendEvent({ session, event });
@@ -383,7 +379,8 @@ export class SessiondbSessionService extends BaseSessionService {
     return newest.reverse();
   }
 
-  private async store(session: Session, event: Event): Promise<void> {
+  /** Stores `event` with its state changes; `replaces`: the session object holds its id. */
+  private async store(session: Session, event: Event, replaces: boolean): Promise<void> {
     const key = sessionKey(session.appName, session.userId, session.id);
     const scopes = splitState(event.actions?.stateDelta ?? {});
     const message = messageOfEvent(event);
@@ -393,9 +390,8 @@ export class SessiondbSessionService extends BaseSessionService {
         // A new event goes under the leaf the object was read at; one the object holds is
         // rewritten where it is stored. Either way the write holds only while that leaf is the
         // session's (so a deleted session stays deleted).
-        const known = isHeld(session, event);
         const leaf = this.leafOf(session);
-        const line: ImportLine = { message, parentId: leaf, createdAt: Math.floor(event.timestamp), ...(known ? { replace: true } : {}) };
+        const line: ImportLine = { message, parentId: leaf, createdAt: Math.floor(event.timestamp), ...(replaces ? { replace: true } : {}) };
         const lines = [line, ...stateLines(scopes.session)];
         await this.client.importTogether([{ sessionId: key, lines, ifLeaf: leaf }, ...scoped]);
         return;

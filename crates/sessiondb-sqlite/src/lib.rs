@@ -1238,15 +1238,13 @@ impl Writer {
         let mut events = Vec::new();
         let outcome = match committed {
             Err(e) => Err(failed_transaction(&applied, &e)),
-            Ok(()) if applied.last().is_some_and(Result::is_err) => Err(StoreError::InRequest {
-                index: applied.len() - 1,
-                error: Box::new(
-                    applied
-                        .pop()
-                        .and_then(Result::err)
-                        .expect("the failed request"),
-                ),
-            }),
+            Ok(()) if applied.last().is_some_and(Result::is_err) => {
+                let error = applied.pop().and_then(Result::err);
+                Err(StoreError::InRequest {
+                    index: applied.len(),
+                    error: Box::new(error.expect("the failed request")),
+                })
+            }
             Ok(()) => {
                 self.stats.record_commit(requests.len());
                 let outcomes = requests.iter().zip(applied).map(|(request, applied)| {

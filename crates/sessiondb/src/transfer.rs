@@ -154,6 +154,15 @@ fn optional_string(
     }
 }
 
+/// A flag that is false unless the line sets it.
+fn flag_field(map: &JsonMap, prefix: &str, name: &str) -> Result<bool, ValidationError> {
+    match map.get(name) {
+        None => Ok(false),
+        Some(Value::Bool(flag)) => Ok(*flag),
+        Some(_) => Err(wrong(format!("{prefix}.{name}"), "a boolean")),
+    }
+}
+
 fn object(value: Value, prefix: &str) -> Result<JsonMap, ValidationError> {
     match value {
         Value::Object(map) => Ok(map),
@@ -272,17 +281,12 @@ fn import_line_of(number: usize, value: Value) -> Result<ImportLine, ValidationE
                 ValidationErrorKind::Missing,
             ));
         }
-        let replace = match line.get("replace") {
-            None => false,
-            Some(Value::Bool(replace)) => *replace,
-            Some(_) => return Err(wrong(format!("{prefix}.replace"), "a boolean")),
-        };
         return Ok(ImportLine::Message {
             message,
             parent_id,
             created_at,
             updated_at,
-            replace,
+            replace: flag_field(&line, &prefix, "replace")?,
         });
     }
     if let Some(compaction) = line.remove("compaction") {
@@ -381,20 +385,15 @@ pub fn parse_import_parts(text: &str) -> Result<Vec<ImportPart>, ValidationError
                 Some(Value::String(id)) => Some(Some(id.clone())),
                 Some(_) => return Err(wrong(format!("{prefix}.ifLeaf"), "a message id or null")),
             };
-            let absent = match into.get("ifAbsent") {
-                None | Some(Value::Bool(false)) => false,
-                Some(Value::Bool(true)) if leaf.is_none() => true,
-                Some(Value::Bool(true)) => {
+            let condition = match (flag_field(&into, &prefix, "ifAbsent")?, leaf) {
+                (false, leaf) => leaf.map(WriteCondition::Leaf),
+                (true, None) => Some(WriteCondition::Absent),
+                (true, Some(_)) => {
                     return Err(wrong(
                         format!("{prefix}.ifAbsent"),
                         "no `ifAbsent` beside `ifLeaf` (a session cannot both be absent and have a leaf)",
                     ));
                 }
-                Some(_) => return Err(wrong(format!("{prefix}.ifAbsent"), "a boolean")),
-            };
-            let condition = match absent {
-                true => Some(WriteCondition::Absent),
-                false => leaf.map(WriteCondition::Leaf),
             };
             parts.push(ImportPart {
                 session_id: string_field(&into, &prefix, "sessionId")?,
