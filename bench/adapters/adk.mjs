@@ -8,14 +8,12 @@
 //
 // Each service runs on its own copy of `@google/adk` 2.0.0: ADK's from PEERS (where its optional
 // `@mikro-orm/sqlite` is installed), sessiondb's from the client's own dependencies.
-import { mkdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 
 import { SessiondbSessionService } from '../../clients/typescript/dist/adk.js';
-import { Client } from '../../clients/typescript/dist/index.js';
-import { dirSize, serve, text } from './node_common.mjs';
+import { eachStore, text } from './node_common.mjs';
 
 /** Read the session, then store the user's message and the agent's answer with the state change
  * its `outputKey` makes (as bench/adapters/driver.py does for ADK in Python). */
@@ -48,21 +46,16 @@ const adkOf = (folder) => import(pathToFileURL(createRequire(join(resolve(folder
 const [binary, scratch, order, count, peers] = process.argv.slice(2);
 const ownAdk = await adkOf(peers);
 const clientAdk = await adkOf(new URL('../../clients/typescript/', import.meta.url).pathname);
-for (const store of order.split(',')) {
-  const folder = join(scratch, `adk-ts-${store}`);
-  mkdirSync(folder, { recursive: true });
-  let ms;
-  let size;
-  if (store === 'own') {
+await eachStore(
+  { binary, scratch, order, framework: 'adk-ts' },
+  async (folder) => {
     const service = new ownAdk.DatabaseSessionService(`sqlite://${join(folder, 'adk.db')}`);
-    ms = await turns(service, ownAdk.createEvent, Number(count));
-    size = dirSize(folder);
-  } else {
-    const server = await serve(binary, folder);
-    const client = new Client({ baseUrl: server.url });
-    ms = await turns(new SessiondbSessionService(client), clientAdk.createEvent, Number(count));
-    client.close();
-    size = await server.stop();
-  }
-  console.log(JSON.stringify({ store, framework: 'adk-ts', ms, size_bytes: size }));
-}
+    try {
+      return await turns(service, ownAdk.createEvent, Number(count));
+    } finally {
+      // The service has no close(); its open MikroORM connection would keep Node running.
+      await service.orm?.close();
+    }
+  },
+  (client) => turns(new SessiondbSessionService(client), clientAdk.createEvent, Number(count)),
+);

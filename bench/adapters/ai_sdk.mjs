@@ -5,13 +5,11 @@
 // {store, framework, ms: [...per turn], size_bytes}.
 //
 //     node ai_sdk.mjs SERVER_BINARY SCRATCH ORDER TURNS
-import { mkdirSync } from 'node:fs';
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 
 import { SessiondbChatStore } from '../../clients/typescript/dist/ai-sdk.js';
-import { Client } from '../../clients/typescript/dist/index.js';
-import { dirSize, serve, text } from './node_common.mjs';
+import { eachStore, text } from './node_common.mjs';
 
 /** The guide's store: one JSON file per chat, read whole and written whole (no fsync). */
 function fileStore(dir) {
@@ -47,20 +45,8 @@ async function turns(chats, count) {
 }
 
 const [binary, scratch, order, count] = process.argv.slice(2);
-for (const store of order.split(',')) {
-  const folder = join(scratch, `ai-sdk-${store}`);
-  mkdirSync(folder, { recursive: true });
-  let ms;
-  let size;
-  if (store === 'own') {
-    ms = await turns(fileStore(folder), Number(count));
-    size = dirSize(folder);
-  } else {
-    const server = await serve(binary, folder);
-    const client = new Client({ baseUrl: server.url });
-    ms = await turns(new SessiondbChatStore({ client }), Number(count));
-    client.close();
-    size = await server.stop();
-  }
-  console.log(JSON.stringify({ store, framework: 'ai-sdk', ms, size_bytes: size }));
-}
+await eachStore(
+  { binary, scratch, order, framework: 'ai-sdk' },
+  (folder) => turns(fileStore(folder), Number(count)),
+  (client) => turns(new SessiondbChatStore({ client }), Number(count)),
+);

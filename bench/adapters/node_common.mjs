@@ -1,9 +1,11 @@
-// What the Node parts of the adapter benchmark share: the turns' texts, a folder's size and a
-// release `sessiondb serve` of their own.
+// What the Node parts of the adapter benchmark share: the turns' texts and a round over the
+// framework's own store and sessiondb (a release `sessiondb serve` of its own).
 import { spawn } from 'node:child_process';
-import { readdirSync, statSync } from 'node:fs';
+import { mkdirSync, readdirSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
+
+import { Client } from '../../clients/typescript/dist/index.js';
 
 const WORDS = 'alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau upsilon'.split(' ');
 
@@ -15,7 +17,7 @@ export function text(i) {
 }
 
 /** The size of the files under `dir`. */
-export function dirSize(dir) {
+function dirSize(dir) {
   return readdirSync(dir, { recursive: true })
     .map((name) => statSync(join(dir, name)))
     .filter((stat) => stat.isFile())
@@ -23,7 +25,7 @@ export function dirSize(dir) {
 }
 
 /** A release `sessiondb serve` on its own data directory (durable: synchronous=full). */
-export async function serve(binary, data) {
+async function serve(binary, data) {
   const child = spawn(binary, ['--data', data, 'serve', '--listen', '127.0.0.1:0'], {
     stdio: ['ignore', 'ignore', 'pipe'],
     env: { ...process.env, SESSIONDB_LOG: 'warn' },
@@ -44,4 +46,29 @@ export async function serve(binary, data) {
       return dirSize(data);
     },
   };
+}
+
+/**
+ * Runs one round of `framework` for each store of `order` (`own`, `sessiondb`) in a folder of
+ * its own under `scratch`: `own(folder)` and `sessiondb(client)` each give the per-step times;
+ * sessiondb's store is a release server on its folder. Prints one JSON line per store.
+ */
+export async function eachStore({ binary, scratch, order, framework }, own, sessiondb) {
+  for (const store of order.split(',')) {
+    const folder = join(scratch, `${framework}-${store}`);
+    mkdirSync(folder, { recursive: true });
+    let ms;
+    let size;
+    if (store === 'own') {
+      ms = await own(folder);
+      size = dirSize(folder);
+    } else {
+      const server = await serve(binary, folder);
+      const client = new Client({ baseUrl: server.url });
+      ms = await sessiondb(client);
+      client.close();
+      size = await server.stop();
+    }
+    console.log(JSON.stringify({ store, framework, ms, size_bytes: size }));
+  }
 }
