@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use serde_json::{Value, json};
-use sessiondb::{BlockKind, ContextEntry, Db, ImportLine, SessionSort, SqliteStore};
+use sessiondb::{BlockKind, ContextEntry, Db, ImportLine, ImportLines, SessionSort, SqliteStore};
 
 use crate::listing;
 use crate::remote::{Remote, segment};
@@ -109,20 +109,24 @@ pub async fn import(
     let mut progress = Progress::new("importing", Some(size));
     let all = matches!(scope, Scope::All);
     let mut part = match scope {
-        Scope::One(session) => Some(Part::new(Target::Session(session.to_owned()))),
+        Scope::One(session) => Some(Part::new(Target::Session(session.to_owned()), 0)),
         Scope::All => None,
     };
     for (n, line) in std::io::BufReader::new(opened).lines().enumerate() {
         let line = line.with_context(reading)?;
         progress.advance(line.len() as u64 + 1);
         if line.trim().is_empty() {
+            // Kept in a server's text, whose errors number the part's lines from its first.
+            if let Some(current) = part.as_mut().filter(|_| remote.is_some()) {
+                current.text.push('\n');
+            }
             continue;
         }
         let parsed = sessiondb::parse_import_line(n, &line)?;
         let opens = match &parsed {
             ImportLine::Session { id, .. } if all => {
                 let Some(id) = id else {
-                    bail!("line {}: a session line without an `id`", n + 1);
+                    bail!("lines[{n}]: a session line without an `id`");
                 };
                 Some(Target::Session(id.clone()))
             }
@@ -130,15 +134,14 @@ pub async fn import(
             _ => None,
         };
         if let Some(target) = opens
-            && let Some(done) = part.replace(Part::new(target))
+            && let Some(done) = part.replace(Part::new(target, n))
         {
             done.import(db, remote, namespace, all, out).await?;
         }
         let Some(current) = part.as_mut() else {
             bail!(
-                "line {}: with --all, each session's lines start with its session line, and \
-                 the namespace templates' with a `templates` line (as `export --all` writes them)",
-                n + 1
+                "lines[{n}]: with --all, each session's lines start with its session line, and \
+                 the namespace templates' with a `templates` line (as `export --all` writes them)"
             );
         };
         // A server checks and parses the part's text again; the embedded store takes the lines
@@ -147,7 +150,7 @@ pub async fn import(
             current.text.push_str(&line);
             current.text.push('\n');
         } else {
-            current.lines.push(parsed);
+            current.lines.push(n, parsed);
         }
     }
     if let Some(done) = part {
@@ -164,19 +167,23 @@ enum Target {
     Templates,
 }
 
-/// One part of an import: its lines as text for a server, else the lines parsed.
+/// One part of an import: its lines as text for a server, else the lines parsed (numbered as
+/// the file's lines).
 struct Part {
     target: Target,
+    /// The file's line (0-based) where the part starts.
+    first_line: usize,
     text: String,
-    lines: Vec<ImportLine>,
+    lines: ImportLines,
 }
 
 impl Part {
-    fn new(target: Target) -> Self {
+    fn new(target: Target, first_line: usize) -> Self {
         Part {
             target,
+            first_line,
             text: String::new(),
-            lines: Vec::new(),
+            lines: ImportLines::default(),
         }
     }
 
@@ -190,19 +197,18 @@ impl Part {
         all: bool,
         out: &mut impl Write,
     ) -> anyhow::Result<()> {
+        let what = match &self.target {
+            Target::Session(session) => format!("session `{session}`"),
+            Target::Templates => "the namespace's context templates".to_owned(),
+        };
         let summary: Value = match (db, remote) {
             (Some(db), None) => {
-                let (written, what) = match &self.target {
-                    Target::Session(session) => (
-                        db.session_in(namespace, session)?
-                            .import_lines(self.lines)
-                            .await,
-                        format!("session `{session}`"),
-                    ),
-                    Target::Templates => (
-                        db.import_templates(namespace, self.lines).await,
-                        "the namespace's context templates".to_owned(),
-                    ),
+                let written = match &self.target {
+                    Target::Session(session) => {
+                        let session = db.session_in(namespace, session)?;
+                        session.import_lines(self.lines).await
+                    }
+                    Target::Templates => db.import_templates(namespace, self.lines).await,
                 };
                 let summary = written.with_context(|| format!("importing {what}"))?;
                 json!({"imported": summary.imported, "skipped": summary.skipped})
@@ -216,7 +222,12 @@ impl Part {
                     .request(reqwest::Method::POST, &url)
                     .header("content-type", "application/x-ndjson")
                     .body(self.text);
-                remote.send(request).await?.json().await?
+                // The server numbers the lines it was sent, which start at the part's first.
+                let first_line = self.first_line;
+                let answer = remote.send(request).await.with_context(|| {
+                    format!("importing {what} (its lines[0] is the file's lines[{first_line}])")
+                })?;
+                answer.json().await?
             }
             (None, None) => bail!("nothing to import into"),
         };

@@ -548,6 +548,11 @@ fn import_all_stops_at_a_bad_part_and_a_second_run_finishes() {
     let file_arg = file.to_str().unwrap();
     let stopped = run(&target, &["import", file_arg, "--all"], None);
     assert!(!stopped.status.success());
+    let error = String::from_utf8(stopped.stderr).unwrap();
+    assert!(
+        error.contains("invalid `lines[4].message"),
+        "the file's line: {error}"
+    );
     let printed = String::from_utf8(stopped.stdout).unwrap();
     assert_eq!(printed.lines().count(), 1, "{printed}");
     let first: serde_json::Value = serde_json::from_str(printed.trim()).unwrap();

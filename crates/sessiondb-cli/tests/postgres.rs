@@ -640,7 +640,7 @@ async fn a_store_moves_from_sqlite_to_postgresql_session_by_session() {
     );
     assert!(!refused.status.success());
     assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("line 1: with --all"),
+        String::from_utf8_lossy(&refused.stderr).contains("lines[0]: with --all"),
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );

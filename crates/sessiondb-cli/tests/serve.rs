@@ -602,6 +602,26 @@ async fn import_and_export_embedded_and_remote() {
         serde_json::from_slice::<Value>(&pushed.stdout).unwrap(),
         json!({"imported": 3, "skipped": 0})
     );
+    // The server numbers a part's lines from its first (blank ones too); the error says where
+    // that is in the file.
+    let parts_file = dir.path().join("parts.ndjson");
+    let parts = "{\"session\": {\"id\": \"x1\"}}\n{\"state\": {\"key\": \"k\", \"value\": 1}}\n\
+                 {\"session\": {\"id\": \"x2\"}}\n\n{\"compaction\": {\"id\": \"c\", \"summary\": \"\\u0000\", \
+                 \"fromMessageId\": \"m\", \"toMessageId\": \"m\", \"createdAt\": 1}}\n";
+    std::fs::write(&parts_file, parts).unwrap();
+    let stopped = remote(&["import", parts_file.to_str().unwrap(), "--all"]);
+    assert!(!stopped.status.success());
+    let error = String::from_utf8_lossy(&stopped.stderr);
+    assert!(
+        error.starts_with("error: importing session `x2` (its lines[0] is the file's lines[2])")
+            && error.contains("invalid `lines[2].compaction.summary`"),
+        "{error}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&stopped.stdout),
+        "{\"session\":\"x1\",\"imported\":1,\"skipped\":0}\n"
+    );
+    assert!(remote(&["delete", "x1"]).status.success());
     let pulled = remote(&["export", "copy"]);
     assert!(pulled.status.success());
     let pulled = String::from_utf8(pulled.stdout).unwrap();

@@ -98,8 +98,8 @@ pub use tokenizers::Encoding;
 #[cfg(feature = "tiktoken")]
 pub use tokenizers::TiktokenCounter;
 pub use transfer::{
-    ImportLine, ImportPart, ImportSummary, TEMPLATES_LINE, block_line, entry_line, parse_import,
-    parse_import_line, parse_import_parts,
+    ImportLine, ImportLines, ImportPart, ImportSummary, TEMPLATES_LINE, block_line, entry_line,
+    parse_import, parse_import_line, parse_import_parts,
 };
 
 /// Every error the facade returns.

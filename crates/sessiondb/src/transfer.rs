@@ -78,6 +78,31 @@ pub enum ImportLine {
     Templates,
 }
 
+/// Import lines, each with the 0-based number of the document line it was parsed from, which
+/// its errors name (`lines[n]`, blank lines counted); lines built in code
+/// (`Vec<ImportLine>`) are numbered by their position.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ImportLines(Vec<(usize, ImportLine)>);
+
+impl ImportLines {
+    /// Adds `line`, parsed from the document's line `number`.
+    pub fn push(&mut self, number: usize, line: ImportLine) {
+        self.0.push((number, line));
+    }
+}
+
+impl From<Vec<ImportLine>> for ImportLines {
+    fn from(lines: Vec<ImportLine>) -> Self {
+        lines.into_iter().collect()
+    }
+}
+
+impl FromIterator<ImportLine> for ImportLines {
+    fn from_iter<I: IntoIterator<Item = ImportLine>>(lines: I) -> Self {
+        ImportLines(lines.into_iter().enumerate().collect())
+    }
+}
+
 /// The first line of the namespace templates' part of a dump.
 pub const TEMPLATES_LINE: &str = "{\"templates\":{}}\n";
 
@@ -114,7 +139,7 @@ impl ImportTally {
 #[derive(Debug, Clone)]
 pub struct ImportPart {
     pub session_id: String,
-    pub lines: Vec<ImportLine>,
+    pub lines: ImportLines,
     pub condition: Option<WriteCondition>,
 }
 
@@ -370,12 +395,12 @@ fn import_line_of(number: usize, value: Value) -> Result<ImportLine, ValidationE
 /// part (the conditions optional and exclusive: `ifLeaf` `null` for a session without
 /// messages, `ifAbsent` for one that must not exist yet), and the lines after it, as
 /// [`parse_import`] takes them, are that part's. Blank lines are ignored; the first bad line
-/// fails it all.
+/// fails it all, named as the body's line inside its part (`parts[1].lines[7].message.role`).
 pub fn parse_import_parts(text: &str) -> Result<Vec<ImportPart>, ValidationError> {
     let mut parts: Vec<ImportPart> = Vec::new();
     let lines = text.lines().enumerate();
     for (number, text) in lines.filter(|(_, line)| !line.trim().is_empty()) {
-        let mut value = json_line(number, text)?;
+        let mut value = json_line(number, text).map_err(in_last_part(parts.len()))?;
         if let Some(into) = value.as_object_mut().and_then(|line| line.remove("into")) {
             let prefix = format!("lines[{number}].into");
             let into = object(into, &prefix)?;
@@ -397,14 +422,14 @@ pub fn parse_import_parts(text: &str) -> Result<Vec<ImportPart>, ValidationError
             };
             parts.push(ImportPart {
                 session_id: string_field(&into, &prefix, "sessionId")?,
-                lines: Vec::new(),
+                lines: ImportLines::default(),
                 condition,
             });
             continue;
         }
-        let line = import_line_of(number, value)?;
+        let line = import_line_of(number, value).map_err(in_last_part(parts.len()))?;
         match parts.last_mut() {
-            Some(part) => part.lines.push(line),
+            Some(part) => part.lines.push(number, line),
             None => {
                 return Err(wrong(
                     format!("lines[{number}]"),
@@ -416,18 +441,26 @@ pub fn parse_import_parts(text: &str) -> Result<Vec<ImportPart>, ValidationError
     Ok(parts)
 }
 
-/// Parses a whole NDJSON document (blank lines ignored); the first bad line fails it all.
-pub fn parse_import(text: &str) -> Result<Vec<ImportLine>, ValidationError> {
-    text.lines()
-        .enumerate()
-        .filter(|(_, line)| !line.trim().is_empty())
-        .map(|(n, line)| parse_import_line(n, line))
-        .collect()
+/// Names a line's invalid field as one of the last of `parts` parts (`parts[i].lines[n]`, as
+/// [`Db::import_together`] names its lines' refusals), when there is a part.
+fn in_last_part(parts: usize) -> impl Fn(ValidationError) -> ValidationError {
+    move |e| match parts.checked_sub(1) {
+        Some(i) => under(&format!("parts[{i}]"))(e),
+        None => e,
+    }
 }
 
-/// Names an invalid field of line `number`'s `kind` object in its error, as parse errors do.
-fn on_line(number: usize, kind: &'static str) -> impl Fn(Error) -> Error {
-    let prefix = format!("lines[{number}].{kind}");
+/// Parses a whole NDJSON document (blank lines ignored); the first bad line fails it all.
+pub fn parse_import(text: &str) -> Result<ImportLines, ValidationError> {
+    let lines = text.lines().enumerate();
+    let lines = lines.filter(|(_, line)| !line.trim().is_empty());
+    let parsed = lines.map(|(n, line)| Ok((n, parse_import_line(n, line)?)));
+    Ok(ImportLines(parsed.collect::<Result<_, ValidationError>>()?))
+}
+
+/// Names an invalid field as one inside `prefix` (a line's, as parse errors name them:
+/// `lines[3]`, `lines[3].block`).
+fn inside(prefix: String) -> impl Fn(Error) -> Error {
     move |error| match error {
         Error::Invalid(e) => Error::Invalid(under(&prefix)(e)),
         other => other,
@@ -515,7 +548,10 @@ fn message_line(m: &StoredMessage) -> String {
 
 impl<S: Store> Session<S> {
     /// Writes every line in one atomic request: all lines land, or (on any error) none.
-    pub async fn import_lines(&self, lines: Vec<ImportLine>) -> Result<ImportSummary, Error> {
+    pub async fn import_lines(
+        &self,
+        lines: impl Into<ImportLines>,
+    ) -> Result<ImportSummary, Error> {
         self.import_lines_if_leaf(lines, None).await
     }
 
@@ -523,18 +559,15 @@ impl<S: Store> Session<S> {
     /// message), checked atomically with the write, as [`crate::AppendOptions::if_leaf`] is.
     pub async fn import_lines_if_leaf(
         &self,
-        lines: Vec<ImportLine>,
+        lines: impl Into<ImportLines>,
         if_leaf: Option<Option<String>>,
     ) -> Result<ImportSummary, Error> {
-        let (ops, tally) = self.plan_import(lines).await?;
+        let (ops, tally) = self.plan_import(lines.into()).await?;
         Ok(tally.summary(self.write_if_leaf(ops, if_leaf).await?))
     }
 
     /// The write ops of an import's lines, every line checked, and how to count what they did.
-    async fn plan_import(
-        &self,
-        lines: Vec<ImportLine>,
-    ) -> Result<(Vec<WriteOp>, ImportTally), Error> {
+    async fn plan_import(&self, lines: ImportLines) -> Result<(Vec<WriteOp>, ImportTally), Error> {
         let existing: Vec<String> = self
             .compactions()
             .await?
@@ -542,7 +575,7 @@ impl<S: Store> Session<S> {
             .map(|c| c.id)
             .collect();
         let mut skipped = 0;
-        let mut ops = Vec::with_capacity(lines.len());
+        let mut ops = Vec::with_capacity(lines.0.len());
         // Goes first, before a message line's write registers the session with an empty record.
         let mut create: Option<WriteOp> = None;
         let now = now_ms();
@@ -552,7 +585,7 @@ impl<S: Store> Session<S> {
         let mut defined: Vec<(String, BlockKind)> = Vec::new();
         let mut visible: Option<Vec<(String, BlockKind)>> = None;
         let templates = self.key().is_templates();
-        for (number, line) in lines.into_iter().enumerate() {
+        for (number, line) in lines.0 {
             let fits = match &line {
                 ImportLine::Templates => templates,
                 ImportLine::Block { .. } | ImportLine::Entry { .. } => true,
@@ -600,8 +633,9 @@ impl<S: Store> Session<S> {
                             validate_time(&format!("lines[{number}].{name}"), ms)?;
                         }
                     }
+                    let message = self.prepare_verbatim(message, &settings).await;
                     ops.push(WriteOp::Import {
-                        message: self.prepare_verbatim(message, &settings).await?,
+                        message: message.map_err(inside(format!("lines[{number}]")))?,
                         parent_id,
                         created_at: created_at.unwrap_or(now),
                         updated_at,
@@ -610,19 +644,22 @@ impl<S: Store> Session<S> {
                 }
                 ImportLine::Compaction(c) if existing.contains(&c.id) => skipped += 1,
                 ImportLine::Compaction(compaction) => {
-                    self.check_text("summary", &compaction.summary)?;
-                    let field = format!("lines[{number}].compaction.createdAt");
-                    validate_time(&field, compaction.created_at)?;
+                    let prefix = format!("lines[{number}].compaction");
+                    self.check_text(&format!("{prefix}.summary"), &compaction.summary)?;
+                    validate_time(&format!("{prefix}.createdAt"), compaction.created_at)?;
                     ops.push(WriteOp::AddCompaction {
                         compaction,
                         by_compact: false,
                     })
                 }
-                ImportLine::State { key, value } => ops.push(self.put_state_op(&key, &value)?),
+                ImportLine::State { key, value } => ops.push(
+                    self.put_state_op(&key, &value)
+                        .map_err(inside(format!("lines[{number}].state")))?,
+                ),
                 ImportLine::Block { label, spec } => {
                     let block = self
                         .checked_block(&label, spec)
-                        .map_err(on_line(number, "block"))?;
+                        .map_err(inside(format!("lines[{number}].block")))?;
                     defined.push((label, block.kind));
                     ops.push(WriteOp::PutBlock { block });
                 }
@@ -634,7 +671,7 @@ impl<S: Store> Session<S> {
                             &entry.content,
                             entry.description.as_deref(),
                         )
-                        .map_err(on_line(number, "entry"))?;
+                        .map_err(inside(format!("lines[{number}].entry")))?;
                     let mut kind = defined.iter().rev().find(|(l, _)| *l == label);
                     if kind.is_none() {
                         if visible.is_none() {
@@ -776,7 +813,8 @@ impl<S: Store> Db<S> {
     /// Imports into several sessions of `namespace` as one atomic write: every part's lines
     /// land, or (on any error in any part, a leaf condition included) nothing of any part. Each
     /// part is checked and applied as [`Session::import_lines_if_leaf`] does (errors in its
-    /// lines name them as `parts[i].lines[n]`); a session may have several parts, applied in
+    /// lines name them as `parts[i].lines[n]`, `n` counted in the document the part was parsed
+    /// from); a session may have several parts, applied in
     /// order. Summaries come in the parts' order.
     pub async fn import_together(
         &self,
@@ -829,7 +867,7 @@ impl<S: Store> Db<S> {
     pub async fn import_templates(
         &self,
         namespace: &str,
-        lines: Vec<ImportLine>,
+        lines: impl Into<ImportLines>,
     ) -> Result<ImportSummary, Error> {
         self.context_templates(namespace)?
             .session

@@ -402,7 +402,7 @@ async fn imports_into_several_sessions_land_together() {
             .as_str()
             .unwrap_or_default();
         let place = match code {
-            "invalid_request" => "invalid `lines[3].",
+            "invalid_request" => "invalid `parts[1].lines[3].state.key`",
             _ => "parts[1] (session `",
         };
         assert!(message.starts_with(place), "{message}");
@@ -455,19 +455,23 @@ async fn imports_into_several_sessions_land_together() {
             r#"{"into": {"sessionId": "a", "ifAbsent": 1}}"#,
             "lines[0].into.ifAbsent",
         ),
-        ("{\"into\": {\"sessionId\": \"a\"}}\nnot json", "lines[1]"),
+        (
+            "{\"into\": {\"sessionId\": \"a\"}}\nnot json",
+            "parts[0].lines[1]",
+        ),
         (
             "{\"into\": {\"sessionId\": \"a\"}}\n{\"state\": {\"key\": \"\", \"value\": 1}}",
-            "lines[1].state.key",
+            "parts[0].lines[1].state.key",
         ),
         (
             "{\"into\": {\"sessionId\": \"a\"}}\n{\"entry\": {\"label\": \"nope\", \"key\": \"k\", \"content\": \"c\"}}",
-            "parts[0].lines[0].entry.label",
+            "parts[0].lines[1].entry.label",
         ),
     ] {
         let refused = import(bad).await;
         assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{bad}");
         let message = refused.json["error"]["message"].as_str().unwrap();
-        assert!(message.contains(field), "{message} should name {field}");
+        let named = format!("invalid `{field}`");
+        assert!(message.starts_with(&named), "{message} should name {field}");
     }
 }

@@ -115,6 +115,7 @@ macro_rules! for_each_case {
             writes::import_under_a_missing_parent_keeps_the_link,
             writes::import_that_would_loop_is_refused,
             writes::imports_together_land_all_or_none,
+            writes::import_errors_name_the_documents_lines,
             writes::appends_can_never_close_a_loop_through_orphans,
             writes::delete_splices_children_onto_the_survivor,
             writes::bulk_delete_rewires_the_boundary_child,

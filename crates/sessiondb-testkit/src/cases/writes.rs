@@ -268,12 +268,12 @@ pub async fn imports_together_land_all_or_none<S: Store>(db: Db<S>) {
     };
     let part = |id: &str, if_leaf: Option<Option<&str>>, lines: Vec<ImportLine>| ImportPart {
         session_id: id.into(),
-        lines,
+        lines: lines.into(),
         condition: if_leaf.map(|leaf| WriteCondition::Leaf(leaf.map(str::to_owned))),
     };
     let new = |id: &str, lines: Vec<ImportLine>| ImportPart {
         session_id: id.into(),
-        lines,
+        lines: lines.into(),
         condition: Some(WriteCondition::Absent),
     };
     let mut sub = db.subscribe(FeedFilter::All);
@@ -369,7 +369,7 @@ pub async fn imports_together_land_all_or_none<S: Store>(db: Db<S>) {
         )
         .await;
     assert!(
-        matches!(&bad, Err(Error::Invalid(e)) if e.field.starts_with("parts[1].")),
+        matches!(&bad, Err(Error::Invalid(e)) if e.field == "parts[1].lines[0].state.key"),
         "{bad:?}"
     );
     assert_eq!(b.state("z").await.unwrap(), Some(json!(2)));
@@ -391,6 +391,54 @@ pub async fn imports_together_land_all_or_none<S: Store>(db: Db<S>) {
             if session_id == "c" && matches!(**error, Error::Store(StoreError::SessionExists))),
         "{again:?}"
     );
+}
+
+/// Every refusal of an import line names it as the document numbers it (0-based, blank lines
+/// counted), whichever check refuses it: parsing or planning the write.
+pub async fn import_errors_name_the_documents_lines<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    fn field_of<T: std::fmt::Debug>(result: Result<T, Error>) -> String {
+        match result {
+            Err(Error::Invalid(e)) => e.field,
+            other => panic!("expected a refusal: {other:?}"),
+        }
+    }
+    let message = r#"{"message": {"id": "m", "role": "user", "content": "hi"}}"#;
+    let refusals = [
+        (r#"{"state": {"key": "", "value": 1}}"#, "state.key"),
+        (
+            r#"{"compaction": {"id": "c", "summary": "a\u0000", "fromMessageId": "m", "toMessageId": "m", "createdAt": 1}}"#,
+            "compaction.summary",
+        ),
+        (
+            r#"{"entry": {"label": "nowhere", "key": "k", "content": "x"}}"#,
+            "entry.label",
+        ),
+        (
+            r#"{"block": {"label": "b", "kind": "skill", "content": "x"}}"#,
+            "block.content",
+        ),
+        (
+            r#"{"message": {"role": "user", "content": 5}}"#,
+            "message.content",
+        ),
+    ];
+    for (line, field) in refusals {
+        let document = format!("{message}\n\n{line}\n");
+        let err = match sessiondb::parse_import(&document) {
+            Ok(lines) => field_of(s.import_lines(lines).await),
+            Err(e) => e.field,
+        };
+        assert_eq!(err, format!("lines[2].{field}"), "{line}");
+        let parts = format!("{{\"into\": {{\"sessionId\": \"t\"}}}}\n{document}");
+        let err = match sessiondb::parse_import_parts(&parts) {
+            Ok(parts) => field_of(db.import_together("", parts).await),
+            Err(e) => e.field,
+        };
+        assert_eq!(err, format!("parts[0].lines[3].{field}"), "{line}");
+    }
+    assert!(s.info().await.unwrap().is_none(), "nothing written");
+    assert!(db_session(&db, "t").info().await.unwrap().is_none());
 }
 
 pub async fn import_that_would_loop_is_refused<S: Store>(db: Db<S>) {
