@@ -59,6 +59,10 @@ pub enum PgError {
     Pool(String),
     #[error("bad connection string: {0}")]
     Config(String),
+    /// A migration failed (and was rolled back): its number and the database's reason, say a
+    /// role that may not create the extension it needs.
+    #[error("migrating the database to schema {version}: {reason}")]
+    Migration { version: i64, reason: String },
     #[error("the database schema version {found} is newer than this build supports ({supported})")]
     SchemaTooNew { found: i64, supported: i64 },
     #[error("cannot start the store's runtime: {0}")]

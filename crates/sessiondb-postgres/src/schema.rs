@@ -8,6 +8,7 @@ use crate::PgError;
 const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_branch_points.sql"),
+    include_str!("../migrations/0003_unaccent.sql"),
 ];
 
 /// The schema version this build writes and reads.
@@ -43,10 +44,16 @@ pub async fn migrate(client: &mut Client) -> Result<i64, PgError> {
         });
     }
     for (index, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
-        tx.batch_execute(sql).await?;
+        let version = index as i64 + 1;
+        tx.batch_execute(sql)
+            .await
+            .map_err(|e| PgError::Migration {
+                version,
+                reason: PgError::from(e).to_string(),
+            })?;
         tx.execute(
             "INSERT INTO sessiondb_schema (version) VALUES ($1)",
-            &[&(index as i64 + 1)],
+            &[&version],
         )
         .await?;
     }

@@ -114,3 +114,85 @@ async fn connection_failures_name_their_reason_once() {
     );
     assert!(malformed.contains("port"), "{malformed}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_3_folds_the_accents_of_rows_written_before_it() {
+    let cluster = cluster();
+    let url = cluster.url();
+    let db = sessiondb::Db::new(PgStore::connect(&url, 1).await.unwrap());
+    let session = db.session("s").unwrap();
+    let message = sessiondb_testkit::text("m", "user", "Un café crème");
+    session.append(message, Default::default()).await.unwrap();
+    let context = session.context();
+    let spec = sessiondb::BlockSpec {
+        kind: sessiondb::BlockKind::Search,
+        description: None,
+        max_tokens: None,
+        content: String::new(),
+    };
+    context.define("kb", spec).await.unwrap();
+    context
+        .put_entry("kb", "k", "Crème brûlée", None)
+        .await
+        .unwrap();
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    // The store as schema 2 left it: vectors of the accented words as written.
+    client
+        .batch_execute(
+            "ALTER TEXT SEARCH CONFIGURATION sessiondb_search
+                 ALTER MAPPING FOR word, hword, hword_part WITH sessiondb_stem;
+             UPDATE messages SET search_text = search_text;
+             UPDATE context_entries SET content = content;
+             DELETE FROM sessiondb_schema WHERE version = 3;",
+        )
+        .await
+        .unwrap();
+    let found = |db: sessiondb::Db<PgStore>| async move {
+        let session = db.session("s").unwrap();
+        let hits = session.search("cafe", 10).await.unwrap();
+        let args = serde_json::json!({"label": "kb", "query": "creme brulee"});
+        let entries = session.context().execute("search_context", &args).await;
+        (hits.len(), entries)
+    };
+    assert_eq!(found(db).await, (0, "No results found.".to_owned()));
+
+    let migrated = PgStore::connect(&url, 1).await.unwrap();
+    assert_eq!(migrated.schema_version().await.unwrap(), SCHEMA_VERSION);
+    let (hits, entries) = found(sessiondb::Db::new(migrated)).await;
+    assert_eq!((hits, entries.as_str()), (1, "[k]\nCrème brûlée"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_that_may_not_create_the_extension_is_told_why() {
+    let cluster = cluster();
+    let (client, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    // May create tables in the schema, not extensions in the database.
+    client
+        .batch_execute(
+            "CREATE ROLE app LOGIN;
+             GRANT CREATE ON SCHEMA public TO app;",
+        )
+        .await
+        .unwrap();
+    let url = cluster.url().replacen("postgres@", "app@", 1);
+    let refused = PgStore::connect(&url, 1).await.unwrap_err().to_string();
+    assert!(
+        refused.starts_with("migrating the database to schema 3: ")
+            && refused.contains("permission denied to create extension \"unaccent\"")
+            && refused.contains("Must have CREATE privilege on current database"),
+        "{refused}"
+    );
+    // Created by a role that may, the extension is there and the migration goes on.
+    client
+        .batch_execute("CREATE EXTENSION unaccent")
+        .await
+        .unwrap();
+    let store = PgStore::connect(&url, 1).await.unwrap();
+    assert_eq!(store.schema_version().await.unwrap(), SCHEMA_VERSION);
+}

@@ -548,6 +548,15 @@ pub async fn search_blocks_search_their_own_entries<S: Store>(db: Db<S>) {
         "[tides]\nTides follow the moon."
     );
     assert_eq!(search("kb", "cheese").await, "No results found.");
+    context
+        .put_entry("faq", "dessert", "Crème brûlée needs a torch.", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        search("faq", "creme brulee").await,
+        "[dessert]\nCrème brûlée needs a torch.",
+        "accents fold"
+    );
     assert_eq!(
         search("memory", "moon").await,
         "Error: \"memory\" is not searchable. Searchable blocks: kb, faq"

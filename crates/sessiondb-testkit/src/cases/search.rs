@@ -31,6 +31,33 @@ pub async fn search_finds_earlier_messages_with_stemming<S: Store>(db: Db<S>) {
     assert_eq!(ids_of(&s.search("running", 20).await.unwrap()), ["m1"]);
 }
 
+/// Accents fold both ways, as someone typing without them expects, in a session's search and a
+/// namespace's.
+pub async fn search_folds_diacritics<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    for (id, words) in [
+        ("m1", "Un café crème, naïve señor"),
+        ("m2", "A cafe in Zurich"),
+    ] {
+        s.append(text(id, "user", words), AppendOptions::default())
+            .await
+            .unwrap();
+    }
+    for (query, found) in [
+        ("cafe", &["m1", "m2"][..]),
+        ("CAFÉ", &["m1", "m2"]),
+        ("naive senor", &["m1"]),
+        ("naïve", &["m1"]),
+        ("Zürich", &["m2"]),
+    ] {
+        let mut ids = ids_of(&s.search(query, 20).await.unwrap());
+        ids.sort();
+        assert_eq!(ids, found, "{query}");
+    }
+    let everywhere = db.search_all("", None, "creme", 20).await.unwrap();
+    assert_eq!(ids_of(&everywhere), ["m1"]);
+}
+
 fn ids_of(hits: &[sessiondb::SearchHit]) -> Vec<String> {
     hits.iter().map(|h| h.id.clone()).collect()
 }
