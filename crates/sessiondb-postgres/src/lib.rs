@@ -233,10 +233,14 @@ impl PgStore {
         let mut client = pool.get().await?;
         migrate(&mut client).await?;
         let (epoch, position) = feed::counter(&client).await?;
+        // The feed starts holding the newest events the table keeps, as an instance that had
+        // been running would: a subscriber whose instance went away (or a whole fleet
+        // restarted by a deploy) resumes here instead of starting over.
+        let held = config.feed_retain.min(feed::TABLE_RETAIN as usize) as u64;
+        let feed = ChangeFeed::new(config.feed_buffer, config.feed_retain, epoch);
+        let sync = FeedSync::new(feed.starting_after(position.saturating_sub(held)));
+        sync.catch_up(&client).await?;
         drop(client);
-        let sync = FeedSync::new(
-            ChangeFeed::new(config.feed_buffer, config.feed_retain, epoch).starting_after(position),
-        );
         let follower = runtime.spawn(feed::follow(pg_config, pool.clone(), sync.clone()));
         Ok(Self {
             inner: Arc::new(Inner {

@@ -93,3 +93,48 @@ fn a_database_outage_is_unavailable_and_passes() {
         assert_eq!(ids, ["before", "after"]);
     });
 }
+
+/// An instance that starts holds the newest events the table keeps, so a subscriber of one
+/// that went away resumes on it from its last position, as far back as the window reaches.
+#[test]
+fn a_started_instance_resumes_subscribers_from_the_table() {
+    use futures::StreamExt;
+    use sessiondb::{FeedFilter, FeedItem, Store};
+    let cluster = TempCluster::start()
+        .unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e}"));
+    let gone = instance(&cluster.url());
+    let mut seen = gone.subscribe(FeedFilter::All);
+    let positions: Vec<u64> = futures::executor::block_on(async {
+        let mut positions = Vec::new();
+        for i in 0..5 {
+            say(&gone, &format!("m{i}")).await;
+            match seen.next().await {
+                Some(FeedItem::Event(event)) => positions.push(event.position),
+                other => panic!("{other:?}"),
+            }
+        }
+        positions
+    });
+    drop((seen, gone));
+
+    let config = PgConfig {
+        feed_retain: 3,
+        ..PgConfig::default()
+    };
+    let started = PgStore::connect_blocking(&cluster.url(), config).unwrap();
+    let mut resumed = started
+        .subscribe_after(FeedFilter::All, positions[1])
+        .expect("positions[1] is within the newest 3");
+    let replayed: Vec<u64> = std::iter::from_fn(|| match resumed.try_next() {
+        Some(FeedItem::Event(event)) => Some(event.position),
+        _ => None,
+    })
+    .collect();
+    assert_eq!(replayed, positions[2..]);
+    assert!(
+        started
+            .subscribe_after(FeedFilter::All, positions[0])
+            .is_none(),
+        "older than the window: refused, so the subscriber knows to start over"
+    );
+}
