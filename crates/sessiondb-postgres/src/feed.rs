@@ -7,6 +7,11 @@
 //! its own writes right after they commit (first reading any earlier positions it has not
 //! published from the table), and other instances' writes when a notification — or, in case one
 //! is lost, a periodic tick — makes it read the rows after the last position it published.
+//!
+//! Events that record no write (a compaction run's status, a failed auto-compaction) take no
+//! position: the announcing instance delivers them to its own live subscribers at once and
+//! sends them to the others on [`ANNOUNCE_CHANNEL`], which deliver them to theirs after the
+//! writes the announcer had published before them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +30,9 @@ use crate::sql::{Result, backend_error, exec, get, row, rows};
 
 /// The notification channel: its payload is the last position a transaction wrote.
 pub(crate) const CHANNEL: &str = "sessiondb_feed";
+
+/// The channel of announcements; its payload is [`announcement`]'s.
+pub(crate) const ANNOUNCE_CHANNEL: &str = "sessiondb_announce";
 
 /// How often an instance looks for events it was not notified of.
 pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(500);
@@ -99,6 +107,54 @@ fn encode(change: &Change) -> Encoded {
         kind: change.name(),
         meta: meta.to_string(),
         message: message.map(|m| m.json().to_owned()),
+    }
+}
+
+/// An announcement as sent to other instances: the announcing instance, the last position it
+/// had published (receivers publish up to there first), the session and the event.
+pub(crate) fn announcement(instance: u64, after: u64, key: &SessionKey, change: &Change) -> String {
+    let Encoded { kind, meta, .. } = encode(change);
+    json!({
+        "from": instance, "after": after, "namespace": key.namespace,
+        "sessionId": key.session_id, "kind": kind, "meta": meta,
+    })
+    .to_string()
+}
+
+/// An [`announcement`] received.
+struct Announced {
+    from: u64,
+    after: u64,
+    key: SessionKey,
+    change: Change,
+}
+
+fn parse_announcement(payload: &str) -> Result<Announced> {
+    let v: Value = serde_json::from_str(payload).map_err(|e| corrupt(&e.to_string()))?;
+    let number = |field| v[field].as_u64().ok_or_else(|| corrupt(field));
+    Ok(Announced {
+        from: number("from")?,
+        after: number("after")?,
+        key: SessionKey {
+            namespace: text(&v, "namespace")?,
+            session_id: text(&v, "sessionId")?,
+        },
+        change: decode(&text(&v, "kind")?, &text(&v, "meta")?, None)?,
+    })
+}
+
+/// Sends this instance's announcements to the others, in order, until the store is dropped.
+/// Best effort, as the announcements are: one the database cannot take (unreachable, or a
+/// payload over PostgreSQL's 8,000 bytes) reaches this instance's subscribers only.
+pub(crate) async fn announce_to_others(
+    pool: deadpool_postgres::Pool,
+    mut queue: tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    while let Some(payload) = queue.recv().await {
+        if let Ok(client) = pool.get().await {
+            let notify = "SELECT pg_notify($1, $2)";
+            let _ = exec(&client, notify, &[&ANNOUNCE_CHANNEL, &payload]).await;
+        }
     }
 }
 
@@ -335,19 +391,27 @@ impl FeedSync {
     }
 }
 
-/// Follows other instances' writes until the store is dropped: LISTENs on a dedicated
-/// connection and catches up on every notification and every [`POLL_INTERVAL`].
+/// What the listening connection heard.
+enum Heard {
+    /// The last position a committed transaction took.
+    Committed(u64),
+    Announced(String),
+}
+
+/// Follows other instances' writes and announcements until the store is dropped: LISTENs on a
+/// dedicated connection and catches up on every notification and every [`POLL_INTERVAL`];
+/// delivers the announcements of instances other than `instance` after catching up to them.
 pub(crate) async fn follow(
     config: tokio_postgres::Config,
     pool: deadpool_postgres::Pool,
     sync: Arc<FeedSync>,
+    instance: u64,
 ) {
     let mut analyzed = false;
     let mut upkept = std::time::Instant::now();
     let mut pruned = std::time::Instant::now();
     loop {
-        // Each notification carries the last position its transaction took.
-        let (wake_tx, mut wake) = tokio::sync::mpsc::unbounded_channel::<u64>();
+        let (wake_tx, mut wake) = tokio::sync::mpsc::unbounded_channel::<Heard>();
         let listening = async {
             let (client, mut connection) = config
                 .connect(tokio_postgres::NoTls)
@@ -357,12 +421,17 @@ pub(crate) async fn follow(
                 let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
                 while let Some(Ok(message)) = futures::StreamExt::next(&mut messages).await {
                     if let tokio_postgres::AsyncMessage::Notification(note) = message {
-                        let _ = wake_tx.send(note.payload().parse().unwrap_or(u64::MAX));
+                        let heard = if note.channel() == ANNOUNCE_CHANNEL {
+                            Heard::Announced(note.payload().to_owned())
+                        } else {
+                            Heard::Committed(note.payload().parse().unwrap_or(u64::MAX))
+                        };
+                        let _ = wake_tx.send(heard);
                     }
                 }
             });
             client
-                .batch_execute(&format!("LISTEN {CHANNEL}"))
+                .batch_execute(&format!("LISTEN {CHANNEL}; LISTEN {ANNOUNCE_CHANNEL}"))
                 .await
                 .map_err(backend_error)?;
             Ok::<_, StoreError>((client, driver))
@@ -373,35 +442,51 @@ pub(crate) async fn follow(
             continue;
         };
         loop {
-            let newest = match tokio::time::timeout(POLL_INTERVAL, wake.recv()).await {
+            let mut heard = Vec::new();
+            match tokio::time::timeout(POLL_INTERVAL, wake.recv()).await {
                 Ok(None) => break, // the listening connection closed: listen anew
-                Ok(Some(position)) => {
-                    let mut newest = position;
-                    while let Ok(position) = wake.try_recv() {
-                        newest = newest.max(position);
+                Ok(Some(first)) => {
+                    heard.push(first);
+                    while let Ok(more) = wake.try_recv() {
+                        heard.push(more);
                     }
-                    Some(newest)
                 }
-                Err(_) => None,
-            };
-            let upkeep_due = upkept.elapsed() >= POLL_INTERVAL;
-            // This instance's own writes are published by their writers already.
-            if !upkeep_due && newest.is_some_and(|n| n <= sync.feed.position()) {
-                continue;
+                Err(_) => {}
             }
-            let Ok(client) = pool.get().await else {
-                continue;
-            };
-            let _ = sync.catch_up(&client).await;
-            if upkeep_due {
-                upkept = std::time::Instant::now();
-                if !analyzed {
-                    analyzed = planner::analyze_if_missing(&client).await.unwrap_or(false);
+            let timed_out = heard.is_empty();
+            let mut newest = None;
+            let mut announced = Vec::new();
+            for note in heard {
+                match note {
+                    Heard::Committed(position) => newest = newest.max(Some(position)),
+                    Heard::Announced(payload) => match parse_announcement(&payload) {
+                        Ok(a) if a.from != instance => announced.push(a),
+                        _ => {}
+                    },
                 }
-                if pruned.elapsed() >= PRUNE_INTERVAL {
-                    pruned = std::time::Instant::now();
-                    let _ = prune(&client).await;
+            }
+            let published = sync.feed.position();
+            // This instance's own writes are published by their writers already.
+            let behind = newest.is_some_and(|n| n > published)
+                || announced.iter().any(|a| a.after > published);
+            let upkeep_due = upkept.elapsed() >= POLL_INTERVAL;
+            if (timed_out || behind || upkeep_due)
+                && let Ok(client) = pool.get().await
+            {
+                let _ = sync.catch_up(&client).await;
+                if upkeep_due {
+                    upkept = std::time::Instant::now();
+                    if !analyzed {
+                        analyzed = planner::analyze_if_missing(&client).await.unwrap_or(false);
+                    }
+                    if pruned.elapsed() >= PRUNE_INTERVAL {
+                        pruned = std::time::Instant::now();
+                        let _ = prune(&client).await;
+                    }
                 }
+            }
+            for a in announced {
+                sync.feed.notify(a.key, a.change);
             }
         }
         driver.abort();
@@ -503,10 +588,21 @@ mod tests {
                 },
             },
         ];
+        let key = SessionKey {
+            namespace: "ns".into(),
+            session_id: "s \"1\"".into(),
+        };
         for change in changes {
             let e = encode(&change);
             assert_eq!(e.kind, change.name());
             assert_eq!(decode(e.kind, &e.meta, e.message).unwrap(), change);
+            // What announcements carry (events without a message) survives a notification.
+            if matches!(change, Change::Error { .. } | Change::Status { .. }) {
+                let heard = parse_announcement(&announcement(u64::MAX, 9, &key, &change));
+                let heard = heard.unwrap();
+                assert_eq!((heard.from, heard.after), (u64::MAX, 9));
+                assert_eq!((heard.key, heard.change), (key.clone(), change));
+            }
         }
         assert!(decode("append", "{}", None).is_err());
         assert!(decode("nonsense", "{}", None).is_err());

@@ -146,6 +146,10 @@ struct Inner {
     pool: Pool,
     sync: Arc<FeedSync>,
     epoch: u64,
+    /// Tells this store's announcements apart from other instances' (random per store).
+    instance: u64,
+    /// This store's announcements, in order, for other instances (`feed::announce_to_others`).
+    announcer: tokio::sync::mpsc::UnboundedSender<String>,
     runtime: Handle,
     follower: tokio::task::JoinHandle<()>,
     bulk_analyze: planner::BulkAnalyze,
@@ -241,12 +245,22 @@ impl PgStore {
         let sync = FeedSync::new(feed.starting_after(position.saturating_sub(held)));
         sync.catch_up(&client).await?;
         drop(client);
-        let follower = runtime.spawn(feed::follow(pg_config, pool.clone(), sync.clone()));
+        let instance = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), epoch);
+        let follower = runtime.spawn(feed::follow(
+            pg_config,
+            pool.clone(),
+            sync.clone(),
+            instance,
+        ));
+        let (announcer, announcements) = tokio::sync::mpsc::unbounded_channel();
+        runtime.spawn(feed::announce_to_others(pool.clone(), announcements));
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
                 sync,
                 epoch,
+                instance,
+                announcer,
                 runtime,
                 follower,
                 bulk_analyze: planner::BulkAnalyze::default(),
@@ -727,10 +741,14 @@ impl Store for PgStore {
         self.inner.sync.feed.subscribe(filter)
     }
 
-    /// Delivered to this instance's live subscribers only: the event records no write, so it
-    /// takes no feed position and is not shared with other instances.
+    /// Delivered to this instance's live subscribers at once and to other instances' through
+    /// a notification: the event records no write, so it takes no feed position and cannot be
+    /// resumed from.
     fn announce(&self, key: &SessionKey, change: Change) {
-        self.inner.sync.feed.notify(key.clone(), change);
+        let (inner, feed) = (&self.inner, &self.inner.sync.feed);
+        let payload = feed::announcement(inner.instance, feed.position(), key, &change);
+        feed.notify(key.clone(), change);
+        let _ = inner.announcer.send(payload);
     }
 
     /// Resumes within the events this instance holds in memory (from every instance, since it

@@ -138,3 +138,52 @@ fn a_started_instance_resumes_subscribers_from_the_table() {
         "older than the window: refused, so the subscriber knows to start over"
     );
 }
+
+/// A compaction run on one instance is announced to the subscribers of another too, after the
+/// writes that came before it there and around the compaction it stored.
+#[test]
+fn compaction_status_reaches_every_instance_in_order() {
+    use futures::StreamExt;
+    use sessiondb::{Change, CompactionPhase, FeedFilter, FeedItem};
+    let cluster = TempCluster::start()
+        .unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e}"));
+    let (a, b) = (instance(&cluster.url()), instance(&cluster.url()));
+    let (mut watching, mut own) = (b.subscribe(FeedFilter::All), a.subscribe(FeedFilter::All));
+    let name = |change: &Change| match change {
+        Change::Status { status } if status.phase == CompactionPhase::Compacting => "compacting",
+        Change::Status { .. } => "idle",
+        other => other.name(),
+    };
+    let timer = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    timer.block_on(async {
+        for i in 0..8 {
+            say(&a, &format!("m{i}")).await;
+        }
+        let stored = a.session("s").unwrap().compact(None).await.unwrap();
+        assert!(stored.is_some());
+        let mut seen = Vec::new();
+        let deadline = std::time::Duration::from_secs(10);
+        while !seen.ends_with(&["idle"]) {
+            let next = tokio::time::timeout(deadline, watching.next()).await;
+            let Ok(Some(FeedItem::Event(event))) = next else {
+                panic!("after {seen:?}: {next:?}");
+            };
+            seen.push(name(&event.change));
+        }
+        let appends = ["append"; 8];
+        let expected = [&appends[..], &["compacting", "compact", "idle"]].concat();
+        assert_eq!(seen, expected);
+        // The announcing instance's subscribers got each announcement once, though it hears
+        // its own notifications too.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let own: Vec<_> = std::iter::from_fn(|| match own.try_next() {
+            Some(FeedItem::Event(event)) => Some(name(&event.change)),
+            _ => None,
+        })
+        .collect();
+        assert_eq!(own, expected);
+    });
+}
