@@ -115,8 +115,14 @@ enum Command {
     Vacuum,
     /// Check the embedded store: SQLite's integrity check of every page, then the store's own
     /// invariants (every message has its session, parent links, each session's counts and
-    /// leaf, attachments). Prints `{"problems": [...]}`; fails when there is one.
-    Check,
+    /// leaf, attachments); with --database, those invariants of a PostgreSQL store. Prints
+    /// `{"problems": [...]}`; fails when there is one.
+    Check {
+        /// PostgreSQL connection string: check this shared database instead (servers may go on
+        /// serving from it; the check reads one snapshot).
+        #[arg(long, env = "SESSIONDB_DATABASE", hide_env_values = true)]
+        database: Option<String>,
+    },
     /// Delete a session with its messages, compactions, state and context (there is no undo);
     /// with `--idle-for` instead, every session of the namespace not written for that long.
     Delete {
@@ -201,7 +207,7 @@ impl Command {
             | Command::Export { remote, .. } => remote,
             Command::Backup { .. }
             | Command::Vacuum
-            | Command::Check
+            | Command::Check { .. }
             | Command::Serve(_)
             | Command::Migrate { .. } => return None,
         };
@@ -237,6 +243,26 @@ fn migrate(url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn check_postgres(url: &str, out: &mut impl Write) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let problems = runtime
+        .block_on(sessiondb_postgres::check_database(url))
+        .context("checking the PostgreSQL database")?;
+    report_problems(problems, out)
+}
+
+/// Prints `{"problems": [...]}`; fails when there is one.
+fn report_problems(problems: Vec<String>, out: &mut impl Write) -> anyhow::Result<()> {
+    writeln!(out, "{}", serde_json::json!({ "problems": problems }))?;
+    if !problems.is_empty() {
+        bail!("the store has {} problems", problems.len());
+    }
+    Ok(())
+}
+
 fn open(data: &Option<PathBuf>) -> anyhow::Result<Db<SqliteStore>> {
     let dir = data.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DATA));
     Db::open(&dir).with_context(|| format!("opening {}", dir.display()))
@@ -259,8 +285,12 @@ fn run_command(cli: Cli) -> anyhow::Result<()> {
     if let Command::Serve(args) = cli.command {
         return serve::run(serve::resolve(*args, cli.data)?);
     }
-    if let Command::Migrate { database } = &cli.command {
-        return migrate(database);
+    match &cli.command {
+        Command::Migrate { database } => return migrate(database),
+        Command::Check {
+            database: Some(database),
+        } => return check_postgres(database, &mut std::io::stdout()),
+        _ => {}
     }
     let remote = cli.command.remote();
     if remote.is_some() && !cli.namespace.is_empty() {
@@ -288,7 +318,7 @@ fn run_command(cli: Cli) -> anyhow::Result<()> {
                     "a running server holds this store: send it SIGUSR2 (`kill -USR2 <pid>`) \
                      to vacuum it while it serves",
                 ),
-                Command::Check => error.context(
+                Command::Check { .. } => error.context(
                     "a running server holds this store: check a backup of it (SIGUSR1), or \
                      stop it first",
                 ),
@@ -442,14 +472,9 @@ async fn run(
             writeln!(out, "{sizes}")?;
             Ok(())
         }
-        Command::Check => {
+        Command::Check { .. } => {
             let db = db.context("no database open")?;
-            let problems = db.store().check()?;
-            writeln!(out, "{}", serde_json::json!({ "problems": problems }))?;
-            if !problems.is_empty() {
-                bail!("the store has {} problems", problems.len());
-            }
-            Ok(())
+            report_problems(db.store().check()?, &mut out)
         }
         Command::Serve(_) | Command::Migrate { .. } => unreachable!("handled above"),
     }

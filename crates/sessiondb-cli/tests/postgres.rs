@@ -621,6 +621,14 @@ async fn a_store_moves_from_sqlite_to_postgresql_session_by_session() {
         again.contains(r#"{"session":"support","imported":1,"skipped":5}"#),
         "{again}"
     );
+    // Both stores check sound, the moved one beside its running server.
+    let database = cluster.url();
+    for args in [
+        ["--data", data, "check"],
+        ["check", "--database", &database],
+    ] {
+        assert_eq!(cli(&args), "{\"problems\":[]}\n", "{args:?}");
+    }
 
     let headless = source.path().join("headless.ndjson");
     std::fs::write(

@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod attachments;
+pub mod check;
 pub mod chunk;
 pub mod compaction;
 pub mod context;

@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 mod attachments;
+mod check;
 pub mod cluster;
 mod context;
 mod feed;
@@ -180,6 +181,41 @@ pub async fn migrate_database(url: &str) -> Result<(i64, i64), PgError> {
     drop(client);
     let _ = driver.await;
     Ok((found?, SCHEMA_VERSION))
+}
+
+/// Connects to `url` once and checks the store's own invariants (every message has its session,
+/// parent links, each session's counts and leaf, attachments) in one read-only snapshot, as
+/// the embedded store's check does after SQLite's page check (PostgreSQL's own pages and
+/// indexes are `amcheck`'s). Every problem in words; none for a sound store. Migrates nothing
+/// (a schema newer than this build's is refused); scans every table, beside any servers.
+pub async fn check_database(url: &str) -> Result<Vec<String>, PgError> {
+    let config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e: tokio_postgres::Error| PgError::Config(describe(&e)))?;
+    let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+    let pool = Pool::builder(manager)
+        .max_size(1)
+        .build()
+        .map_err(|e| PgError::Config(describe(&e)))?;
+    let mut client = pool.get().await?;
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?;
+    let found: Option<i64> = tx
+        .query_one("SELECT max(version) FROM sessiondb_schema", &[])
+        .await?
+        .get(0);
+    let found = found.unwrap_or(0);
+    if found > SCHEMA_VERSION {
+        return Err(PgError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    Ok(check::problems(&tx).await?)
 }
 
 impl PgStore {

@@ -1,7 +1,7 @@
 //! The schema on a real, throw-away PostgreSQL cluster started by the test itself.
 
 use sessiondb_postgres::cluster::TempCluster;
-use sessiondb_postgres::{PgStore, SCHEMA_VERSION};
+use sessiondb_postgres::{PgStore, SCHEMA_VERSION, check_database};
 
 fn cluster() -> TempCluster {
     TempCluster::start().unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e}"))
@@ -195,4 +195,35 @@ async fn a_role_that_may_not_create_the_extension_is_told_why() {
         .unwrap();
     let store = PgStore::connect(&url, 1).await.unwrap();
     assert_eq!(store.schema_version().await.unwrap(), SCHEMA_VERSION);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_passes_a_sound_store_and_names_what_a_hand_edit_broke() {
+    let cluster = cluster();
+    let url = cluster.url();
+    let db = sessiondb::Db::new(PgStore::connect(&url, 2).await.unwrap());
+    sessiondb_testkit::fill_for_check(&db).await;
+    assert_eq!(check_database(&url).await.unwrap(), Vec::<String>::new());
+
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(
+            "UPDATE sessions SET stored_messages = stored_messages + 1, next_seq = 2
+              WHERE id = 'a';
+             UPDATE sessions SET leaf_id = 'gone' WHERE id = 'b';
+             UPDATE messages SET parent_id = 'o' WHERE id = 'o';
+             DELETE FROM attachment_chunks;
+             INSERT INTO messages (namespace, session_id, seq, id, role, content, content_chunks,
+                                   bytes, token_estimate, content_hash, created_at)
+                  VALUES ('', 'nowhere', 1, 'stray', 'user', '{}', 0, 2, 1, '\\x00', 1);",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        check_database(&url).await.unwrap(),
+        sessiondb_testkit::CHECK_PROBLEMS
+    );
 }

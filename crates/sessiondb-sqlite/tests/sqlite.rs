@@ -1753,35 +1753,7 @@ fn vacuum_shrinks_the_file_after_deletes_and_keeps_what_is_left() {
 fn check_passes_a_sound_store_and_names_what_a_hand_edit_broke() {
     let dir = tempfile::tempdir().unwrap();
     let db = open(dir.path());
-    let url = format!(
-        "data:image/png;base64,{}",
-        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [7u8; 2_000])
-    );
-    block_on(async {
-        let a = db.session("a").unwrap();
-        for id in ["m1", "m2", "m3"] {
-            let m = Message::text("user", format!("text {id}")).with_id(id);
-            a.append(m, AppendOptions::default()).await.unwrap();
-        }
-        let branch = AppendOptions {
-            parent: sessiondb::Parent::Id("m1".into()),
-            ..Default::default()
-        };
-        a.append(Message::text("user", "branch").with_id("x"), branch)
-            .await
-            .unwrap();
-        a.delete(&["m2".to_owned()]).await.unwrap();
-        let picture = Message::from_value(serde_json::json!({"id": "p", "role": "user", "parts": [
-            {"type": "file", "mediaType": "image/png", "url": url}]}))
-        .unwrap();
-        a.append(picture, AppendOptions::default()).await.unwrap();
-        let b = db.session_in("ns", "b").unwrap();
-        let lines = sessiondb::parse_import(
-            r#"{"message": {"id": "o", "role": "user", "content": "orphan"}, "parentId": "later"}"#,
-        )
-        .unwrap();
-        b.import_lines(lines).await.unwrap();
-    });
+    block_on(sessiondb_testkit::fill_for_check(&db));
     assert_eq!(db.store().check().unwrap(), Vec::<String>::new());
     drop(db);
 
@@ -1798,13 +1770,5 @@ fn check_passes_a_sound_store_and_names_what_a_hand_edit_broke() {
     .unwrap();
     drop(conn);
     let problems = open(dir.path()).store().check().unwrap();
-    let expected = [
-        "1 messages belong to no session",
-        "1 messages name a parent in their session without linking to it",
-        "1 attachment payloads have no reference or not all their chunks",
-        "session `a` counts 5 messages and holds 4",
-        "session `a` would give seq 2 again (its highest is 5)",
-        "session `b` of namespace `ns` has active leaf `gone` at seq Some(1), where no such message is",
-    ];
-    assert_eq!(problems, expected);
+    assert_eq!(problems, sessiondb_testkit::CHECK_PROBLEMS);
 }

@@ -175,3 +175,37 @@ pub async fn fill_range<S: Store>(
             .unwrap();
     }
 }
+
+/// A store for a check to find sound: session `a` (a branch, a deleted message, a picture
+/// stored as an attachment) and session `b` of namespace `ns` (an orphan waiting for its
+/// parent). Broken as [`CHECK_PROBLEMS`] says, a check reports exactly those.
+pub async fn fill_for_check<S: Store>(db: &Db<S>) {
+    let a = db.session("a").unwrap();
+    chain(&a, &["m1", "m2", "m3"]).await;
+    a.append(text("x", "user", "branch"), under("m1"))
+        .await
+        .unwrap();
+    a.delete(&["m2".to_owned()]).await.unwrap();
+    let picture = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [7u8; 2_000]);
+    let picture = Message::from_value(serde_json::json!({"id": "p", "role": "user", "parts": [
+        {"type": "file", "mediaType": "image/png", "url": format!("data:image/png;base64,{picture}")}]}))
+    .unwrap();
+    a.append(picture, AppendOptions::default()).await.unwrap();
+    let b = db.session_in("ns", "b").unwrap();
+    b.import(text("o", "user", "orphan"), imported(Some("later"), 1))
+        .await
+        .unwrap();
+}
+
+/// What a check reports of the store of [`fill_for_check`] after each backend's SQL, as a hand
+/// edit could, adds one to `a`'s stored messages and sets its next seq to 2, points `b`'s leaf
+/// at `gone`, makes the orphan `o` name itself as parent, deletes every attachment chunk and
+/// inserts a message of session number (or id) that has no session.
+pub const CHECK_PROBLEMS: [&str; 6] = [
+    "1 messages belong to no session",
+    "1 messages name a parent in their session without linking to it",
+    "1 attachment payloads have no reference or not all their chunks",
+    "session `a` counts 5 messages and holds 4",
+    "session `a` would give seq 2 again (its highest is 5)",
+    "session `b` of namespace `ns` has active leaf `gone` at seq Some(1), where no such message is",
+];
