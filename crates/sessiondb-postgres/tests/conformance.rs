@@ -24,9 +24,26 @@ fn open() -> (Db<PgStore>, TempCluster) {
     (connect(&cluster, &cluster.url()), cluster)
 }
 
+/// A model case's database, checked when the case ends: whatever the random ops did,
+/// `check_database` finds nothing wrong.
+struct CheckedAtTheEnd(String);
+
+impl Drop for CheckedAtTheEnd {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let problems = runtime.block_on(sessiondb_postgres::check_database(&self.0));
+            assert_eq!(problems.unwrap(), Vec::<String>::new());
+        }
+    }
+}
+
 /// Many stores on one cluster, each in a new database copied from a migrated one (for tests
 /// that open a store per case).
-fn opener() -> impl Fn() -> (Db<PgStore>, ()) {
+fn opener() -> impl Fn() -> (Db<PgStore>, CheckedAtTheEnd) {
     let cluster = cluster();
     let create = |cluster: &TempCluster, name: &str, template: &str| {
         cluster
@@ -42,7 +59,7 @@ fn opener() -> impl Fn() -> (Db<PgStore>, ()) {
     move || {
         let case = cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let url = create(&cluster, &format!("case_{case}"), "migrated");
-        (connect(&cluster, &url), ())
+        (connect(&cluster, &url), CheckedAtTheEnd(url))
     }
 }
 
