@@ -46,7 +46,10 @@ fn store_agrees_with_the_tree_model() {
 #[test]
 fn attachments_round_trip_byte_exact() {
     sessiondb_testkit::cases::attachments::check_round_trips(
-        open_default,
+        || {
+            let (db, dir) = open_default();
+            (db.clone(), CheckedAtTheEnd(db, dir))
+        },
         std::env::var("ATTACHMENT_CASES")
             .ok()
             .and_then(|v| v.parse().ok())
