@@ -7,6 +7,16 @@ fn cluster() -> TempCluster {
     TempCluster::start().unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e}"))
 }
 
+/// A plain connection to `url`, for what the store never does (reading the catalog, breaking
+/// its rows).
+async fn raw(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_apply_once_even_when_instances_start_together() {
     let cluster = cluster();
@@ -24,10 +34,7 @@ async fn migrations_apply_once_even_when_instances_start_together() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_table_is_keyed_by_namespace_first() {
     let cluster = cluster();
-    let (client, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = raw(&cluster.url()).await;
     PgStore::connect(&cluster.url(), 1).await.unwrap();
     let keys = client
         .query(
@@ -68,10 +75,7 @@ async fn every_table_is_keyed_by_namespace_first() {
 async fn a_newer_schema_is_refused() {
     let cluster = cluster();
     PgStore::connect(&cluster.url(), 1).await.unwrap();
-    let (client, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = raw(&cluster.url()).await;
     client
         .execute(
             "INSERT INTO sessiondb_schema (version) VALUES ($1)",
@@ -135,10 +139,7 @@ async fn schema_3_folds_the_accents_of_rows_written_before_it() {
         .put_entry("kb", "k", "Crème brûlée", None)
         .await
         .unwrap();
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = raw(&url).await;
     // The store as schema 2 left it: vectors of the accented words as written.
     client
         .batch_execute(
@@ -168,10 +169,7 @@ async fn schema_3_folds_the_accents_of_rows_written_before_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_role_that_may_not_create_the_extension_is_told_why() {
     let cluster = cluster();
-    let (client, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = raw(&cluster.url()).await;
     // May create tables in the schema, not extensions in the database.
     client
         .batch_execute(
@@ -205,10 +203,7 @@ async fn check_passes_a_sound_store_and_names_what_a_hand_edit_broke() {
     sessiondb_testkit::fill_for_check(&db).await;
     assert_eq!(check_database(&url).await.unwrap(), Vec::<String>::new());
 
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = raw(&url).await;
     client
         .batch_execute(
             "UPDATE sessions SET stored_messages = stored_messages + 1, next_seq = 2
