@@ -187,3 +187,48 @@ fn compaction_status_reaches_every_instance_in_order() {
         assert_eq!(own, expected);
     });
 }
+
+/// A skill loaded through one instance (its result stored, as the agent does) is loaded on
+/// another that had read the session's skills before, and one unloaded there is unloaded here.
+#[test]
+fn skills_loaded_on_one_instance_are_loaded_on_another() {
+    use sessiondb::{BlockKind, BlockSpec};
+    let cluster = TempCluster::start()
+        .unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e}"));
+    let (a, b) = (instance(&cluster.url()), instance(&cluster.url()));
+    futures::executor::block_on(async {
+        let on_a = a.session("s").unwrap().context();
+        let skills = BlockSpec {
+            kind: BlockKind::Skill,
+            description: None,
+            max_tokens: None,
+            content: String::new(),
+        };
+        on_a.define("skills", skills).await.unwrap();
+        on_a.put_entry("skills", "review", "Read the diff twice.", None)
+            .await
+            .unwrap();
+        let on_b = b.session("s").unwrap().context();
+        assert!(on_b.loaded_skills().await.unwrap().is_empty());
+
+        let args = serde_json::json!({"label": "skills", "key": "review"});
+        let output = on_a.execute("load_context", &args).await;
+        assert_eq!(output, "Read the diff twice.");
+        let part = serde_json::json!({"type": "tool-load_context", "toolCallId": "call-1",
+                                      "state": "output-available", "input": args,
+                                      "output": output});
+        let stored = serde_json::json!({"id": "t1", "role": "assistant", "parts": [part]});
+        let stored = Message::from_value(stored).unwrap();
+        let session = a.session("s").unwrap();
+        session
+            .append(stored, AppendOptions::default())
+            .await
+            .unwrap();
+        let loaded = on_b.loaded_skills().await.unwrap();
+        assert_eq!(loaded.into_iter().collect::<Vec<_>>(), ["skills:review"]);
+
+        let output = on_b.execute("unload_context", &args).await;
+        assert!(output.starts_with("Unloaded \"review\""), "{output}");
+        assert!(on_a.loaded_skills().await.unwrap().is_empty());
+    });
+}

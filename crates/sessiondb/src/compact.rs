@@ -82,8 +82,9 @@ impl Summarizer for ExtractiveSummarizer {
 /// and kept only when this process is the store's one writer (its writes refresh them); on a
 /// shared store ([`Store::shared`]) every request derives them afresh, since another instance
 /// may have changed what they came from. Loaded skills are the tool executor's own record (a
-/// load is known before the agent stores its result), so they are kept either way: another
-/// instance rebuilds its own from history.
+/// load is known before the agent stores its result), so they are kept either way; on a shared
+/// store only while the session is as it was when they were recorded ([`HistoryMark`]), since
+/// another instance may have loaded or unloaded one since.
 #[derive(Debug, Default)]
 pub(crate) struct SessionCaches {
     /// Keep nothing: other processes write to the store too.
@@ -93,8 +94,8 @@ pub(crate) struct SessionCaches {
     memos: Mutex<HashMap<SessionKey, Memo>>,
     /// Per session: what its settings decide for writes.
     settings: Mutex<HashMap<SessionKey, WriteSettings>>,
-    /// Per session: the skills loaded, as `label:key` (rebuilt from history when absent).
-    skills: Mutex<HashMap<SessionKey, BTreeSet<String>>>,
+    /// Per session: the skills loaded (rebuilt from history when absent).
+    skills: Mutex<HashMap<SessionKey, LoadedSkills>>,
     failures: AtomicU64,
 }
 
@@ -104,6 +105,31 @@ pub(crate) struct WriteSettings {
     /// The counter its `tokenizer` setting names (`None`: the store's default).
     counter: Option<Arc<dyn TokenCounter>>,
     compact_after: Option<u64>,
+}
+
+/// A session's loaded skills as `label:key`, and on a shared store the mark of the session they
+/// hold for.
+type LoadedSkills = (Option<HistoryMark>, BTreeSet<String>);
+
+/// What changes with every write to a session that another instance could make: its time, its
+/// rows, its active leaf and the active path's bytes (a rewritten tool result changes those).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HistoryMark {
+    updated_at: i64,
+    stored_messages: u64,
+    leaf_id: Option<String>,
+    content_bytes: u64,
+}
+
+impl HistoryMark {
+    pub(crate) fn of(info: Option<&SessionInfo>) -> Self {
+        Self {
+            updated_at: info.map_or(0, |i| i.updated_at),
+            stored_messages: info.map_or(0, |i| i.stats.stored_messages),
+            leaf_id: info.and_then(|i| i.stats.leaf_id.clone()),
+            content_bytes: info.map_or(0, |i| i.stats.content_bytes),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -134,12 +160,29 @@ impl SessionCaches {
         self.skills.lock().unwrap().remove(key);
     }
 
-    pub(crate) fn skills(&self, key: &SessionKey) -> Option<BTreeSet<String>> {
-        cached(&self.skills, key)
+    /// Whether other processes write to the store too.
+    pub(crate) fn shared(&self) -> bool {
+        self.shared
     }
 
-    pub(crate) fn set_skills(&self, key: &SessionKey, loaded: BTreeSet<String>) {
-        bounded_insert(&self.skills, key, loaded);
+    /// The loaded skills recorded for the session, if they hold for `mark` (`None` unless the
+    /// store is shared).
+    pub(crate) fn skills(
+        &self,
+        key: &SessionKey,
+        mark: Option<&HistoryMark>,
+    ) -> Option<BTreeSet<String>> {
+        let (recorded, loaded) = cached(&self.skills, key)?;
+        (recorded.as_ref() == mark).then_some(loaded)
+    }
+
+    pub(crate) fn set_skills(
+        &self,
+        key: &SessionKey,
+        mark: Option<HistoryMark>,
+        loaded: BTreeSet<String>,
+    ) {
+        bounded_insert(&self.skills, key, (mark, loaded));
     }
 
     fn memo(&self, key: &SessionKey) -> Option<Memo> {

@@ -21,6 +21,7 @@ use sessiondb_core::{
     ValidationErrorKind, WriteOp, WriteOutcome, message::validate_text, search,
 };
 
+use crate::compact::HistoryMark;
 use crate::page::{Direction, Page, PageRequest, invalid_cursor};
 use crate::{Db, Error, Session};
 
@@ -703,9 +704,9 @@ impl<S: Store> Context<S> {
                 let Some(entry) = self.entry(&label, &key).await? else {
                     return Ok(results::not_found(&key));
                 };
-                let mut loaded = self.loaded_skills().await?;
+                let (mark, mut loaded) = self.skills_and_mark().await?;
                 loaded.insert(skill_id(&label, &key));
-                self.session.caches.set_skills(self.key(), loaded);
+                self.session.caches.set_skills(self.key(), mark, loaded);
                 Ok(entry.content)
             }
             ToolCall::UnloadContext { label, key } => {
@@ -714,12 +715,15 @@ impl<S: Store> Context<S> {
                 if !skills.contains(&label.as_str()) {
                     return Ok(results::not_skill(&label, &skills));
                 }
-                let mut loaded = self.loaded_skills().await?;
+                let (_, mut loaded) = self.skills_and_mark().await?;
                 if !loaded.remove(&skill_id(&label, &key)) {
                     return Ok(results::not_loaded(&key, &label));
                 }
                 self.rewrite_loading(&label, &key).await?;
-                self.session.caches.set_skills(self.key(), loaded);
+                // The set holds for the session as the rewrite left it: an older load result
+                // of the key still stands in history until the unload's own result is stored.
+                let mark = self.history_mark().await?;
+                self.session.caches.set_skills(self.key(), mark, loaded);
                 Ok(results::unloaded(&key, &label))
             }
             ToolCall::SearchContext { label, query } => {
@@ -746,11 +750,20 @@ impl<S: Store> Context<S> {
         }
     }
 
-    /// Skills loaded in this session as `label:key`: rebuilt once per process from the active
-    /// path's assistant and tool rows (raw, so compacted ranges count), then kept by the tools.
+    /// Skills loaded in this session as `label:key`: rebuilt from the active path's assistant
+    /// and tool rows (raw, so compacted ranges count), then kept by the tools: once per process,
+    /// or on a shared store whenever the session changed since (another instance may have
+    /// loaded or unloaded one).
     pub async fn loaded_skills(&self) -> Result<BTreeSet<String>, Error> {
-        if let Some(loaded) = self.session.caches.skills(self.key()) {
-            return Ok(loaded);
+        Ok(self.skills_and_mark().await?.1)
+    }
+
+    /// [`Context::loaded_skills`] and the mark of the session they hold for.
+    async fn skills_and_mark(&self) -> Result<(Option<HistoryMark>, BTreeSet<String>), Error> {
+        let caches = &self.session.caches;
+        let mark = self.history_mark().await?;
+        if let Some(loaded) = caches.skills(self.key(), mark.as_ref()) {
+            return Ok((mark, loaded));
         }
         let mut tracker = SkillTracker::default();
         for batch in self.tool_rows().await?.chunks(SCAN_BATCH) {
@@ -759,8 +772,18 @@ impl<S: Store> Context<S> {
             }
         }
         let loaded = tracker.into_loaded();
-        self.session.caches.set_skills(self.key(), loaded.clone());
-        Ok(loaded)
+        caches.set_skills(self.key(), mark.clone(), loaded.clone());
+        Ok((mark, loaded))
+    }
+
+    /// The session's mark on a shared store (one row read), for the loaded skills to hold for;
+    /// `None` otherwise, where they hold until this process changes them.
+    async fn history_mark(&self) -> Result<Option<HistoryMark>, Error> {
+        if !self.session.caches.shared() {
+            return Ok(None);
+        }
+        let info = self.store().session(self.key()).await?;
+        Ok(Some(HistoryMark::of(info.as_ref())))
     }
 
     /// Seqs of the active path's assistant and tool rows, oldest first (no content read).
