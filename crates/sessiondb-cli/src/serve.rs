@@ -67,6 +67,11 @@ pub struct ServeArgs {
     /// conversation skips the database; 0 turns it off (embedded store only) [default: 32].
     #[arg(long, env = "SESSIONDB_ROW_CACHE_MIB")]
     row_cache_mib: Option<usize>,
+    /// Newest change events kept for subscribers that resume with `Last-Event-ID`, counted over
+    /// every namespace; on PostgreSQL a starting server loads them from the database, which
+    /// keeps the newest 100,000 [default: 4096].
+    #[arg(long, env = "SESSIONDB_FEED_RETAIN")]
+    feed_retain: Option<usize>,
     /// Largest size of the database file in MiB; a write that needs more fails with a clear
     /// error and stores nothing, as on a full disk (embedded store only) [default: no limit].
     #[arg(long, env = "SESSIONDB_MAX_DATABASE_MIB")]
@@ -124,6 +129,7 @@ struct FileConfig {
     insecure: Option<bool>,
     synchronous: Option<String>,
     row_cache_mib: Option<usize>,
+    feed_retain: Option<usize>,
     max_database_mib: Option<u64>,
     backup_dir: Option<PathBuf>,
     backup_every: Option<String>,
@@ -231,6 +237,8 @@ pub struct Resolved {
     pub insecure: bool,
     pub synchronous: Synchronous,
     pub row_cache_bytes: usize,
+    /// Change events kept for resumption.
+    pub feed_retain: usize,
     pub max_database_bytes: Option<u64>,
     pub backups: Option<BackupPlan>,
     /// Which idle sessions are deleted.
@@ -328,6 +336,10 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
             .row_cache_mib
             .or(file.row_cache_mib)
             .map_or(SqliteConfig::default().row_cache_bytes, |mib| mib << 20),
+        feed_retain: args
+            .feed_retain
+            .or(file.feed_retain)
+            .unwrap_or(SqliteConfig::default().feed_retain),
         max_database_bytes: args
             .max_database_mib
             .or(file.max_database_mib)
@@ -562,6 +574,7 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
             Backend::Postgres { url, pool } => {
                 let pg = PgConfig {
                     max_connections: *pool,
+                    feed_retain: config.feed_retain,
                     ..PgConfig::default()
                 };
                 tokio::spawn(
@@ -610,6 +623,7 @@ fn open_store(data: &Path, resolved: &Resolved) -> anyhow::Result<SqliteStore> {
     let config = SqliteConfig {
         synchronous: resolved.synchronous,
         row_cache_bytes: resolved.row_cache_bytes,
+        feed_retain: resolved.feed_retain,
         max_database_bytes: resolved.max_database_bytes,
         ..SqliteConfig::default()
     };
@@ -658,13 +672,14 @@ mod tests {
         assert!(r.server.api_keys.is_empty() && !r.insecure);
         assert_eq!(r.synchronous, Synchronous::Full);
         assert_eq!(r.row_cache_bytes, SqliteConfig::default().row_cache_bytes);
+        assert_eq!(r.feed_retain, 4096);
         assert_eq!(r.max_database_bytes, None);
     }
 
     #[test]
     fn flags_win_over_the_file_and_bad_values_are_refused() {
         let (_dir, file) = config_file(
-            "data = \"/from/file\"\nsynchronous = \"normal\"\nrow_cache_mib = 3\nmax_database_mib = 7\n[limits]\nmax_body_bytes = 10\nmax_message_bytes = 5\n",
+            "data = \"/from/file\"\nsynchronous = \"normal\"\nrow_cache_mib = 3\nfeed_retain = 9\nmax_database_mib = 7\n[limits]\nmax_body_bytes = 10\nmax_message_bytes = 5\n",
         );
         let path = file.to_str().unwrap();
         let r = resolved(&["--config", path, "--max-body-bytes", "20"], None).unwrap();
@@ -678,6 +693,7 @@ mod tests {
         );
         assert_eq!(r.synchronous, Synchronous::Normal);
         assert_eq!(r.row_cache_bytes, 3 << 20);
+        assert_eq!(r.feed_retain, 9);
         assert_eq!(r.max_database_bytes, Some(7 << 20));
         let r = resolved(
             &[
@@ -687,11 +703,14 @@ mod tests {
                 "0",
                 "--max-database-mib",
                 "2",
+                "--feed-retain",
+                "0",
             ],
             None,
         )
         .unwrap();
         assert_eq!(r.row_cache_bytes, 0);
+        assert_eq!(r.feed_retain, 0);
         assert_eq!(r.max_database_bytes, Some(2 << 20));
         let r = resolved(&["--config", path], Some(PathBuf::from("/flag"))).unwrap();
         assert_eq!(

@@ -691,3 +691,62 @@ fn readme_server_examples_answer_as_documented() {
     }
     assert!(ran >= 20, "only {ran} commands found");
 }
+
+/// The first `n` events of a server-sent event stream, as (event name, id).
+async fn sse_events(response: reqwest::Response, n: usize) -> Vec<(String, String)> {
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    let (mut text, mut events) = (String::new(), Vec::new());
+    while events.len() < n {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), body.next()).await;
+        text.push_str(&String::from_utf8_lossy(&chunk.unwrap().unwrap().unwrap()));
+        while let Some(end) = text.find("\n\n") {
+            let block: String = text.drain(..end + 2).collect();
+            let field = |name: &str| {
+                let lines = block.lines();
+                let mut values = lines.filter_map(|l| l.strip_prefix(name));
+                values.next().map_or(String::new(), |v| v.trim().to_owned())
+            };
+            if !field("event:").is_empty() {
+                events.push((field("event:"), field("id:")));
+            }
+        }
+    }
+    events
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn feed_retain_sets_how_far_back_a_subscriber_resumes() {
+    let dir = free_dir();
+    let served = Served::start(
+        dir.path(),
+        &["--listen", "127.0.0.1:0", "--feed-retain", "2"],
+        &[],
+    );
+    let client = reqwest::Client::new();
+    let events = format!("{}/v1/events", served.base);
+    let live = client.get(&events).send().await.unwrap();
+    for text in ["one", "two", "three", "four"] {
+        let appended = client
+            .post(format!("{}/v1/sessions/s/messages", served.base))
+            .json(&json!({"role": "user", "content": text}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(appended.status(), 201);
+    }
+    let ids: Vec<String> = sse_events(live, 4).await.into_iter().map(|e| e.1).collect();
+    let resume = |id: &str| client.get(&events).header("Last-Event-ID", id).send();
+    // After the second event: the two kept (the third and fourth) replay.
+    let replayed = sse_events(resume(&ids[1]).await.unwrap(), 2).await;
+    assert_eq!(
+        replayed,
+        [
+            ("append".into(), ids[2].clone()),
+            ("append".into(), ids[3].clone())
+        ]
+    );
+    // After the first: the second is no longer kept, so the stream says to start over.
+    let refused = sse_events(resume(&ids[0]).await.unwrap(), 1).await;
+    assert_eq!(refused[0].0, "reset");
+}
