@@ -208,7 +208,7 @@ impl ChangeFeed {
     pub fn subscribe(&self, filter: FeedFilter) -> Subscription {
         let mut state = self.lock();
         let position = state.position;
-        Self::attach(&mut state, filter, self.buffer, position)
+        Self::attach_after(&mut state, filter, self.buffer, Vec::new(), position)
     }
 
     /// Subscribes and first delivers the retained events after `position` that the filter
@@ -223,22 +223,59 @@ impl ChangeFeed {
         if position > state.position || position + 1 < oldest_kept {
             return None;
         }
-        let capacity = self.buffer.max(state.retained.len());
-        Some(Self::attach(&mut state, filter, capacity, position))
+        Some(Self::attach_after(
+            &mut state,
+            filter,
+            self.buffer,
+            Vec::new(),
+            position,
+        ))
     }
 
-    fn attach(
+    /// [`ChangeFeed::subscribe_after`] for a position older than the retained events, for a
+    /// backend that keeps more of them elsewhere (its database): `backlog` holds the events
+    /// after that position up to `through` that the filter accepts, oldest first, and the
+    /// retained ones after `through` follow them. `None` when the retained events no longer
+    /// reach back to `through`.
+    pub fn subscribe_with_backlog(
+        &self,
+        filter: FeedFilter,
+        backlog: Vec<ChangeEvent>,
+        through: u64,
+    ) -> Option<Subscription> {
+        let mut state = self.lock();
+        let oldest_kept = state
+            .retained
+            .front()
+            .map_or(state.position + 1, |e| e.position);
+        if through > state.position || through + 1 < oldest_kept {
+            return None;
+        }
+        Some(Self::attach_after(
+            &mut state,
+            filter,
+            self.buffer,
+            backlog,
+            through,
+        ))
+    }
+
+    /// Attaches a subscriber that first receives `backlog`, then the retained events after
+    /// `after` that its filter accepts, then everything published from now on.
+    fn attach_after(
         state: &mut FeedState,
         filter: FeedFilter,
-        capacity: usize,
+        buffer: usize,
+        backlog: Vec<ChangeEvent>,
         after: u64,
     ) -> Subscription {
-        let (mut sender, receiver) = mpsc::channel(capacity);
-        for event in state.retained.iter().filter(|e| e.position > after) {
-            if filter.accepts(&event.key) {
-                // Capacity covers every retained event, so replay never drops one.
-                let _ = sender.try_send(FeedItem::Event(event.clone()));
-            }
+        let retained = state.retained.iter().filter(|e| e.position > after);
+        let retained = retained.filter(|e| filter.accepts(&e.key)).cloned();
+        let replay: Vec<_> = backlog.into_iter().map(Arc::new).chain(retained).collect();
+        // Capacity covers the replay, so it never drops an event.
+        let (mut sender, receiver) = mpsc::channel(buffer.max(replay.len()));
+        for event in replay {
+            let _ = sender.try_send(FeedItem::Event(event));
         }
         let missed = Arc::new(AtomicU64::new(0));
         state.subscribers.push(Subscriber {
@@ -458,5 +495,30 @@ mod tests {
             "never published"
         );
         assert!(feed.subscribe_after(FeedFilter::All, 5).is_some());
+
+        // What the backend read elsewhere comes first, then the retained events after it.
+        let backlog = |positions: &[u64]| {
+            let event = |position| ChangeEvent {
+                position,
+                key: key("a"),
+                change: Change::Clear,
+            };
+            positions.iter().copied().map(event).collect::<Vec<_>>()
+        };
+        let mut sub = feed
+            .subscribe_with_backlog(FeedFilter::All, backlog(&[1, 2, 3]), 3)
+            .unwrap();
+        let positions: Vec<u64> = std::iter::from_fn(|| sub.try_next())
+            .map(|item| match item {
+                FeedItem::Event(e) => e.position,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(positions, [1, 2, 3, 4, 5]);
+        assert!(
+            feed.subscribe_with_backlog(FeedFilter::All, backlog(&[1]), 1)
+                .is_none(),
+            "2 is no longer retained: the backlog would leave a gap"
+        );
     }
 }

@@ -794,9 +794,13 @@ pub trait Store: Send + Sync + 'static {
     /// session's subscribers.
     fn announce(&self, key: &SessionKey, change: crate::Change);
 
-    /// Subscribes with the retained events after `position` delivered first; `None` when some
-    /// of them are no longer retained (the caller must resynchronise).
-    fn subscribe_after(&self, filter: FeedFilter, position: u64) -> Option<Subscription>;
+    /// Subscribes with the events after `position` delivered first; `None` when some of them
+    /// are no longer kept (the caller must resynchronise).
+    fn subscribe_after(
+        &self,
+        filter: FeedFilter,
+        position: u64,
+    ) -> impl Future<Output = Option<Subscription>> + Send;
 
     /// Identifies this feed's position sequence: positions from another epoch (an earlier process)
     /// cannot be resumed.

@@ -20,8 +20,8 @@ use deadpool_postgres::GenericClient;
 use serde_json::{Value, json};
 use sessiondb_core::message::{MessageId, StoredRow, role_of};
 use sessiondb_core::{
-    Change, ChangeFeed, Compaction, CompactionPhase, CompactionStatus, Parent, SessionAction,
-    SessionKey, StoreError, StoredMessage,
+    Change, ChangeEvent, ChangeFeed, Compaction, CompactionPhase, CompactionStatus, FeedFilter,
+    Parent, SessionAction, SessionKey, StoreError, StoredMessage,
 };
 use tokio::sync::Mutex;
 
@@ -374,21 +374,72 @@ impl FeedSync {
                 &[&after, &before],
             )
             .await?;
-            let mut events = Vec::with_capacity(page.len());
-            for r in &page {
-                let key = SessionKey {
-                    namespace: get(r, 1)?,
-                    session_id: get(r, 2)?,
-                };
-                let change = decode(get(r, 3)?, get(r, 4)?, get(r, 5)?)?;
-                events.push((get::<i64>(r, 0)? as u64, key, change));
-            }
-            self.feed.publish_numbered(events);
+            let events = page.iter().map(event_of).collect::<Result<Vec<_>>>()?;
+            let numbered = events.into_iter().map(|e| (e.position, e.key, e.change));
+            self.feed.publish_numbered(numbered);
             if page.len() < 256 {
                 return Ok(());
             }
         }
     }
+}
+
+/// A row of `feed` (`position, namespace, session_id, kind, meta, message`) as its event.
+fn event_of(r: &tokio_postgres::Row) -> Result<ChangeEvent> {
+    Ok(ChangeEvent {
+        position: get::<i64>(r, 0)? as u64,
+        key: SessionKey {
+            namespace: get(r, 1)?,
+            session_id: get(r, 2)?,
+        },
+        change: decode(get(r, 3)?, get(r, 4)?, get(r, 5)?)?,
+    })
+}
+
+/// Most events a subscriber resuming from the table is given at once: one that missed more of
+/// what it follows starts over (a `reset`), as it would beyond the table.
+pub(crate) const RESUME_BACKLOG: usize = 16_384;
+
+/// The events after `position` up to `through` that `filter` accepts, oldest first, from the
+/// table; `None` when the table no longer holds all of them, or they are more than
+/// [`RESUME_BACKLOG`]. Read in one snapshot, so pruning cannot take rows from between the two
+/// statements.
+pub(crate) async fn backlog<C: GenericClient>(
+    c: &C,
+    filter: FeedFilter,
+    position: u64,
+    through: u64,
+) -> Result<Option<Vec<ChangeEvent>>> {
+    let oldest = row(c, "SELECT min(position) FROM feed", &[]).await?;
+    let oldest: Option<i64> = oldest.as_ref().map(|r| get(r, 0)).transpose()?.flatten();
+    let kept = oldest.map_or(position >= through, |oldest| oldest as u64 <= position + 1);
+    if !kept {
+        return Ok(None);
+    }
+    let (namespace, session_id) = match &filter {
+        FeedFilter::All => (None, None),
+        FeedFilter::Namespace(namespace) => (Some(namespace.as_str()), None),
+        FeedFilter::Session(key) => (Some(key.namespace.as_str()), Some(key.session_id.as_str())),
+    };
+    let page = rows(
+        c,
+        "SELECT position, namespace, session_id, kind, meta, message FROM feed
+          WHERE position > $1 AND position <= $2
+            AND ($3::text IS NULL OR namespace = $3) AND ($4::text IS NULL OR session_id = $4)
+          ORDER BY position LIMIT $5",
+        &[
+            &(position as i64),
+            &(through as i64),
+            &namespace,
+            &session_id,
+            &(RESUME_BACKLOG as i64 + 1),
+        ],
+    )
+    .await?;
+    if page.len() > RESUME_BACKLOG {
+        return Ok(None);
+    }
+    page.iter().map(event_of).collect::<Result<_>>().map(Some)
 }
 
 /// What the listening connection heard.

@@ -787,10 +787,29 @@ impl Store for PgStore {
         let _ = inner.announcer.send(payload);
     }
 
-    /// Resumes within the events this instance holds in memory (from every instance, since it
-    /// started following the feed).
-    fn subscribe_after(&self, filter: FeedFilter, position: u64) -> Option<Subscription> {
-        self.inner.sync.feed.subscribe_after(filter, position)
+    /// Resumes from the events this instance holds in memory (every instance's), or from older
+    /// ones the feed table still keeps: at most [`feed::RESUME_BACKLOG`] of them that the filter
+    /// accepts, read in one snapshot.
+    fn subscribe_after(
+        &self,
+        filter: FeedFilter,
+        position: u64,
+    ) -> impl Future<Output = Option<Subscription>> + Send {
+        let feed = self.inner.sync.feed.clone();
+        async move {
+            if let Some(resumed) = feed.subscribe_after(filter.clone(), position) {
+                return Some(resumed);
+            }
+            let through = feed.position();
+            if position > through {
+                return None; // never published
+            }
+            let accepted = filter.clone();
+            let backlog = self
+                .read_snapshot(move |c| Box::pin(feed::backlog(c, accepted, position, through)))
+                .await;
+            feed.subscribe_with_backlog(filter, backlog.ok()??, through)
+        }
     }
 
     /// The same on every instance of one database, so a position read on one resumes on another.

@@ -94,12 +94,13 @@ fn a_database_outage_is_unavailable_and_passes() {
     });
 }
 
-/// An instance that starts holds the newest events the table keeps, so a subscriber of one
-/// that went away resumes on it from its last position, as far back as the window reaches.
+/// A subscriber of an instance that went away resumes on another from its last position: from
+/// the events the new instance loaded from the table as it started, and from older ones the
+/// table still keeps.
 #[test]
 fn a_started_instance_resumes_subscribers_from_the_table() {
     use futures::StreamExt;
-    use sessiondb::{FeedFilter, FeedItem, Store};
+    use sessiondb::{FeedFilter, FeedItem, SessionKey, Store, Subscription};
     let cluster = TempCluster::start()
         .unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e}"));
     let gone = instance(&cluster.url());
@@ -122,21 +123,42 @@ fn a_started_instance_resumes_subscribers_from_the_table() {
         ..PgConfig::default()
     };
     let started = PgStore::connect_blocking(&cluster.url(), config).unwrap();
-    let mut resumed = started
-        .subscribe_after(FeedFilter::All, positions[1])
-        .expect("positions[1] is within the newest 3");
-    let replayed: Vec<u64> = std::iter::from_fn(|| match resumed.try_next() {
-        Some(FeedItem::Event(event)) => Some(event.position),
-        _ => None,
-    })
-    .collect();
-    assert_eq!(replayed, positions[2..]);
-    assert!(
-        started
-            .subscribe_after(FeedFilter::All, positions[0])
-            .is_none(),
-        "older than the window: refused, so the subscriber knows to start over"
+    let replayed = |resumed: Option<Subscription>| -> Option<Vec<u64>> {
+        let mut resumed = resumed?;
+        let events = std::iter::from_fn(|| match resumed.try_next() {
+            Some(FeedItem::Event(event)) => Some(event.position),
+            _ => None,
+        });
+        Some(events.collect())
+    };
+    let resume = |filter, position| {
+        replayed(futures::executor::block_on(
+            started.subscribe_after(filter, position),
+        ))
+    };
+    // Older than the 3 it holds: the rest comes from the table.
+    assert_eq!(
+        resume(FeedFilter::All, positions[0]).unwrap(),
+        positions[1..]
     );
+    let elsewhere = FeedFilter::Session(SessionKey::new("", "other").unwrap());
+    assert_eq!(resume(elsewhere, positions[0]), Some(Vec::new()));
+
+    // With the table emptied, what it loaded as it started still resumes; older is refused,
+    // so the subscriber knows to start over.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let (client, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client.batch_execute("DELETE FROM feed").await.unwrap();
+    });
+    assert_eq!(
+        resume(FeedFilter::All, positions[1]).unwrap(),
+        positions[2..]
+    );
+    assert_eq!(resume(FeedFilter::All, positions[0]), None);
 }
 
 /// A compaction run on one instance is announced to the subscribers of another too, after the

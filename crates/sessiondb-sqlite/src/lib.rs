@@ -1798,8 +1798,12 @@ impl Store for SqliteStore {
         self.feed.subscribe(filter)
     }
 
-    fn subscribe_after(&self, filter: FeedFilter, position: u64) -> Option<Subscription> {
-        self.feed.subscribe_after(filter, position)
+    fn subscribe_after(
+        &self,
+        filter: FeedFilter,
+        position: u64,
+    ) -> impl Future<Output = Option<Subscription>> + Send {
+        std::future::ready(self.feed.subscribe_after(filter, position))
     }
 
     fn attachment_sizes(

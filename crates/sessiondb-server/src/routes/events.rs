@@ -1,8 +1,9 @@
 //! The change feed as server-sent events, per session and per namespace.
 //!
 //! Each event's `id` is `<feed epoch>-<position>`. A client that reconnects with `Last-Event-ID`
-//! gets every retained event after that position first; when the position is older than the
-//! retained window, from another server process or not an id at all, the stream starts with a
+//! gets every kept event after that position first (on PostgreSQL also from the database's
+//! feed table); when the position is older than what is kept, from another server process or
+//! not an id at all, the stream starts with a
 //! `reset` event (re-read what you need, then follow). A subscriber that falls behind gets a
 //! `lagged` event with the number of events it missed.
 
@@ -31,7 +32,7 @@ pub(crate) async fn session<S: Store>(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let key = SessionKey::new(ns, sid)?;
-    Ok(subscribe(app, FeedFilter::Session(key), &headers))
+    Ok(subscribe(app, FeedFilter::Session(key), &headers).await)
 }
 
 pub(crate) async fn namespace<S: Store>(
@@ -39,7 +40,7 @@ pub(crate) async fn namespace<S: Store>(
     Tenant(ns): Tenant,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    Ok(subscribe(app, FeedFilter::Namespace(ns), &headers))
+    Ok(subscribe(app, FeedFilter::Namespace(ns), &headers).await)
 }
 
 /// The `Last-Event-ID` header: `None` when absent, `Some(None)` when it is not an id this
@@ -69,13 +70,17 @@ impl<S: Store> Drop for LiveSubscriber<S> {
 const NOT_RETAINED: &str = "the requested position is no longer retained";
 const NOT_AN_EVENT_ID: &str = "`Last-Event-ID` is not an event id of this server";
 
-fn subscribe<S: Store>(app: Arc<App<S>>, filter: FeedFilter, headers: &HeaderMap) -> Response {
+async fn subscribe<S: Store>(
+    app: Arc<App<S>>,
+    filter: FeedFilter,
+    headers: &HeaderMap,
+) -> Response {
     let store = app.db.store();
     let epoch = store.feed_epoch();
     let (subscription, reset) = match last_event_id(headers) {
         None => (store.subscribe(filter), None),
         Some(Some((e, position))) if e == epoch => {
-            match store.subscribe_after(filter.clone(), position) {
+            match store.subscribe_after(filter.clone(), position).await {
                 Some(sub) => (sub, None),
                 None => (store.subscribe(filter), Some(NOT_RETAINED)),
             }

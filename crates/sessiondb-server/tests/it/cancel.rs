@@ -258,7 +258,11 @@ impl Store for CountingStore {
     fn subscribe(&self, filter: FeedFilter) -> Subscription {
         self.inner.subscribe(filter)
     }
-    fn subscribe_after(&self, filter: FeedFilter, position: u64) -> Option<Subscription> {
+    fn subscribe_after(
+        &self,
+        filter: FeedFilter,
+        position: u64,
+    ) -> impl Future<Output = Option<Subscription>> + Send {
         self.inner.subscribe_after(filter, position)
     }
     fn feed_epoch(&self) -> u64 {

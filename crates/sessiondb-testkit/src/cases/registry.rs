@@ -794,12 +794,14 @@ pub async fn resumed_subscriptions_replay_retained_events<S: Store>(db: Db<S>) {
     let mut resumed = db
         .store()
         .subscribe_after(FeedFilter::Session(s.key().clone()), positions[0])
+        .await
         .unwrap();
     let replayed = drain(&mut resumed);
     assert_eq!(event_names(&replayed), ["append", "append"]);
     assert!(
         db.store()
             .subscribe_after(FeedFilter::All, positions[2] + 10)
+            .await
             .is_none()
     );
 }
