@@ -788,8 +788,8 @@ impl Store for PgStore {
     }
 
     /// Resumes from the events this instance holds in memory (every instance's), or from older
-    /// ones the feed table still keeps: at most 16,384 of them (`feed::RESUME_BACKLOG`) that the filter
-    /// accepts, read in one snapshot.
+    /// ones the feed table still keeps: at most 16,384 of them (`feed::RESUME_BACKLOG`) that
+    /// the filter accepts, read in one snapshot.
     fn subscribe_after(
         &self,
         filter: FeedFilter,
