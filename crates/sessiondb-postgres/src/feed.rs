@@ -26,7 +26,7 @@ use sessiondb_core::{
 use tokio::sync::Mutex;
 
 use crate::planner;
-use crate::sql::{Result, backend_error, exec, get, row, rows};
+use crate::sql::{Param, Result, backend_error, exec, get, row, rows};
 
 /// The notification channel: its payload is the last position a transaction wrote.
 pub(crate) const CHANNEL: &str = "sessiondb_feed";
@@ -396,19 +396,38 @@ fn event_of(r: &tokio_postgres::Row) -> Result<ChangeEvent> {
     })
 }
 
-/// Most events a subscriber resuming from the table is given at once: one that missed more of
-/// what it follows starts over (a `reset`), as it would beyond the table.
-pub(crate) const RESUME_BACKLOG: usize = 16_384;
+/// What a subscriber resuming from the feed table may be sent at once, of the events its filter
+/// accepts: one that missed more starts over (a `reset`), as it would beyond the table. Each
+/// such subscriber holds its own copy of them, unlike the events kept in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BacklogLimits {
+    pub events: usize,
+    /// Bytes of the events' messages.
+    pub bytes: u64,
+}
+
+impl Default for BacklogLimits {
+    fn default() -> Self {
+        Self {
+            events: 16_384,
+            bytes: 64 << 20,
+        }
+    }
+}
+
+/// The events of `feed` after `$1` up to `$2` of namespace `$3` and session `$4` (`NULL`: any).
+const BACKLOG_WHERE: &str = "position > $1 AND position <= $2
+    AND ($3::text IS NULL OR namespace = $3) AND ($4::text IS NULL OR session_id = $4)";
 
 /// The events after `position` up to `through` that `filter` accepts, oldest first, from the
-/// table; `None` when the table no longer holds all of them, or they are more than
-/// [`RESUME_BACKLOG`]. Read in one snapshot, so pruning cannot take rows from between the two
-/// statements.
+/// table; `None` when the table no longer holds all of them, or they are more than `limits`.
+/// Read in one snapshot, so pruning cannot take rows from between the statements.
 pub(crate) async fn backlog<C: GenericClient>(
     c: &C,
     filter: FeedFilter,
     position: u64,
     through: u64,
+    limits: BacklogLimits,
 ) -> Result<Option<Vec<ChangeEvent>>> {
     let oldest = row(c, "SELECT min(position) FROM feed", &[]).await?;
     let oldest: Option<i64> = oldest.as_ref().map(|r| get(r, 0)).transpose()?.flatten();
@@ -421,24 +440,25 @@ pub(crate) async fn backlog<C: GenericClient>(
         FeedFilter::Namespace(namespace) => (Some(namespace.as_str()), None),
         FeedFilter::Session(key) => (Some(key.namespace.as_str()), Some(key.session_id.as_str())),
     };
-    let page = rows(
-        c,
-        "SELECT position, namespace, session_id, kind, meta, message FROM feed
-          WHERE position > $1 AND position <= $2
-            AND ($3::text IS NULL OR namespace = $3) AND ($4::text IS NULL OR session_id = $4)
-          ORDER BY position LIMIT $5",
-        &[
-            &(position as i64),
-            &(through as i64),
-            &namespace,
-            &session_id,
-            &(RESUME_BACKLOG as i64 + 1),
-        ],
-    )
-    .await?;
-    if page.len() > RESUME_BACKLOG {
+    let (after, through) = (position as i64, through as i64);
+    let params: [Param<'_>; 4] = [&after, &through, &namespace, &session_id];
+    let size = format!(
+        "SELECT count(*), coalesce(sum(octet_length(message)), 0)::bigint FROM feed
+          WHERE {BACKLOG_WHERE}"
+    );
+    let size = row(c, &size, &params).await?;
+    let (events, bytes): (i64, i64) = match &size {
+        Some(r) => (get(r, 0)?, get(r, 1)?),
+        None => (0, 0),
+    };
+    if events as u64 > limits.events as u64 || bytes as u64 > limits.bytes {
         return Ok(None);
     }
+    let select = format!(
+        "SELECT position, namespace, session_id, kind, meta, message FROM feed
+          WHERE {BACKLOG_WHERE} ORDER BY position"
+    );
+    let page = rows(c, &select, &params).await?;
     page.iter().map(event_of).collect::<Result<_>>().map(Some)
 }
 

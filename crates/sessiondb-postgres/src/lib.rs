@@ -30,6 +30,7 @@ mod schema;
 mod sql;
 mod write;
 
+pub use feed::BacklogLimits;
 pub use schema::{SCHEMA_VERSION, migrate};
 
 use std::future::Future;
@@ -121,6 +122,9 @@ pub struct PgConfig {
     pub feed_buffer: usize,
     /// Newest change events kept in memory for subscribers that resume from a position.
     pub feed_retain: usize,
+    /// What a subscriber resuming from a position older than those may be sent from the feed
+    /// table: one that missed more of what it follows starts over.
+    pub resume_backlog: BacklogLimits,
 }
 
 impl Default for PgConfig {
@@ -129,6 +133,7 @@ impl Default for PgConfig {
             max_connections: 16,
             feed_buffer: 1024,
             feed_retain: 4096,
+            resume_backlog: BacklogLimits::default(),
         }
     }
 }
@@ -151,6 +156,7 @@ struct Inner {
     instance: u64,
     /// This store's announcements, in order, for other instances (`feed::announce_to_others`).
     announcer: tokio::sync::mpsc::UnboundedSender<String>,
+    resume_backlog: BacklogLimits,
     runtime: Handle,
     follower: tokio::task::JoinHandle<()>,
     bulk_analyze: planner::BulkAnalyze,
@@ -297,6 +303,7 @@ impl PgStore {
                 epoch,
                 instance,
                 announcer,
+                resume_backlog: config.resume_backlog,
                 runtime,
                 follower,
                 bulk_analyze: planner::BulkAnalyze::default(),
@@ -788,8 +795,8 @@ impl Store for PgStore {
     }
 
     /// Resumes from the events this instance holds in memory (every instance's), or from older
-    /// ones the feed table still keeps: at most 16,384 of them (`feed::RESUME_BACKLOG`) that
-    /// the filter accepts, read in one snapshot.
+    /// ones the feed table still keeps, within [`PgConfig::resume_backlog`] of those the filter
+    /// accepts, read in one snapshot.
     fn subscribe_after(
         &self,
         filter: FeedFilter,
@@ -804,9 +811,11 @@ impl Store for PgStore {
             if position > through {
                 return None; // never published
             }
-            let accepted = filter.clone();
+            let (accepted, limits) = (filter.clone(), self.inner.resume_backlog);
             let backlog = self
-                .read_snapshot(move |c| Box::pin(feed::backlog(c, accepted, position, through)))
+                .read_snapshot(move |c| {
+                    Box::pin(feed::backlog(c, accepted, position, through, limits))
+                })
                 .await;
             feed.subscribe_with_backlog(filter, backlog.ok()??, through)
         }

@@ -2,7 +2,7 @@
 
 use sessiondb::{AppendOptions, Db, Message, Options, SessionPatch, StoreError};
 use sessiondb_postgres::cluster::TempCluster;
-use sessiondb_postgres::{PgConfig, PgStore};
+use sessiondb_postgres::{BacklogLimits, PgConfig, PgStore};
 
 fn instance(url: &str) -> Db<PgStore> {
     let mut options = Options::default();
@@ -143,6 +143,18 @@ fn a_started_instance_resumes_subscribers_from_the_table() {
     );
     let elsewhere = FeedFilter::Session(SessionKey::new("", "other").unwrap());
     assert_eq!(resume(elsewhere, positions[0]), Some(Vec::new()));
+    // What the table may send one subscriber is bounded, in events and in bytes.
+    for (events, bytes, resumes) in [(4, 1 << 20, true), (3, 1 << 20, false), (4, 100, false)] {
+        let config = PgConfig {
+            feed_retain: 3,
+            resume_backlog: BacklogLimits { events, bytes },
+            ..PgConfig::default()
+        };
+        let limited = PgStore::connect_blocking(&cluster.url(), config).unwrap();
+        let resumed = limited.subscribe_after(FeedFilter::All, positions[0]);
+        let resumed = futures::executor::block_on(resumed);
+        assert_eq!(resumed.is_some(), resumes, "{events} events, {bytes} bytes");
+    }
 
     // With the table emptied, what it loaded as it started still resumes; older is refused,
     // so the subscriber knows to start over.
