@@ -215,21 +215,7 @@ impl ChangeFeed {
     /// accepts. `None` when events after `position` were already evicted, or `position` was
     /// never published: then the subscriber cannot know what it missed.
     pub fn subscribe_after(&self, filter: FeedFilter, position: u64) -> Option<Subscription> {
-        let mut state = self.lock();
-        let oldest_kept = state
-            .retained
-            .front()
-            .map_or(state.position + 1, |e| e.position);
-        if position > state.position || position + 1 < oldest_kept {
-            return None;
-        }
-        Some(Self::attach_after(
-            &mut state,
-            filter,
-            self.buffer,
-            Vec::new(),
-            position,
-        ))
+        self.subscribe_with_backlog(filter, Vec::new(), position)
     }
 
     /// [`ChangeFeed::subscribe_after`] for a position older than the retained events, for a
