@@ -227,13 +227,17 @@ struct RemoteArgs {
     api_key: Option<String>,
 }
 
-fn migrate(url: &str) -> anyhow::Result<()> {
+/// Runs one PostgreSQL call of a command on a runtime of its own.
+fn on_runtime<T>(work: impl std::future::Future<Output = T>) -> anyhow::Result<T> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let (found, now) = runtime
-        .block_on(sessiondb_postgres::migrate_database(url))
+    Ok(runtime.block_on(work))
+}
+
+fn migrate(url: &str) -> anyhow::Result<()> {
+    let (found, now) = on_runtime(sessiondb_postgres::migrate_database(url))?
         .context("migrating the PostgreSQL database")?;
     if found == now {
         println!("schema version {now}: up to date");
@@ -244,12 +248,7 @@ fn migrate(url: &str) -> anyhow::Result<()> {
 }
 
 fn check_postgres(url: &str, out: &mut impl Write) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    let problems = runtime
-        .block_on(sessiondb_postgres::check_database(url))
+    let problems = on_runtime(sessiondb_postgres::check_database(url))?
         .context("checking the PostgreSQL database")?;
     report_problems(problems, out)
 }

@@ -1,4 +1,4 @@
-//! `PgStore::check`: the store's invariants that a hand edit or a failed tool could break, each
+//! `check_database`: the store's invariants that a hand edit or a failed tool could break, each
 //! as a problem in words (`sessiondb_core::check`), read in one snapshot. PostgreSQL checks its
 //! own pages and indexes (`amcheck`); every query here is a scan, so a large store takes a
 //! while.

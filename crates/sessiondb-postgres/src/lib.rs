@@ -195,14 +195,7 @@ pub async fn migrate_database(url: &str) -> Result<(i64, i64), PgError> {
 /// indexes are `amcheck`'s). Every problem in words; none for a sound store. Migrates nothing
 /// (a schema newer than this build's is refused); scans every table, beside any servers.
 pub async fn check_database(url: &str) -> Result<Vec<String>, PgError> {
-    let config: tokio_postgres::Config = url
-        .parse()
-        .map_err(|e: tokio_postgres::Error| PgError::Config(describe(&e)))?;
-    let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
-    let pool = Pool::builder(manager)
-        .max_size(1)
-        .build()
-        .map_err(|e| PgError::Config(describe(&e)))?;
+    let (_, pool) = pool_of(url, 1)?;
     let mut client = pool.get().await?;
     let tx = client
         .build_transaction()
@@ -210,18 +203,21 @@ pub async fn check_database(url: &str) -> Result<Vec<String>, PgError> {
         .read_only(true)
         .start()
         .await?;
-    let found: Option<i64> = tx
-        .query_one("SELECT max(version) FROM sessiondb_schema", &[])
-        .await?
-        .get(0);
-    let found = found.unwrap_or(0);
-    if found > SCHEMA_VERSION {
-        return Err(PgError::SchemaTooNew {
-            found,
-            supported: SCHEMA_VERSION,
-        });
-    }
+    schema::found_version(&*tx).await?;
     Ok(check::problems(&tx).await?)
+}
+
+/// The connection settings of `url` and a pool of at most `max_size` connections to it.
+fn pool_of(url: &str, max_size: usize) -> Result<(tokio_postgres::Config, Pool), PgError> {
+    let config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e: tokio_postgres::Error| PgError::Config(describe(&e)))?;
+    let manager = deadpool_postgres::Manager::new(config.clone(), tokio_postgres::NoTls);
+    let pool = Pool::builder(manager)
+        .max_size(max_size.max(1))
+        .build()
+        .map_err(|e| PgError::Config(describe(&e)))?;
+    Ok((config, pool))
 }
 
 impl PgStore {
@@ -268,14 +264,7 @@ impl PgStore {
     }
 
     async fn start(url: &str, config: PgConfig, runtime: Handle) -> Result<Self, PgError> {
-        let pg_config: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e: tokio_postgres::Error| PgError::Config(describe(&e)))?;
-        let manager = deadpool_postgres::Manager::new(pg_config.clone(), tokio_postgres::NoTls);
-        let pool = Pool::builder(manager)
-            .max_size(config.max_connections.max(1))
-            .build()
-            .map_err(|e| PgError::Config(describe(&e)))?;
+        let (pg_config, pool) = pool_of(url, config.max_connections)?;
         let mut client = pool.get().await?;
         migrate(&mut client).await?;
         let (epoch, position) = feed::counter(&client).await?;

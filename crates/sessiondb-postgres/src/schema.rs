@@ -17,6 +17,25 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// Any constant of our own: the key of the advisory lock migrations take.
 const MIGRATION_LOCK: i64 = 0x5E55_10DB;
 
+/// The schema version the database records (0 for none); a version newer than this build's is
+/// refused.
+pub(crate) async fn found_version(c: &impl tokio_postgres::GenericClient) -> Result<i64, PgError> {
+    let found: i64 = c
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM sessiondb_schema",
+            &[],
+        )
+        .await?
+        .get(0);
+    if found > SCHEMA_VERSION {
+        return Err(PgError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    Ok(found)
+}
+
 /// Brings the database to [`SCHEMA_VERSION`]; returns the version it found. Refuses a database
 /// written by a newer build.
 pub async fn migrate(client: &mut Client) -> Result<i64, PgError> {
@@ -30,19 +49,7 @@ pub async fn migrate(client: &mut Client) -> Result<i64, PgError> {
          )",
     )
     .await?;
-    let found: i64 = tx
-        .query_one(
-            "SELECT coalesce(max(version), 0) FROM sessiondb_schema",
-            &[],
-        )
-        .await?
-        .get(0);
-    if found > SCHEMA_VERSION {
-        return Err(PgError::SchemaTooNew {
-            found,
-            supported: SCHEMA_VERSION,
-        });
-    }
+    let found = found_version(&tx).await?;
     for (index, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
         let version = index as i64 + 1;
         tx.batch_execute(sql)
