@@ -6,7 +6,9 @@
 //! A sweep runs when the server starts and then every tenth of the shortest time (at least every
 //! second, at most every hour), so a session goes at most that much later than it could. Each
 //! delete checks the session's time again in the writer, so a session written while a sweep
-//! runs stays; several servers on one PostgreSQL database may all sweep.
+//! runs stays; several servers on one PostgreSQL database may all sweep. A sweep starts after
+//! the idle sessions the one before found kept (`keepWhenIdle`), and every tenth from the
+//! oldest ([`IdleSweeper`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 
-use sessiondb::Store;
+use sessiondb::{IdleSweep, IdleSweeper, Store};
 use sessiondb_server::{App, ServerConfig};
 
 /// How long sessions may stay idle: everywhere, and per namespace.
@@ -137,17 +139,17 @@ async fn run<S: Store>(
 ) {
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sweeps: Vec<_> = namespaces
+        .into_iter()
+        .map(|(namespace, idle_after)| (namespace, idle_after, IdleSweeper::default()))
+        .collect();
     loop {
         ticker.tick().await;
-        for (namespace, idle_after) in &namespaces {
+        for (namespace, idle_after, sweeper) in &mut sweeps {
             let cutoff = cutoff_ms(*idle_after);
-            match app
-                .db
-                .delete_sessions_updated_before(namespace, cutoff)
-                .await
-            {
-                Ok(0) => {}
-                Ok(deleted) => {
+            match app.db.sweep_idle_sessions(namespace, cutoff, sweeper).await {
+                Ok(IdleSweep { deleted: 0, .. }) => {}
+                Ok(IdleSweep { deleted, .. }) => {
                     stats.deleted.fetch_add(deleted, Relaxed);
                     tracing::info!(namespace, deleted, "idle sessions deleted");
                 }

@@ -82,7 +82,7 @@ pub use conversations::{
 };
 pub use manager::SPLIT_PREFIX;
 pub use page::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Page, PageRequest};
-pub use registry::SessionListing;
+pub use registry::{IdleSweep, IdleSweeper, SessionListing};
 pub use session::{
     AppendOptions, AppendResult, HistoryOptions, ImportOptions, MessagePatch, RecentHistory,
     Session,

@@ -139,14 +139,31 @@ impl<S: Store> Db<S> {
         namespace: &str,
         before_ms: i64,
     ) -> Result<u64, Error> {
+        let mut sweeper = IdleSweeper::default();
+        Ok(self
+            .sweep_idle_sessions(namespace, before_ms, &mut sweeper)
+            .await?
+            .deleted)
+    }
+
+    /// [`Db::delete_sessions_updated_before`] for a sweep that runs again and again over one
+    /// namespace: `sweeper` remembers where the sessions kept when idle end, so the next sweep
+    /// starts after them instead of listing them all again (see [`IdleSweeper`]).
+    pub async fn sweep_idle_sessions(
+        &self,
+        namespace: &str,
+        before_ms: i64,
+        sweeper: &mut IdleSweeper,
+    ) -> Result<IdleSweep, Error> {
         const PAGE: usize = 100;
-        let mut deleted = 0;
-        let mut after = None;
+        let started_ms = now_ms();
+        let mut sweep = IdleSweep::default();
+        let mut after = sweeper.start();
         loop {
             let query = SessionQuery {
                 sort: SessionSort::UpdatedAt,
                 descending: false,
-                after: after.take(),
+                after: after.clone(),
                 user_id: None,
                 limit: PAGE,
             };
@@ -155,9 +172,12 @@ impl<S: Store> Db<S> {
                 .iter()
                 .take_while(|info| info.updated_at < before_ms)
                 .count();
-            let sessions = page[..idle]
+            let (kept, unkept): (Vec<_>, Vec<_>) = page[..idle]
                 .iter()
-                .filter(|info| !keeps_when_idle(&info.record.settings))
+                .partition(|info| keeps_when_idle(&info.record.settings));
+            sweep.kept += kept.len() as u64;
+            let sessions = unkept
+                .iter()
                 .map(|info| self.session_in(namespace, &info.id))
                 .collect::<Result<Vec<_>, _>>()?;
             let op = || WriteOp::DeleteSession {
@@ -168,22 +188,24 @@ impl<S: Store> Db<S> {
                 let outcomes = self.store.write_all(deletes).await;
                 for (session, outcome) in sessions.iter().zip(outcomes) {
                     self.caches.forget(session.key());
-                    deleted += u64::from(outcome? == [WriteOutcome::Existed(true)]);
+                    sweep.deleted += u64::from(outcome? == [WriteOutcome::Existed(true)]);
                 }
+            }
+            if let Some(last) = page[..idle].last() {
+                after = Some(SessionCursor {
+                    value: last.updated_at,
+                    id: last.id.clone(),
+                });
             }
             // A page not idle to its end (or not full) was the last one.
             if idle < PAGE {
-                return Ok(deleted);
+                sweeper.finished(after, started_ms);
+                return Ok(sweep);
             }
-            let last = &page[PAGE - 1];
             // The embedded store's calls complete within their first poll, so without this a
             // sweep of a large backlog would hold its executor thread to the end, and a server
             // stopping could not drop it between pages.
             yield_now().await;
-            after = Some(SessionCursor {
-                value: last.updated_at,
-                id: last.id.clone(),
-            });
         }
     }
 
@@ -454,6 +476,49 @@ impl<S: Store> Session<S> {
 
 fn parse_state(text: &str) -> Result<Value, Error> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("state value: {e}")).into())
+}
+
+/// What a namespace's sweeps for idle sessions remember from one to the next: the place (in the
+/// order of `updatedAt`, then id) up to which every session, when last swept, was idle and kept
+/// (`keepWhenIdle`), so the next sweep starts after it. Sessions only move away from there: a
+/// write stamps its session with the writer's time, later than anything a sweep found idle. A
+/// clock set back, or another server on the same PostgreSQL database whose clock runs behind by
+/// more than the idle time, could stamp a session before that place, so every tenth sweep starts
+/// again from the oldest session.
+#[derive(Debug, Clone, Default)]
+pub struct IdleSweeper {
+    kept_through: Option<SessionCursor>,
+    /// Sweeps since the last one that started from the oldest session.
+    resumed: u32,
+}
+
+impl IdleSweeper {
+    const FULL_SWEEP_EVERY: u32 = 10;
+
+    fn start(&mut self) -> Option<SessionCursor> {
+        self.resumed += 1;
+        if self.resumed == Self::FULL_SWEEP_EVERY || self.kept_through.is_none() {
+            self.resumed = 0;
+            self.kept_through = None;
+        }
+        self.kept_through.clone()
+    }
+
+    /// After a sweep whose last idle session (or, finding none, its start) was `swept_through`:
+    /// every session that stayed at or before it is kept, and a place stamped before the sweep
+    /// started is one that no later write can sort at or before.
+    fn finished(&mut self, swept_through: Option<SessionCursor>, started_ms: i64) {
+        self.kept_through = swept_through.filter(|place| place.value < started_ms);
+    }
+}
+
+/// What one sweep for idle sessions did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IdleSweep {
+    /// Sessions deleted.
+    pub deleted: u64,
+    /// Idle sessions listed and left because they are kept when idle.
+    pub kept: u64,
 }
 
 #[cfg(test)]

@@ -83,6 +83,7 @@ macro_rules! for_each_case {
             registry::export_reimports_into_an_equal_session,
             registry::export_carries_the_session_record_to_a_new_session,
             registry::sessions_kept_when_idle_outlive_idle_deletion,
+            registry::sweeps_start_after_the_sessions_kept_when_idle,
             tree::appends_chain_in_order,
             tree::reappend_keeps_first_content,
             tree::explicit_parent_starts_a_branch,

@@ -230,6 +230,79 @@ pub async fn sessions_kept_when_idle_outlive_idle_deletion<S: Store>(db: Db<S>) 
     assert!(db_session(&db, "kept008").info().await.unwrap().is_some());
 }
 
+/// A sweeper starts each sweep after the idle sessions the sweep before found kept, so they are
+/// not listed again, while sessions that became idle since go; a session stamped before them
+/// (by a clock running behind) goes at the tenth sweep, which starts from the oldest again.
+pub async fn sweeps_start_after_the_sessions_kept_when_idle<S: Store>(db: Db<S>) {
+    use sessiondb::{IdleSweep, IdleSweeper};
+    use sessiondb_core::{WriteOp, WriteRequest};
+    let keep = SessionPatch {
+        settings: Some(object(json!({"keepWhenIdle": true}))),
+        ..Default::default()
+    };
+    for i in 0..150 {
+        let kept = db_session(&db, &format!("kept{i:03}"));
+        chain(&kept, &["m1"]).await;
+        kept.patch(keep.clone()).await.unwrap();
+    }
+    let written = |id: &'static str| {
+        let session = db_session(&db, id);
+        async move { session.info().await.unwrap().unwrap().updated_at }
+    };
+    chain(&db_session(&db, "idle"), &["m1"]).await;
+    let cutoff = written("idle").await + 1;
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    let mut sweeper = IdleSweeper::default();
+    let mut sweep = async |cutoff| {
+        db.sweep_idle_sessions("", cutoff, &mut sweeper)
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        sweep(cutoff).await,
+        IdleSweep {
+            deleted: 1,
+            kept: 150
+        }
+    );
+
+    chain(&db_session(&db, "later"), &["m1"]).await;
+    let behind = WriteRequest {
+        key: db_session(&db, "behind").key().clone(),
+        now_ms: written("kept000").await - 1,
+        ops: vec![WriteOp::CreateSession {
+            record: SessionRecord::default(),
+            created_at: None,
+        }],
+        max_messages: None,
+        condition: None,
+    };
+    db.store().write(behind).await.unwrap();
+    let cutoff = written("later").await + 1;
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    assert_eq!(
+        sweep(cutoff).await,
+        IdleSweep {
+            deleted: 1,
+            kept: 0
+        }
+    );
+    assert!(db_session(&db, "later").info().await.unwrap().is_none());
+    for _ in 2..10 {
+        assert_eq!(sweep(cutoff).await, IdleSweep::default());
+    }
+    assert!(db_session(&db, "behind").info().await.unwrap().is_some());
+    assert_eq!(
+        sweep(cutoff).await,
+        IdleSweep {
+            deleted: 1,
+            kept: 150
+        }
+    );
+    assert!(db_session(&db, "behind").info().await.unwrap().is_none());
+    assert!(db_session(&db, "kept149").info().await.unwrap().is_some());
+}
+
 /// The writer checks the time again: a session written at or after the cutoff (after whoever
 /// chose it listed it) stays, and the request writes nothing.
 pub async fn a_conditional_delete_keeps_a_session_written_since<S: Store>(db: Db<S>) {
