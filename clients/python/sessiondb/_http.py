@@ -9,6 +9,7 @@ or chunked.
 
 from __future__ import annotations
 
+import select
 import socket
 import ssl
 from collections.abc import Iterator
@@ -43,6 +44,18 @@ class Connection:
         if self.https:
             sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
         self.sock, self.reader = sock, sock.makefile("rb")
+
+    def closed_by_server(self) -> bool:
+        """Whether the server has closed this kept connection (as a server does with one idle
+        for its timeout): between requests nothing is due from it, so a socket that reads as
+        ready holds its end (or bytes nobody asked for, as unusable)."""
+        if self.sock is None:
+            return False
+        try:
+            ready, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(ready)
 
     def close(self) -> None:
         if self.sock is not None:

@@ -124,10 +124,17 @@ class Client:
         return Connection(self._host, self._port, self._https, self.timeout)
 
     def _checkout(self) -> tuple[Connection, bool]:
-        """An idle connection (``True``: it served requests before) or a new one."""
-        with self._guard:
-            if self._idle:
-                return self._idle.pop(), True
+        """An idle connection (``True``: it served requests before) or a new one. Idle ones the
+        server has closed meanwhile are passed over: a POST sent on one would fail with no way
+        to tell whether it was applied."""
+        while True:
+            with self._guard:
+                if not self._idle:
+                    break
+                connection = self._idle.pop()
+            if not connection.closed_by_server():
+                return connection, True
+            connection.close()
         return self._connect(), False
 
     def _checkin(self, connection: Connection) -> None:

@@ -7,6 +7,7 @@ import io
 import pathlib
 import socket
 import threading
+import time
 import unittest
 
 from served import Served, ServedTest
@@ -227,6 +228,17 @@ class ClientTest(ServedTest):
         # The kept connection went with the old process; the read is sent again on a new one.
         self.assertEqual(client.get_session("restarted")["messageCount"], 1)
         self.assertTrue(client.append("restarted", {"role": "user", "content": "after"})["inserted"])
+
+    def test_a_kept_connection_the_server_closed_is_not_used_again(self):
+        served = Served("--request-head-timeout", "1s")
+        self.addCleanup(served.stop)
+        client = Client(served.url)
+        self.addCleanup(client.close)
+        client.append("idle", {"role": "user", "content": "before"})
+        time.sleep(1.5)  # the server closes a connection that sends no request for 1 s
+        # An append is never sent twice, so it must not go out on the closed connection.
+        self.assertTrue(client.append("idle", {"role": "user", "content": "after"})["inserted"])
+        self.assertEqual(client.get_session("idle")["messageCount"], 2)
 
     def test_api_keys(self):
         served = Served("--api-key", "k1=team-a", "--api-key", "k2=team-b")

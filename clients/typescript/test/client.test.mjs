@@ -197,6 +197,22 @@ test('an unreachable server is its own error', async () => {
   });
 });
 
+test('a kept connection the server closed is not used again', async () => {
+  const served = await serve('--request-head-timeout', '1s');
+  try {
+    const client = new Client({ baseUrl: served.url });
+    await client.append('idle', { role: 'user', content: 'before' });
+    // The server closes a connection that sends no request for 1 s.
+    await new Promise((resolve) => setTimeout(resolve, 1500));
+    // An append is never sent twice, so it must not go out on the closed connection.
+    assert.equal((await client.append('idle', { role: 'user', content: 'after' })).inserted, true);
+    assert.equal((await client.getSession('idle')).messageCount, 2);
+    client.close();
+  } finally {
+    await served.stop();
+  }
+});
+
 test('api keys keep namespaces apart', async () => {
   const keyed = await serve('--api-key', 'k1=team-a', '--api-key', 'k2=team-b');
   try {

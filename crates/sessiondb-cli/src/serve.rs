@@ -59,6 +59,11 @@ pub struct ServeArgs {
     /// Most messages per session [default: 10000].
     #[arg(long, env = "SESSIONDB_MAX_MESSAGES_PER_SESSION")]
     max_messages_per_session: Option<u64>,
+    /// How long a connection may take to send a request's head (a number and s, m, h or d),
+    /// counted from when it opens or its last answer ends; then it is closed: kept connections
+    /// idle that long, and clients too slow to send a request [default: 60s].
+    #[arg(long, env = "SESSIONDB_REQUEST_HEAD_TIMEOUT")]
+    request_head_timeout: Option<String>,
     /// `full` (an acknowledged write survives power loss) or `normal` (survives a crash of the
     /// process, may lose the last writes on power loss) [default: full].
     #[arg(long, env = "SESSIONDB_SYNCHRONOUS")]
@@ -130,6 +135,7 @@ struct FileConfig {
     synchronous: Option<String>,
     row_cache_mib: Option<usize>,
     feed_retain: Option<usize>,
+    request_head_timeout: Option<String>,
     max_database_mib: Option<u64>,
     backup_dir: Option<PathBuf>,
     backup_every: Option<String>,
@@ -297,6 +303,14 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
             .or(file.limits.max_messages_per_session)
             .unwrap_or(defaults.max_messages_per_session),
     };
+    let request_head_timeout = match args
+        .request_head_timeout
+        .as_ref()
+        .or(file.request_head_timeout.as_ref())
+    {
+        Some(text) => backups::parse_interval(text).context("--request-head-timeout")?,
+        None => ServerConfig::DEFAULT_REQUEST_HEAD_TIMEOUT,
+    };
     let synchronous = match args
         .synchronous
         .or(file.synchronous)
@@ -347,7 +361,11 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
         backups,
         retention,
         log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
-        server: ServerConfig { api_keys, limits },
+        server: ServerConfig {
+            api_keys,
+            limits,
+            request_head_timeout,
+        },
         summarizer,
     })
 }
@@ -674,12 +692,13 @@ mod tests {
         assert_eq!(r.row_cache_bytes, SqliteConfig::default().row_cache_bytes);
         assert_eq!(r.feed_retain, 4096);
         assert_eq!(r.max_database_bytes, None);
+        assert_eq!(r.server.request_head_timeout, Duration::from_secs(60));
     }
 
     #[test]
     fn flags_win_over_the_file_and_bad_values_are_refused() {
         let (_dir, file) = config_file(
-            "data = \"/from/file\"\nsynchronous = \"normal\"\nrow_cache_mib = 3\nfeed_retain = 9\nmax_database_mib = 7\n[limits]\nmax_body_bytes = 10\nmax_message_bytes = 5\n",
+            "data = \"/from/file\"\nsynchronous = \"normal\"\nrow_cache_mib = 3\nfeed_retain = 9\nrequest_head_timeout = \"2m\"\nmax_database_mib = 7\n[limits]\nmax_body_bytes = 10\nmax_message_bytes = 5\n",
         );
         let path = file.to_str().unwrap();
         let r = resolved(&["--config", path, "--max-body-bytes", "20"], None).unwrap();
@@ -694,6 +713,7 @@ mod tests {
         assert_eq!(r.synchronous, Synchronous::Normal);
         assert_eq!(r.row_cache_bytes, 3 << 20);
         assert_eq!(r.feed_retain, 9);
+        assert_eq!(r.server.request_head_timeout, Duration::from_secs(120));
         assert_eq!(r.max_database_bytes, Some(7 << 20));
         let r = resolved(
             &[
@@ -705,10 +725,13 @@ mod tests {
                 "2",
                 "--feed-retain",
                 "0",
+                "--request-head-timeout",
+                "5s",
             ],
             None,
         )
         .unwrap();
+        assert_eq!(r.server.request_head_timeout, Duration::from_secs(5));
         assert_eq!(r.row_cache_bytes, 0);
         assert_eq!(r.feed_retain, 0);
         assert_eq!(r.max_database_bytes, Some(2 << 20));
@@ -738,6 +761,7 @@ mod tests {
         );
         assert!(resolved(&["--api-key", "no-namespace"], None).is_err());
         assert!(resolved(&["--synchronous", "sometimes"], None).is_err());
+        assert!(resolved(&["--request-head-timeout", "0s"], None).is_err());
         std::fs::write(&file, "unknown = 1\n").unwrap();
         assert!(resolved(&["--config", path], None).is_err());
     }

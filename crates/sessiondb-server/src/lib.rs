@@ -25,13 +25,17 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::HeaderValue;
 use axum::middleware::{self, Next};
 use axum::response::Response;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use sessiondb::{Db, Options, Session, Store};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -62,11 +66,31 @@ impl Default for Limits {
     }
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Bearer key → namespace. Empty: anonymous requests act in namespace `""`.
     pub api_keys: HashMap<String, String>,
     pub limits: Limits,
+    /// How long a connection may take to send a request's head, counted from when it opens or
+    /// its last answer ends; then it is closed. So a kept connection idle that long goes, and
+    /// so does a client too slow to send a request (which would otherwise hold its connection
+    /// for ever). A request whose head arrived in time is never cut: bodies, long answers and
+    /// the change feed's streams take as long as they take.
+    pub request_head_timeout: Duration,
+}
+
+impl ServerConfig {
+    pub const DEFAULT_REQUEST_HEAD_TIMEOUT: Duration = Duration::from_secs(60);
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            api_keys: HashMap::new(),
+            limits: Limits::default(),
+            request_head_timeout: Self::DEFAULT_REQUEST_HEAD_TIMEOUT,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -161,27 +185,64 @@ pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
 }
 
 /// Serves until `shutdown` resolves, then drains: stops accepting, ends change-feed streams and
-/// waits for in-flight requests.
+/// waits for in-flight requests. A connection that sends no request head within
+/// [`ServerConfig::request_head_timeout`] is closed.
 pub async fn serve<S: Store>(
     listener: TcpListener,
     app: Arc<App<S>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let router = router(app.clone());
-    // Without TCP_NODELAY, a streamed answer's last small write waits for the client to
-    // acknowledge the one before, which a kept connection's delayed ACK holds for ~40 ms.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |stream| {
+    let service = TowerToHyperService::new(router(app.clone()));
+    let mut connection = http1::Builder::new();
+    connection
+        .timer(TokioTimer::new())
+        .header_read_timeout(app.config.request_head_timeout);
+    let connections = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            stream = accept(&listener) => stream,
+            () = &mut shutdown => break,
+        };
+        // Without TCP_NODELAY, a streamed answer's last small write waits for the client to
+        // acknowledge the one before, which a kept connection's delayed ACK holds for ~40 ms.
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!("TCP_NODELAY on an accepted connection: {error}");
         }
-    });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!("shutting down: finishing in-flight requests");
-            app.begin_shutdown();
-        })
-        .await
+        let served =
+            connections.watch(connection.serve_connection(TokioIo::new(stream), service.clone()));
+        tokio::spawn(async move {
+            if let Err(error) = served.await {
+                tracing::debug!("connection ended: {error}");
+            }
+        });
+    }
+    drop(listener);
+    tracing::info!("shutting down: finishing in-flight requests");
+    app.begin_shutdown();
+    connections.shutdown().await;
+    Ok(())
+}
+
+/// The next connection. Errors of one connection (reset before it was accepted) are passed
+/// over; others, such as running out of file descriptors, are logged and retried a second
+/// later rather than spun on.
+async fn accept(listener: &TcpListener) -> tokio::net::TcpStream {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => return stream,
+            Err(error) => {
+                use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+                if !matches!(
+                    error.kind(),
+                    ConnectionAborted | ConnectionRefused | ConnectionReset
+                ) {
+                    tracing::error!("accepting a connection: {error}");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
 }
 
 const REQUEST_ID: &str = "x-request-id";

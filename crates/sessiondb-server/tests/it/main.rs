@@ -5,6 +5,7 @@ mod auth;
 mod cancel;
 mod common;
 mod compaction;
+mod connections;
 mod context;
 mod conversations;
 mod events;
