@@ -533,6 +533,8 @@ async fn shutdown_signal() {
 pub fn run(config: Resolved) -> anyhow::Result<()> {
     init_logging(&config.log)?;
     sessiondb_server::check_bind(config.listen, &config.server, config.insecure)?;
+    #[cfg(unix)]
+    raise_open_files_limit();
     let options = Options {
         summarizer: config.summarizer.build(),
         ..Options::default()
@@ -617,6 +619,31 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
             }
         }
     })
+}
+
+/// Raises the soft limit of open files to the hard one: every connection holds a file, and
+/// service managers start processes with a soft limit of 1,024 (systemd's default) while
+/// allowing far more, which would refuse connections long before the machine runs short.
+#[cfg(unix)]
+fn raise_open_files_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    // No soft limit, or no finite hard one to raise it to (the kernel refuses an unlimited
+    // soft one), leaves it as it is.
+    let (Some(soft), Some(hard)) = (limit.current, limit.maximum) else {
+        return;
+    };
+    if soft >= hard {
+        return;
+    }
+    let raised = rustix::process::Rlimit {
+        current: Some(hard),
+        maximum: Some(hard),
+    };
+    match setrlimit(Resource::Nofile, raised) {
+        Ok(()) => tracing::info!(from = soft, to = hard, "raised the limit of open files"),
+        Err(error) => tracing::warn!(soft, hard, "the limit of open files stays: {error}"),
+    }
 }
 
 /// Serves `app` on `addr` until SIGTERM or Ctrl-C, then drains in-flight requests.

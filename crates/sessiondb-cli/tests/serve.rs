@@ -61,6 +61,23 @@ async fn sigterm_drains_and_keeps_every_acknowledged_write() {
     }
 }
 
+/// Each connection holds a file: a server started with a low soft limit of open files (as
+/// service managers start processes) raises it to the hard limit.
+#[test]
+fn serving_raises_the_soft_limit_of_open_files_to_the_hard_one() {
+    let dir = free_dir();
+    let served = Served::start_with_open_files(dir.path(), &["--listen", "127.0.0.1:0"], 64);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", served.pid())).unwrap();
+    let open_files: Vec<&str> = limits
+        .lines()
+        .find_map(|line| line.strip_prefix("Max open files"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_ne!(open_files[0], "64", "{limits}");
+    assert_eq!(open_files[0], open_files[1], "{limits}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configuration_from_file_environment_and_flags() {
     let dir = free_dir();

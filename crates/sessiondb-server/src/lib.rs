@@ -211,7 +211,9 @@ pub async fn serve<S: Store>(
         }
         let served =
             connections.watch(connection.serve_connection(TokioIo::new(stream), service.clone()));
+        let app = app.clone();
         tokio::spawn(async move {
+            let _open = app.metrics.connection_opened();
             if let Err(error) = served.await {
                 tracing::debug!("connection ended: {error}");
             }

@@ -29,7 +29,18 @@ pub struct Metrics {
     appended_messages: AtomicU64,
     appended_bytes: AtomicU64,
     pub(crate) live_subscribers: AtomicI64,
+    accepted_connections: AtomicU64,
+    open_connections: AtomicI64,
     backend: Option<BackendMetrics>,
+}
+
+/// Counts its connection as open until dropped (the connection's task ended or was cancelled).
+pub(crate) struct OpenConnection<'a>(&'a Metrics);
+
+impl Drop for OpenConnection<'_> {
+    fn drop(&mut self) {
+        self.0.open_connections.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -61,6 +72,12 @@ impl Metrics {
                 *count += 1;
             }
         }
+    }
+
+    pub(crate) fn connection_opened(&self) -> OpenConnection<'_> {
+        self.accepted_connections.fetch_add(1, Ordering::Relaxed);
+        self.open_connections.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(self)
     }
 
     pub fn record_append(&self, bytes: u64) {
@@ -112,10 +129,18 @@ impl Metrics {
              sessiondb_appended_bytes_total {}\n\
              # HELP sessiondb_live_subscribers Open change-feed streams.\n\
              # TYPE sessiondb_live_subscribers gauge\n\
-             sessiondb_live_subscribers {}",
+             sessiondb_live_subscribers {}\n\
+             # HELP sessiondb_http_connections_accepted_total HTTP connections accepted.\n\
+             # TYPE sessiondb_http_connections_accepted_total counter\n\
+             sessiondb_http_connections_accepted_total {}\n\
+             # HELP sessiondb_http_connections_open HTTP connections open, kept ones included.\n\
+             # TYPE sessiondb_http_connections_open gauge\n\
+             sessiondb_http_connections_open {}",
             self.appended_messages.load(Ordering::Relaxed),
             self.appended_bytes.load(Ordering::Relaxed),
             self.live_subscribers.load(Ordering::Relaxed),
+            self.accepted_connections.load(Ordering::Relaxed),
+            self.open_connections.load(Ordering::Relaxed),
         );
         if let Some(backend) = &self.backend {
             backend(&mut out);

@@ -54,7 +54,27 @@ impl Drop for Served {
 
 impl Served {
     pub fn start(data: &Path, args: &[&str], env: &[(&str, &str)]) -> Served {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sessiondb"))
+        Self::start_in(
+            Command::new(env!("CARGO_BIN_EXE_sessiondb")),
+            data,
+            args,
+            env,
+        )
+    }
+
+    /// Started by `sh`, which first sets the soft limit of open files to `soft_limit`.
+    pub fn start_with_open_files(data: &Path, args: &[&str], soft_limit: u32) -> Served {
+        let mut shell = Command::new("sh");
+        shell.args([
+            "-c",
+            &format!("ulimit -S -n {soft_limit} && exec \"$0\" \"$@\""),
+            env!("CARGO_BIN_EXE_sessiondb"),
+        ]);
+        Self::start_in(shell, data, args, &[])
+    }
+
+    fn start_in(mut command: Command, data: &Path, args: &[&str], env: &[(&str, &str)]) -> Served {
+        let mut child = command
             .arg("--data")
             .arg(data)
             .arg("serve")

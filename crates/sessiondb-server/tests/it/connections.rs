@@ -1,5 +1,6 @@
 //! A connection that sends no request head within `request_head_timeout` (from when it opens,
-//! or from its last answer) is closed; a request whose head arrived is never cut.
+//! or from its last answer) is closed; a request whose head arrived is never cut. `/metrics`
+//! counts the connections accepted and open.
 
 use std::time::Duration;
 
@@ -78,6 +79,25 @@ async fn connections_that_send_no_request_head_in_time_are_closed() {
     let answer = String::from_utf8(read_until_closed(&mut kept).await).unwrap();
     assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
     assert!(!answer.contains("connection: close"), "{answer}");
+
+    // Once their tasks end, the three count as accepted and no longer as open; the one open is
+    // the client's asking for the metrics.
+    let mut metrics = String::new();
+    for _ in 0..250 {
+        metrics = server.get("/metrics").await.text;
+        if metrics.contains("\nsessiondb_http_connections_open 1\n") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        metrics.contains("\nsessiondb_http_connections_open 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("\nsessiondb_http_connections_accepted_total 4\n"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
