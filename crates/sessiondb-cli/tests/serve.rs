@@ -66,7 +66,7 @@ async fn sigterm_drains_and_keeps_every_acknowledged_write() {
 #[test]
 fn serving_raises_the_soft_limit_of_open_files_to_the_hard_one() {
     let dir = free_dir();
-    let served = Served::start_with_open_files(dir.path(), &["--listen", "127.0.0.1:0"], 64);
+    let served = Served::start_under_ulimit(dir.path(), &["--listen", "127.0.0.1:0"], "-S -n 64");
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", served.pid())).unwrap();
     let open_files: Vec<&str> = limits
         .lines()
@@ -76,6 +76,36 @@ fn serving_raises_the_soft_limit_of_open_files_to_the_hard_one() {
         .collect();
     assert_ne!(open_files[0], "64", "{limits}");
     assert_eq!(open_files[0], open_files[1], "{limits}");
+}
+
+/// A server out of file descriptors keeps the connections it has and takes new ones once
+/// some close: it neither exits nor spins on the failing accept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_out_of_file_descriptors_recovers_when_connections_close() {
+    let dir = free_dir();
+    let served = Served::start_under_ulimit(dir.path(), &["--listen", "127.0.0.1:0"], "-n 64");
+    let address = served.base.trim_start_matches("http://").to_owned();
+    let mut held = Vec::new();
+    for _ in 0..100 {
+        held.push(tokio::net::TcpStream::connect(&address).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", served.pid()))
+        .unwrap()
+        .count();
+    assert!(fds >= 60, "the server holds {fds} files: it ran out");
+    drop(held);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let health = client
+        .get(format!("{}/healthz", served.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    append_one(&served.base, "after").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -62,12 +62,13 @@ impl Served {
         )
     }
 
-    /// Started by `sh`, which first sets the soft limit of open files to `soft_limit`.
-    pub fn start_with_open_files(data: &Path, args: &[&str], soft_limit: u32) -> Served {
+    /// Started by `sh`, which first runs `ulimit {limit}` (`-S -n 64`: a soft limit of 64 open
+    /// files; `-n 64`: soft and hard).
+    pub fn start_under_ulimit(data: &Path, args: &[&str], limit: &str) -> Served {
         let mut shell = Command::new("sh");
         shell.args([
             "-c",
-            &format!("ulimit -S -n {soft_limit} && exec \"$0\" \"$@\""),
+            &format!("ulimit {limit} && exec \"$0\" \"$@\""),
             env!("CARGO_BIN_EXE_sessiondb"),
         ]);
         Self::start_in(shell, data, args, &[])
