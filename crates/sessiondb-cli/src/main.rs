@@ -153,8 +153,8 @@ enum Command {
         remote: RemoteArgs,
     },
     /// Run the HTTP server (SQLite in --data, 127.0.0.1:8787 by default; --database for
-    /// PostgreSQL). On the embedded store SIGUSR1 takes a backup (with --backup-dir) and SIGUSR2
-    /// vacuums the file.
+    /// PostgreSQL). SIGHUP puts the API keys of the configuration (read again) in force; on the
+    /// embedded store SIGUSR1 takes a backup (with --backup-dir) and SIGUSR2 vacuums the file.
     Serve(Box<serve::ServeArgs>),
     /// Bring a PostgreSQL database to this build's schema (servers also do this as they start).
     Migrate {
@@ -282,7 +282,7 @@ fn main() -> std::process::ExitCode {
 
 fn run_command(cli: Cli) -> anyhow::Result<()> {
     if let Command::Serve(args) = cli.command {
-        return serve::run(serve::resolve(*args, cli.data)?);
+        return serve::run(*args, cli.data);
     }
     match &cli.command {
         Command::Migrate { database } => return migrate(database),

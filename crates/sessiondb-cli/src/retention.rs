@@ -10,7 +10,7 @@
 //! the idle sessions the one before found kept (`keepWhenIdle`), and every tenth from the
 //! oldest ([`IdleSweeper`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 
 use sessiondb::{IdleSweep, IdleSweeper, Store};
-use sessiondb_server::{App, ServerConfig};
+use sessiondb_server::App;
 
 /// How long sessions may stay idle: everywhere, and per namespace.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -50,18 +50,28 @@ impl RetentionPlan {
 
     /// Each swept namespace and its time: the keys' namespaces (or the empty one) with the time
     /// for everywhere, then those named on their own.
-    fn namespaces(&self, server: &ServerConfig) -> BTreeMap<String, Duration> {
+    fn namespaces(&self, api_keys: &HashMap<String, String>) -> BTreeMap<String, Duration> {
         let mut swept = BTreeMap::new();
         if let Some(idle) = self.everywhere {
-            if server.api_keys.is_empty() {
+            if api_keys.is_empty() {
                 swept.insert(String::new(), idle);
             }
-            for namespace in server.api_keys.values() {
+            for namespace in api_keys.values() {
                 swept.insert(namespace.clone(), idle);
             }
         }
         swept.extend(self.by_namespace.clone());
         swept
+    }
+
+    /// How often to sweep: a tenth of the shortest time, which keys never shorten (they all
+    /// take the time for everywhere), so it holds across reloads of the keys.
+    fn sweep_every(&self) -> Option<Duration> {
+        let shortest = self
+            .everywhere
+            .into_iter()
+            .chain(self.by_namespace.values().copied());
+        shortest.min().map(sweep_every)
     }
 }
 
@@ -111,43 +121,41 @@ pub fn start<S: Store>(
     plan: &RetentionPlan,
     stats: Option<&Arc<RetentionStats>>,
 ) {
-    let namespaces = plan.namespaces(&app.config);
-    let (Some(shortest), Some(stats)) = (namespaces.values().min().copied(), stats) else {
+    let (Some(every), Some(stats)) = (plan.sweep_every(), stats) else {
         return;
     };
-    for (namespace, idle_after) in &namespaces {
+    for (namespace, idle_after) in plan.namespaces(&app.api_keys()) {
         tracing::info!(
             namespace,
             ?idle_after,
             "sessions idle longer than this are deleted"
         );
     }
-    tokio::spawn(run(
-        app.clone(),
-        namespaces,
-        sweep_every(shortest),
-        stats.clone(),
-    ));
+    tokio::spawn(run(app.clone(), plan.clone(), every, stats.clone()));
 }
 
-/// Sweeps until the runtime stops.
+/// Sweeps until the runtime stops, each time over the namespaces of the keys then in force.
 async fn run<S: Store>(
     app: Arc<App<S>>,
-    namespaces: BTreeMap<String, Duration>,
+    plan: RetentionPlan,
     every: Duration,
     stats: Arc<RetentionStats>,
 ) {
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut sweeps: Vec<_> = namespaces
-        .into_iter()
-        .map(|(namespace, idle_after)| (namespace, idle_after, IdleSweeper::default()))
-        .collect();
+    let mut sweepers: BTreeMap<String, IdleSweeper> = BTreeMap::new();
     loop {
         ticker.tick().await;
-        for (namespace, idle_after, sweeper) in &mut sweeps {
-            let cutoff = cutoff_ms(*idle_after);
-            match app.db.sweep_idle_sessions(namespace, cutoff, sweeper).await {
+        let namespaces = plan.namespaces(&app.api_keys());
+        sweepers.retain(|namespace, _| namespaces.contains_key(namespace));
+        for (namespace, idle_after) in namespaces {
+            let cutoff = cutoff_ms(idle_after);
+            let sweeper = sweepers.entry(namespace.clone()).or_default();
+            match app
+                .db
+                .sweep_idle_sessions(&namespace, cutoff, sweeper)
+                .await
+            {
                 Ok(IdleSweep { deleted: 0, .. }) => {}
                 Ok(IdleSweep { deleted, .. }) => {
                     stats.deleted.fetch_add(deleted, Relaxed);

@@ -25,7 +25,7 @@ use crate::vacuums::{self, VacuumStats};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// TOML configuration file (keys as the flags below, in snake_case; API keys in a `[keys]`
     /// table mapping key to namespace, limits in a `[limits]` table).
@@ -530,7 +530,11 @@ async fn shutdown_signal() {
     }
 }
 
-pub fn run(config: Resolved) -> anyhow::Result<()> {
+/// Serves as `args` (and the file they name) say until SIGTERM or Ctrl-C; SIGHUP resolves them
+/// again and puts the API keys they give in force.
+pub fn run(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = resolve(args.clone(), data.clone())?;
+    let resolve_again = move || resolve(args.clone(), data.clone());
     init_logging(&config.log)?;
     sessiondb_server::check_bind(config.listen, &config.server, config.insecure)?;
     #[cfg(unix)]
@@ -550,6 +554,10 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let backup_requests = Requests::backups()?;
         let vacuum_requests = Requests::vacuums()?;
+        let reloads = Reloads {
+            requests: Requests::reloads()?,
+            resolve: Box::new(resolve_again),
+        };
         let retention_stats = config
             .retention
             .is_on()
@@ -589,7 +597,7 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
                         tokio::spawn(backup_requests.refuse("this server has no --backup-dir"));
                     }
                 }
-                listen(config.listen, app, &data.display().to_string()).await
+                listen(config.listen, app, &data.display().to_string(), reloads).await
             }
             Backend::Postgres { url, pool } => {
                 let pg = PgConfig {
@@ -615,7 +623,7 @@ pub fn run(config: Resolved) -> anyhow::Result<()> {
                 };
                 let app = App::new(Db::with_options(store, options), config.server, metrics);
                 retention::start(&app, &config.retention, retention_stats.as_ref());
-                listen(config.listen, app, "postgres").await
+                listen(config.listen, app, "postgres", reloads).await
             }
         }
     })
@@ -651,17 +659,52 @@ async fn listen<S: sessiondb::Store>(
     addr: SocketAddr,
     app: Arc<App<S>>,
     storage: &str,
+    reloads: Reloads,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("listening on {addr}"))?;
     let addr = listener.local_addr()?;
+    tokio::spawn(reloads.run(app.clone(), addr));
     tracing::info!(%addr, storage, "sessiondb listening");
     // Tests and scripts read this line to find the port.
     eprintln!("sessiondb listening on http://{addr}");
     sessiondb_server::serve(listener, app, shutdown_signal()).await?;
     tracing::info!("stopped; every acknowledged write is durable");
     Ok(())
+}
+
+/// Reloads of the API keys: at each SIGHUP the configuration is resolved again (the file is
+/// read again; flags and the environment are the process's own) and its keys are put in force,
+/// unless it fails or its keys may not serve the address the server listens on (none on a
+/// public address without `insecure`); then the keys in force stay. Other settings take a
+/// restart.
+struct Reloads {
+    requests: Requests,
+    resolve: Box<dyn Fn() -> anyhow::Result<Resolved> + Send>,
+}
+
+impl Reloads {
+    async fn run<S: sessiondb::Store>(mut self, app: Arc<App<S>>, listening: SocketAddr) {
+        loop {
+            self.requests.next().await;
+            let reloaded = (self.resolve)().and_then(|resolved| {
+                sessiondb_server::check_bind(listening, &resolved.server, resolved.insecure)?;
+                Ok(resolved.server.api_keys)
+            });
+            match reloaded {
+                Ok(keys) => {
+                    let count = keys.len();
+                    app.replace_keys(keys);
+                    tracing::info!(keys = count, "API keys reloaded");
+                }
+                Err(error) => {
+                    app.metrics.record_key_reload_failure();
+                    tracing::error!("the API keys in force stay: {error:#}");
+                }
+            }
+        }
+    }
 }
 
 fn open_store(data: &Path, resolved: &Resolved) -> anyhow::Result<SqliteStore> {

@@ -1,6 +1,7 @@
 //! Requests an operator sends a running server as Unix signals: SIGUSR1 for a backup, SIGUSR2
-//! for a vacuum. Every server listens for both from its start, so a signal it cannot act on is
-//! logged instead of meeting the default action, which ends the process.
+//! for a vacuum, SIGHUP to reload the API keys. Every server listens for all three from its
+//! start, so a signal it cannot act on is logged instead of meeting the default action, which
+//! ends the process.
 
 use anyhow::Context;
 
@@ -8,6 +9,7 @@ use anyhow::Context;
 enum Signal {
     Usr1,
     Usr2,
+    Hup,
 }
 
 impl Signal {
@@ -15,6 +17,7 @@ impl Signal {
         match self {
             Signal::Usr1 => "SIGUSR1",
             Signal::Usr2 => "SIGUSR2",
+            Signal::Hup => "SIGHUP",
         }
     }
 }
@@ -38,11 +41,17 @@ impl Requests {
         Self::listen(Signal::Usr2, "a vacuum")
     }
 
+    /// SIGHUP, as [`Requests::backups`].
+    pub fn reloads() -> anyhow::Result<Self> {
+        Self::listen(Signal::Hup, "a reload of the API keys")
+    }
+
     fn listen(signal: Signal, asks_for: &'static str) -> anyhow::Result<Self> {
         #[cfg(unix)]
         let kind = match signal {
             Signal::Usr1 => tokio::signal::unix::SignalKind::user_defined1(),
             Signal::Usr2 => tokio::signal::unix::SignalKind::user_defined2(),
+            Signal::Hup => tokio::signal::unix::SignalKind::hangup(),
         };
         Ok(Self {
             signal,

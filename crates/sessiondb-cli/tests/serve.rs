@@ -108,6 +108,91 @@ async fn a_server_out_of_file_descriptors_recovers_when_connections_close() {
     append_one(&served.base, "after").await;
 }
 
+/// SIGHUP puts the configuration file's keys in force without a restart; a file that no longer
+/// parses, or keys that would leave a public address open to anonymous requests, leave the
+/// keys in force as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_api_keys_from_the_file() {
+    let dir = free_dir();
+    let config = dir.path().join("sessiondb.toml");
+    let keys = |key: &str| format!("[keys]\n\"{key}\" = \"team\"\n");
+    std::fs::write(&config, keys("old-key")).unwrap();
+    let served = Served::start(
+        &dir.path().join("data"),
+        &[
+            "--listen",
+            "0.0.0.0:0",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let client = reqwest::Client::new();
+    let status = async |key: &str| {
+        let url = format!("{}/v1/sessions/s", served.base);
+        let response = client.get(url).bearer_auth(key).send().await.unwrap();
+        response.status().as_u16()
+    };
+    let append = client
+        .post(format!("{}/v1/sessions/s/messages", served.base))
+        .bearer_auth("old-key")
+        .json(&json!({"id": "m1", "role": "user", "content": "hello"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(append.status(), 201);
+    assert_eq!(status("new-key").await, 401);
+    let metric = async |name: &str| {
+        let text = client
+            .get(format!("{}/metrics", served.base))
+            .bearer_auth("new-key")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let line = text.lines().find(|l| l.starts_with(&format!("{name} ")));
+        line.unwrap()
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+
+    std::fs::write(&config, keys("new-key")).unwrap();
+    served.signal("HUP");
+    for _ in 0..250 {
+        if status("new-key").await == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(status("new-key").await, 200, "the new key is in force");
+    assert_eq!(status("old-key").await, 401);
+    assert_eq!(metric("sessiondb_api_key_reloads_total").await, 1);
+
+    for broken in ["[keys\n", "listen = \"0.0.0.0:0\"\n"] {
+        let failures = metric("sessiondb_api_key_reload_failures_total").await;
+        std::fs::write(&config, broken).unwrap();
+        served.signal("HUP");
+        for _ in 0..250 {
+            if metric("sessiondb_api_key_reload_failures_total").await > failures {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            metric("sessiondb_api_key_reload_failures_total").await,
+            failures + 1,
+            "{broken}"
+        );
+        assert_eq!(status("new-key").await, 200, "{broken}");
+    }
+    assert_eq!(metric("sessiondb_api_key_reloads_total").await, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configuration_from_file_environment_and_flags() {
     let dir = free_dir();

@@ -26,7 +26,8 @@ impl<S: Store> FromRequestParts<Arc<App<S>>> for Tenant {
         parts: &mut Parts,
         app: &Arc<App<S>>,
     ) -> Result<Self, Self::Rejection> {
-        if app.config.api_keys.is_empty() {
+        let keys = app.api_keys();
+        if keys.is_empty() {
             return Ok(Tenant(String::new()));
         }
         let header = parts.headers.get(AUTHORIZATION).ok_or_else(|| {
@@ -42,9 +43,7 @@ impl<S: Store> FromRequestParts<Arc<App<S>>> for Tenant {
             .ok_or_else(|| {
                 ApiError::unauthorized("the Authorization header must be `Bearer <key>`")
             })?;
-        app.config
-            .api_keys
-            .get(key)
+        keys.get(key)
             .map(|namespace| Tenant(namespace.clone()))
             .ok_or_else(|| ApiError::unauthorized("unknown API key"))
     }

@@ -24,7 +24,7 @@ pub mod wire;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -119,8 +119,11 @@ pub fn check_bind(
 #[derive(Debug)]
 pub struct App<S> {
     pub db: Db<S>,
+    /// As the server started: [`App::api_keys`] has the keys in force.
     pub config: ServerConfig,
     pub metrics: Metrics,
+    /// Bearer key → namespace, replaced whole by [`App::replace_keys`].
+    keys: RwLock<Arc<HashMap<String, String>>>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -134,10 +137,24 @@ impl<S: Store> App<S> {
         };
         Arc::new(Self {
             db: db.reconfigured(options),
+            keys: RwLock::new(Arc::new(config.api_keys.clone())),
             config,
             metrics,
             shutdown: watch::channel(false).0,
         })
+    }
+
+    /// The API keys in force (bearer key → namespace; none: anonymous requests in `""`).
+    pub fn api_keys(&self) -> Arc<HashMap<String, String>> {
+        self.keys.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Puts `keys` in force for every request authenticated from now on (requests already
+    /// authenticated finish in their namespace), as a key rotation does. Whether they may serve
+    /// the address at all ([`check_bind`]) is the caller's to check first.
+    pub fn replace_keys(&self, keys: HashMap<String, String>) {
+        *self.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
+        self.metrics.record_key_reload();
     }
 
     pub(crate) fn session(&self, namespace: &str, id: &str) -> Result<Session<S>, ApiError> {

@@ -31,6 +31,8 @@ pub struct Metrics {
     pub(crate) live_subscribers: AtomicI64,
     accepted_connections: AtomicU64,
     open_connections: AtomicI64,
+    key_reloads: AtomicU64,
+    key_reload_failures: AtomicU64,
     backend: Option<BackendMetrics>,
 }
 
@@ -78,6 +80,15 @@ impl Metrics {
         self.accepted_connections.fetch_add(1, Ordering::Relaxed);
         self.open_connections.fetch_add(1, Ordering::Relaxed);
         OpenConnection(self)
+    }
+
+    pub(crate) fn record_key_reload(&self) {
+        self.key_reloads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A reload of the API keys that was refused (the keys in force stay).
+    pub fn record_key_reload_failure(&self) {
+        self.key_reload_failures.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn record_append(&self, bytes: u64) {
@@ -135,12 +146,20 @@ impl Metrics {
              sessiondb_http_connections_accepted_total {}\n\
              # HELP sessiondb_http_connections_open HTTP connections open, kept ones included.\n\
              # TYPE sessiondb_http_connections_open gauge\n\
-             sessiondb_http_connections_open {}",
+             sessiondb_http_connections_open {}\n\
+             # HELP sessiondb_api_key_reloads_total API key sets put in force since the start.\n\
+             # TYPE sessiondb_api_key_reloads_total counter\n\
+             sessiondb_api_key_reloads_total {}\n\
+             # HELP sessiondb_api_key_reload_failures_total Reloads of the API keys refused (the keys in force stayed).\n\
+             # TYPE sessiondb_api_key_reload_failures_total counter\n\
+             sessiondb_api_key_reload_failures_total {}",
             self.appended_messages.load(Ordering::Relaxed),
             self.appended_bytes.load(Ordering::Relaxed),
             self.live_subscribers.load(Ordering::Relaxed),
             self.accepted_connections.load(Ordering::Relaxed),
             self.open_connections.load(Ordering::Relaxed),
+            self.key_reloads.load(Ordering::Relaxed),
+            self.key_reload_failures.load(Ordering::Relaxed),
         );
         if let Some(backend) = &self.backend {
             backend(&mut out);
