@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import pathlib
 import socket
 import threading
@@ -239,6 +240,26 @@ class ClientTest(ServedTest):
         # An append is never sent twice, so it must not go out on the closed connection.
         self.assertTrue(client.append("idle", {"role": "user", "content": "after"})["inserted"])
         self.assertEqual(client.get_session("idle")["messageCount"], 2)
+
+    def test_https_with_a_trusted_certificate(self):
+        certs = pathlib.Path(__file__).resolve().parents[3] / "crates/sessiondb-server/tests/tls"
+        served = Served("--tls-cert", str(certs / "first-cert.pem"),
+                        "--tls-key", str(certs / "first-key.pem"))
+        self.addCleanup(served.stop)
+        self.assertTrue(served.url.startswith("https://"), served.url)
+        untrusted = Client(served.url, timeout=5)
+        self.addCleanup(untrusted.close)
+        with self.assertRaises(SessiondbUnavailable):
+            untrusted.get_session("tls")
+        # OpenSSL, under Python's default context, trusts the bundle this names.
+        previous = os.environ.get("SSL_CERT_FILE")
+        os.environ["SSL_CERT_FILE"] = str(certs / "first-cert.pem")
+        self.addCleanup(lambda: os.environ.pop("SSL_CERT_FILE") if previous is None
+                        else os.environ.update(SSL_CERT_FILE=previous))
+        client = Client(served.url)
+        self.addCleanup(client.close)
+        client.append("tls", {"role": "user", "content": "over TLS"})
+        self.assertEqual([m["content"] for m in client.history("tls")], ["over TLS"])
 
     def test_api_keys(self):
         served = Served("--api-key", "k1=team-a", "--api-key", "k2=team-b")

@@ -1,6 +1,7 @@
 // The HTTP client against a real server.
 import assert from 'node:assert/strict';
 import { createServer } from 'node:net';
+import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
 
 import { Client, SessiondbError, SessiondbUnavailable } from '../dist/index.js';
@@ -207,6 +208,24 @@ test('a kept connection the server closed is not used again', async () => {
     // An append is never sent twice, so it must not go out on the closed connection.
     assert.equal((await client.append('idle', { role: 'user', content: 'after' })).inserted, true);
     assert.equal((await client.getSession('idle')).messageCount, 2);
+    client.close();
+  } finally {
+    await served.stop();
+  }
+});
+
+// Node trusts the test certificate through NODE_EXTRA_CA_CERTS, which the Rust test that runs
+// this suite sets (Node reads it once, at start).
+test('https with a certificate node trusts', async () => {
+  const certs = new URL('../../../crates/sessiondb-server/tests/tls/', import.meta.url);
+  const file = (name) => fileURLToPath(new URL(name, certs));
+  assert.equal(process.env.NODE_EXTRA_CA_CERTS, file('first-cert.pem'));
+  const served = await serve('--tls-cert', file('first-cert.pem'), '--tls-key', file('first-key.pem'));
+  try {
+    assert.ok(served.url.startsWith('https://'), served.url);
+    const client = new Client({ baseUrl: served.url });
+    await client.append('tls', { role: 'user', content: 'over TLS' });
+    assert.deepEqual((await all(client.history('tls'))).map((m) => m.content), ['over TLS']);
     client.close();
   } finally {
     await served.stop();

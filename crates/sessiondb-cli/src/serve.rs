@@ -15,7 +15,7 @@ use sessiondb::{
     Synchronous,
 };
 use sessiondb_postgres::{PgConfig, PgStore};
-use sessiondb_server::{App, Limits, Metrics, ServerConfig};
+use sessiondb_server::{App, Limits, Metrics, ServerConfig, Tls};
 use sessiondb_summarizers::{AnthropicSummarizer, ModelConfig, OpenAiSummarizer};
 
 use crate::backups::{self, BackupPlan, BackupStats};
@@ -50,6 +50,13 @@ pub struct ServeArgs {
     /// Allow anonymous access on a non-loopback address.
     #[arg(long, env = "SESSIONDB_INSECURE")]
     insecure: bool,
+    /// Serve HTTPS with this PEM certificate chain (the server's certificate first); needs
+    /// --tls-key. SIGHUP reads both files again, so a renewed certificate needs no restart.
+    #[arg(long, env = "SESSIONDB_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "SESSIONDB_TLS_KEY")]
+    tls_key: Option<PathBuf>,
     /// Largest request body in bytes [default: 67108864].
     #[arg(long, env = "SESSIONDB_MAX_BODY_BYTES")]
     max_body_bytes: Option<usize>,
@@ -132,6 +139,8 @@ struct FileConfig {
     database: Option<String>,
     database_pool: Option<usize>,
     insecure: Option<bool>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
     synchronous: Option<String>,
     row_cache_mib: Option<usize>,
     feed_retain: Option<usize>,
@@ -235,12 +244,35 @@ pub enum Backend {
     Postgres { url: String, pool: usize },
 }
 
+/// The PEM files HTTPS is served with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TlsFiles {
+    fn read(&self) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
+        let read = |path: &PathBuf| {
+            std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+        };
+        Ok((read(&self.cert)?, read(&self.key)?))
+    }
+
+    fn load(&self) -> anyhow::Result<Tls> {
+        let (cert, key) = self.read()?;
+        Ok(Tls::from_pem(&cert, &key)?)
+    }
+}
+
 /// Everything `serve` needs, resolved.
 #[derive(Debug)]
 pub struct Resolved {
     pub listen: SocketAddr,
     pub backend: Backend,
     pub insecure: bool,
+    /// HTTPS instead of HTTP.
+    pub tls: Option<TlsFiles>,
     pub synchronous: Synchronous,
     pub row_cache_bytes: usize,
     /// Change events kept for resumption.
@@ -345,6 +377,14 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
             },
         },
         insecure: args.insecure || file.insecure.unwrap_or(false),
+        tls: match (
+            args.tls_cert.or(file.tls_cert),
+            args.tls_key.or(file.tls_key),
+        ) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            (None, None) => None,
+            _ => bail!("--tls-cert and --tls-key go together"),
+        },
         synchronous,
         row_cache_bytes: args
             .row_cache_mib
@@ -537,6 +577,14 @@ pub fn run(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<()> {
     let resolve_again = move || resolve(args.clone(), data.clone());
     init_logging(&config.log)?;
     sessiondb_server::check_bind(config.listen, &config.server, config.insecure)?;
+    let tls = config.tls.as_ref().map(TlsFiles::load).transpose()?;
+    if tls.is_none() && !config.server.api_keys.is_empty() && !config.listen.ip().is_loopback() {
+        tracing::warn!(
+            "API keys cross the network in clear text on {}: serve HTTPS (--tls-cert, \
+             --tls-key) or behind a TLS proxy",
+            config.listen
+        );
+    }
     #[cfg(unix)]
     raise_open_files_limit();
     let options = Options {
@@ -557,6 +605,7 @@ pub fn run(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<()> {
         let reloads = Reloads {
             requests: Requests::reloads()?,
             resolve: Box::new(resolve_again),
+            tls: tls.clone(),
         };
         let retention_stats = config
             .retention
@@ -665,45 +714,65 @@ async fn listen<S: sessiondb::Store>(
         .await
         .with_context(|| format!("listening on {addr}"))?;
     let addr = listener.local_addr()?;
+    let tls = reloads.tls.clone();
     tokio::spawn(reloads.run(app.clone(), addr));
-    tracing::info!(%addr, storage, "sessiondb listening");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tracing::info!(%addr, storage, scheme, "sessiondb listening");
     // Tests and scripts read this line to find the port.
-    eprintln!("sessiondb listening on http://{addr}");
-    sessiondb_server::serve(listener, app, shutdown_signal()).await?;
+    eprintln!("sessiondb listening on {scheme}://{addr}");
+    match tls {
+        Some(tls) => sessiondb_server::serve_tls(listener, tls, app, shutdown_signal()).await?,
+        None => sessiondb_server::serve(listener, app, shutdown_signal()).await?,
+    }
     tracing::info!("stopped; every acknowledged write is durable");
     Ok(())
 }
 
-/// Reloads of the API keys: at each SIGHUP the configuration is resolved again (the file is
-/// read again; flags and the environment are the process's own) and its keys are put in force,
-/// unless it fails or its keys may not serve the address the server listens on (none on a
-/// public address without `insecure`); then the keys in force stay. Other settings take a
-/// restart.
+/// Reloads on SIGHUP: the configuration is resolved again (the file is read again; flags and
+/// the environment are the process's own), then its TLS certificate and key are read again and
+/// its API keys put in force. A configuration that fails, keys that may not serve the address
+/// the server listens on (none on a public address without `insecure`), an unusable
+/// certificate, or TLS turned on or off, change nothing. Other settings take a restart.
 struct Reloads {
     requests: Requests,
     resolve: Box<dyn Fn() -> anyhow::Result<Resolved> + Send>,
+    /// The certificate being served, when the server serves HTTPS.
+    tls: Option<Tls>,
 }
 
 impl Reloads {
     async fn run<S: sessiondb::Store>(mut self, app: Arc<App<S>>, listening: SocketAddr) {
         loop {
             self.requests.next().await;
-            let reloaded = (self.resolve)().and_then(|resolved| {
-                sessiondb_server::check_bind(listening, &resolved.server, resolved.insecure)?;
-                Ok(resolved.server.api_keys)
-            });
-            match reloaded {
+            match self.reload(listening) {
                 Ok(keys) => {
                     let count = keys.len();
                     app.replace_keys(keys);
-                    tracing::info!(keys = count, "API keys reloaded");
+                    app.metrics.record_reload(true);
+                    tracing::info!(keys = count, "configuration reloaded");
                 }
                 Err(error) => {
-                    app.metrics.record_key_reload_failure();
-                    tracing::error!("the API keys in force stay: {error:#}");
+                    app.metrics.record_reload(false);
+                    tracing::error!("the keys and certificate in force stay: {error:#}");
                 }
             }
         }
+    }
+
+    /// Puts the new certificate in force and answers the new keys, or changes nothing.
+    fn reload(&self, listening: SocketAddr) -> anyhow::Result<HashMap<String, String>> {
+        let resolved = (self.resolve)()?;
+        sessiondb_server::check_bind(listening, &resolved.server, resolved.insecure)?;
+        match (&self.tls, &resolved.tls) {
+            (Some(tls), Some(files)) => {
+                let (cert, key) = files.read()?;
+                tls.replace_pem(&cert, &key)?;
+            }
+            (None, None) => {}
+            (Some(_), None) => bail!("turning HTTPS off takes a restart"),
+            (None, Some(_)) => bail!("turning HTTPS on takes a restart"),
+        }
+        Ok(resolved.server.api_keys)
     }
 }
 

@@ -24,7 +24,7 @@ fn python_client_suite_passes_against_the_server() {
 /// The same suite with every server it starts on a PostgreSQL database of its own.
 #[test]
 fn python_client_suite_passes_on_postgresql() {
-    let (_cluster, databases) = postgres_databases(18);
+    let (_cluster, databases) = postgres_databases(20);
     python_suite(&[("SESSIONDB_TEST_DATABASES", &databases)]);
 }
 
@@ -56,7 +56,7 @@ fn typescript_client_suite_passes_on_both_backends() {
     typescript_suite(&package, &[]);
     both_clients_read_what_the_other_wrote(&package);
 
-    let (_cluster, databases) = postgres_databases(13);
+    let (_cluster, databases) = postgres_databases(15);
     let claims = tempfile::tempdir().unwrap();
     typescript_suite(
         &package,
@@ -75,8 +75,16 @@ fn typescript_suite(package: &Path, env: &[(&str, &str)]) {
         .collect();
     suites.sort();
     assert!(suites.len() >= 3, "{suites:?}");
+    // The suite's HTTPS test serves this certificate; Node reads the variable once, at start.
+    let test_certificate = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../sessiondb-server/tests/tls/first-cert.pem")
+        .canonicalize()
+        .unwrap();
     let run = run_suite(
-        Command::new("node").arg("--test").args(&suites),
+        Command::new("node")
+            .env("NODE_EXTRA_CA_CERTS", &test_certificate)
+            .arg("--test")
+            .args(&suites),
         package,
         env,
     );

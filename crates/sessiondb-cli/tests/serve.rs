@@ -15,6 +15,17 @@ fn free_dir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
 
+/// Whether `check` holds within 5 s (asked every 20 ms): for what a signal makes the server do.
+async fn eventually(mut check: impl AsyncFnMut() -> bool) -> bool {
+    for _ in 0..250 {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_and_keeps_every_acknowledged_write() {
     let dir = free_dir();
@@ -163,34 +174,110 @@ async fn sighup_reloads_the_api_keys_from_the_file() {
 
     std::fs::write(&config, keys("new-key")).unwrap();
     served.signal("HUP");
-    for _ in 0..250 {
-        if status("new-key").await == 200 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(status("new-key").await, 200, "the new key is in force");
+    assert!(
+        eventually(async || status("new-key").await == 200).await,
+        "the new key is in force"
+    );
     assert_eq!(status("old-key").await, 401);
-    assert_eq!(metric("sessiondb_api_key_reloads_total").await, 1);
+    assert_eq!(metric("sessiondb_reloads_total").await, 1);
 
     for broken in ["[keys\n", "listen = \"0.0.0.0:0\"\n"] {
-        let failures = metric("sessiondb_api_key_reload_failures_total").await;
+        let failures = metric("sessiondb_reload_failures_total").await;
         std::fs::write(&config, broken).unwrap();
         served.signal("HUP");
-        for _ in 0..250 {
-            if metric("sessiondb_api_key_reload_failures_total").await > failures {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let failed = async || metric("sessiondb_reload_failures_total").await > failures;
+        assert!(eventually(failed).await, "{broken}");
         assert_eq!(
-            metric("sessiondb_api_key_reload_failures_total").await,
-            failures + 1,
-            "{broken}"
+            metric("sessiondb_reload_failures_total").await,
+            failures + 1
         );
         assert_eq!(status("new-key").await, 200, "{broken}");
     }
-    assert_eq!(metric("sessiondb_api_key_reloads_total").await, 1);
+    assert_eq!(metric("sessiondb_reloads_total").await, 1);
+}
+
+/// `--tls-cert` and `--tls-key` serve HTTPS; SIGHUP reads the two files again, so a renewed
+/// certificate is offered to new connections without a restart, and files that are not a
+/// usable certificate leave the one in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_with_a_certificate_renewed_on_sighup() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sessiondb-server/tests/tls");
+    let fixture = |name: &str| std::fs::read(fixtures.join(name)).unwrap();
+    let dir = free_dir();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, fixture("first-cert.pem")).unwrap();
+    std::fs::write(&key, fixture("first-key.pem")).unwrap();
+    let served = Served::start(
+        &dir.path().join("data"),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(
+        served.base.starts_with("https://127.0.0.1:"),
+        "{}",
+        served.base
+    );
+    let trusting = |cert: &str| {
+        let root = reqwest::Certificate::from_pem(&fixture(cert)).unwrap();
+        reqwest::Client::builder()
+            .tls_certs_only([root])
+            .build()
+            .unwrap()
+    };
+    let healthy = async |client: &reqwest::Client| {
+        let url = format!("{}/healthz", served.base);
+        client
+            .get(url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    };
+    let first = trusting("first-cert.pem");
+    let appended = first
+        .post(format!("{}/v1/sessions/s/messages", served.base))
+        .json(&json!({"role": "user", "content": "over TLS"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(appended.status(), 201);
+    assert!(!healthy(&trusting("second-cert.pem")).await);
+
+    std::fs::write(&cert, fixture("second-cert.pem")).unwrap();
+    std::fs::write(&key, fixture("second-key.pem")).unwrap();
+    served.signal("HUP");
+    let renewed = async || healthy(&trusting("second-cert.pem")).await;
+    assert!(
+        eventually(renewed).await,
+        "the renewed certificate is offered"
+    );
+    assert!(!healthy(&trusting("first-cert.pem")).await);
+
+    std::fs::write(&key, b"not a key").unwrap();
+    served.signal("HUP");
+    let second = trusting("second-cert.pem");
+    let failures = async || {
+        let text = second
+            .get(format!("{}/metrics", served.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.contains("\nsessiondb_reload_failures_total 1\n")
+    };
+    assert!(
+        eventually(failures).await,
+        "an unusable key is a failed reload"
+    );
+    assert!(healthy(&trusting("second-cert.pem")).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

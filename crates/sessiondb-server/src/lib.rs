@@ -19,6 +19,7 @@ pub mod error;
 pub mod extract;
 pub mod metrics;
 mod routes;
+mod tls;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -43,6 +44,7 @@ use tracing::Instrument;
 
 pub use error::ApiError;
 pub use metrics::{BackendMetrics, Metrics};
+pub use tls::Tls;
 
 /// Request limits; exceeding one is a 4xx answer and stores nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +103,8 @@ pub enum ServerError {
          loopback address (configure keys, or pass the insecure flag to allow it)"
     )]
     AnonymousOnPublicAddress { addr: SocketAddr },
+    #[error("the TLS certificate or key is not usable: {reason}")]
+    Tls { reason: String },
 }
 
 /// Anonymous access (no keys) is only allowed on loopback unless `insecure` is set.
@@ -154,7 +158,6 @@ impl<S: Store> App<S> {
     /// the address at all ([`check_bind`]) is the caller's to check first.
     pub fn replace_keys(&self, keys: HashMap<String, String>) {
         *self.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
-        self.metrics.record_key_reload();
     }
 
     pub(crate) fn session(&self, namespace: &str, id: &str) -> Result<Session<S>, ApiError> {
@@ -209,11 +212,31 @@ pub async fn serve<S: Store>(
     app: Arc<App<S>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_over(listener, None, app, shutdown).await
+}
+
+/// [`serve`] over TLS: each connection completes its handshake with the certificate `tls` holds
+/// when it is accepted, within the request-head timeout, before its first request.
+pub async fn serve_tls<S: Store>(
+    listener: TcpListener,
+    tls: Tls,
+    app: Arc<App<S>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_over(listener, Some(tls), app, shutdown).await
+}
+
+async fn serve_over<S: Store>(
+    listener: TcpListener,
+    tls: Option<Tls>,
+    app: Arc<App<S>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let service = TowerToHyperService::new(router(app.clone()));
-    let mut connection = http1::Builder::new();
-    connection
-        .timer(TokioTimer::new())
-        .header_read_timeout(app.config.request_head_timeout);
+    let head_timeout = app.config.request_head_timeout;
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(head_timeout);
     let connections = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -226,12 +249,35 @@ pub async fn serve<S: Store>(
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!("TCP_NODELAY on an accepted connection: {error}");
         }
-        let served =
-            connections.watch(connection.serve_connection(TokioIo::new(stream), service.clone()));
-        let app = app.clone();
+        // Taken before the task starts, so a shutdown waits for a handshake in progress too.
+        let watcher = connections.watcher();
+        let (app, http, service) = (app.clone(), http.clone(), service.clone());
+        let tls = tls.as_ref().map(Tls::current);
         tokio::spawn(async move {
             let _open = app.metrics.connection_opened();
-            if let Err(error) = served.await {
+            let served = match tls {
+                None => {
+                    let io = TokioIo::new(stream);
+                    watcher.watch(http.serve_connection(io, service)).await
+                }
+                Some(acceptor) => {
+                    let handshake = tokio::time::timeout(head_timeout, acceptor.accept(stream));
+                    let stream = match handshake.await {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(error)) => {
+                            tracing::debug!("TLS handshake failed: {error}");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!("TLS handshake not finished in time");
+                            return;
+                        }
+                    };
+                    let io = TokioIo::new(stream);
+                    watcher.watch(http.serve_connection(io, service)).await
+                }
+            };
+            if let Err(error) = served {
                 tracing::debug!("connection ended: {error}");
             }
         });

@@ -31,8 +31,8 @@ pub struct Metrics {
     pub(crate) live_subscribers: AtomicI64,
     accepted_connections: AtomicU64,
     open_connections: AtomicI64,
-    key_reloads: AtomicU64,
-    key_reload_failures: AtomicU64,
+    reloads: AtomicU64,
+    reload_failures: AtomicU64,
     backend: Option<BackendMetrics>,
 }
 
@@ -82,13 +82,15 @@ impl Metrics {
         OpenConnection(self)
     }
 
-    pub(crate) fn record_key_reload(&self) {
-        self.key_reloads.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// A reload of the API keys that was refused (the keys in force stay).
-    pub fn record_key_reload_failure(&self) {
-        self.key_reload_failures.fetch_add(1, Ordering::Relaxed);
+    /// A reload of the configuration (SIGHUP): put in force, or refused (what was in force
+    /// stays).
+    pub fn record_reload(&self, succeeded: bool) {
+        let counter = if succeeded {
+            &self.reloads
+        } else {
+            &self.reload_failures
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn record_append(&self, bytes: u64) {
@@ -147,19 +149,19 @@ impl Metrics {
              # HELP sessiondb_http_connections_open HTTP connections open, kept ones included.\n\
              # TYPE sessiondb_http_connections_open gauge\n\
              sessiondb_http_connections_open {}\n\
-             # HELP sessiondb_api_key_reloads_total API key sets put in force since the start.\n\
-             # TYPE sessiondb_api_key_reloads_total counter\n\
-             sessiondb_api_key_reloads_total {}\n\
-             # HELP sessiondb_api_key_reload_failures_total Reloads of the API keys refused (the keys in force stayed).\n\
-             # TYPE sessiondb_api_key_reload_failures_total counter\n\
-             sessiondb_api_key_reload_failures_total {}",
+             # HELP sessiondb_reloads_total Reloads of the API keys and TLS certificate (SIGHUP) put in force.\n\
+             # TYPE sessiondb_reloads_total counter\n\
+             sessiondb_reloads_total {}\n\
+             # HELP sessiondb_reload_failures_total Reloads refused (what was in force stayed).\n\
+             # TYPE sessiondb_reload_failures_total counter\n\
+             sessiondb_reload_failures_total {}",
             self.appended_messages.load(Ordering::Relaxed),
             self.appended_bytes.load(Ordering::Relaxed),
             self.live_subscribers.load(Ordering::Relaxed),
             self.accepted_connections.load(Ordering::Relaxed),
             self.open_connections.load(Ordering::Relaxed),
-            self.key_reloads.load(Ordering::Relaxed),
-            self.key_reload_failures.load(Ordering::Relaxed),
+            self.reloads.load(Ordering::Relaxed),
+            self.reload_failures.load(Ordering::Relaxed),
         );
         if let Some(backend) = &self.backend {
             backend(&mut out);

@@ -15,4 +15,5 @@ mod ops;
 mod reads;
 mod robustness;
 mod sessions;
+mod tls;
 mod walkthrough;

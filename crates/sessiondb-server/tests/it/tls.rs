@@ -1,0 +1,102 @@
+//! The API over TLS (`serve_tls`), with a certificate replaced while serving: new connections
+//! get the new one, open ones keep theirs, and an unusable replacement changes nothing.
+
+use std::net::SocketAddr;
+
+use sessiondb::{Db, SqliteStore};
+use sessiondb_server::{App, Metrics, ServerConfig, ServerError, Tls};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_native_tls::TlsStream;
+use tokio_native_tls::native_tls::{Certificate, TlsConnector};
+
+const FIRST_CERT: &[u8] = include_bytes!("../tls/first-cert.pem");
+const FIRST_KEY: &[u8] = include_bytes!("../tls/first-key.pem");
+const SECOND_CERT: &[u8] = include_bytes!("../tls/second-cert.pem");
+const SECOND_KEY: &[u8] = include_bytes!("../tls/second-key.pem");
+
+async fn start_tls(tls: Tls) -> (SocketAddr, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::new(SqliteStore::open(dir.path()).unwrap());
+    let app = App::new(db, ServerConfig::default(), Metrics::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(sessiondb_server::serve_tls(
+        listener,
+        tls,
+        app,
+        std::future::pending(),
+    ));
+    (address, dir)
+}
+
+/// A TLS connection to `address` that trusts only `trusted`.
+async fn connect(
+    address: SocketAddr,
+    trusted: &[u8],
+) -> Result<TlsStream<TcpStream>, tokio_native_tls::native_tls::Error> {
+    let connector = TlsConnector::builder()
+        .add_root_certificate(Certificate::from_pem(trusted).unwrap())
+        .build()
+        .unwrap();
+    let tcp = TcpStream::connect(address).await.unwrap();
+    tokio_native_tls::TlsConnector::from(connector)
+        .connect("localhost", tcp)
+        .await
+}
+
+/// Sends `GET /healthz` on a kept connection and reads its answer (a fixed-length body).
+async fn health(stream: &mut TlsStream<TcpStream>) -> String {
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut buffer = [0; 4096];
+    while !String::from_utf8_lossy(&answer).contains("\"ok\"") {
+        let n = stream.read(&mut buffer).await.unwrap();
+        assert!(n > 0, "closed before answering: {answer:?}");
+        answer.extend_from_slice(&buffer[..n]);
+    }
+    String::from_utf8(answer).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_over_tls_and_takes_a_renewed_certificate_without_a_restart() {
+    let tls = Tls::from_pem(FIRST_CERT, FIRST_KEY).unwrap();
+    let (address, _dir) = start_tls(tls.clone()).await;
+    let mut kept = connect(address, FIRST_CERT).await.unwrap();
+    assert!(health(&mut kept).await.starts_with("HTTP/1.1 200 OK"));
+    assert!(connect(address, SECOND_CERT).await.is_err());
+
+    tls.replace_pem(SECOND_CERT, SECOND_KEY).unwrap();
+    let mut renewed = connect(address, SECOND_CERT).await.unwrap();
+    assert!(health(&mut renewed).await.starts_with("HTTP/1.1 200 OK"));
+    assert!(connect(address, FIRST_CERT).await.is_err());
+    // The connection opened before keeps its session.
+    assert!(health(&mut kept).await.starts_with("HTTP/1.1 200 OK"));
+
+    match tls.replace_pem(FIRST_CERT, b"not a key") {
+        Err(ServerError::Tls { reason }) => assert!(!reason.is_empty()),
+        other => panic!("{other:?}"),
+    }
+    assert!(Tls::from_pem(b"not a certificate", FIRST_KEY).is_err());
+    let mut still = connect(address, SECOND_CERT).await.unwrap();
+    assert!(health(&mut still).await.starts_with("HTTP/1.1 200 OK"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_to_a_tls_server_gets_no_answer() {
+    let (address, _dir) = start_tls(Tls::from_pem(FIRST_CERT, FIRST_KEY).unwrap()).await;
+    let mut plain = TcpStream::connect(address).await.unwrap();
+    plain
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = plain.read_to_end(&mut answer).await;
+    assert!(
+        !String::from_utf8_lossy(&answer).contains("HTTP/1.1"),
+        "{answer:?}"
+    );
+}
