@@ -571,7 +571,7 @@ async fn shutdown_signal() {
 }
 
 /// Serves as `args` (and the file they name) say until SIGTERM or Ctrl-C; SIGHUP resolves them
-/// again and puts the API keys they give in force.
+/// again and puts the API keys and TLS certificate they give in force.
 pub fn run(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<()> {
     let config = resolve(args.clone(), data.clone())?;
     let resolve_again = move || resolve(args.clone(), data.clone());
@@ -901,6 +901,15 @@ mod tests {
         assert!(resolved(&["--api-key", "no-namespace"], None).is_err());
         assert!(resolved(&["--synchronous", "sometimes"], None).is_err());
         assert!(resolved(&["--request-head-timeout", "0s"], None).is_err());
+        assert!(resolved(&["--tls-cert", "cert.pem"], None).is_err());
+        let r = resolved(&["--tls-cert", "cert.pem", "--tls-key", "key.pem"], None).unwrap();
+        assert_eq!(
+            r.tls,
+            Some(TlsFiles {
+                cert: "cert.pem".into(),
+                key: "key.pem".into()
+            })
+        );
         std::fs::write(&file, "unknown = 1\n").unwrap();
         assert!(resolved(&["--config", path], None).is_err());
     }

@@ -249,7 +249,7 @@ async fn serve_over<S: Store>(
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!("TCP_NODELAY on an accepted connection: {error}");
         }
-        // Taken before the task starts, so a shutdown waits for a handshake in progress too.
+        // Taken before the task starts, so a shutdown that begins meanwhile reaches it.
         let watcher = connections.watcher();
         let (app, http, service) = (app.clone(), http.clone(), service.clone());
         let tls = tls.as_ref().map(Tls::current);
@@ -261,17 +261,22 @@ async fn serve_over<S: Store>(
                     watcher.watch(http.serve_connection(io, service)).await
                 }
                 Some(acceptor) => {
+                    let mut stopping = app.shutting_down();
                     let handshake = tokio::time::timeout(head_timeout, acceptor.accept(stream));
-                    let stream = match handshake.await {
-                        Ok(Ok(stream)) => stream,
-                        Ok(Err(error)) => {
-                            tracing::debug!("TLS handshake failed: {error}");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!("TLS handshake not finished in time");
-                            return;
-                        }
+                    let stream = tokio::select! {
+                        finished = handshake => match finished {
+                            Ok(Ok(stream)) => stream,
+                            Ok(Err(error)) => {
+                                tracing::debug!("TLS handshake failed: {error}");
+                                return;
+                            }
+                            Err(_) => {
+                                tracing::debug!("TLS handshake not finished in time");
+                                return;
+                            }
+                        },
+                        // A stopping server does not wait for a handshake (it carries no request).
+                        _ = stopping.wait_for(|stopping| *stopping) => return,
                     };
                     let io = TokioIo::new(stream);
                     watcher.watch(http.serve_connection(io, service)).await

@@ -15,19 +15,29 @@ const FIRST_KEY: &[u8] = include_bytes!("../tls/first-key.pem");
 const SECOND_CERT: &[u8] = include_bytes!("../tls/second-cert.pem");
 const SECOND_KEY: &[u8] = include_bytes!("../tls/second-key.pem");
 
-async fn start_tls(tls: Tls) -> (SocketAddr, tempfile::TempDir) {
+struct TlsServer {
+    address: SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    stopped: tokio::task::JoinHandle<std::io::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_tls(tls: Tls) -> TlsServer {
     let dir = tempfile::tempdir().unwrap();
     let db = Db::new(SqliteStore::open(dir.path()).unwrap());
     let app = App::new(db, ServerConfig::default(), Metrics::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    tokio::spawn(sessiondb_server::serve_tls(
-        listener,
-        tls,
-        app,
-        std::future::pending(),
-    ));
-    (address, dir)
+    let (stop, stopping) = tokio::sync::oneshot::channel::<()>();
+    let stopped = tokio::spawn(sessiondb_server::serve_tls(listener, tls, app, async {
+        let _ = stopping.await;
+    }));
+    TlsServer {
+        address,
+        stop,
+        stopped,
+        _dir: dir,
+    }
 }
 
 /// A TLS connection to `address` that trusts only `trusted`.
@@ -64,7 +74,8 @@ async fn health(stream: &mut TlsStream<TcpStream>) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_over_tls_and_takes_a_renewed_certificate_without_a_restart() {
     let tls = Tls::from_pem(FIRST_CERT, FIRST_KEY).unwrap();
-    let (address, _dir) = start_tls(tls.clone()).await;
+    let server = start_tls(tls.clone()).await;
+    let address = server.address;
     let mut kept = connect(address, FIRST_CERT).await.unwrap();
     assert!(health(&mut kept).await.starts_with("HTTP/1.1 200 OK"));
     assert!(connect(address, SECOND_CERT).await.is_err());
@@ -87,8 +98,8 @@ async fn serves_over_tls_and_takes_a_renewed_certificate_without_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_http_to_a_tls_server_gets_no_answer() {
-    let (address, _dir) = start_tls(Tls::from_pem(FIRST_CERT, FIRST_KEY).unwrap()).await;
-    let mut plain = TcpStream::connect(address).await.unwrap();
+    let server = start_tls(Tls::from_pem(FIRST_CERT, FIRST_KEY).unwrap()).await;
+    let mut plain = TcpStream::connect(server.address).await.unwrap();
     plain
         .write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n")
         .await
@@ -99,4 +110,19 @@ async fn plain_http_to_a_tls_server_gets_no_answer() {
         !String::from_utf8_lossy(&answer).contains("HTTP/1.1"),
         "{answer:?}"
     );
+}
+
+/// A client that opened a connection and never began its handshake does not hold up a stopping
+/// server (the handshake's own limit is the request-head timeout, a minute by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_handshake_does_not_delay_shutdown() {
+    let server = start_tls(Tls::from_pem(FIRST_CERT, FIRST_KEY).unwrap()).await;
+    let _stalled = TcpStream::connect(server.address).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    server.stop.send(()).unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), server.stopped)
+        .await
+        .expect("the server stops without waiting for the handshake")
+        .unwrap()
+        .unwrap();
 }
