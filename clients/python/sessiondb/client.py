@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import ssl
 import threading
 import urllib.parse
 from collections.abc import Iterable, Iterator
@@ -84,7 +85,8 @@ def message_id_for(name: str) -> str:
 class Client:
     """The sessiondb HTTP API at ``base_url`` (``http://127.0.0.1:8787`` is ``sessiondb serve``'s
     default). ``api_key`` is sent as ``Authorization: Bearer``; without one, requests are
-    anonymous, which a server without configured keys accepts.
+    anonymous, which a server without configured keys accepts. An ``https`` URL trusts what the
+    system trusts, or what ``ssl_context`` does.
 
     Methods cover sessions, messages, history, search, compactions and state, returning the
     API's JSON as plain dicts and lists; any other route is reached with ``request``. Connections
@@ -93,10 +95,13 @@ class Client:
     """
 
     def __init__(self, base_url: str = "http://127.0.0.1:8787", api_key: str | None = None,
-                 timeout: float = 30.0):
+                 timeout: float = 30.0, ssl_context: ssl.SSLContext | None = None):
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
+        # For an https URL: what to trust (``ssl.create_default_context(cafile=...)`` for a
+        # private CA); the system's defaults without one.
+        self._ssl_context = ssl_context
         parts = urllib.parse.urlsplit(self.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"base_url must be http(s)://host[:port][/path]: {base_url!r}")
@@ -121,7 +126,7 @@ class Client:
     # -- plumbing ---------------------------------------------------------------------------
 
     def _connect(self) -> Connection:
-        return Connection(self._host, self._port, self._https, self.timeout)
+        return Connection(self._host, self._port, self._https, self.timeout, self._ssl_context)
 
     def _checkout(self) -> tuple[Connection, bool]:
         """An idle connection (``True``: it served requests before) or a new one. Idle ones the

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import pathlib
 import socket
+import ssl
 import threading
 import time
 import unittest
@@ -251,12 +251,8 @@ class ClientTest(ServedTest):
         self.addCleanup(untrusted.close)
         with self.assertRaises(SessiondbUnavailable):
             untrusted.get_session("tls")
-        # OpenSSL, under Python's default context, trusts the bundle this names.
-        previous = os.environ.get("SSL_CERT_FILE")
-        os.environ["SSL_CERT_FILE"] = str(certs / "first-cert.pem")
-        self.addCleanup(lambda: os.environ.pop("SSL_CERT_FILE") if previous is None
-                        else os.environ.update(SSL_CERT_FILE=previous))
-        client = Client(served.url)
+        trusting = ssl.create_default_context(cafile=str(certs / "first-cert.pem"))
+        client = Client(served.url, ssl_context=trusting)
         self.addCleanup(client.close)
         client.append("tls", {"role": "user", "content": "over TLS"})
         self.assertEqual([m["content"] for m in client.history("tls")], ["over TLS"])

@@ -164,6 +164,11 @@ export interface ClientOptions {
   /** Sent as `Authorization: Bearer`; without one, requests are anonymous. */
   apiKey?: string;
   timeoutMs?: number;
+  /**
+   * For an `https:` URL, the certificates to trust (PEM) instead of Node's (a private CA, or a
+   * self-signed server); Node's `NODE_EXTRA_CA_CERTS` adds to Node's instead.
+   */
+  ca?: string | Buffer | Array<string | Buffer>;
 }
 
 type Query = Record<string, string | number | undefined>;
@@ -253,7 +258,7 @@ export class Client {
       throw new TypeError(`baseUrl must be http(s)://host[:port][/path]: ${this.baseUrl}`);
     }
     this.transport = this.url.protocol === 'https:' ? https : http;
-    this.agent = new this.transport.Agent({ keepAlive: true, maxFreeSockets: 8 });
+    this.agent = new this.transport.Agent({ keepAlive: true, maxFreeSockets: 8, ca: options.ca });
   }
 
   /** Closes the kept connections; the next request opens a new one. */

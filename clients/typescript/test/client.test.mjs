@@ -1,5 +1,6 @@
 // The HTTP client against a real server.
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
@@ -214,16 +215,16 @@ test('a kept connection the server closed is not used again', async () => {
   }
 });
 
-// Node trusts the test certificate through NODE_EXTRA_CA_CERTS, which the Rust test that runs
-// this suite sets (Node reads it once, at start).
-test('https with a certificate node trusts', async () => {
+test('https with the certificates it is given to trust', async () => {
   const certs = new URL('../../../crates/sessiondb-server/tests/tls/', import.meta.url);
   const file = (name) => fileURLToPath(new URL(name, certs));
-  assert.equal(process.env.NODE_EXTRA_CA_CERTS, file('first-cert.pem'));
   const served = await serve('--tls-cert', file('first-cert.pem'), '--tls-key', file('first-key.pem'));
   try {
     assert.ok(served.url.startsWith('https://'), served.url);
-    const client = new Client({ baseUrl: served.url });
+    const untrusted = new Client({ baseUrl: served.url, timeoutMs: 5_000 });
+    await assert.rejects(untrusted.getSession('tls'), (e) => e instanceof SessiondbUnavailable);
+    untrusted.close();
+    const client = new Client({ baseUrl: served.url, ca: readFileSync(file('first-cert.pem')) });
     await client.append('tls', { role: 'user', content: 'over TLS' });
     assert.deepEqual((await all(client.history('tls'))).map((m) => m.content), ['over TLS']);
     client.close();
