@@ -54,7 +54,7 @@ pub struct ServeArgs {
     /// --tls-key. SIGHUP reads both files again, so a renewed certificate needs no restart.
     #[arg(long, env = "SESSIONDB_TLS_CERT")]
     tls_cert: Option<PathBuf>,
-    /// The PEM private key of --tls-cert.
+    /// The private key of --tls-cert, in PKCS#8 PEM (`BEGIN PRIVATE KEY`).
     #[arg(long, env = "SESSIONDB_TLS_KEY")]
     tls_key: Option<PathBuf>,
     /// Largest request body in bytes [default: 67108864].

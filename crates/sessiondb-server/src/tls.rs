@@ -21,8 +21,10 @@ impl std::fmt::Debug for Tls {
 }
 
 impl Tls {
-    /// From a PEM certificate chain (the server's certificate first) and its private key (PEM:
-    /// PKCS#8, or the RSA and EC forms OpenSSL writes).
+    /// From a PEM certificate chain (the server's certificate first) and its private key in
+    /// PKCS#8 PEM (`BEGIN PRIVATE KEY`; `openssl pkcs8 -topk8 -nocrypt` converts other forms).
+    /// The pair must complete a handshake: a key that is not the certificate's is refused here
+    /// rather than failing every connection.
     pub fn from_pem(certificate_chain: &[u8], key: &[u8]) -> Result<Self, ServerError> {
         Ok(Self {
             acceptor: Arc::new(RwLock::new(acceptor(certificate_chain, key)?)),
@@ -45,13 +47,49 @@ impl Tls {
     }
 }
 
+fn unusable(reason: impl std::fmt::Display) -> ServerError {
+    ServerError::Tls {
+        reason: reason.to_string(),
+    }
+}
+
 fn acceptor(certificate_chain: &[u8], key: &[u8]) -> Result<TlsAcceptor, ServerError> {
-    let unusable = |error: tokio_native_tls::native_tls::Error| ServerError::Tls {
-        reason: error.to_string(),
-    };
     let identity = Identity::from_pkcs8(certificate_chain, key).map_err(unusable)?;
     let acceptor = NativeAcceptor::builder(identity)
         .build()
         .map_err(unusable)?;
+    #[cfg(unix)]
+    completes_a_handshake(&acceptor)?;
     Ok(TlsAcceptor::from(acceptor))
+}
+
+/// Runs one handshake with `acceptor` over a socket pair. OpenSSL takes a certificate whose key
+/// is another's without a word (it drops the key, and then every handshake fails), so this is
+/// what tells a mismatched pair. The client checks no chain or name, only that the server holds
+/// the key of the certificate it presents, which every TLS handshake proves.
+#[cfg(unix)]
+fn completes_a_handshake(acceptor: &NativeAcceptor) -> Result<(), ServerError> {
+    use std::time::Duration;
+    use tokio_native_tls::native_tls::TlsConnector;
+    let (server_end, client_end) = std::os::unix::net::UnixStream::pair().map_err(unusable)?;
+    for end in [&server_end, &client_end] {
+        end.set_read_timeout(Some(Duration::from_secs(5)))
+            .map_err(unusable)?;
+    }
+    let acceptor = acceptor.clone();
+    let server = std::thread::spawn(move || acceptor.accept(server_end).map(drop));
+    let connector = TlsConnector::builder()
+        .danger_accept_invalid_certs(true)
+        .danger_accept_invalid_hostnames(true)
+        .build()
+        .map_err(unusable)?;
+    let client = connector.connect("localhost", client_end).map(drop);
+    let server = server
+        .join()
+        .map_err(|_| unusable("the handshake check panicked"))?;
+    server.and(client).map_err(|error| {
+        unusable(format!(
+            "a handshake with it fails (is the key the certificate's?): {error}"
+        ))
+    })
 }

@@ -1,5 +1,6 @@
 //! The API over TLS (`serve_tls`), with a certificate replaced while serving: new connections
-//! get the new one, open ones keep theirs, and an unusable replacement changes nothing.
+//! get the new one, open ones keep theirs, and an unusable replacement (not PEM, or a key that
+//! is not the certificate's) changes nothing.
 
 use std::net::SocketAddr;
 
@@ -92,6 +93,10 @@ async fn serves_over_tls_and_takes_a_renewed_certificate_without_a_restart() {
         other => panic!("{other:?}"),
     }
     assert!(Tls::from_pem(b"not a certificate", FIRST_KEY).is_err());
+    match tls.replace_pem(SECOND_CERT, FIRST_KEY) {
+        Err(ServerError::Tls { reason }) => assert!(reason.contains("handshake"), "{reason}"),
+        other => panic!("a key that is not the certificate's: {other:?}"),
+    }
     let mut still = connect(address, SECOND_CERT).await.unwrap();
     assert!(health(&mut still).await.starts_with("HTTP/1.1 200 OK"));
 }
