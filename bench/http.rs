@@ -4,6 +4,9 @@
 //!
 //! `cargo run --release -p sessiondb-bench --bin sessiondb-http-bench [-- SECONDS]`
 //!
+//! `TLS=1` serves HTTPS (every client then pays a handshake once, and encryption on every
+//! request); the history stream is then left out (its client speaks plain HTTP only).
+//!
 //! The server runs in this process on its own runtime, configured as `sessiondb serve`
 //! configures it; clients use a separate runtime and one connection each.
 #![forbid(unsafe_code)]
@@ -12,7 +15,7 @@ mod load;
 
 use std::time::{Duration, Instant};
 
-use load::{Load, clients, percentile, serve, server_runtime};
+use load::{Load, clients, percentile, serve_over, server_runtime};
 
 use sessiondb::{Db, SqliteConfig, SqliteStore, Synchronous};
 
@@ -37,14 +40,18 @@ fn main() {
     .unwrap();
     let stats = store.write_stats();
     let server = server_runtime();
-    let base = serve(&server, Db::new(store));
+    let tls = std::env::var("TLS").is_ok_and(|v| v == "1");
+    let base = serve_over(&server, Db::new(store), tls);
 
     let client_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    println!("--- sessiondb HTTP (loopback, synchronous={synchronous:?}, {seconds} s per level)");
+    let scheme = if tls { "HTTPS" } else { "HTTP" };
+    println!(
+        "--- sessiondb {scheme} (loopback, synchronous={synchronous:?}, {seconds} s per level)"
+    );
     client_runtime.block_on(async {
         for concurrency in [1usize, 16, 64] {
             let commits_before = stats.commits.load(std::sync::atomic::Ordering::Relaxed);
@@ -84,6 +91,9 @@ fn main() {
             probes as f64 / started.elapsed().as_secs_f64()
         );
 
+        if tls {
+            return;
+        }
         let client = reqwest::Client::new();
         let history = format!("{base}/v1/sessions/long/history");
         load::fill_long(&base).await;

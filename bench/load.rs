@@ -32,12 +32,12 @@ pub fn clients(
     deadline: Instant,
     load: Load,
 ) -> Vec<tokio::task::JoinHandle<Vec<Duration>>> {
-    let address = base.strip_prefix("http://").expect("an http:// base URL");
+    let base = base.to_owned();
     (0..concurrency)
         .map(|c| {
-            let address = address.to_owned();
+            let base = base.clone();
             tokio::spawn(async move {
-                let mut connection = Connection::open(&address).await;
+                let mut connection = Connection::open(&base).await;
                 let path = format!("/v1/sessions/c{concurrency}-{c}/messages");
                 let mut latencies = Vec::new();
                 let mut i = 0;
@@ -70,15 +70,51 @@ pub fn clients(
 /// generator, which shares the machine's cores with the server, costs as little as it can: a
 /// full HTTP client took ~40% of the CPU at 64 clients.
 struct Connection {
-    stream: tokio::net::TcpStream,
+    stream: Box<dyn Stream>,
     request: Vec<u8>,
     response: Vec<u8>,
 }
 
+/// A connection's bytes: plain TCP, or TLS over it.
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
+
+/// The certificate a benchmark serves HTTPS with (the server tests' self-signed one) and the
+/// key to it.
+pub const TLS_CERT: &[u8] = include_bytes!("../crates/sessiondb-server/tests/tls/first-cert.pem");
+pub const TLS_KEY: &[u8] = include_bytes!("../crates/sessiondb-server/tests/tls/first-key.pem");
+
+/// One client configuration for every connection, trusting [`TLS_CERT`] alone: building one
+/// loads the system's certificate store unless told not to, ~40 ms a connection here, which
+/// would be measured as the server's.
+fn tls_connector() -> &'static tokio_native_tls::TlsConnector {
+    use tokio_native_tls::native_tls::{Certificate, TlsConnector};
+    static CONNECTOR: std::sync::OnceLock<tokio_native_tls::TlsConnector> =
+        std::sync::OnceLock::new();
+    CONNECTOR.get_or_init(|| {
+        let connector = TlsConnector::builder()
+            .disable_built_in_roots(true)
+            .add_root_certificate(Certificate::from_pem(TLS_CERT).unwrap())
+            .build()
+            .unwrap();
+        connector.into()
+    })
+}
+
 impl Connection {
-    async fn open(address: &str) -> Self {
-        let stream = tokio::net::TcpStream::connect(address).await.unwrap();
-        stream.set_nodelay(true).unwrap();
+    /// To `base` (`http://` or, trusting [`TLS_CERT`], `https://`).
+    async fn open(base: &str) -> Self {
+        let (tls, address) = match base.strip_prefix("https://") {
+            Some(address) => (true, address),
+            None => (false, base.strip_prefix("http://").expect("an http(s) URL")),
+        };
+        let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
+        tcp.set_nodelay(true).unwrap();
+        let stream: Box<dyn Stream> = if tls {
+            Box::new(tls_connector().connect("localhost", tcp).await.unwrap())
+        } else {
+            Box::new(tcp)
+        };
         Self {
             stream,
             request: Vec::new(),
@@ -161,6 +197,11 @@ pub async fn fill_long(base: &str) {
 /// Serves `db` on a loopback port from `runtime` (no per-session message limit); returns the
 /// base URL.
 pub fn serve<S: Store>(runtime: &tokio::runtime::Runtime, db: Db<S>) -> String {
+    serve_over(runtime, db, false)
+}
+
+/// [`serve`], over HTTPS with [`TLS_CERT`] when `tls`.
+pub fn serve_over<S: Store>(runtime: &tokio::runtime::Runtime, db: Db<S>, tls: bool) -> String {
     let config = ServerConfig {
         limits: Limits {
             max_messages_per_session: u64::MAX,
@@ -172,13 +213,16 @@ pub fn serve<S: Store>(runtime: &tokio::runtime::Runtime, db: Db<S>) -> String {
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    runtime.spawn(sessiondb_server::serve(
-        listener,
-        app,
-        std::future::pending::<()>(),
-    ));
-    base
+    let address = listener.local_addr().unwrap();
+    let never = std::future::pending::<()>();
+    if tls {
+        let tls = sessiondb_server::Tls::from_pem(TLS_CERT, TLS_KEY).unwrap();
+        runtime.spawn(sessiondb_server::serve_tls(listener, tls, app, never));
+        format!("https://{address}")
+    } else {
+        runtime.spawn(sessiondb_server::serve(listener, app, never));
+        format!("http://{address}")
+    }
 }
 
 /// The server's runtime as `sessiondb serve` builds it: 4 workers per core (`WORKERS=n` to vary).
