@@ -194,7 +194,7 @@ enum Command {
 
 impl Command {
     /// The server the command works through, when `--url` names one.
-    fn remote(&self) -> Option<Remote> {
+    fn remote(&self) -> anyhow::Result<Option<Remote>> {
         let args = match self {
             Command::Append { remote, .. }
             | Command::History { remote, .. }
@@ -209,10 +209,12 @@ impl Command {
             | Command::Vacuum
             | Command::Check { .. }
             | Command::Serve(_)
-            | Command::Migrate { .. } => return None,
+            | Command::Migrate { .. } => return Ok(None),
         };
-        let url = args.url.as_deref()?;
-        Some(Remote::new(url, args.api_key.as_deref()))
+        let Some(url) = args.url.as_deref() else {
+            return Ok(None);
+        };
+        Remote::new(url, args.api_key.as_deref(), args.ca_cert.as_deref()).map(Some)
     }
 }
 
@@ -225,6 +227,10 @@ struct RemoteArgs {
     /// Bearer key for --url.
     #[arg(long, env = "SESSIONDB_API_KEY", requires = "url")]
     api_key: Option<String>,
+    /// PEM certificates an https --url is also trusted by (a private CA, a self-signed
+    /// server), beside the system's.
+    #[arg(long, env = "SESSIONDB_CA_CERT", requires = "url")]
+    ca_cert: Option<PathBuf>,
 }
 
 /// Runs one PostgreSQL call of a command on a runtime of its own.
@@ -291,7 +297,7 @@ fn run_command(cli: Cli) -> anyhow::Result<()> {
         } => return check_postgres(database, &mut std::io::stdout()),
         _ => {}
     }
-    let remote = cli.command.remote();
+    let remote = cli.command.remote()?;
     if remote.is_some() && !cli.namespace.is_empty() {
         bail!(
             "--namespace names a namespace of the embedded store; through a server (--url) the \

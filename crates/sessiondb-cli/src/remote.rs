@@ -2,6 +2,8 @@
 //! bearer key, path segments and query values are percent-encoded, and an answer that is not a
 //! success becomes an error that names the request and quotes the server's `{"error"}` body.
 
+use std::path::Path;
+
 use anyhow::{Context, bail};
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde_json::Value;
@@ -13,12 +15,22 @@ pub struct Remote {
 }
 
 impl Remote {
-    pub fn new(url: &str, api_key: Option<&str>) -> Self {
-        Self {
-            client: reqwest::Client::new(),
+    /// `ca_cert` names PEM certificates trusted beside the system's for an https URL.
+    pub fn new(url: &str, api_key: Option<&str>, ca_cert: Option<&Path>) -> anyhow::Result<Self> {
+        let mut client = reqwest::Client::builder();
+        if let Some(path) = ca_cert {
+            let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+                .ok()
+                .filter(|certificates| !certificates.is_empty())
+                .with_context(|| format!("{} holds no PEM certificate", path.display()))?;
+            client = client.tls_certs_merge(certificates);
+        }
+        Ok(Self {
+            client: client.build().context("setting up the HTTP client")?,
             base: url.trim_end_matches('/').to_owned(),
             api_key: api_key.map(str::to_owned),
-        }
+        })
     }
 
     /// `path` (which starts with `/`) on the server.

@@ -248,6 +248,30 @@ async fn https_with_a_certificate_renewed_on_sighup() {
         .unwrap();
     assert_eq!(appended.status(), 201);
     assert!(!healthy(&trusting("second-cert.pem")).await);
+    // The command line trusts what it is given beside the system's store.
+    let cli_append = |extra: &[&str]| {
+        let mut args = vec![
+            "append",
+            "--url",
+            &served.base,
+            "--text",
+            "from the CLI",
+            "s",
+        ];
+        args.extend_from_slice(extra);
+        common::sessiondb(&args, None)
+    };
+    let refused = cli_append(&[]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("certificate"));
+    let first_cert = fixtures.join("first-cert.pem");
+    let trusted = cli_append(&["--ca-cert", first_cert.to_str().unwrap()]);
+    assert!(trusted.status.success(), "{trusted:?}");
+    let no_certificate = cli_append(&["--ca-cert", key.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&no_certificate.stderr).contains("holds no PEM certificate"),
+        "{no_certificate:?}"
+    );
 
     std::fs::write(&cert, fixture("second-cert.pem")).unwrap();
     std::fs::write(&key, fixture("second-key.pem")).unwrap();
