@@ -29,11 +29,11 @@ class MalformedAnswer(OSError):
 class Connection:
     """One connection to ``host:port``, opened by the first request."""
 
-    def __init__(self, host: str, port: int | None, https: bool, timeout: float,
+    def __init__(self, host: str, port: int | None, timeout: float,
                  ssl_context: ssl.SSLContext | None = None):
-        self.host, self.https, self.timeout = host, https, timeout
-        self.ssl_context = ssl_context
-        default = 443 if https else 80
+        """``ssl_context``: speak TLS, trusting what it trusts; without one, plain HTTP."""
+        self.host, self.timeout, self.ssl_context = host, timeout, ssl_context
+        default = 443 if ssl_context is not None else 80
         self.port = port or default
         name = f"[{host}]" if ":" in host else host  # an IPv6 address
         self.host_header = name if self.port == default else f"{name}:{self.port}"
@@ -43,9 +43,8 @@ class Connection:
     def _open(self) -> None:
         sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self.https:
-            context = self.ssl_context or ssl.create_default_context()
-            sock = context.wrap_socket(sock, server_hostname=self.host)
+        if self.ssl_context is not None:
+            sock = self.ssl_context.wrap_socket(sock, server_hostname=self.host)
         self.sock, self.reader = sock, sock.makefile("rb")
 
     def closed_by_server(self) -> bool:

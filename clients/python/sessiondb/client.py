@@ -102,12 +102,11 @@ class Client:
         parts = urllib.parse.urlsplit(self.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"base_url must be http(s)://host[:port][/path]: {base_url!r}")
-        self._https = parts.scheme == "https"
         # What an https URL trusts: the caller's (``ssl.create_default_context(cafile=...)`` for
         # a private CA), else the system's, loaded once (~20 ms here), not per connection.
-        self._ssl_context = ssl_context
-        if self._https and ssl_context is None:
-            self._ssl_context = ssl.create_default_context()
+        self._ssl_context = None
+        if parts.scheme == "https":
+            self._ssl_context = ssl_context or ssl.create_default_context()
         self._host, self._port, self._prefix = parts.hostname, parts.port, parts.path
         self._idle: list[Connection] = []
         self._guard = threading.Lock()
@@ -128,7 +127,7 @@ class Client:
     # -- plumbing ---------------------------------------------------------------------------
 
     def _connect(self) -> Connection:
-        return Connection(self._host, self._port, self._https, self.timeout, self._ssl_context)
+        return Connection(self._host, self._port, self.timeout, self._ssl_context)
 
     def _checkout(self) -> tuple[Connection, bool]:
         """An idle connection (``True``: it served requests before) or a new one. Idle ones the

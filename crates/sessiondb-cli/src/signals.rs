@@ -1,5 +1,5 @@
 //! Requests an operator sends a running server as Unix signals: SIGUSR1 for a backup, SIGUSR2
-//! for a vacuum, SIGHUP to reload the API keys. Every server listens for all three from its
+//! for a vacuum, SIGHUP to reload the API keys and TLS certificate. Every server listens for all three from its
 //! start, so a signal it cannot act on is logged instead of meeting the default action, which
 //! ends the process.
 
@@ -43,7 +43,7 @@ impl Requests {
 
     /// SIGHUP, as [`Requests::backups`].
     pub fn reloads() -> anyhow::Result<Self> {
-        Self::listen(Signal::Hup, "a reload of the API keys")
+        Self::listen(Signal::Hup, "a reload of the API keys and certificate")
     }
 
     fn listen(signal: Signal, asks_for: &'static str) -> anyhow::Result<Self> {

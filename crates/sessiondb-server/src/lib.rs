@@ -261,22 +261,10 @@ async fn serve_over<S: Store>(
                     watcher.watch(http.serve_connection(io, service)).await
                 }
                 Some(acceptor) => {
-                    let mut stopping = app.shutting_down();
-                    let handshake = tokio::time::timeout(head_timeout, acceptor.accept(stream));
-                    let stream = tokio::select! {
-                        finished = handshake => match finished {
-                            Ok(Ok(stream)) => stream,
-                            Ok(Err(error)) => {
-                                tracing::debug!("TLS handshake failed: {error}");
-                                return;
-                            }
-                            Err(_) => {
-                                tracing::debug!("TLS handshake not finished in time");
-                                return;
-                            }
-                        },
-                        // A stopping server does not wait for a handshake (it carries no request).
-                        _ = stopping.wait_for(|stopping| *stopping) => return,
+                    let stopping = app.shutting_down();
+                    let Some(stream) = handshake(acceptor, stream, head_timeout, stopping).await
+                    else {
+                        return;
                     };
                     let io = TokioIo::new(stream);
                     watcher.watch(http.serve_connection(io, service)).await
@@ -292,6 +280,30 @@ async fn serve_over<S: Store>(
     app.begin_shutdown();
     connections.shutdown().await;
     Ok(())
+}
+
+/// The TLS session of an accepted connection; `None` when its handshake fails, does not finish
+/// `within`, or the server begins to stop meanwhile (a handshake carries no request to finish).
+async fn handshake(
+    acceptor: tokio_native_tls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    within: Duration,
+    mut stopping: watch::Receiver<bool>,
+) -> Option<tokio_native_tls::TlsStream<tokio::net::TcpStream>> {
+    tokio::select! {
+        finished = tokio::time::timeout(within, acceptor.accept(stream)) => match finished {
+            Ok(Ok(stream)) => Some(stream),
+            Ok(Err(error)) => {
+                tracing::debug!("TLS handshake failed: {error}");
+                None
+            }
+            Err(_) => {
+                tracing::debug!("TLS handshake not finished in time");
+                None
+            }
+        },
+        _ = stopping.wait_for(|stopping| *stopping) => None,
+    }
 }
 
 /// The next connection. Errors of one connection (reset before it was accepted) are passed
