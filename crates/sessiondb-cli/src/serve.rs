@@ -68,7 +68,8 @@ pub struct ServeArgs {
     max_messages_per_session: Option<u64>,
     /// How long a connection may take to send a request's head (a number and s, m, h or d),
     /// counted from when it opens or its last answer ends; then it is closed: kept connections
-    /// idle that long, and clients too slow to send a request [default: 60s].
+    /// idle that long (HTTP/2: with no request open), and clients too slow to send a request
+    /// [default: 60s].
     #[arg(long, env = "SESSIONDB_REQUEST_HEAD_TIMEOUT")]
     request_head_timeout: Option<String>,
     /// `full` (an acknowledged write survives power loss) or `normal` (survives a crash of the

@@ -15,6 +15,7 @@
 //! synchronous); binaries should give the runtime more workers than cores.
 #![forbid(unsafe_code)]
 
+mod connections;
 pub mod error;
 pub mod extract;
 pub mod metrics;
@@ -33,15 +34,13 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::HeaderValue;
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use sessiondb::{Db, Options, Session, Store};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use connections::Connections;
 pub use error::ApiError;
 pub use metrics::{BackendMetrics, Metrics};
 pub use tls::Tls;
@@ -74,10 +73,11 @@ pub struct ServerConfig {
     pub api_keys: HashMap<String, String>,
     pub limits: Limits,
     /// How long a connection may take to send a request's head, counted from when it opens or
-    /// its last answer ends; then it is closed. So a kept connection idle that long goes, and
-    /// so does a client too slow to send a request (which would otherwise hold its connection
-    /// for ever). A request whose head arrived in time is never cut: bodies, long answers and
-    /// the change feed's streams take as long as they take.
+    /// its last answer ends; then it is closed. So a kept connection idle that long goes (on
+    /// HTTP/2: one with no request open), and so does a client too slow to send a request
+    /// (which would otherwise hold its connection for ever); a TLS handshake or HTTP/2 preface
+    /// has the same time. A request whose head arrived in time is never cut: bodies, long
+    /// answers and the change feed's streams take as long as they take.
     pub request_head_timeout: Duration,
 }
 
@@ -204,9 +204,10 @@ pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
         .with_state(app)
 }
 
-/// Serves until `shutdown` resolves, then drains: stops accepting, ends change-feed streams and
-/// waits for in-flight requests. A connection that sends no request head within
-/// [`ServerConfig::request_head_timeout`] is closed.
+/// Serves HTTP/1.1 and, to clients that send its preface first, HTTP/2 until `shutdown`
+/// resolves, then drains: stops accepting, ends change-feed streams and waits for in-flight
+/// requests. A connection that sends no request within [`ServerConfig::request_head_timeout`]
+/// is closed.
 pub async fn serve<S: Store>(
     listener: TcpListener,
     app: Arc<App<S>>,
@@ -216,7 +217,8 @@ pub async fn serve<S: Store>(
 }
 
 /// [`serve`] over TLS: each connection completes its handshake with the certificate `tls` holds
-/// when it is accepted, within the request-head timeout, before its first request.
+/// when it is accepted, within the request-head timeout, before its first request; a client
+/// that asks for `h2` by ALPN gets HTTP/2.
 pub async fn serve_tls<S: Store>(
     listener: TcpListener,
     tls: Tls,
@@ -232,12 +234,8 @@ async fn serve_over<S: Store>(
     app: Arc<App<S>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let service = TowerToHyperService::new(router(app.clone()));
-    let head_timeout = app.config.request_head_timeout;
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(head_timeout);
-    let connections = GracefulShutdown::new();
+    let serving = Connections::new(router(app.clone()), app.config.request_head_timeout);
+    let draining = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -250,60 +248,20 @@ async fn serve_over<S: Store>(
             tracing::debug!("TCP_NODELAY on an accepted connection: {error}");
         }
         // Taken before the task starts, so a shutdown that begins meanwhile reaches it.
-        let watcher = connections.watcher();
-        let (app, http, service) = (app.clone(), http.clone(), service.clone());
+        let watcher = draining.watcher();
+        let stopping = app.shutting_down();
+        let (app, serving) = (app.clone(), serving.clone());
         let tls = tls.as_ref().map(Tls::current);
         tokio::spawn(async move {
             let _open = app.metrics.connection_opened();
-            let served = match tls {
-                None => {
-                    let io = TokioIo::new(stream);
-                    watcher.watch(http.serve_connection(io, service)).await
-                }
-                Some(acceptor) => {
-                    let stopping = app.shutting_down();
-                    let Some(stream) = handshake(acceptor, stream, head_timeout, stopping).await
-                    else {
-                        return;
-                    };
-                    let io = TokioIo::new(stream);
-                    watcher.watch(http.serve_connection(io, service)).await
-                }
-            };
-            if let Err(error) = served {
-                tracing::debug!("connection ended: {error}");
-            }
+            serving.serve(stream, tls, watcher, stopping).await;
         });
     }
     drop(listener);
     tracing::info!("shutting down: finishing in-flight requests");
     app.begin_shutdown();
-    connections.shutdown().await;
+    draining.shutdown().await;
     Ok(())
-}
-
-/// The TLS session of an accepted connection; `None` when its handshake fails, does not finish
-/// `within`, or the server begins to stop meanwhile (a handshake carries no request to finish).
-async fn handshake(
-    acceptor: tokio_native_tls::TlsAcceptor,
-    stream: tokio::net::TcpStream,
-    within: Duration,
-    mut stopping: watch::Receiver<bool>,
-) -> Option<tokio_native_tls::TlsStream<tokio::net::TcpStream>> {
-    tokio::select! {
-        finished = tokio::time::timeout(within, acceptor.accept(stream)) => match finished {
-            Ok(Ok(stream)) => Some(stream),
-            Ok(Err(error)) => {
-                tracing::debug!("TLS handshake failed: {error}");
-                None
-            }
-            Err(_) => {
-                tracing::debug!("TLS handshake not finished in time");
-                None
-            }
-        },
-        _ = stopping.wait_for(|stopping| *stopping) => None,
-    }
 }
 
 /// The next connection. Errors of one connection (reset before it was accepted) are passed

@@ -1,5 +1,6 @@
 //! TLS for the server's connections (OpenSSL through native-tls): a certificate chain and its
-//! key in PEM, replaceable while serving, so a renewed certificate needs no restart.
+//! key in PEM, replaceable while serving, so a renewed certificate needs no restart. A client
+//! may choose HTTP/2 by ALPN (`h2`, preferred) or HTTP/1.1; one that names neither gets HTTP/1.1.
 
 use std::sync::{Arc, RwLock};
 
@@ -56,6 +57,7 @@ fn unusable(reason: impl std::fmt::Display) -> ServerError {
 fn acceptor(certificate_chain: &[u8], key: &[u8]) -> Result<TlsAcceptor, ServerError> {
     let identity = Identity::from_pkcs8(certificate_chain, key).map_err(unusable)?;
     let acceptor = NativeAcceptor::builder(identity)
+        .accept_alpn(&["h2", "http/1.1"])
         .build()
         .map_err(unusable)?;
     #[cfg(unix)]

@@ -250,3 +250,102 @@ impl SseReader {
         events
     }
 }
+
+/// An HTTP/2 client connection (hyper's): each request is a stream of its own, and clones of
+/// the connection send concurrently.
+#[derive(Clone)]
+pub struct Http2 {
+    sender: hyper::client::conn::http2::SendRequest<String>,
+    closed: Arc<tokio::sync::Mutex<Option<JoinHandle<hyper::Result<()>>>>>,
+}
+
+impl Http2 {
+    /// HTTP/2 over `io`, a connection whose first bytes are to be the client's preface (clear
+    /// text with prior knowledge, or TLS that chose `h2`).
+    pub async fn over<I>(io: I) -> Self
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (sender, connection) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(io),
+        )
+        .await
+        .unwrap();
+        Self {
+            sender,
+            closed: Arc::new(tokio::sync::Mutex::new(Some(tokio::spawn(connection)))),
+        }
+    }
+
+    /// Clear-text HTTP/2 to `server`, with prior knowledge.
+    pub async fn connect(server: &Server) -> Self {
+        let address = server.base.trim_start_matches("http://");
+        Self::over(tokio::net::TcpStream::connect(address).await.unwrap()).await
+    }
+
+    /// Sends a request and returns its answer's head, the body still streaming.
+    pub async fn open(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> hyper::Response<hyper::body::Incoming> {
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(format!("http://localhost{path}"));
+        if body.is_some() {
+            request = request.header("content-type", "application/json");
+        }
+        let request = request
+            .body(body.map(|b| b.to_string()).unwrap_or_default())
+            .unwrap();
+        let mut sender = self.sender.clone();
+        sender.ready().await.unwrap();
+        sender.send_request(request).await.unwrap()
+    }
+
+    /// Sends a request and reads its whole answer.
+    pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Answer {
+        let response = self.open(method, path, body).await;
+        assert_eq!(response.version(), hyper::Version::HTTP_2);
+        let (head, mut body) = response.into_parts();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = next_data(&mut body).await {
+            bytes.extend_from_slice(&chunk);
+        }
+        let text = String::from_utf8(bytes).unwrap();
+        Answer {
+            status: head.status,
+            headers: head.headers,
+            json: serde_json::from_str(&text).unwrap_or(Value::Null),
+            text,
+        }
+    }
+
+    /// Whether the server closed the connection within `within`.
+    pub async fn closed_within(&self, within: Duration) -> bool {
+        let mut closed = self.closed.lock().await;
+        let Some(task) = closed.as_mut() else {
+            return true;
+        };
+        if tokio::time::timeout(within, task).await.is_err() {
+            return false;
+        }
+        *closed = None;
+        true
+    }
+}
+
+/// The next data of a streaming body; `None` at its end (trailers and errors end it too).
+pub async fn next_data(body: &mut hyper::body::Incoming) -> Option<axum::body::Bytes> {
+    use hyper::body::Body as _;
+    loop {
+        let frame = std::future::poll_fn(|cx| std::pin::Pin::new(&mut *body).poll_frame(cx))
+            .await?
+            .ok()?;
+        if let Ok(data) = frame.into_data() {
+            return Some(data);
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! A connection that sends no request head within `request_head_timeout` (from when it opens,
 //! or from its last answer) is closed; a request whose head arrived is never cut. `/metrics`
-//! counts the connections accepted and open.
+//! counts the connections accepted and open. HTTP/2 with prior knowledge is served on the same
+//! port, its streams concurrent, its connections closed when no stream is open for the timeout.
 
 use std::time::Duration;
 
@@ -9,7 +10,9 @@ use sessiondb_server::ServerConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::common::{Server, SseReader, start_with};
+use reqwest::{Method, StatusCode};
+
+use crate::common::{Http2, Server, SseReader, next_data, start, start_with};
 
 const HEAD_TIMEOUT: Duration = Duration::from_millis(300);
 
@@ -43,6 +46,11 @@ async fn connections_that_send_no_request_head_in_time_are_closed() {
 
     let mut silent = TcpStream::connect(&address).await.unwrap();
     assert_eq!(read_until_closed(&mut silent).await, b"");
+
+    // The start of HTTP/2's preface, and no more.
+    let mut half_preface = TcpStream::connect(&address).await.unwrap();
+    half_preface.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    assert_eq!(read_until_closed(&mut half_preface).await, b"");
 
     // A head that keeps coming, a header line every 50 ms, but never ends.
     let mut slow = TcpStream::connect(&address).await.unwrap();
@@ -80,7 +88,7 @@ async fn connections_that_send_no_request_head_in_time_are_closed() {
     assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
     assert!(!answer.contains("connection: close"), "{answer}");
 
-    // Once their tasks end, the three count as accepted and no longer as open; the one open is
+    // Once their tasks end, the four count as accepted and no longer as open; the one open is
     // the client's asking for the metrics.
     let mut metrics = String::new();
     for _ in 0..250 {
@@ -95,7 +103,7 @@ async fn connections_that_send_no_request_head_in_time_are_closed() {
         "{metrics}"
     );
     assert!(
-        metrics.contains("\nsessiondb_http_connections_accepted_total 4\n"),
+        metrics.contains("\nsessiondb_http_connections_accepted_total 5\n"),
         "{metrics}"
     );
 }
@@ -109,4 +117,114 @@ async fn answers_that_outlast_the_head_timeout_are_not_cut() {
     let event = feed.next().await.expect("the stream is still open");
     assert_eq!(event.event, "append");
     assert_eq!(event.data["message"]["id"], json!("m1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_with_prior_knowledge_answers_concurrent_streams_on_one_connection() {
+    let server = start().await;
+    let http2 = Http2::connect(&server).await;
+    let appends = (0..32).map(|i| {
+        let http2 = http2.clone();
+        tokio::spawn(async move {
+            let message = json!({"id": format!("m{i}"), "role": "user", "content": "hi"});
+            http2
+                .call(Method::POST, "/v1/sessions/s/messages", Some(message))
+                .await
+        })
+    });
+    for append in futures::future::join_all(appends).await {
+        let answer = append.unwrap();
+        assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+    }
+    let session = http2.call(Method::GET, "/v1/sessions/s", None).await;
+    assert_eq!(session.json["messageCount"], json!(32));
+    let missing = http2.call(Method::GET, "/v1/sessions/nope", None).await;
+    assert_eq!(
+        (missing.status, missing.code()),
+        (StatusCode::NOT_FOUND, "not_found")
+    );
+    // The history streams over HTTP/2 as over HTTP/1.1.
+    let history = http2
+        .call(Method::GET, "/v1/sessions/s/history", None)
+        .await;
+    assert_eq!(history.lines().len(), 32);
+    assert_eq!(
+        history.headers["content-type"].to_str().unwrap(),
+        "application/x-ndjson"
+    );
+
+    // A request head as long as HTTP/1.1 takes (hyper's HTTP/2 default stops at 16 KiB).
+    let long = format!("/healthz?padding={}", "x".repeat(40_000));
+    assert_eq!(
+        http2.call(Method::GET, &long, None).await.status,
+        StatusCode::OK
+    );
+
+    // The 32 streams and the reads shared one connection; the other is the metrics client's.
+    let metrics = server.get("/metrics").await.text;
+    assert!(
+        metrics.contains("\nsessiondb_http_connections_accepted_total 2\n"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_connections_without_an_open_stream_for_the_head_timeout_are_closed() {
+    let server = start_with_head_timeout().await;
+    let idle = Http2::connect(&server).await;
+    assert_eq!(
+        idle.call(Method::GET, "/healthz", None).await.status,
+        StatusCode::OK
+    );
+
+    let following = Http2::connect(&server).await;
+    let feed = following
+        .open(Method::GET, "/v1/sessions/s/events", None)
+        .await;
+    assert_eq!(feed.status(), StatusCode::OK);
+    let mut feed = feed.into_body();
+
+    assert!(idle.closed_within(Duration::from_secs(10)).await);
+    // The change feed's stream is open, so its connection stays open (and takes new streams)
+    // past the timeout.
+    tokio::time::sleep(HEAD_TIMEOUT * 3).await;
+    assert_eq!(
+        following.call(Method::GET, "/healthz", None).await.status,
+        StatusCode::OK
+    );
+    server.say("s", "m1", "still listening").await;
+    let mut received = String::new();
+    while !received.contains("event: append") {
+        let data = tokio::time::timeout(Duration::from_secs(10), next_data(&mut feed))
+            .await
+            .expect("an event within 10 s")
+            .expect("the stream is still open");
+        received.push_str(std::str::from_utf8(&data).unwrap());
+    }
+    assert!(received.contains("still listening"), "{received}");
+}
+
+/// Stopping ends the change-feed streams of HTTP/2 connections as of HTTP/1.1 ones, and does
+/// not wait for a connection that never finished its preface.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_ends_http2_streams_and_does_not_wait_for_a_preface() {
+    let mut server = start().await;
+    let address = server.base.trim_start_matches("http://").to_owned();
+    let mut stalled = TcpStream::connect(&address).await.unwrap();
+    stalled.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    let http2 = Http2::connect(&server).await;
+    let mut feed = http2
+        .open(Method::GET, "/v1/sessions/s/events", None)
+        .await
+        .into_body();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    server.stop().await;
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while next_data(&mut feed).await.is_some() {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the change feed's stream ends at the stop");
+    assert!(http2.closed_within(Duration::from_secs(10)).await);
+    assert_eq!(read_until_closed(&mut stalled).await, b"");
 }

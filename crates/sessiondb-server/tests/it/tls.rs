@@ -1,15 +1,18 @@
 //! The API over TLS (`serve_tls`), with a certificate replaced while serving: new connections
 //! get the new one, open ones keep theirs, and an unusable replacement (not PEM, or a key that
-//! is not the certificate's) changes nothing.
+//! is not the certificate's) changes nothing. A client that asks for HTTP/2 by ALPN gets it.
 
 use std::net::SocketAddr;
 
+use reqwest::{Method, StatusCode};
 use sessiondb::{Db, SqliteStore};
 use sessiondb_server::{App, Metrics, ServerConfig, ServerError, Tls};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_native_tls::TlsStream;
 use tokio_native_tls::native_tls::{Certificate, TlsConnector};
+
+use crate::common::Http2;
 
 const FIRST_CERT: &[u8] = include_bytes!("../tls/first-cert.pem");
 const FIRST_KEY: &[u8] = include_bytes!("../tls/first-key.pem");
@@ -46,8 +49,18 @@ async fn connect(
     address: SocketAddr,
     trusted: &[u8],
 ) -> Result<TlsStream<TcpStream>, tokio_native_tls::native_tls::Error> {
+    connect_asking(address, trusted, &[]).await
+}
+
+/// [`connect`], offering the application protocols `alpn` (most wanted first).
+async fn connect_asking(
+    address: SocketAddr,
+    trusted: &[u8],
+    alpn: &[&str],
+) -> Result<TlsStream<TcpStream>, tokio_native_tls::native_tls::Error> {
     let connector = TlsConnector::builder()
         .add_root_certificate(Certificate::from_pem(trusted).unwrap())
+        .request_alpns(alpn)
         .build()
         .unwrap();
     let tcp = TcpStream::connect(address).await.unwrap();
@@ -130,4 +143,36 @@ async fn a_stalled_handshake_does_not_delay_shutdown() {
         .expect("the server stops without waiting for the handshake")
         .unwrap()
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_ask_for_http2_by_alpn_get_it() {
+    let server = start_tls(Tls::from_pem(FIRST_CERT, FIRST_KEY).unwrap()).await;
+
+    let stream = connect_asking(server.address, FIRST_CERT, &["h2", "http/1.1"])
+        .await
+        .unwrap();
+    let chosen = stream.get_ref().negotiated_alpn().unwrap();
+    assert_eq!(chosen.as_deref(), Some(&b"h2"[..]));
+    let http2 = Http2::over(stream).await;
+    let appended = http2
+        .call(
+            Method::POST,
+            "/v1/sessions/s/messages",
+            Some(serde_json::json!({"role": "user", "content": "over h2"})),
+        )
+        .await;
+    assert_eq!(appended.status, StatusCode::CREATED, "{appended:?}");
+    let history = http2
+        .call(Method::GET, "/v1/sessions/s/history", None)
+        .await;
+    assert_eq!(history.lines()[0]["content"], "over h2");
+
+    // A client that offers only HTTP/1.1 gets HTTP/1.1.
+    let mut http1 = connect_asking(server.address, FIRST_CERT, &["http/1.1"])
+        .await
+        .unwrap();
+    let chosen = http1.get_ref().negotiated_alpn().unwrap();
+    assert_eq!(chosen.as_deref(), Some(&b"http/1.1"[..]));
+    assert!(health(&mut http1).await.starts_with("HTTP/1.1 200 OK"));
 }
