@@ -6,6 +6,8 @@
 //!
 //! `TLS=1` serves HTTPS (every client then pays a handshake once, and encryption on every
 //! request); the history stream is then left out (its client speaks plain HTTP only).
+//! `H2=1` has the clients share one HTTP/2 connection, each request a stream of its own (with
+//! prior knowledge in clear text, by ALPN over TLS), instead of one HTTP/1.1 connection each.
 //!
 //! The server runs in this process on its own runtime, configured as `sessiondb serve`
 //! configures it; clients use a separate runtime and one connection each.
@@ -15,7 +17,7 @@ mod load;
 
 use std::time::{Duration, Instant};
 
-use load::{Load, clients, percentile, serve_over, server_runtime};
+use load::{Load, clients, http2_clients, percentile, serve_over, server_runtime};
 
 use sessiondb::{Db, SqliteConfig, SqliteStore, Synchronous};
 
@@ -48,16 +50,32 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    let http2 = std::env::var("H2").is_ok_and(|v| v == "1");
     let scheme = if tls { "HTTPS" } else { "HTTP" };
+    let connections = if http2 {
+        "HTTP/2, one connection for all clients"
+    } else {
+        "HTTP/1.1, a connection per client"
+    };
     println!(
-        "--- sessiondb {scheme} (loopback, synchronous={synchronous:?}, {seconds} s per level)"
+        "--- sessiondb {scheme} ({connections}; loopback, synchronous={synchronous:?}, {seconds} s per level)"
     );
+    let start = |concurrency, deadline, load| {
+        let base = base.clone();
+        async move {
+            if http2 {
+                http2_clients(&base, concurrency, deadline, load).await
+            } else {
+                clients(&base, concurrency, deadline, load)
+            }
+        }
+    };
     client_runtime.block_on(async {
         for concurrency in [1usize, 16, 64] {
             let commits_before = stats.commits.load(std::sync::atomic::Ordering::Relaxed);
             let busy_before = stats.busy_nanos.load(std::sync::atomic::Ordering::Relaxed);
             let deadline = Instant::now() + Duration::from_secs(seconds);
-            let tasks = clients(&base, concurrency, deadline, Load::Appends);
+            let tasks = start(concurrency, deadline, Load::Appends).await;
             let started = Instant::now();
             let mut latencies = Vec::new();
             for task in tasks {
@@ -83,7 +101,7 @@ fn main() {
         let deadline = Instant::now() + Duration::from_secs(seconds);
         let started = Instant::now();
         let mut probes = 0;
-        for task in clients(&base, 64, deadline, Load::Health) {
+        for task in start(64, deadline, Load::Health).await {
             probes += task.await.unwrap().len();
         }
         println!(

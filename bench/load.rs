@@ -32,37 +32,73 @@ pub fn clients(
     deadline: Instant,
     load: Load,
 ) -> Vec<tokio::task::JoinHandle<Vec<Duration>>> {
-    let base = base.to_owned();
     (0..concurrency)
         .map(|c| {
-            let base = base.clone();
+            let base = base.to_owned();
             tokio::spawn(async move {
-                let mut connection = Connection::open(&base).await;
-                let path = format!("/v1/sessions/c{concurrency}-{c}/messages");
-                let mut latencies = Vec::new();
-                let mut i = 0;
-                while Instant::now() < deadline {
-                    let started = Instant::now();
-                    let status = match load {
-                        Load::Appends => {
-                            let body = json!({"id": format!("m{i}"), "role": "user",
-                                "parts": [{"type": "text", "text": format!("message {i} from client {c}")}]});
-                            connection.send("POST", &path, Some(&body.to_string())).await
-                        }
-                        Load::Health => connection.send("GET", "/healthz", None).await,
-                        Load::LastFifty => {
-                            let last_fifty = "/v1/sessions/long/messages?order=desc&limit=50";
-                            connection.send("GET", last_fifty, None).await
-                        }
-                    };
-                    assert!((200..300).contains(&status), "status {status}");
-                    latencies.push(started.elapsed());
-                    i += 1;
-                }
-                latencies
+                let connection = Connection::open(&base).await;
+                send_until(connection, c, concurrency, deadline, load).await
             })
         })
         .collect()
+}
+
+/// [`clients`], all on one HTTP/2 connection, each request a stream of its own.
+pub async fn http2_clients(
+    base: &str,
+    concurrency: usize,
+    deadline: Instant,
+    load: Load,
+) -> Vec<tokio::task::JoinHandle<Vec<Duration>>> {
+    let connection = Http2Connection::open(base).await;
+    (0..concurrency)
+        .map(|c| {
+            let connection = connection.clone();
+            tokio::spawn(send_until(connection, c, concurrency, deadline, load))
+        })
+        .collect()
+}
+
+/// Client `c`'s requests until the deadline; their latencies.
+async fn send_until(
+    mut requests: impl Requests,
+    c: usize,
+    concurrency: usize,
+    deadline: Instant,
+    load: Load,
+) -> Vec<Duration> {
+    let path = format!("/v1/sessions/c{concurrency}-{c}/messages");
+    let mut latencies = Vec::new();
+    let mut i = 0;
+    while Instant::now() < deadline {
+        let started = Instant::now();
+        let status = match load {
+            Load::Appends => {
+                let body = json!({"id": format!("m{i}"), "role": "user",
+                    "parts": [{"type": "text", "text": format!("message {i} from client {c}")}]});
+                requests.send("POST", &path, Some(&body.to_string())).await
+            }
+            Load::Health => requests.send("GET", "/healthz", None).await,
+            Load::LastFifty => {
+                let last_fifty = "/v1/sessions/long/messages?order=desc&limit=50";
+                requests.send("GET", last_fifty, None).await
+            }
+        };
+        assert!((200..300).contains(&status), "status {status}");
+        latencies.push(started.elapsed());
+        i += 1;
+    }
+    latencies
+}
+
+/// Sends a request and reads its whole response; returns the status.
+trait Requests: Send + 'static {
+    fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        json: Option<&str>,
+    ) -> impl std::future::Future<Output = u16> + Send;
 }
 
 /// A keep-alive HTTP/1.1 connection that sends one request at a time and reads the whole
@@ -86,43 +122,59 @@ pub const TLS_KEY: &[u8] = include_bytes!("../crates/sessiondb-server/tests/tls/
 
 /// One client configuration for every connection, trusting [`TLS_CERT`] alone: building one
 /// loads the system's certificate store unless told not to, ~40 ms a connection here, which
-/// would be measured as the server's.
-fn tls_connector() -> &'static tokio_native_tls::TlsConnector {
+/// would be measured as the server's. `http2`: asks for HTTP/2 by ALPN.
+fn tls_connector(http2: bool) -> &'static tokio_native_tls::TlsConnector {
     use tokio_native_tls::native_tls::{Certificate, TlsConnector};
-    static CONNECTOR: std::sync::OnceLock<tokio_native_tls::TlsConnector> =
-        std::sync::OnceLock::new();
-    CONNECTOR.get_or_init(|| {
+    type Once = std::sync::OnceLock<tokio_native_tls::TlsConnector>;
+    static HTTP1: Once = Once::new();
+    static HTTP2: Once = Once::new();
+    let alpn: &[&str] = if http2 { &["h2"] } else { &[] };
+    (if http2 { &HTTP2 } else { &HTTP1 }).get_or_init(|| {
         let connector = TlsConnector::builder()
             .disable_built_in_roots(true)
             .add_root_certificate(Certificate::from_pem(TLS_CERT).unwrap())
+            .request_alpns(alpn)
             .build()
             .unwrap();
         connector.into()
     })
 }
 
+/// A TCP connection to `base` (`http://` or, trusting [`TLS_CERT`], `https://`).
+async fn connect(base: &str, http2: bool) -> Box<dyn Stream> {
+    let (tls, address) = match base.strip_prefix("https://") {
+        Some(address) => (true, address),
+        None => (false, base.strip_prefix("http://").expect("an http(s) URL")),
+    };
+    let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
+    tcp.set_nodelay(true).unwrap();
+    if tls {
+        let connector = tls_connector(http2);
+        Box::new(connector.connect("localhost", tcp).await.unwrap())
+    } else {
+        Box::new(tcp)
+    }
+}
+
 impl Connection {
-    /// To `base` (`http://` or, trusting [`TLS_CERT`], `https://`).
     async fn open(base: &str) -> Self {
-        let (tls, address) = match base.strip_prefix("https://") {
-            Some(address) => (true, address),
-            None => (false, base.strip_prefix("http://").expect("an http(s) URL")),
-        };
-        let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
-        tcp.set_nodelay(true).unwrap();
-        let stream: Box<dyn Stream> = if tls {
-            Box::new(tls_connector().connect("localhost", tcp).await.unwrap())
-        } else {
-            Box::new(tcp)
-        };
         Self {
-            stream,
+            stream: connect(base, false).await,
             request: Vec::new(),
             response: Vec::new(),
         }
     }
 
-    /// Sends a request and reads its response; returns the status.
+    async fn read_more(&mut self) {
+        use tokio::io::AsyncReadExt;
+        let mut chunk = [0u8; 16 * 1024];
+        let n = self.stream.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the server closed the connection");
+        self.response.extend_from_slice(&chunk[..n]);
+    }
+}
+
+impl Requests for Connection {
     async fn send(&mut self, method: &str, path: &str, json: Option<&str>) -> u16 {
         use std::io::Write;
         use tokio::io::AsyncWriteExt;
@@ -166,13 +218,47 @@ impl Connection {
         );
         status
     }
+}
 
-    async fn read_more(&mut self) {
-        use tokio::io::AsyncReadExt;
-        let mut chunk = [0u8; 16 * 1024];
-        let n = self.stream.read(&mut chunk).await.unwrap();
-        assert!(n > 0, "the server closed the connection");
-        self.response.extend_from_slice(&chunk[..n]);
+/// An HTTP/2 connection (hyper's client, with prior knowledge in clear text, by ALPN over TLS);
+/// clones share it.
+#[derive(Clone)]
+struct Http2Connection {
+    sender: hyper::client::conn::http2::SendRequest<String>,
+}
+
+impl Http2Connection {
+    async fn open(base: &str) -> Self {
+        let io = hyper_util::rt::TokioIo::new(connect(base, true).await);
+        let (sender, connection) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                .await
+                .unwrap();
+        tokio::spawn(connection);
+        Self { sender }
+    }
+}
+
+impl Requests for Http2Connection {
+    async fn send(&mut self, method: &str, path: &str, json: Option<&str>) -> u16 {
+        use hyper::body::Body as _;
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(format!("http://bench{path}"));
+        if json.is_some() {
+            request = request.header("content-type", "application/json");
+        }
+        let request = request.body(json.unwrap_or_default().to_owned()).unwrap();
+        self.sender.ready().await.unwrap();
+        let response = self.sender.send_request(request).await.unwrap();
+        let status = response.status().as_u16();
+        let mut body = response.into_body();
+        while let Some(frame) =
+            std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await
+        {
+            frame.unwrap();
+        }
+        status
     }
 }
 
