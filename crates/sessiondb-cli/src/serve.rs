@@ -72,6 +72,11 @@ pub struct ServeArgs {
     /// [default: 60s].
     #[arg(long, env = "SESSIONDB_REQUEST_HEAD_TIMEOUT")]
     request_head_timeout: Option<String>,
+    /// How long a request's body may send nothing, after its head or between its bytes; then
+    /// the request is answered 408 and its connection closed (a body that keeps coming is never
+    /// cut) [default: 60s].
+    #[arg(long, env = "SESSIONDB_REQUEST_BODY_TIMEOUT")]
+    request_body_timeout: Option<String>,
     /// `full` (an acknowledged write survives power loss) or `normal` (survives a crash of the
     /// process, may lose the last writes on power loss) [default: full].
     #[arg(long, env = "SESSIONDB_SYNCHRONOUS")]
@@ -146,6 +151,7 @@ struct FileConfig {
     row_cache_mib: Option<usize>,
     feed_retain: Option<usize>,
     request_head_timeout: Option<String>,
+    request_body_timeout: Option<String>,
     max_database_mib: Option<u64>,
     backup_dir: Option<PathBuf>,
     backup_every: Option<String>,
@@ -336,14 +342,25 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
             .or(file.limits.max_messages_per_session)
             .unwrap_or(defaults.max_messages_per_session),
     };
-    let request_head_timeout = match args
-        .request_head_timeout
+    let timeout = |flag: &Option<String>, in_file: &Option<String>, name, default| match flag
         .as_ref()
-        .or(file.request_head_timeout.as_ref())
+        .or(in_file.as_ref())
     {
-        Some(text) => backups::parse_interval(text).context("--request-head-timeout")?,
-        None => ServerConfig::DEFAULT_REQUEST_HEAD_TIMEOUT,
+        Some(text) => backups::parse_interval(text).context(name),
+        None => Ok(default),
     };
+    let request_head_timeout = timeout(
+        &args.request_head_timeout,
+        &file.request_head_timeout,
+        "--request-head-timeout",
+        ServerConfig::DEFAULT_REQUEST_HEAD_TIMEOUT,
+    )?;
+    let request_body_timeout = timeout(
+        &args.request_body_timeout,
+        &file.request_body_timeout,
+        "--request-body-timeout",
+        ServerConfig::DEFAULT_REQUEST_BODY_TIMEOUT,
+    )?;
     let synchronous = match args
         .synchronous
         .or(file.synchronous)
@@ -406,6 +423,7 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
             api_keys,
             limits,
             request_head_timeout,
+            request_body_timeout,
         },
         summarizer,
     })
@@ -833,12 +851,13 @@ mod tests {
         assert_eq!(r.feed_retain, 4096);
         assert_eq!(r.max_database_bytes, None);
         assert_eq!(r.server.request_head_timeout, Duration::from_secs(60));
+        assert_eq!(r.server.request_body_timeout, Duration::from_secs(60));
     }
 
     #[test]
     fn flags_win_over_the_file_and_bad_values_are_refused() {
         let (_dir, file) = config_file(
-            "data = \"/from/file\"\nsynchronous = \"normal\"\nrow_cache_mib = 3\nfeed_retain = 9\nrequest_head_timeout = \"2m\"\nmax_database_mib = 7\n[limits]\nmax_body_bytes = 10\nmax_message_bytes = 5\n",
+            "data = \"/from/file\"\nsynchronous = \"normal\"\nrow_cache_mib = 3\nfeed_retain = 9\nrequest_head_timeout = \"2m\"\nrequest_body_timeout = \"3m\"\nmax_database_mib = 7\n[limits]\nmax_body_bytes = 10\nmax_message_bytes = 5\n",
         );
         let path = file.to_str().unwrap();
         let r = resolved(&["--config", path, "--max-body-bytes", "20"], None).unwrap();
@@ -854,6 +873,7 @@ mod tests {
         assert_eq!(r.row_cache_bytes, 3 << 20);
         assert_eq!(r.feed_retain, 9);
         assert_eq!(r.server.request_head_timeout, Duration::from_secs(120));
+        assert_eq!(r.server.request_body_timeout, Duration::from_secs(180));
         assert_eq!(r.max_database_bytes, Some(7 << 20));
         let r = resolved(
             &[
@@ -867,11 +887,14 @@ mod tests {
                 "0",
                 "--request-head-timeout",
                 "5s",
+                "--request-body-timeout",
+                "7s",
             ],
             None,
         )
         .unwrap();
         assert_eq!(r.server.request_head_timeout, Duration::from_secs(5));
+        assert_eq!(r.server.request_body_timeout, Duration::from_secs(7));
         assert_eq!(r.row_cache_bytes, 0);
         assert_eq!(r.feed_retain, 0);
         assert_eq!(r.max_database_bytes, Some(2 << 20));
@@ -902,6 +925,7 @@ mod tests {
         assert!(resolved(&["--api-key", "no-namespace"], None).is_err());
         assert!(resolved(&["--synchronous", "sometimes"], None).is_err());
         assert!(resolved(&["--request-head-timeout", "0s"], None).is_err());
+        assert!(resolved(&["--request-body-timeout", "soon"], None).is_err());
         assert!(resolved(&["--tls-cert", "cert.pem"], None).is_err());
         let r = resolved(&["--tls-cert", "cert.pem", "--tls-key", "key.pem"], None).unwrap();
         assert_eq!(

@@ -76,8 +76,9 @@ impl Connections {
         }
     }
 
-    /// Serves `stream` until it closes, idles out, or the server stops (`stopping`; the
-    /// server's drain waits while `draining` is held, that is, for this call to end).
+    /// Serves `stream` until it closes, idles out, or the server stops (a change of `stopping`,
+    /// taken when the connection was accepted: readiness withdrawn before then does not count;
+    /// the server's drain waits while `draining` is held, that is, for this call to end).
     pub(crate) async fn serve(
         &self,
         stream: TcpStream,
@@ -136,7 +137,7 @@ impl Connections {
                     None
                 }
             },
-            _ = stopping.wait_for(|stopping| *stopping) => None,
+            _ = stopping.changed() => None,
         }
     }
 
@@ -162,7 +163,7 @@ impl Connections {
         tokio::select! {
             served = connection.as_mut() => return served,
             () = streams.none_for(self.head_timeout) => {}
-            _ = stopping.wait_for(|stopping| *stopping) => {}
+            _ = stopping.changed() => {}
         }
         // A GOAWAY: streams already open finish (the change feed's end at a stop), no new one
         // starts, then the connection closes.

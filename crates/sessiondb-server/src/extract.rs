@@ -1,9 +1,13 @@
 //! Request extractors whose every rejection is an [`ApiError`]: the tenant from the bearer key,
 //! JSON and NDJSON bodies, path parameters and query strings.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::request::Parts;
@@ -73,15 +77,96 @@ impl<S: Send + Sync> FromRequestParts<S> for ConversationHeader {
     }
 }
 
-/// Reads the body, mapping an exceeded size limit to 413 and anything else to 400.
+/// Reads the body, mapping an exceeded size limit to 413, a stalled body to 408 and anything
+/// else to 400.
 async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
     Bytes::from_request(req, state).await.map_err(|rejection| {
         if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large("the request body exceeds the configured limit")
+        } else if let Some(stalled) = stalled(&rejection) {
+            ApiError::request_timeout(stalled.to_string())
         } else {
             ApiError::invalid(format!("could not read the request body: {rejection}"))
         }
     })
+}
+
+fn stalled<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a BodyStalled> {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(stalled) = error.downcast_ref::<BodyStalled>() {
+            return Some(stalled);
+        }
+        next = error.source();
+    }
+    None
+}
+
+/// What a request body fails with when its next bytes do not arrive within the body timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("no part of the request body arrived for {0:?}; the request is dropped")]
+struct BodyStalled(Duration);
+
+/// A request body that fails with [`BodyStalled`] once it has waited `limit` for its next
+/// bytes. A body that keeps coming, however slowly, is never cut; the timer runs only while the
+/// body waits, so one that arrived with its head costs none.
+pub(crate) struct StallLimited {
+    body: Body,
+    limit: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Whether `timer` counts from the start of the current wait.
+    armed: bool,
+}
+
+impl StallLimited {
+    pub(crate) fn new(body: Body, limit: Duration) -> Self {
+        Self {
+            body,
+            limit,
+            timer: None,
+            armed: false,
+        }
+    }
+}
+
+impl http_body::Body for StallLimited {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        let this = self.get_mut();
+        if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
+            this.armed = false;
+            return Poll::Ready(frame);
+        }
+        let deadline = tokio::time::Instant::now() + this.limit;
+        let timer = match &mut this.timer {
+            Some(timer) if this.armed => timer,
+            Some(timer) => {
+                timer.as_mut().reset(deadline);
+                timer
+            }
+            None => this
+                .timer
+                .insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        this.armed = true;
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(axum::Error::new(BodyStalled(this.limit))))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Refuses a declared content type other than the accepted ones; a missing one is accepted.

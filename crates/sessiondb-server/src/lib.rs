@@ -30,10 +30,12 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::HeaderValue;
 use axum::middleware::{self, Next};
 use axum::response::Response;
+use http_body::Body as _;
 use hyper_util::server::graceful::GracefulShutdown;
 use sessiondb::{Db, Options, Session, Store};
 use tokio::net::TcpListener;
@@ -79,10 +81,15 @@ pub struct ServerConfig {
     /// has the same time. A request whose head arrived in time is never cut: bodies, long
     /// answers and the change feed's streams take as long as they take.
     pub request_head_timeout: Duration,
+    /// How long a request's body may send nothing (after its head, or between its bytes); then
+    /// the request is answered 408 `request_timeout` and its connection closed. A body that
+    /// keeps coming, however slowly, is never cut.
+    pub request_body_timeout: Duration,
 }
 
 impl ServerConfig {
     pub const DEFAULT_REQUEST_HEAD_TIMEOUT: Duration = Duration::from_secs(60);
+    pub const DEFAULT_REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 }
 
 impl Default for ServerConfig {
@@ -91,6 +98,7 @@ impl Default for ServerConfig {
             api_keys: HashMap::new(),
             limits: Limits::default(),
             request_head_timeout: Self::DEFAULT_REQUEST_HEAD_TIMEOUT,
+            request_body_timeout: Self::DEFAULT_REQUEST_BODY_TIMEOUT,
         }
     }
 }
@@ -307,6 +315,13 @@ async fn observe<S: Store>(State(app): State<Arc<App<S>>>, req: Request, next: N
         .filter(|v| !v.is_empty() && v.len() <= 128)
         .map_or_else(|| uuid::Uuid::now_v7().simple().to_string(), str::to_owned);
     let conversation = req.headers().get(CONVERSATION_ID).cloned();
+    // An empty body (a GET's) cannot stall.
+    let req = if req.body().is_end_stream() {
+        req
+    } else {
+        let limit = app.config.request_body_timeout;
+        req.map(|body| Body::new(extract::StallLimited::new(body, limit)))
+    };
     let span = tracing::info_span!("request", id = %request_id, method = %method, route = %route);
     let mut response = next.run(req).instrument(span.clone()).await;
     if let Some(value) = conversation {

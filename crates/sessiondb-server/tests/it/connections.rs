@@ -228,3 +228,70 @@ async fn a_stop_ends_http2_streams_and_does_not_wait_for_a_preface() {
     assert!(http2.closed_within(Duration::from_secs(10)).await);
     assert_eq!(read_until_closed(&mut stalled).await, b"");
 }
+
+/// `App::begin_shutdown` alone (readiness withdrawn, say while a load balancer moves away)
+/// does not turn new connections away; the stop that follows it ends them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_opened_after_readiness_was_withdrawn_are_served() {
+    let mut server = start().await;
+    server.app.begin_shutdown();
+    let fresh = reqwest::Client::new();
+    let ready = fresh.get(server.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let http2 = Http2::connect(&server).await;
+    let health = http2.call(Method::GET, "/healthz", None).await;
+    assert_eq!(health.status, StatusCode::OK);
+    server.stop().await;
+    assert!(http2.closed_within(Duration::from_secs(10)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stalls_is_answered_408_and_one_that_trickles_is_taken() {
+    let server = start_with(ServerConfig {
+        request_body_timeout: Duration::from_millis(300),
+        ..Default::default()
+    })
+    .await;
+    let address = server.base.trim_start_matches("http://").to_owned();
+    let body = json!({"id": "m1", "role": "user", "content": "hello"}).to_string();
+    let head = format!(
+        "POST /v1/sessions/s/messages HTTP/1.1\r\nhost: sessiondb\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+
+    let mut stalled = TcpStream::connect(&address).await.unwrap();
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    stalled.write_all(&body.as_bytes()[..10]).await.unwrap();
+    let answer = String::from_utf8(read_until_closed(&mut stalled).await).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains(r#""code":"request_timeout""#), "{answer}");
+    assert_eq!(
+        server.get("/v1/sessions/s").await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    // A byte every 20 ms: the whole body takes longer than the timeout, no gap does.
+    let mut trickling = TcpStream::connect(&address).await.unwrap();
+    trickling.write_all(head.as_bytes()).await.unwrap();
+    for byte in body.bytes() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        trickling.write_all(&[byte]).await.unwrap();
+    }
+    let mut answer = Vec::new();
+    let mut buffer = [0; 4096];
+    while !String::from_utf8_lossy(&answer).contains("\"inserted\"") {
+        let read = tokio::time::timeout(Duration::from_secs(10), trickling.read(&mut buffer))
+            .await
+            .expect("an answer within 10 s")
+            .unwrap();
+        assert!(read > 0, "closed before answering: {answer:?}");
+        answer.extend_from_slice(&buffer[..read]);
+    }
+    let answer = String::from_utf8(answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    assert_eq!(
+        server.get("/v1/sessions/s").await.json["messageCount"],
+        json!(1)
+    );
+}
