@@ -116,6 +116,10 @@ pub struct ServeArgs {
     /// Log filter: a level (`info`) or `target=level` pairs [default: info].
     #[arg(long, env = "SESSIONDB_LOG")]
     log: Option<String>,
+    /// Log lines as `text` (for people) or `json` (one object per line, for log collectors;
+    /// the address announcement at start is one too) [default: text].
+    #[arg(long, env = "SESSIONDB_LOG_FORMAT")]
+    log_format: Option<String>,
     /// Who writes compaction summaries: `extractive` (no model), `openai` (any
     /// OpenAI-compatible chat-completions server), `anthropic`, or `none` (compaction off)
     /// [default: extractive].
@@ -161,6 +165,7 @@ struct FileConfig {
     #[serde(default)]
     delete_idle_after_by_namespace: BTreeMap<String, String>,
     log: Option<String>,
+    log_format: Option<String>,
     #[serde(default)]
     keys: HashMap<String, String>,
     #[serde(default)]
@@ -289,6 +294,7 @@ pub struct Resolved {
     /// Which idle sessions are deleted.
     pub retention: RetentionPlan,
     pub log: String,
+    pub log_format: LogFormat,
     pub server: ServerConfig,
     pub summarizer: SummarizerChoice,
 }
@@ -371,6 +377,11 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
         "normal" => Synchronous::Normal,
         other => bail!("synchronous must be `full` or `normal`, not `{other}`"),
     };
+    let log_format = match args.log_format.or(file.log_format).as_deref() {
+        None | Some("text") => LogFormat::Text,
+        Some("json") => LogFormat::Json,
+        Some(other) => bail!("the log format must be `text` or `json`, not `{other}`"),
+    };
     Ok(Resolved {
         listen: args
             .listen
@@ -419,6 +430,7 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
         backups,
         retention,
         log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
+        log_format,
         server: ServerConfig {
             api_keys,
             limits,
@@ -451,18 +463,36 @@ fn backup_plan(args: &ServeArgs, file: &FileConfig) -> anyhow::Result<Option<Bac
     }))
 }
 
-fn init_logging(filter: &str) -> anyhow::Result<()> {
+/// How log lines are written (on stderr).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`, `fields` (with `message`), and
+    /// `span` for a request's lines (`id`, `method`, `route`).
+    Json,
+}
+
+/// The target of the address announcement, which every log filter lets through: scripts and
+/// supervisors read it to learn the port.
+const ANNOUNCEMENT: &str = "sessiondb::listening";
+
+fn init_logging(filter: &str, format: LogFormat) -> anyhow::Result<()> {
     let targets: tracing_subscriber::filter::Targets = filter
         .parse()
         .with_context(|| format!("log filter `{filter}`"))?;
+    let targets = targets.with_target(ANNOUNCEMENT, tracing::Level::INFO);
+    use tracing_subscriber::Layer;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
+    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let lines = match format {
+        LogFormat::Text => lines
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .boxed(),
+        LogFormat::Json => lines.json().with_span_list(false).boxed(),
+    };
     tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
-        )
+        .with(lines)
         .with(targets)
         .try_init()
         .context("installing the logger")
@@ -594,7 +624,7 @@ async fn shutdown_signal() {
 pub fn run(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<()> {
     let config = resolve(args.clone(), data.clone())?;
     let resolve_again = move || resolve(args.clone(), data.clone());
-    init_logging(&config.log)?;
+    init_logging(&config.log, config.log_format)?;
     sessiondb_server::check_bind(config.listen, &config.server, config.insecure)?;
     let tls = config.tls.as_ref().map(TlsFiles::load).transpose()?;
     if tls.is_none() && !config.server.api_keys.is_empty() && !config.listen.ip().is_loopback() {
@@ -665,7 +695,8 @@ pub fn run(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<()> {
                         tokio::spawn(backup_requests.refuse("this server has no --backup-dir"));
                     }
                 }
-                listen(config.listen, app, &data.display().to_string(), reloads).await
+                let storage = data.display().to_string();
+                listen(config.listen, app, &storage, reloads, config.log_format).await
             }
             Backend::Postgres { url, pool } => {
                 let pg = PgConfig {
@@ -691,7 +722,7 @@ pub fn run(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<()> {
                 };
                 let app = App::new(Db::with_options(store, options), config.server, metrics);
                 retention::start(&app, &config.retention, retention_stats.as_ref());
-                listen(config.listen, app, "postgres", reloads).await
+                listen(config.listen, app, "postgres", reloads, config.log_format).await
             }
         }
     })
@@ -728,6 +759,7 @@ async fn listen<S: sessiondb::Store>(
     app: Arc<App<S>>,
     storage: &str,
     reloads: Reloads,
+    log_format: LogFormat,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -736,9 +768,17 @@ async fn listen<S: sessiondb::Store>(
     let tls = reloads.tls.clone();
     tokio::spawn(reloads.run(app.clone(), addr));
     let scheme = if tls.is_some() { "https" } else { "http" };
-    tracing::info!(%addr, storage, scheme, "sessiondb listening");
+    let url = format!("{scheme}://{addr}");
     // Tests and scripts read this line to find the port.
-    eprintln!("sessiondb listening on {scheme}://{addr}");
+    match log_format {
+        LogFormat::Text => {
+            tracing::info!(%addr, storage, scheme, "sessiondb listening");
+            eprintln!("sessiondb listening on {url}");
+        }
+        LogFormat::Json => {
+            tracing::info!(target: ANNOUNCEMENT, url, storage, "sessiondb listening on {url}")
+        }
+    }
     match tls {
         Some(tls) => sessiondb_server::serve_tls(listener, tls, app, shutdown_signal()).await?,
         None => sessiondb_server::serve(listener, app, shutdown_signal()).await?,

@@ -993,3 +993,49 @@ async fn feed_retain_sets_how_far_back_a_subscriber_resumes() {
     let refused = sse_events(resume(&ids[0]).await.unwrap(), 1).await;
     assert_eq!(refused[0].0, "reset");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_per_line() {
+    let dir = free_dir();
+    // The announcement of the address gets through a filter that would hold it back.
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--log",
+            "warn,sessiondb_server=info",
+        ],
+        &[],
+    );
+    let answer = reqwest::Client::new()
+        .get(format!("{}/healthz", served.base))
+        .header("x-request-id", "log-me")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert!(
+        eventually(async || served.logged().iter().any(|l| l.contains("log-me"))).await,
+        "{:?}",
+        served.logged()
+    );
+    let lines: Vec<Value> = served
+        .logged()
+        .iter()
+        .map(|line| serde_json::from_str(line).expect("a JSON object per line"))
+        .collect();
+    let answered = lines.iter().find(|l| l["span"]["id"] == "log-me").unwrap();
+    assert_eq!(answered["level"], "INFO");
+    assert_eq!(answered["fields"]["message"], "answered");
+    assert_eq!(answered["fields"]["status"], 200);
+    assert_eq!(answered["fields"]["version"], "HTTP/1.1");
+    assert_eq!(answered["span"]["route"], "/healthz");
+    assert!(answered["timestamp"].is_string());
+
+    let refused = common::sessiondb(&["--data", "unused", "serve", "--log-format", "yaml"], None);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("`text` or `json`"));
+}

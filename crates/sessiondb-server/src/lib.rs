@@ -303,6 +303,7 @@ pub const CONVERSATION_ID: &str = "sessiondb-conversation-id";
 async fn observe<S: Store>(State(app): State<Arc<App<S>>>, req: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = req.method().as_str().to_owned();
+    let version = req.version();
     let route = req
         .extensions()
         .get::<MatchedPath>()
@@ -334,7 +335,12 @@ async fn observe<S: Store>(State(app): State<Arc<App<S>>>, req: Request, next: N
     let elapsed = started.elapsed();
     app.metrics.record_request(&method, &route, status, elapsed);
     span.in_scope(|| {
-        tracing::info!(status, micros = elapsed.as_micros() as u64, "answered");
+        tracing::info!(
+            status,
+            micros = elapsed.as_micros() as u64,
+            ?version,
+            "answered"
+        );
     });
     response
 }

@@ -43,6 +43,8 @@ pub fn sessiondb_ok(args: &[&str], stdin: Option<&str>) -> String {
 pub struct Served {
     child: Child,
     pub base: String,
+    /// The lines the server wrote on stderr after its address.
+    logged: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Drop for Served {
@@ -97,10 +99,31 @@ impl Served {
             if let Some(url) = line.trim().strip_prefix("sessiondb listening on ") {
                 break url.to_owned();
             }
+            // With `--log-format json` the announcement is a log line of its own.
+            if let Ok(logged) = serde_json::from_str::<serde_json::Value>(&line)
+                && let Some(url) = logged["fields"]["url"].as_str()
+            {
+                break url.to_owned();
+            }
         };
         // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in stderr.lines() {});
-        Served { child, base }
+        let logged = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let lines = logged.clone();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(line);
+            }
+        });
+        Served {
+            child,
+            base,
+            logged,
+        }
+    }
+
+    /// What the server has logged since its address.
+    pub fn logged(&self) -> Vec<String> {
+        self.logged.lock().unwrap().clone()
     }
 
     /// Kills the server at once (SIGKILL): nothing is flushed or drained.
