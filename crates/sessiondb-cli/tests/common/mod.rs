@@ -88,14 +88,22 @@ impl Served {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
+        // Lines are read on a thread of their own, so a server that never announces its
+        // address fails the test after a while instead of holding it for ever, and stderr is
+        // drained so the server never blocks on a full pipe.
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let (lines, received) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                if lines.send(line).is_err() {
+                    return;
+                }
+            }
+        });
         let base = loop {
-            line.clear();
-            assert!(
-                stderr.read_line(&mut line).unwrap() > 0,
-                "the server exited before listening"
-            );
+            let line = received
+                .recv_timeout(Duration::from_secs(60))
+                .expect("the server announces its address within a minute, and does not exit");
             if let Some(url) = line.trim().strip_prefix("sessiondb listening on ") {
                 break url.to_owned();
             }
@@ -106,12 +114,11 @@ impl Served {
                 break url.to_owned();
             }
         };
-        // Keep draining stderr so the server never blocks on a full pipe.
         let logged = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let lines = logged.clone();
+        let kept = logged.clone();
         std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                lines.lock().unwrap().push(line);
+            for line in received {
+                kept.lock().unwrap().push(line);
             }
         });
         Served {
