@@ -202,6 +202,9 @@ async fn http2_connections_without_an_open_stream_for_the_head_timeout_are_close
         received.push_str(std::str::from_utf8(&data).unwrap());
     }
     assert!(received.contains("still listening"), "{received}");
+    // Dropping the feed resets its stream, which then counts as closed: the connection idles out.
+    drop(feed);
+    assert!(following.closed_within(Duration::from_secs(10)).await);
 }
 
 /// Stopping ends the change-feed streams of HTTP/2 connections as of HTTP/1.1 ones, and does
