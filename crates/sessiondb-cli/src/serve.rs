@@ -77,6 +77,11 @@ pub struct ServeArgs {
     /// cut) [default: 60s].
     #[arg(long, env = "SESSIONDB_REQUEST_BODY_TIMEOUT")]
     request_body_timeout: Option<String>,
+    /// An origin whose web pages may call the API from a browser (`https://app.example.com`,
+    /// as browsers send it; `*` for every origin); repeat for more (the variable takes a
+    /// comma-separated list) [default: none].
+    #[arg(long, env = "SESSIONDB_CORS_ORIGINS", value_delimiter = ',')]
+    cors_origin: Vec<String>,
     /// `full` (an acknowledged write survives power loss) or `normal` (survives a crash of the
     /// process, may lose the last writes on power loss) [default: full].
     #[arg(long, env = "SESSIONDB_SYNCHRONOUS")]
@@ -156,6 +161,8 @@ struct FileConfig {
     feed_retain: Option<usize>,
     request_head_timeout: Option<String>,
     request_body_timeout: Option<String>,
+    #[serde(default)]
+    cors_origins: Vec<String>,
     max_database_mib: Option<u64>,
     backup_dir: Option<PathBuf>,
     backup_every: Option<String>,
@@ -377,6 +384,15 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
         "normal" => Synchronous::Normal,
         other => bail!("synchronous must be `full` or `normal`, not `{other}`"),
     };
+    // Flags replace the file's list rather than adding to it, as for every other setting.
+    let cors_origins = if args.cors_origin.is_empty() {
+        file.cors_origins
+    } else {
+        args.cors_origin
+    };
+    for origin in &cors_origins {
+        check_origin(origin)?;
+    }
     let log_format = match args.log_format.or(file.log_format).as_deref() {
         None | Some("text") => LogFormat::Text,
         Some("json") => LogFormat::Json,
@@ -436,6 +452,7 @@ pub fn resolve(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<Resolve
             limits,
             request_head_timeout,
             request_body_timeout,
+            cors_origins,
         },
         summarizer,
     })
@@ -461,6 +478,24 @@ fn backup_plan(args: &ServeArgs, file: &FileConfig) -> anyhow::Result<Option<Bac
         every,
         keep,
     }))
+}
+
+/// An origin as a browser sends it in `Origin` (`scheme://host[:port]`, nothing after), or `*`:
+/// anything else could never match and is a mistake in the configuration.
+fn check_origin(origin: &str) -> anyhow::Result<()> {
+    if origin == sessiondb_server::cors::ANY_ORIGIN {
+        return Ok(());
+    }
+    let host = origin
+        .strip_prefix("https://")
+        .or_else(|| origin.strip_prefix("http://"));
+    match host {
+        Some(host) if !host.is_empty() && !host.contains(['/', '?', '#', ' ']) => Ok(()),
+        _ => bail!(
+            "--cors-origin `{origin}` is not an origin: `https://host` or `http://host:port` \
+             with nothing after, or `*`"
+        ),
+    }
 }
 
 /// How log lines are written (on stderr).
@@ -892,12 +927,13 @@ mod tests {
         assert_eq!(r.max_database_bytes, None);
         assert_eq!(r.server.request_head_timeout, Duration::from_secs(60));
         assert_eq!(r.server.request_body_timeout, Duration::from_secs(60));
+        assert!(r.server.cors_origins.is_empty());
     }
 
     #[test]
     fn flags_win_over_the_file_and_bad_values_are_refused() {
         let (_dir, file) = config_file(
-            "data = \"/from/file\"\nsynchronous = \"normal\"\nrow_cache_mib = 3\nfeed_retain = 9\nrequest_head_timeout = \"2m\"\nrequest_body_timeout = \"3m\"\nmax_database_mib = 7\n[limits]\nmax_body_bytes = 10\nmax_message_bytes = 5\n",
+            "data = \"/from/file\"\nsynchronous = \"normal\"\nrow_cache_mib = 3\nfeed_retain = 9\nrequest_head_timeout = \"2m\"\nrequest_body_timeout = \"3m\"\ncors_origins = [\"https://app.example\"]\nmax_database_mib = 7\n[limits]\nmax_body_bytes = 10\nmax_message_bytes = 5\n",
         );
         let path = file.to_str().unwrap();
         let r = resolved(&["--config", path, "--max-body-bytes", "20"], None).unwrap();
@@ -914,6 +950,7 @@ mod tests {
         assert_eq!(r.feed_retain, 9);
         assert_eq!(r.server.request_head_timeout, Duration::from_secs(120));
         assert_eq!(r.server.request_body_timeout, Duration::from_secs(180));
+        assert_eq!(r.server.cors_origins, ["https://app.example"]);
         assert_eq!(r.max_database_bytes, Some(7 << 20));
         let r = resolved(
             &[
@@ -966,6 +1003,28 @@ mod tests {
         assert!(resolved(&["--synchronous", "sometimes"], None).is_err());
         assert!(resolved(&["--request-head-timeout", "0s"], None).is_err());
         assert!(resolved(&["--request-body-timeout", "soon"], None).is_err());
+        for origin in [
+            "localhost:5173",
+            "http://localhost:5173/",
+            "https://",
+            "ftp://x",
+        ] {
+            assert!(
+                resolved(&["--cors-origin", origin], None).is_err(),
+                "{origin}"
+            );
+        }
+        let r = resolved(
+            &[
+                "--cors-origin",
+                "http://localhost:5173",
+                "--cors-origin",
+                "*",
+            ],
+            None,
+        )
+        .unwrap();
+        assert_eq!(r.server.cors_origins, ["http://localhost:5173", "*"]);
         assert!(resolved(&["--tls-cert", "cert.pem"], None).is_err());
         let r = resolved(&["--tls-cert", "cert.pem", "--tls-key", "key.pem"], None).unwrap();
         assert_eq!(

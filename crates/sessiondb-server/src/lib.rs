@@ -10,12 +10,15 @@
 //! - `routes/*`: one module per resource; `compat` holds the reference example's routes.
 //! - [`extract`]: extractors whose rejections are JSON errors; [`wire`]: JSON forms.
 //! - [`error::ApiError`]: every error answer.
+//! - `connections`: an accepted connection (TLS, HTTP/1.1 or HTTP/2, when it is closed);
+//!   [`cors`]: the web pages of other origins that may call the API.
 //!
 //! Store calls run on the runtime's worker threads (the embedded backend's reads are short and
 //! synchronous); binaries should give the runtime more workers than cores.
 #![forbid(unsafe_code)]
 
 mod connections;
+pub mod cors;
 pub mod error;
 pub mod extract;
 pub mod metrics;
@@ -85,6 +88,11 @@ pub struct ServerConfig {
     /// the request is answered 408 `request_timeout` and its connection closed. A body that
     /// keeps coming, however slowly, is never cut.
     pub request_body_timeout: Duration,
+    /// The origins (`https://app.example.com`, as a browser sends them; [`cors::ANY_ORIGIN`]
+    /// for every one) whose web pages may call the API: their preflights are answered and
+    /// every answer to them carries `Access-Control-Allow-Origin`. Empty: none, and no answer
+    /// carries a CORS header.
+    pub cors_origins: Vec<String>,
 }
 
 impl ServerConfig {
@@ -99,6 +107,7 @@ impl Default for ServerConfig {
             limits: Limits::default(),
             request_head_timeout: Self::DEFAULT_REQUEST_HEAD_TIMEOUT,
             request_body_timeout: Self::DEFAULT_REQUEST_BODY_TIMEOUT,
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -207,6 +216,7 @@ impl<S: Store> App<S> {
 /// Every route, with request ids, logging, metrics and the body limit.
 pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
     routes::routes::<S>()
+        .layer(middleware::from_fn_with_state(app.clone(), cors::cors::<S>))
         .layer(middleware::from_fn_with_state(app.clone(), observe::<S>))
         .layer(DefaultBodyLimit::max(app.config.limits.max_body_bytes))
         .with_state(app)

@@ -8,6 +8,7 @@ mod compaction;
 mod connections;
 mod context;
 mod conversations;
+mod cors;
 mod events;
 mod limits;
 mod messages;
