@@ -492,8 +492,8 @@ fn check_origin(origin: &str) -> anyhow::Result<()> {
     match host {
         Some(host) if !host.is_empty() && !host.contains(['/', '?', '#', ' ']) => Ok(()),
         _ => bail!(
-            "--cors-origin `{origin}` is not an origin: `https://host` or `http://host:port` \
-             with nothing after, or `*`"
+            "the CORS origin `{origin}` is not an origin: `https://host` or \
+             `http://host:port` with nothing after, or `*`"
         ),
     }
 }
