@@ -153,8 +153,8 @@ enum Command {
         remote: RemoteArgs,
     },
     /// Run the HTTP server (SQLite in --data, 127.0.0.1:8787 by default; --database for
-    /// PostgreSQL). SIGHUP puts the API keys and TLS certificate of the configuration (read
-    /// again) in force; on the embedded store SIGUSR1 takes a backup (with --backup-dir) and
+    /// PostgreSQL). SIGHUP puts the API keys, CORS origins and TLS certificate of the
+    /// configuration (read again) in force; on the embedded store SIGUSR1 takes a backup (with --backup-dir) and
     /// SIGUSR2 vacuums the file.
     Serve(Box<serve::ServeArgs>),
     /// Bring a PostgreSQL database to this build's schema (servers also do this as they start).

@@ -124,7 +124,7 @@ pub fn start<S: Store>(
     let (Some(every), Some(stats)) = (plan.sweep_every(), stats) else {
         return;
     };
-    for (namespace, idle_after) in plan.namespaces(&app.api_keys()) {
+    for (namespace, idle_after) in plan.namespaces(&app.in_force().api_keys) {
         tracing::info!(
             namespace,
             ?idle_after,
@@ -146,7 +146,7 @@ async fn run<S: Store>(
     let mut sweepers: BTreeMap<String, IdleSweeper> = BTreeMap::new();
     loop {
         ticker.tick().await;
-        let namespaces = plan.namespaces(&app.api_keys());
+        let namespaces = plan.namespaces(&app.in_force().api_keys);
         sweepers.retain(|namespace, _| namespaces.contains_key(namespace));
         for (namespace, idle_after) in namespaces {
             let cutoff = cutoff_ms(idle_after);

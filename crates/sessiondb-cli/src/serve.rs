@@ -15,7 +15,7 @@ use sessiondb::{
     Synchronous,
 };
 use sessiondb_postgres::{PgConfig, PgStore};
-use sessiondb_server::{App, Limits, Metrics, ServerConfig, Tls};
+use sessiondb_server::{App, Limits, Metrics, Reloadable, ServerConfig, Tls};
 use sessiondb_summarizers::{AnthropicSummarizer, ModelConfig, OpenAiSummarizer};
 
 use crate::backups::{self, BackupPlan, BackupStats};
@@ -655,7 +655,7 @@ async fn shutdown_signal() {
 }
 
 /// Serves as `args` (and the file they name) say until SIGTERM or Ctrl-C; SIGHUP resolves them
-/// again and puts the API keys and TLS certificate they give in force.
+/// again and puts the API keys, CORS origins and TLS certificate they give in force.
 pub fn run(args: ServeArgs, data: Option<PathBuf>) -> anyhow::Result<()> {
     let config = resolve(args.clone(), data.clone())?;
     let resolve_again = move || resolve(args.clone(), data.clone());
@@ -824,9 +824,10 @@ async fn listen<S: sessiondb::Store>(
 
 /// Reloads on SIGHUP: the configuration is resolved again (the file is read again; flags and
 /// the environment are the process's own), then its TLS certificate and key are read again and
-/// its API keys put in force. A configuration that fails, keys that may not serve the address
-/// the server listens on (none on a public address without `insecure`), an unusable
-/// certificate, or TLS turned on or off, change nothing. Other settings take a restart.
+/// its API keys and CORS origins put in force. A configuration that fails, keys that may not
+/// serve the address the server listens on (none on a public address without `insecure`), an
+/// unusable certificate, or TLS turned on or off, change nothing. Other settings take a
+/// restart.
 struct Reloads {
     requests: Requests,
     resolve: Box<dyn Fn() -> anyhow::Result<Resolved> + Send>,
@@ -839,22 +840,26 @@ impl Reloads {
         loop {
             self.requests.next().await;
             match self.reload(listening) {
-                Ok(keys) => {
-                    let count = keys.len();
-                    app.replace_keys(keys);
+                Ok(settings) => {
+                    let keys = settings.api_keys.len();
+                    let cors_origins = settings.cors_origins.len();
+                    app.put_in_force(settings);
                     app.metrics.record_reload(true);
-                    tracing::info!(keys = count, "configuration reloaded");
+                    tracing::info!(keys, cors_origins, "configuration reloaded");
                 }
                 Err(error) => {
                     app.metrics.record_reload(false);
-                    tracing::error!("the keys and certificate in force stay: {error:#}");
+                    tracing::error!(
+                        "the keys, CORS origins and certificate in force stay: {error:#}"
+                    );
                 }
             }
         }
     }
 
-    /// Puts the new certificate in force and answers the new keys, or changes nothing.
-    fn reload(&self, listening: SocketAddr) -> anyhow::Result<HashMap<String, String>> {
+    /// Puts the new certificate in force and answers the new keys and CORS origins, or changes
+    /// nothing.
+    fn reload(&self, listening: SocketAddr) -> anyhow::Result<Reloadable> {
         let resolved = (self.resolve)()?;
         sessiondb_server::check_bind(listening, &resolved.server, resolved.insecure)?;
         match (&self.tls, &resolved.tls) {
@@ -866,7 +871,7 @@ impl Reloads {
             (Some(_), None) => bail!("turning HTTPS off takes a restart"),
             (None, Some(_)) => bail!("turning HTTPS on takes a restart"),
         }
-        Ok(resolved.server.api_keys)
+        Ok(Reloadable::from(&resolved.server))
     }
 }
 

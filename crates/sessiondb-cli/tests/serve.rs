@@ -196,6 +196,57 @@ async fn sighup_reloads_the_api_keys_from_the_file() {
     assert_eq!(metric("sessiondb_reloads_total").await, 1);
 }
 
+/// SIGHUP puts the configuration file's CORS origins in force, so a new web front end needs no
+/// restart; a listed origin that is not one leaves the origins in force as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_cors_origins_from_the_file() {
+    let dir = free_dir();
+    let config = dir.path().join("sessiondb.toml");
+    let origins = |origin: &str| format!("cors_origins = [\"{origin}\"]\n");
+    std::fs::write(&config, origins("https://old.example")).unwrap();
+    let served = Served::start(
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+        &[],
+    );
+    let client = reqwest::Client::new();
+    let allowed = async |origin: &str| {
+        let response = client
+            .get(format!("{}/v1/sessions", served.base))
+            .header("origin", origin)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let header = response.headers().get("access-control-allow-origin");
+        header.map(|value| value.to_str().unwrap().to_owned())
+    };
+    assert_eq!(
+        allowed("https://old.example").await.as_deref(),
+        Some("https://old.example")
+    );
+    assert_eq!(allowed("https://new.example").await, None);
+
+    std::fs::write(&config, origins("https://new.example")).unwrap();
+    served.signal("HUP");
+    assert!(
+        eventually(async || allowed("https://new.example").await.is_some()).await,
+        "the new origin is in force"
+    );
+    assert_eq!(allowed("https://old.example").await, None);
+
+    let failures = metric(&served.base, "sessiondb_reload_failures_total").await;
+    std::fs::write(&config, origins("https://other.example/app")).unwrap();
+    served.signal("HUP");
+    let failed = async || metric(&served.base, "sessiondb_reload_failures_total").await > failures;
+    assert!(eventually(failed).await, "a path is not part of an origin");
+    assert_eq!(
+        allowed("https://new.example").await.as_deref(),
+        Some("https://new.example")
+    );
+    assert_eq!(allowed("https://other.example").await, None);
+}
+
 /// `--tls-cert` and `--tls-key` serve HTTPS; SIGHUP reads the two files again, so a renewed
 /// certificate is offered to new connections without a restart, and files that are not a
 /// usable certificate leave the one in force.

@@ -1,5 +1,6 @@
 //! Cross-origin requests from the web pages of the origins the server is configured to allow
-//! ([`ServerConfig::cors_origins`](crate::ServerConfig::cors_origins)): a browser's preflight is
+//! ([`ServerConfig::cors_origins`](crate::ServerConfig::cors_origins), as a reload last put them
+//! in force: [`App::in_force`]): a browser's preflight is
 //! answered here, before routing, and every answer to an allowed origin says so. Requests
 //! without an `Origin` header, or from an origin not allowed, are served as before and carry no
 //! CORS header (so a browser keeps the answer from the page).
@@ -45,9 +46,8 @@ pub(crate) async fn cors<S: Store>(
     req: Request,
     next: Next,
 ) -> Response {
-    let origins = &app.config.cors_origins;
     let origin = match req.headers().get(ORIGIN) {
-        Some(origin) if !origins.is_empty() && allowed(origins, origin) => origin.clone(),
+        Some(origin) if allowed(&app.in_force().cors_origins, origin) => origin.clone(),
         _ => return next.run(req).await,
     };
     let preflight = req.method() == Method::OPTIONS

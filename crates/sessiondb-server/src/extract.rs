@@ -30,7 +30,8 @@ impl<S: Store> FromRequestParts<Arc<App<S>>> for Tenant {
         parts: &mut Parts,
         app: &Arc<App<S>>,
     ) -> Result<Self, Self::Rejection> {
-        let keys = app.api_keys();
+        let in_force = app.in_force();
+        let keys = &in_force.api_keys;
         if keys.is_empty() {
             return Ok(Tenant(String::new()));
         }

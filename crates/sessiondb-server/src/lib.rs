@@ -136,15 +136,35 @@ pub fn check_bind(
     Ok(())
 }
 
+/// The settings a running server can be given again (on SIGHUP): what rotates or grows while
+/// it serves. The rest of [`ServerConfig`] shapes what requests are using and holds as the
+/// server started.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reloadable {
+    /// As [`ServerConfig::api_keys`].
+    pub api_keys: HashMap<String, String>,
+    /// As [`ServerConfig::cors_origins`].
+    pub cors_origins: Vec<String>,
+}
+
+impl From<&ServerConfig> for Reloadable {
+    fn from(config: &ServerConfig) -> Self {
+        Self {
+            api_keys: config.api_keys.clone(),
+            cors_origins: config.cors_origins.clone(),
+        }
+    }
+}
+
 /// What every handler shares.
 #[derive(Debug)]
 pub struct App<S> {
     pub db: Db<S>,
-    /// As the server started: [`App::api_keys`] has the keys in force.
+    /// As the server started: [`App::in_force`] has the keys and CORS origins in force.
     pub config: ServerConfig,
     pub metrics: Metrics,
-    /// Bearer key → namespace, replaced whole by [`App::replace_keys`].
-    keys: RwLock<Arc<HashMap<String, String>>>,
+    /// Replaced whole by [`App::put_in_force`], so a request sees one reload or the next.
+    in_force: RwLock<Arc<Reloadable>>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -158,23 +178,27 @@ impl<S: Store> App<S> {
         };
         Arc::new(Self {
             db: db.reconfigured(options),
-            keys: RwLock::new(Arc::new(config.api_keys.clone())),
+            in_force: RwLock::new(Arc::new(Reloadable::from(&config))),
             config,
             metrics,
             shutdown: watch::channel(false).0,
         })
     }
 
-    /// The API keys in force (bearer key → namespace; none: anonymous requests in `""`).
-    pub fn api_keys(&self) -> Arc<HashMap<String, String>> {
-        self.keys.read().unwrap_or_else(|p| p.into_inner()).clone()
+    /// The API keys (bearer key → namespace; none: anonymous requests in `""`) and CORS
+    /// origins in force.
+    pub fn in_force(&self) -> Arc<Reloadable> {
+        self.in_force
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
-    /// Puts `keys` in force for every request authenticated from now on (requests already
-    /// authenticated finish in their namespace), as a key rotation does. Whether they may serve
-    /// the address at all ([`check_bind`]) is the caller's to check first.
-    pub fn replace_keys(&self, keys: HashMap<String, String>) {
-        *self.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
+    /// Puts `settings` in force for every request from now on (requests already authenticated
+    /// finish in their namespace), as a key rotation does. Whether the keys may serve the
+    /// address at all ([`check_bind`]) is the caller's to check first.
+    pub fn put_in_force(&self, settings: Reloadable) {
+        *self.in_force.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(settings);
     }
 
     pub(crate) fn session(&self, namespace: &str, id: &str) -> Result<Session<S>, ApiError> {
