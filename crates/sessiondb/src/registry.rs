@@ -67,6 +67,9 @@ pub(crate) fn check_record(record: &SessionRecord) -> Result<(), ValidationError
     Ok(())
 }
 
+/// Sessions listed, and then deleted in one commit, at a time by sweeps and erasures.
+const DELETE_PAGE: usize = 100;
+
 impl<S: Store> Db<S> {
     /// Registers a session (with a generated `ses_…` id when `id` is `None`). Fails with
     /// [`Error::SessionExists`] when the id is taken.
@@ -155,7 +158,6 @@ impl<S: Store> Db<S> {
         before_ms: i64,
         sweeper: &mut IdleSweeper,
     ) -> Result<IdleSweep, Error> {
-        const PAGE: usize = 100;
         let started_ms = now_ms();
         let mut sweep = IdleSweep::default();
         let mut after = sweeper.start();
@@ -165,7 +167,7 @@ impl<S: Store> Db<S> {
                 descending: false,
                 after: after.clone(),
                 user_id: None,
-                limit: PAGE,
+                limit: DELETE_PAGE,
             };
             let page = self.store.list_sessions(namespace, &query).await?;
             let idle = page
@@ -176,21 +178,9 @@ impl<S: Store> Db<S> {
                 .iter()
                 .partition(|info| keeps_when_idle(&info.record.settings));
             sweep.kept += kept.len() as u64;
-            let sessions = unkept
-                .iter()
-                .map(|info| self.session_in(namespace, &info.id))
-                .collect::<Result<Vec<_>, _>>()?;
-            let op = || WriteOp::DeleteSession {
-                updated_before: Some(before_ms),
-            };
-            if !sessions.is_empty() {
-                let deletes = sessions.iter().map(|s| s.request(vec![op()])).collect();
-                let outcomes = self.store.write_all(deletes).await;
-                for (session, outcome) in sessions.iter().zip(outcomes) {
-                    self.caches.forget(session.key());
-                    sweep.deleted += u64::from(outcome? == [WriteOutcome::Existed(true)]);
-                }
-            }
+            sweep.deleted += self
+                .delete_together(namespace, &unkept, Some(before_ms))
+                .await?;
             if let Some(last) = page[..idle].last() {
                 after = Some(SessionCursor {
                     value: last.updated_at,
@@ -198,7 +188,7 @@ impl<S: Store> Db<S> {
                 });
             }
             // A page not idle to its end (or not full) was the last one.
-            if idle < PAGE {
+            if idle < DELETE_PAGE {
                 sweeper.finished(after, started_ms);
                 return Ok(sweep);
             }
@@ -207,6 +197,70 @@ impl<S: Store> Db<S> {
             // stopping could not drop it between pages.
             yield_now().await;
         }
+    }
+
+    /// Deletes every session of `user_id` in the namespace (those [`Db::list_sessions`] lists
+    /// for that user), each with everything in it, as [`Session::delete_session`] does; returns
+    /// how many. This is how what a user left is erased: sessions go a page at a time, oldest
+    /// created first, each page's deletes in one commit ([`Store::write_all`]). Each session
+    /// goes whole or stays whole, so a call that fails part-way can simply be made again; a
+    /// session created for the user while a call runs may outlive it.
+    pub async fn delete_user_sessions(&self, namespace: &str, user_id: &str) -> Result<u64, Error> {
+        let mut deleted = 0;
+        let mut after = None;
+        loop {
+            let query = SessionQuery {
+                sort: SessionSort::CreatedAt,
+                descending: false,
+                after,
+                user_id: Some(user_id.to_owned()),
+                limit: DELETE_PAGE,
+            };
+            let page = self.store.list_sessions(namespace, &query).await?;
+            let listed: Vec<&SessionInfo> = page.iter().collect();
+            deleted += self.delete_together(namespace, &listed, None).await?;
+            match page.last() {
+                Some(last) if page.len() == DELETE_PAGE => {
+                    after = Some(SessionCursor {
+                        value: last.created_at,
+                        id: last.id.clone(),
+                    })
+                }
+                _ => return Ok(deleted),
+            }
+            // As in a sweep: the embedded store's calls complete within their first poll.
+            yield_now().await;
+        }
+    }
+
+    /// Deletes `listed` (sessions of `namespace`) in one commit, each only if not written since
+    /// `updated_before` when given; returns how many were deleted.
+    async fn delete_together(
+        &self,
+        namespace: &str,
+        listed: &[&SessionInfo],
+        updated_before: Option<i64>,
+    ) -> Result<u64, Error> {
+        if listed.is_empty() {
+            return Ok(0);
+        }
+        let sessions = listed
+            .iter()
+            .map(|info| self.session_in(namespace, &info.id))
+            .collect::<Result<Vec<_>, _>>()?;
+        let deletes = sessions
+            .iter()
+            .map(|s| s.request(vec![WriteOp::DeleteSession { updated_before }]))
+            .collect();
+        let outcomes = self.store.write_all(deletes).await;
+        for session in &sessions {
+            self.caches.forget(session.key());
+        }
+        let mut deleted = 0;
+        for outcome in outcomes {
+            deleted += u64::from(outcome? == [WriteOutcome::Existed(true)]);
+        }
+        Ok(deleted)
     }
 
     /// Full-text search across a namespace's sessions (optionally one user's), best first.

@@ -82,6 +82,7 @@ macro_rules! for_each_case {
             registry::resumed_subscriptions_replay_retained_events,
             registry::export_reimports_into_an_equal_session,
             registry::export_carries_the_session_record_to_a_new_session,
+            registry::a_users_sessions_are_deleted_and_no_one_elses,
             registry::sessions_kept_when_idle_outlive_idle_deletion,
             registry::sweeps_start_after_the_sessions_kept_when_idle,
             tree::appends_chain_in_order,

@@ -157,6 +157,66 @@ pub async fn sessions_last_written_before_a_time_are_deleted<S: Store>(db: Db<S>
     );
 }
 
+/// Erasing a user deletes every session created for them, more than one page of deletes, with
+/// everything a session holds (whatever their settings say); other users' sessions, sessions
+/// without a user and the same user in another namespace stay.
+pub async fn a_users_sessions_are_deleted_and_no_one_elses<S: Store>(db: Db<S>) {
+    let create = async |namespace: &str, id: &str, user: Option<&str>| {
+        let record = SessionRecord {
+            user_id: user.map(str::to_owned),
+            ..Default::default()
+        };
+        db.create_session(namespace, Some(id.to_owned()), record)
+            .await
+            .unwrap();
+        let session = db.session_in(namespace, id).unwrap();
+        chain(&session, &["m1", "m2"]).await;
+        session
+    };
+    let mut erased = Vec::new();
+    for i in 0..130 {
+        erased.push(create("", &format!("u1-{i:03}"), Some("u1")).await);
+    }
+    let held = &erased[7];
+    held.set_state("k", &json!(1)).await.unwrap();
+    held.add_compaction("sum".into(), "m1".into(), "m2".into())
+        .await
+        .unwrap();
+    held.patch(SessionPatch {
+        settings: Some(object(json!({"keepWhenIdle": true}))),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let other_user = create("", "u2-000", Some("u2")).await;
+    let no_user = create("", "anonymous", None).await;
+    let elsewhere = create("other", "u1-000", Some("u1")).await;
+
+    let mut sub = db.subscribe(FeedFilter::All);
+    assert_eq!(db.delete_user_sessions("", "u1").await.unwrap(), 130);
+    assert_eq!(event_names(&drain(&mut sub)), vec!["session"; 130]);
+    let left = db
+        .list_sessions("", &SessionListing::default())
+        .await
+        .unwrap();
+    let mut left: Vec<&str> = left.items.iter().map(|i| i.id.as_str()).collect();
+    left.sort_unstable();
+    assert_eq!(left, ["anonymous", "u2-000"]);
+    assert!(held.info().await.unwrap().is_none());
+    assert!(held.message("m1").await.unwrap().is_none());
+    assert!(held.state("k").await.unwrap().is_none());
+    assert!(held.compactions().await.unwrap().is_empty());
+    let hits = db.search_all("", None, "message", 100).await.unwrap();
+    let mut found: Vec<&str> = hits.iter().map(|h| h.session_id.as_str()).collect();
+    found.sort_unstable();
+    assert_eq!(found, ["anonymous", "anonymous", "u2-000", "u2-000"]);
+    for kept in [&other_user, &no_user, &elsewhere] {
+        assert_eq!(history_ids(kept, None).await, ["m1", "m2"]);
+    }
+    assert_eq!(db.delete_user_sessions("", "u1").await.unwrap(), 0);
+    assert_eq!(db.delete_user_sessions("", "nobody").await.unwrap(), 0);
+}
+
 /// Sessions whose settings say `keepWhenIdle: true` outlive idle deletion, also more than a
 /// page of them ahead of idle ones (the sweep pages past them); taking the setting back is a
 /// write, which makes the session fresh again, and it goes once it is idle after that.
