@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 use sessiondb::convert::ModelFormat;
 use sessiondb::{Db, HistoryOptions, Message, Parent, SessionSort, SqliteStore};
 
-use crate::remote::Remote;
+use crate::remote::{Remote, segment};
 use crate::session_commands::Target;
 use crate::transfer::Scope;
 
@@ -124,10 +124,17 @@ enum Command {
         database: Option<String>,
     },
     /// Delete a session with its messages, compactions, state and context (there is no undo);
-    /// with `--idle-for` instead, every session of the namespace not written for that long.
+    /// with `--idle-for` instead, every session of the namespace not written for that long;
+    /// with `--user`, every session of that user.
     Delete {
-        #[arg(required_unless_present = "idle_for", conflicts_with = "idle_for")]
+        #[arg(
+            required_unless_present_any = ["idle_for", "user"],
+            conflicts_with_all = ["idle_for", "user"]
+        )]
         session: Option<String>,
+        /// Every session created for this user (`userId`): erasing what a user left.
+        #[arg(long, conflicts_with = "idle_for")]
+        user: Option<String>,
         /// Not written (`updatedAt`) for this long: a number and s, m, h or d, as in `30d`. On
         /// the embedded store only: a server deletes idle sessions itself
         /// (`serve --delete-idle-after`).
@@ -328,7 +335,11 @@ fn run_command(cli: Cli) -> anyhow::Result<()> {
                     "a running server holds this store: check a backup of it (SIGUSR1), or \
                      stop it first",
                 ),
-                Command::Delete { session: None, .. } => error.context(
+                Command::Delete {
+                    session: None,
+                    user: None,
+                    ..
+                } => error.context(
                     "a running server holds this store: it deletes idle sessions itself when \
                      started with --delete-idle-after",
                 ),
@@ -448,6 +459,28 @@ async fn run(
             session: Some(session),
             ..
         } => target(session)?.delete(&mut out).await,
+        Command::Delete {
+            session: None,
+            user: Some(user),
+            ..
+        } => {
+            let deleted = match &remote {
+                Some(remote) => {
+                    let url = remote.url(&format!("/v1/sessions?userId={}", segment(&user)));
+                    let request = remote.request(reqwest::Method::DELETE, &url);
+                    let answer: serde_json::Value = remote.send(request).await?.json().await?;
+                    answer["deleted"]
+                        .as_u64()
+                        .with_context(|| format!("the server answered {answer}"))?
+                }
+                None => {
+                    let db = db.context("no database open")?;
+                    db.delete_user_sessions(&namespace, &user).await?
+                }
+            };
+            writeln!(out, "deleted {deleted} sessions of user {user}")?;
+            Ok(())
+        }
         Command::Delete {
             session: None,
             idle_for,

@@ -286,6 +286,69 @@ fn delete_idle_for_removes_only_sessions_not_written_for_that_long() {
     assert_eq!(ok(data, &["history", "new"], None).lines().count(), 1);
 }
 
+/// `delete --user` removes every session of that user and keeps the rest, on the embedded store
+/// and through a server; it takes a user or a session, not both.
+#[test]
+fn delete_user_removes_that_users_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let embedded = dir.path().join("embedded");
+    let served_data = dir.path().join("served");
+    let sessions = [("a", "u1"), ("b", "u1"), ("c", "u 2")];
+    {
+        let db = sessiondb::Db::open(&embedded).unwrap();
+        futures::executor::block_on(async {
+            for (id, user) in sessions {
+                let record = sessiondb::SessionRecord {
+                    user_id: Some(user.to_owned()),
+                    ..Default::default()
+                };
+                db.create_session("", Some(id.to_owned()), record)
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    let served = common::Served::start(&served_data, &["--listen", "127.0.0.1:0"], &[]);
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let client = reqwest::Client::new();
+        for (id, user) in sessions {
+            let created = client
+                .post(format!("{}/v1/sessions", served.base))
+                .json(&serde_json::json!({"id": id, "userId": user}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(created.status(), 201);
+        }
+    });
+    let url = ["--url", served.base.as_str()];
+    for through in [&[][..], &url[..]] {
+        let with = |args: &[&'static str]| [args, through].concat();
+        assert_eq!(
+            ok(&embedded, &with(&["delete", "--user", "u1"]), None),
+            "deleted 2 sessions of user u1\n"
+        );
+        assert_eq!(
+            ok(&embedded, &with(&["delete", "--user", "u 2"]), None),
+            "deleted 1 sessions of user u 2\n"
+        );
+        assert_eq!(ok(&embedded, &with(&["sessions"]), None), "");
+        assert_eq!(
+            ok(&embedded, &with(&["delete", "--user", "u1"]), None),
+            "deleted 0 sessions of user u1\n"
+        );
+    }
+    for refused in [
+        &["delete", "a", "--user", "u1"][..],
+        &["delete", "--user", "u1", "--idle-for", "1s"],
+    ] {
+        assert!(
+            !run(&embedded, refused, None).status.success(),
+            "{refused:?}"
+        );
+    }
+}
+
 /// The README's command-line examples run as written, one after another on one data
 /// directory; then the ones through a server (`--url`) against a server of that directory,
 /// whose key `KEY` acts in the same (empty) namespace.

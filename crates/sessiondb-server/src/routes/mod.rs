@@ -21,7 +21,9 @@ pub(crate) fn routes<S: Store>() -> Router<Arc<App<S>>> {
     Router::new()
         .route(
             "/v1/sessions",
-            post(sessions::create::<S>).get(sessions::list::<S>),
+            post(sessions::create::<S>)
+                .get(sessions::list::<S>)
+                .delete(sessions::delete_for_user::<S>),
         )
         .route(
             "/v1/sessions/{sid}",

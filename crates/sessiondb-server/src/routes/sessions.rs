@@ -144,6 +144,29 @@ pub(crate) async fn delete<S: Store>(
     }
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct DeleteForUserQuery {
+    user_id: Option<String>,
+}
+
+/// `DELETE /v1/sessions?userId=`: every session of one user, as erasing a user asks. Without a
+/// user it is refused rather than read as "every session".
+pub(crate) async fn delete_for_user<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    Tenant(ns): Tenant,
+    QueryParams(q): QueryParams<DeleteForUserQuery>,
+) -> Result<Response, ApiError> {
+    let user_id = q.user_id.filter(|u| !u.is_empty()).ok_or_else(|| {
+        ApiError::invalid(
+            "`userId` is required: `DELETE /v1/sessions?userId=` deletes one user's sessions \
+             (`DELETE /v1/sessions/{sid}` one session)",
+        )
+    })?;
+    let deleted = app.db.delete_user_sessions(&ns, &user_id).await?;
+    Ok(value_response(StatusCode::OK, &json!({"deleted": deleted})))
+}
+
 fn no_session(sid: &str) -> ApiError {
     ApiError::not_found(format!("no session `{sid}`"))
 }

@@ -193,3 +193,69 @@ async fn listings_page_with_cursors_and_filter_by_user() {
         );
     }
 }
+
+/// `DELETE /v1/sessions?userId=` erases one user's sessions in the key's namespace only, and
+/// is refused without a user rather than read as "every session".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_sessions_are_deleted_in_the_keys_namespace() {
+    let mut server = crate::common::start_with(sessiondb_server::ServerConfig {
+        api_keys: std::collections::HashMap::from([
+            ("key-a".to_owned(), "tenant-a".to_owned()),
+            ("key-b".to_owned(), "tenant-b".to_owned()),
+        ]),
+        ..Default::default()
+    })
+    .await;
+    for key in ["key-a", "key-b"] {
+        server.key = Some(key.into());
+        for (id, user) in [("a", "u1"), ("b", "u1"), ("c", "u2")] {
+            let created = server
+                .post("/v1/sessions", json!({"id": id, "userId": user}))
+                .await;
+            assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+            server.say(id, "m1", "hello").await;
+        }
+    }
+    server.key = Some("key-a".into());
+    for refused in [
+        "/v1/sessions",
+        "/v1/sessions?userId=",
+        "/v1/sessions?user=u1",
+    ] {
+        let answer = server.delete(refused).await;
+        assert_eq!(
+            (answer.status, answer.code()),
+            (StatusCode::BAD_REQUEST, "invalid_request"),
+            "{refused}"
+        );
+    }
+    assert_eq!(
+        server.get("/v1/sessions").await.json["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+
+    let erased = server.delete("/v1/sessions?userId=u1").await;
+    assert_eq!(erased.status, StatusCode::OK, "{erased:?}");
+    assert_eq!(erased.json, json!({"deleted": 2}));
+    let left = server.get("/v1/sessions").await;
+    let ids: Vec<&str> = left.json["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["c"]);
+    assert_eq!(
+        server.get("/v1/sessions/a").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let again = server.delete("/v1/sessions?userId=u1").await;
+    assert_eq!(again.json, json!({"deleted": 0}));
+
+    server.key = Some("key-b".into());
+    let other = server.get("/v1/sessions?userId=u1").await;
+    assert_eq!(other.json["items"].as_array().unwrap().len(), 2);
+}
