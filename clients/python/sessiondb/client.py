@@ -297,6 +297,11 @@ class Client:
             if not (missing_ok and error.code == "not_found"):
                 raise
 
+    def delete_user_sessions(self, user_id: str) -> int:
+        """Deletes every session of ``user_id``, each with everything in it, as erasing what a
+        user left asks; returns how many."""
+        return self.request("DELETE", "/v1/sessions", query={"userId": user_id})["deleted"]
+
     def list_sessions(self, user_id: str | None = None, sort: str | None = None,
                       order: str | None = None, page_size: int = 100) -> Iterator[dict]:
         """Every session of the namespace, following the listing's cursors page after page."""

@@ -192,6 +192,19 @@ class ClientTest(ServedTest):
             c.get_session("listed-1")
         self.assertEqual(caught.exception.status, 404)
 
+    def test_a_users_sessions_are_deleted(self):
+        c = self.client
+        for i in range(3):
+            c.create_session(f"erased-{i}", userId="erased user")
+        c.create_session("kept-0", userId="kept user")
+        self.assertEqual(c.delete_user_sessions("erased user"), 3)
+        self.assertEqual(list(c.list_sessions(user_id="erased user")), [])
+        self.assertEqual([s["id"] for s in c.list_sessions(user_id="kept user")], ["kept-0"])
+        self.assertEqual(c.delete_user_sessions("erased user"), 0)
+        with self.assertRaises(SessiondbError) as caught:
+            c.delete_user_sessions("")
+        self.assertEqual(caught.exception.code, "invalid_request")
+
     def test_errors_are_typed(self):
         c = self.client
         with self.assertRaises(SessiondbError) as caught:

@@ -383,6 +383,15 @@ export class Client {
     }
   }
 
+  /**
+   * Deletes every session of `userId`, each with everything in it, as erasing what a user left
+   * asks; resolves to how many.
+   */
+  async deleteUserSessions(userId: string): Promise<number> {
+    const answer = await this.request<{ deleted: number }>('DELETE', '/v1/sessions', { query: { userId } });
+    return answer.deleted;
+  }
+
   /** Every session of the namespace, following the listing's cursors page after page. */
   listSessions(options: {
     userId?: string;

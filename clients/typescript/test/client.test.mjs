@@ -178,6 +178,16 @@ test('sessions, state and compaction', async () => {
   await rejectsWith(shared.client.getSession('listed-1'), 404, 'not_found');
 });
 
+test('a user\'s sessions are deleted', async () => {
+  for (let i = 0; i < 3; i++) await shared.client.createSession({ id: `erased-${i}`, userId: 'erased user' });
+  await shared.client.createSession({ id: 'kept-0', userId: 'kept user' });
+  assert.equal(await shared.client.deleteUserSessions('erased user'), 3);
+  assert.deepEqual(await all(shared.client.listSessions({ userId: 'erased user' })), []);
+  assert.deepEqual((await all(shared.client.listSessions({ userId: 'kept user' }))).map((s) => s.id), ['kept-0']);
+  assert.equal(await shared.client.deleteUserSessions('erased user'), 0);
+  await rejectsWith(shared.client.deleteUserSessions(''), 400, 'invalid_request');
+});
+
 test('errors are typed', async () => {
   await rejectsWith(shared.client.messages('any', { limit: 1000 }), 400, 'invalid_request');
   await assert.rejects(shared.client.append('any', { content: 'no role' }), (e) => e.code === 'invalid_request' && /role/.test(e.message));
