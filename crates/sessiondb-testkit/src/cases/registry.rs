@@ -109,6 +109,25 @@ pub async fn sessions_are_created_patched_and_deleted<S: Store>(db: Db<S>) {
     );
 }
 
+/// The ids of the first page of the anonymous namespace's sessions, sorted.
+async fn first_page_ids<S: Store>(db: &Db<S>) -> Vec<String> {
+    let page = db
+        .list_sessions("", &SessionListing::default())
+        .await
+        .unwrap();
+    let mut ids: Vec<String> = page.items.into_iter().map(|i| i.id).collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// Nothing is left of `session` that held a record, message `m1`, state `k` and a compaction.
+async fn assert_deleted<S: Store>(session: &Session<S>) {
+    assert!(session.info().await.unwrap().is_none());
+    assert!(session.message("m1").await.unwrap().is_none());
+    assert!(session.state("k").await.unwrap().is_none());
+    assert!(session.compactions().await.unwrap().is_empty());
+}
+
 /// More idle sessions than one page of deletes, with everything a session holds; the newest
 /// writes come after the cutoff and stay, as does another namespace.
 pub async fn sessions_last_written_before_a_time_are_deleted<S: Store>(db: Db<S>) {
@@ -137,17 +156,8 @@ pub async fn sessions_last_written_before_a_time_are_deleted<S: Store>(db: Db<S>
     assert_eq!(deleted, 129);
     let names = event_names(&drain(&mut sub));
     assert_eq!(names, vec!["session"; 129]);
-    let left = db
-        .list_sessions("", &SessionListing::default())
-        .await
-        .unwrap();
-    let mut left: Vec<&str> = left.items.iter().map(|i| i.id.as_str()).collect();
-    left.sort_unstable();
-    assert_eq!(left, ["fresh", "old000"]);
-    assert!(idle.info().await.unwrap().is_none());
-    assert!(idle.message("m1").await.unwrap().is_none());
-    assert!(idle.state("k").await.unwrap().is_none());
-    assert!(idle.compactions().await.unwrap().is_empty());
+    assert_eq!(first_page_ids(&db).await, ["fresh", "old000"]);
+    assert_deleted(&idle).await;
     assert_eq!(history_ids(&busy, None).await, ["m1", "m2", "m3"]);
     assert_eq!(busy.state("k").await.unwrap(), Some(json!(1)));
     assert_eq!(history_ids(&elsewhere, None).await, ["m1"]);
@@ -195,17 +205,8 @@ pub async fn a_users_sessions_are_deleted_and_no_one_elses<S: Store>(db: Db<S>) 
     let mut sub = db.subscribe(FeedFilter::All);
     assert_eq!(db.delete_user_sessions("", "u1").await.unwrap(), 130);
     assert_eq!(event_names(&drain(&mut sub)), vec!["session"; 130]);
-    let left = db
-        .list_sessions("", &SessionListing::default())
-        .await
-        .unwrap();
-    let mut left: Vec<&str> = left.items.iter().map(|i| i.id.as_str()).collect();
-    left.sort_unstable();
-    assert_eq!(left, ["anonymous", "u2-000"]);
-    assert!(held.info().await.unwrap().is_none());
-    assert!(held.message("m1").await.unwrap().is_none());
-    assert!(held.state("k").await.unwrap().is_none());
-    assert!(held.compactions().await.unwrap().is_empty());
+    assert_eq!(first_page_ids(&db).await, ["anonymous", "u2-000"]);
+    assert_deleted(held).await;
     let hits = db.search_all("", None, "message", 100).await.unwrap();
     let mut found: Vec<&str> = hits.iter().map(|h| h.session_id.as_str()).collect();
     found.sort_unstable();
