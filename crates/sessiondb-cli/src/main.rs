@@ -187,14 +187,21 @@ enum Command {
     },
     /// Write a session (its record, every message of its tree, compactions, state, context) as
     /// NDJSON to stdout; with `--all`, the namespace's context templates, then every session of
-    /// the namespace, one after another.
+    /// the namespace, one after another; with `--user`, every session of that user.
     Export {
-        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        #[arg(
+            required_unless_present_any = ["all", "user"],
+            conflicts_with_all = ["all", "user"]
+        )]
         session: Option<String>,
         /// Every session, after the context templates (to move a store: `export --all`, then
         /// `import --all` elsewhere).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "user")]
         all: bool,
+        /// Every session created for this user (`userId`), without the templates: what a user
+        /// asking for their data is given (`import --all` takes it back).
+        #[arg(long)]
+        user: Option<String>,
         #[command(flatten)]
         remote: RemoteArgs,
     },
@@ -387,6 +394,9 @@ async fn run(
             )
             .await
         }
+        Command::Export {
+            user: Some(user), ..
+        } => transfer::export_user(db.as_ref(), remote.as_ref(), &namespace, &user, &mut out).await,
         Command::Export { session, .. } => {
             let sessions = session.as_deref().map_or(Scope::All, Scope::One);
             transfer::export(db.as_ref(), remote.as_ref(), &namespace, sessions, &mut out).await

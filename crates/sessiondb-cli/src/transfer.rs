@@ -263,23 +263,50 @@ pub async fn export(
             progress.finish();
         }
         Scope::All => {
-            let every = listing::Wanted {
-                user_id: None,
-                sort: SessionSort::CreatedAt,
-                limit: None,
-            };
             export_templates(db, remote, namespace, out).await?;
-            let ids = listing::ids(db, remote, namespace, &every).await?;
-            let mut progress = Progress::new("exporting sessions", Some(ids.len() as u64));
-            for id in &ids {
-                // A session deleted since it was listed is not part of the store any more.
-                export_one(db, remote, namespace, id, &mut Progress::silent(), out).await?;
-                progress.advance(1);
-            }
-            progress.finish();
+            export_sessions(db, remote, namespace, None, out).await?;
         }
     }
     out.flush()?;
+    Ok(())
+}
+
+/// Writes every session of `user_id`, newest first, as [`Scope::All`] writes each session but
+/// without the namespace's templates, which are no user's: what a user asking for their data
+/// is given (and what `import --all` takes back).
+pub async fn export_user(
+    db: Option<&Db<SqliteStore>>,
+    remote: Option<&Remote>,
+    namespace: &str,
+    user_id: &str,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    export_sessions(db, remote, namespace, Some(user_id), out).await?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Writes the namespace's sessions (only `user_id`'s when given), newest created first.
+async fn export_sessions(
+    db: Option<&Db<SqliteStore>>,
+    remote: Option<&Remote>,
+    namespace: &str,
+    user_id: Option<&str>,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let wanted = listing::Wanted {
+        user_id: user_id.map(str::to_owned),
+        sort: SessionSort::CreatedAt,
+        limit: None,
+    };
+    let ids = listing::ids(db, remote, namespace, &wanted).await?;
+    let mut progress = Progress::new("exporting sessions", Some(ids.len() as u64));
+    for id in &ids {
+        // A session deleted since it was listed is not part of the store any more.
+        export_one(db, remote, namespace, id, &mut Progress::silent(), out).await?;
+        progress.advance(1);
+    }
+    progress.finish();
     Ok(())
 }
 

@@ -286,10 +286,11 @@ fn delete_idle_for_removes_only_sessions_not_written_for_that_long() {
     assert_eq!(ok(data, &["history", "new"], None).lines().count(), 1);
 }
 
-/// `delete --user` removes every session of that user and keeps the rest, on the embedded store
-/// and through a server; it takes a user or a session, not both.
+/// `export --user` writes every session of that user (which `import --all` takes back) and
+/// `delete --user` removes them and keeps the rest, on the embedded store and through a
+/// server; each takes a user or a session, not both.
 #[test]
-fn delete_user_removes_that_users_sessions() {
+fn export_and_delete_user_cover_that_users_sessions() {
     let dir = tempfile::tempdir().unwrap();
     let embedded = dir.path().join("embedded");
     let served_data = dir.path().join("served");
@@ -324,6 +325,24 @@ fn delete_user_removes_that_users_sessions() {
     let url = ["--url", served.base.as_str()];
     for through in [&[][..], &url[..]] {
         let with = |args: &[&'static str]| [args, through].concat();
+        let exported = ok(&embedded, &with(&["export", "--user", "u1"]), None);
+        let mut session_lines: Vec<String> = exported
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+            .filter_map(|line| line["session"]["id"].as_str().map(str::to_owned))
+            .collect();
+        session_lines.sort_unstable();
+        assert_eq!(session_lines, ["a", "b"], "{exported}");
+        let copy = tempfile::tempdir().unwrap();
+        let file = copy.path().join("u1.ndjson");
+        std::fs::write(&file, &exported).unwrap();
+        ok(
+            copy.path(),
+            &["import", file.to_str().unwrap(), "--all"],
+            None,
+        );
+        let imported = ok(copy.path(), &["sessions", "--user", "u1"], None);
+        assert_eq!(imported.lines().count(), 2, "{imported}");
         assert_eq!(
             ok(&embedded, &with(&["delete", "--user", "u1"]), None),
             "deleted 2 sessions of user u1\n"
@@ -341,6 +360,8 @@ fn delete_user_removes_that_users_sessions() {
     for refused in [
         &["delete", "a", "--user", "u1"][..],
         &["delete", "--user", "u1", "--idle-for", "1s"],
+        &["export", "a", "--user", "u1"],
+        &["export", "--all", "--user", "u1"],
     ] {
         assert!(
             !run(&embedded, refused, None).status.success(),
