@@ -59,9 +59,9 @@ pub use registry::{
 };
 pub use store::{
     ContextEntry, FrozenPrompt, Parent, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow,
-    RangeTotals, RowStat, RunsFromLeaf, ScopedBlock, ScopedEntry, SearchHit, SessionKey,
-    SessionStats, Store, StoreError, UpdateOutcome, WriteCondition, WriteOp, WriteOutcome,
-    WriteRequest,
+    RangeTotals, RowStat, RunsFromLeaf, ScopedBlock, ScopedEntry, SearchFilter, SearchHit,
+    SessionKey, SessionStats, Store, StoreError, UpdateOutcome, WriteCondition, WriteOp,
+    WriteOutcome, WriteRequest,
 };
 
 /// Maximum depth walked from a leaf towards the root; a path holds at most `MAX_PATH_DEPTH + 1`

@@ -449,6 +449,18 @@ pub struct SessionStats {
     pub linear_range: Option<(i64, i64)>,
 }
 
+/// Which of a search's matches count besides their words: one role's, written in a time range.
+/// The default keeps every match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SearchFilter {
+    /// Only messages of this role (`user`, `assistant`, …).
+    pub role: Option<String>,
+    /// Only messages created at or after this time (epoch milliseconds).
+    pub since_ms: Option<i64>,
+    /// Only messages created before this time (epoch milliseconds).
+    pub until_ms: Option<i64>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SearchHit {
     pub id: String,
@@ -674,11 +686,12 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, StoreError>> + Send;
 
-    /// Messages of the session matching every word, best first.
+    /// Messages of the session matching every word and `filter`, best first.
     fn search(
         &self,
         key: &SessionKey,
         words: &[String],
+        filter: &SearchFilter,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send;
 
@@ -715,12 +728,13 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send;
 
     /// Messages anywhere in the namespace (optionally only sessions of `user_id`) matching every
-    /// word, best first.
+    /// word and `filter`, best first.
     fn search_namespace(
         &self,
         namespace: &str,
         user_id: Option<&str>,
         words: &[String],
+        filter: &SearchFilter,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send;
 

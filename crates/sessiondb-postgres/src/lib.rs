@@ -40,14 +40,14 @@ use deadpool_postgres::Pool;
 use sessiondb_core::attachments::Payload;
 use sessiondb_core::{
     Change, ChangeFeed, Compaction, ContextEntry, FeedFilter, FrozenPrompt, PathPlan, PathRows,
-    PathRuns, PathSuffix, RangeTotals, ScopedBlock, ScopedEntry, SearchHit, SessionInfo,
-    SessionKey, SessionQuery, SessionStats, Store, StoreError, StoredMessage, Subscription,
-    WriteOutcome, WriteRequest,
+    PathRuns, PathSuffix, RangeTotals, ScopedBlock, ScopedEntry, SearchFilter, SearchHit,
+    SessionInfo, SessionKey, SessionQuery, SessionStats, Store, StoreError, StoredMessage,
+    Subscription, WriteOutcome, WriteRequest,
 };
 use tokio::runtime::{Handle, Runtime};
 
 use crate::feed::FeedSync;
-use crate::sql::{backend_error, describe, lookup};
+use crate::sql::{backend_error, describe, looked_up, lookup};
 
 /// Errors of this backend.
 #[derive(Debug, thiserror::Error)]
@@ -613,14 +613,15 @@ impl Store for PgStore {
         &self,
         key: &SessionKey,
         words: &[String],
+        filter: &SearchFilter,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send {
-        let (key, words) = (key.clone(), words.to_vec());
+        let (key, words, filter) = (key.clone(), words.to_vec(), looked_up(filter));
         read!(self, |c| async {
             if words.is_empty() || limit == 0 {
                 return Ok(Vec::new());
             }
-            queries::search(c, &key, &words, limit).await
+            queries::search(c, &key, &words, &filter, limit).await
         })
     }
 
@@ -676,15 +677,21 @@ impl Store for PgStore {
         namespace: &str,
         user_id: Option<&str>,
         words: &[String],
+        filter: &SearchFilter,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send {
-        let (namespace, user_id, words) =
-            (namespace.to_owned(), user_id.map(lookup), words.to_vec());
+        let (namespace, user_id, words, filter) = (
+            namespace.to_owned(),
+            user_id.map(lookup),
+            words.to_vec(),
+            looked_up(filter),
+        );
         read!(self, |c| async {
             if words.is_empty() || limit == 0 {
                 return Ok(Vec::new());
             }
-            registry::search_namespace(c, &namespace, user_id.as_deref(), &words, limit).await
+            registry::search_namespace(c, &namespace, user_id.as_deref(), &words, &filter, limit)
+                .await
         })
     }
 

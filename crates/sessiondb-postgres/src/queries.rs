@@ -11,7 +11,7 @@ use sessiondb_core::plan::{SuffixBudget, linear_range};
 pub(crate) use sessiondb_core::write_rules::Location;
 use sessiondb_core::{
     MAX_PATH_ROWS, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow, RangeTotals, RowStat,
-    RunsFromLeaf, SearchHit, SessionKey, SessionStats, StoreError, StoredMessage,
+    RunsFromLeaf, SearchFilter, SearchHit, SessionKey, SessionStats, StoreError, StoredMessage,
 };
 
 use crate::sql::{Result, exec, get, lookup, messages, pairs, row, rows, search_words};
@@ -649,6 +649,7 @@ pub(crate) async fn search<C: GenericClient>(
     c: &C,
     key: &SessionKey,
     words: &[String],
+    filter: &SearchFilter,
     limit: usize,
 ) -> Result<Vec<SearchHit>> {
     let (query, limit) = (search_words(words), limit as i64);
@@ -657,9 +658,19 @@ pub(crate) async fn search<C: GenericClient>(
         "SELECT id, role, search_text, created_at
            FROM messages, plainto_tsquery('sessiondb_search', $3) query
           WHERE namespace = $1 AND session_id = $2 AND search_vector @@ query
+            AND ($5::text IS NULL OR role = $5)
+            AND ($6::bigint IS NULL OR created_at >= $6) AND ($7::bigint IS NULL OR created_at < $7)
           ORDER BY ts_rank(search_vector, query) DESC, seq
           LIMIT $4",
-        &[&key.namespace, &key.session_id, &query, &limit],
+        &[
+            &key.namespace,
+            &key.session_id,
+            &query,
+            &limit,
+            &filter.role,
+            &filter.since_ms,
+            &filter.until_ms,
+        ],
     )
     .await?
     .iter()

@@ -3,8 +3,8 @@
 use deadpool_postgres::GenericClient;
 use sessiondb_core::message::JsonMap;
 use sessiondb_core::{
-    Compaction, SearchHit, SessionInfo, SessionKey, SessionQuery, SessionRecord, SessionSort,
-    SessionStats, StoreError,
+    Compaction, SearchFilter, SearchHit, SessionInfo, SessionKey, SessionQuery, SessionRecord,
+    SessionSort, SessionStats, StoreError,
 };
 use tokio_postgres::Row;
 
@@ -273,6 +273,7 @@ pub(crate) async fn search_namespace<C: GenericClient>(
     namespace: &str,
     user_id: Option<&str>,
     words: &[String],
+    filter: &SearchFilter,
     limit: usize,
 ) -> Result<Vec<SearchHit>> {
     let (query, limit) = (search_words(words), limit as i64);
@@ -283,9 +284,20 @@ pub(crate) async fn search_namespace<C: GenericClient>(
           WHERE m.namespace = $1 AND m.search_vector @@ query
             AND ($3::text IS NULL OR m.session_id IN
                  (SELECT id FROM sessions WHERE namespace = $1 AND user_id = $3))
+            AND ($5::text IS NULL OR m.role = $5)
+            AND ($6::bigint IS NULL OR m.created_at >= $6)
+            AND ($7::bigint IS NULL OR m.created_at < $7)
           ORDER BY ts_rank(m.search_vector, query) DESC, m.session_id, m.seq
           LIMIT $4",
-        &[&namespace, &query, &user_id, &limit],
+        &[
+            &namespace,
+            &query,
+            &user_id,
+            &limit,
+            &filter.role,
+            &filter.since_ms,
+            &filter.until_ms,
+        ],
     )
     .await?
     .iter()

@@ -3,7 +3,7 @@
 
 use deadpool_postgres::GenericClient;
 use sessiondb_core::message::{MessageId, StoredRow, role_of};
-use sessiondb_core::{StoreError, StoredMessage};
+use sessiondb_core::{SearchFilter, StoreError, StoredMessage};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
@@ -75,6 +75,14 @@ pub(crate) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
 /// nothing: as U+0001 it still names nothing, where the NUL would fail the statement.
 pub(crate) fn lookup(text: &str) -> String {
     text.replace('\0', "\u{1}")
+}
+
+/// `filter` with its role bound as a [`lookup`].
+pub(crate) fn looked_up(filter: &SearchFilter) -> SearchFilter {
+    SearchFilter {
+        role: filter.role.as_deref().map(lookup),
+        ..filter.clone()
+    }
 }
 
 pub(crate) async fn rows<C: GenericClient>(

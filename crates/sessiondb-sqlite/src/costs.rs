@@ -69,8 +69,8 @@ mod tests {
     use futures::executor::block_on;
     use sessiondb_core::tokens::HeuristicCounter;
     use sessiondb_core::{
-        Message, Parent, SessionCursor, SessionKey, SessionQuery, SessionSort, Store, WriteOp,
-        WriteRequest,
+        Message, Parent, SearchFilter, SessionCursor, SessionKey, SessionQuery, SessionSort, Store,
+        WriteOp, WriteRequest,
     };
 
     use super::*;
@@ -176,7 +176,9 @@ mod tests {
 
         let search = |key: &SessionKey| {
             let words = vec!["needle".to_owned()];
-            let (hits, cost) = measure(|| block_on(store.search(key, &words, 20)).unwrap());
+            let (hits, cost) = measure(|| {
+                block_on(store.search(key, &words, &SearchFilter::default(), 20)).unwrap()
+            });
             assert_eq!(hits.len(), 1);
             cost
         };

@@ -64,9 +64,9 @@ use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use sessiondb_core::attachments::Payload;
 use sessiondb_core::{
     Change, ChangeFeed, Compaction, ContextEntry, FeedFilter, FrozenPrompt, PathPlan, PathRows,
-    PathRuns, PathSuffix, RangeTotals, ScopedBlock, ScopedEntry, SearchHit, SessionInfo,
-    SessionKey, SessionQuery, SessionStats, Store, StoreError, StoredMessage, Subscription,
-    WriteOutcome, WriteRequest,
+    PathRuns, PathSuffix, RangeTotals, ScopedBlock, ScopedEntry, SearchFilter, SearchHit,
+    SessionInfo, SessionKey, SessionQuery, SessionStats, Store, StoreError, StoredMessage,
+    Subscription, WriteOutcome, WriteRequest,
 };
 
 use crate::cache::RowCache;
@@ -1664,14 +1664,15 @@ impl Store for SqliteStore {
         &self,
         key: &SessionKey,
         words: &[String],
+        filter: &SearchFilter,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send {
-        let (key, words) = (key.clone(), words.to_vec());
+        let (key, words, filter) = (key.clone(), words.to_vec(), filter.clone());
         self.with_search_index(move |c| {
             if words.is_empty() || limit == 0 {
                 return Ok(Vec::new());
             }
-            queries::search(c, &SessionRange::of(c, &key)?, &words, limit)
+            queries::search(c, &SessionRange::of(c, &key)?, &words, &filter, limit)
         })
     }
 
@@ -1779,18 +1780,20 @@ impl Store for SqliteStore {
         namespace: &str,
         user_id: Option<&str>,
         words: &[String],
+        filter: &SearchFilter,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send {
-        let (namespace, user_id, words) = (
+        let (namespace, user_id, words, filter) = (
             namespace.to_owned(),
             user_id.map(str::to_owned),
             words.to_vec(),
+            filter.clone(),
         );
         self.with_search_index(move |c| {
             if words.is_empty() || limit == 0 {
                 return Ok(Vec::new());
             }
-            registry::search_namespace(c, &namespace, user_id.as_deref(), &words, limit)
+            registry::search_namespace(c, &namespace, user_id.as_deref(), &words, &filter, limit)
         })
     }
 

@@ -7,6 +7,8 @@
 //! out-of-order imports, so a linear conversation is one range scan and a branch point costs at
 //! most one extra seek.
 
+use std::sync::LazyLock;
+
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use sessiondb_core::message::{MessageId, StoredRow, role_of};
 pub(crate) use sessiondb_core::plan::PathTotals;
@@ -14,7 +16,8 @@ use sessiondb_core::plan::{SuffixBudget, linear_range};
 pub(crate) use sessiondb_core::write_rules::Location;
 use sessiondb_core::{
     MAX_PATH_ROWS, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow, RangeTotals, RowStat,
-    RunsFromLeaf, SearchHit, SessionKey, SessionStats, StoreError, StoredMessage, search,
+    RunsFromLeaf, SearchFilter, SearchHit, SessionKey, SessionStats, StoreError, StoredMessage,
+    search,
 };
 
 use crate::backend_error;
@@ -968,24 +971,39 @@ pub(crate) fn match_expression(words: &[String]) -> String {
         .join(" ")
 }
 
+/// The conditions of a [`SearchFilter`] on `s` (`message_search`) and `m` (`messages`), its
+/// role, since and until bound as parameters `first`, `first + 1` and `first + 2` (each
+/// condition holds when its value is null).
+pub(crate) fn search_filter(first: usize) -> String {
+    let (role, since, until) = (first, first + 1, first + 2);
+    format!(
+        "(?{role} IS NULL OR s.role = ?{role}) AND (?{since} IS NULL OR m.created_at >= ?{since})
+            AND (?{until} IS NULL OR m.created_at < ?{until})"
+    )
+}
+
 pub(crate) fn search(
     conn: &Connection,
     session: &SessionRange<'_>,
     words: &[String],
+    filter: &SearchFilter,
     limit: usize,
 ) -> Result<Vec<SearchHit>> {
-    let mut stmt = conn
-        .prepare_cached(
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
             "SELECT s.message_id, s.role, s.session_id, m.content, m.content_chunks, m.created_at
                FROM message_fts
                JOIN message_search s ON s.rowid = message_fts.rowid
                JOIN messages m INDEXED BY messages_by_id
                  ON m.id = s.message_id AND m.k BETWEEN ?5 AND ?6
               WHERE message_fts MATCH ?1 AND s.namespace = ?2 AND s.session_id = ?3
+                AND {}
               ORDER BY bm25(message_fts), m.k
               LIMIT ?4",
+            search_filter(7)
         )
-        .map_err(backend_error)?;
+    });
+    let mut stmt = conn.prepare_cached(&SQL).map_err(backend_error)?;
     search_hits(
         conn,
         &session.key.namespace,
@@ -997,6 +1015,9 @@ pub(crate) fn search(
             limit as i64,
             session.first,
             session.last(),
+            filter.role,
+            filter.since_ms,
+            filter.until_ms,
         ],
     )
 }

@@ -1,10 +1,12 @@
 //! Reads and writes of the session registry, compactions and state.
 
+use std::sync::LazyLock;
+
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use sessiondb_core::message::JsonMap;
 use sessiondb_core::{
-    Compaction, SearchHit, SessionInfo, SessionKey, SessionQuery, SessionRecord, SessionSort,
-    SessionStats, StoreError,
+    Compaction, SearchFilter, SearchHit, SessionInfo, SessionKey, SessionQuery, SessionRecord,
+    SessionSort, SessionStats, StoreError,
 };
 
 use crate::backend_error;
@@ -319,10 +321,11 @@ pub(crate) fn search_namespace(
     namespace: &str,
     user_id: Option<&str>,
     words: &[String],
+    filter: &SearchFilter,
     limit: usize,
 ) -> Result<Vec<SearchHit>> {
-    let mut stmt = conn
-        .prepare_cached(
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
             "SELECT s.message_id, s.role, s.session_id, m.content, m.content_chunks, m.created_at
                FROM message_fts
                JOIN message_search s ON s.rowid = message_fts.rowid
@@ -330,11 +333,13 @@ pub(crate) fn search_namespace(
                JOIN messages m INDEXED BY messages_by_id
                  ON m.id = s.message_id AND m.k BETWEEN n.number << 32 AND (n.number << 32) + ?5
               WHERE message_fts MATCH ?1 AND s.namespace = ?2
-                AND (?3 IS NULL OR n.user_id = ?3)
+                AND (?3 IS NULL OR n.user_id = ?3) AND {}
               ORDER BY bm25(message_fts), s.session_id, m.k
               LIMIT ?4",
+            queries::search_filter(6)
         )
-        .map_err(backend_error)?;
+    });
+    let mut stmt = conn.prepare_cached(&SQL).map_err(backend_error)?;
     search_hits(
         conn,
         namespace,
@@ -344,7 +349,10 @@ pub(crate) fn search_namespace(
             namespace,
             user_id,
             limit as i64,
-            queries::MAX_SEQ
+            queries::MAX_SEQ,
+            filter.role,
+            filter.since_ms,
+            filter.until_ms,
         ],
     )
 }

@@ -17,8 +17,8 @@ use sessiondb_core::context::{
     skill_listing, tool_definitions, validate_entry_key, validate_label,
 };
 use sessiondb_core::{
-    ContextEntry, FrozenPrompt, Message, SessionKey, Source, Store, StoredMessage, ValidationError,
-    ValidationErrorKind, WriteOp, WriteOutcome, message::validate_text, search,
+    ContextEntry, FrozenPrompt, Message, SearchFilter, SessionKey, Source, Store, StoredMessage,
+    ValidationError, ValidationErrorKind, WriteOp, WriteOutcome, message::validate_text, search,
 };
 
 use crate::compact::HistoryMark;
@@ -739,9 +739,10 @@ impl<S: Store> Context<S> {
             }
             ToolCall::SessionSearch { query } => {
                 let words = search::query_words(query.as_str());
+                let every = SearchFilter::default();
                 let hits = self
                     .store()
-                    .search_namespace(&self.key().namespace, None, &words, SEARCH_LIMIT)
+                    .search_namespace(&self.key().namespace, None, &words, &every, SEARCH_LIMIT)
                     .await?;
                 Ok(results::session_hits(
                     hits.iter().map(|h| (h.role.as_str(), h.content.as_str())),

@@ -61,9 +61,9 @@ pub use sessiondb_core::convert;
 pub use sessiondb_core::tokens::{HeuristicCounter, TokenCounter};
 pub use sessiondb_core::{
     Change, ChangeEvent, CompactionPhase, CompactionStatus, FeedFilter, FeedItem, MAX_PATH_ROWS,
-    Message, MessageId, Parent, PathRows, PathRuns, RowStat, SearchHit, SessionKey, SessionStats,
-    Source, Store, StoreError, StoredFields, StoredMessage, Subscription, ValidationError,
-    ValidationErrorKind, WriteCondition,
+    Message, MessageId, Parent, PathRows, PathRuns, RowStat, SearchFilter, SearchHit, SessionKey,
+    SessionStats, Source, Store, StoreError, StoredFields, StoredMessage, Subscription,
+    ValidationError, ValidationErrorKind, WriteCondition,
 };
 #[cfg(feature = "sqlite")]
 pub use sessiondb_sqlite::{

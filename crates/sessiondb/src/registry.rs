@@ -7,9 +7,9 @@ use sessiondb_core::registry::{
     keeps_when_idle, state_text, validate_settings, validate_state_key,
 };
 use sessiondb_core::{
-    Compaction, PathPlan, SearchHit, SessionCursor, SessionInfo, SessionPatch, SessionQuery,
-    SessionRecord, SessionSort, Store, StoreError, StoredMessage, Usage, ValidationError,
-    ValidationErrorKind, WriteOp, WriteOutcome, search,
+    Compaction, PathPlan, SearchFilter, SearchHit, SessionCursor, SessionInfo, SessionPatch,
+    SessionQuery, SessionRecord, SessionSort, Store, StoreError, StoredMessage, Usage,
+    ValidationError, ValidationErrorKind, WriteOp, WriteOutcome, search,
 };
 
 use crate::page::{
@@ -271,10 +271,24 @@ impl<S: Store> Db<S> {
         query: &str,
         limit: usize,
     ) -> Result<Vec<SearchHit>, Error> {
+        let filter = SearchFilter::default();
+        self.search_all_filtered(namespace, user_id, query, &filter, limit)
+            .await
+    }
+
+    /// [`Db::search_all`] keeping only the matches `filter` keeps (one role's, a time range's).
+    pub async fn search_all_filtered(
+        &self,
+        namespace: &str,
+        user_id: Option<&str>,
+        query: &str,
+        filter: &SearchFilter,
+        limit: usize,
+    ) -> Result<Vec<SearchHit>, Error> {
         let words = search::query_words(query);
         Ok(self
             .store
-            .search_namespace(namespace, user_id, &words, limit)
+            .search_namespace(namespace, user_id, &words, filter, limit)
             .await?)
     }
 }

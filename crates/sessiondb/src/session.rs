@@ -15,9 +15,9 @@ use sessiondb_core::overlay::{
 use sessiondb_core::plan::{Batcher, content_windows};
 use sessiondb_core::{
     Compaction, MAX_PATH_ROWS, Message, MessageId, Parent, PathRuns, PlanRow, PreparedMessage,
-    RangeTotals, RowStat, SearchHit, SessionKey, SessionStats, Source, Store, StoredMessage,
-    UpdateOutcome, ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES, WINDOW_MAX_ROWS,
-    WriteCondition, WriteOp, WriteOutcome, WriteRequest, search,
+    RangeTotals, RowStat, SearchFilter, SearchHit, SessionKey, SessionStats, Source, Store,
+    StoredMessage, UpdateOutcome, ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES,
+    WINDOW_MAX_ROWS, WriteCondition, WriteOp, WriteOutcome, WriteRequest, search,
 };
 
 use crate::compact::{SessionCaches, WriteSettings};
@@ -934,8 +934,19 @@ impl<S: Store> Session<S> {
     /// Full-text search over this session's messages, best match first. The query is plain
     /// words: no character in it is search syntax.
     pub async fn search(&self, query: &str, limit: usize) -> Result<Vec<SearchHit>, Error> {
+        self.search_filtered(query, &SearchFilter::default(), limit)
+            .await
+    }
+
+    /// [`Session::search`] keeping only the matches `filter` keeps (one role's, a time range's).
+    pub async fn search_filtered(
+        &self,
+        query: &str,
+        filter: &SearchFilter,
+        limit: usize,
+    ) -> Result<Vec<SearchHit>, Error> {
         let words = search::query_words(query);
-        let mut hits = self.store.search(&self.key, &words, limit).await?;
+        let mut hits = self.store.search(&self.key, &words, filter, limit).await?;
         self.drop_hidden(&mut hits, |h| &h.id).await?;
         Ok(hits)
     }

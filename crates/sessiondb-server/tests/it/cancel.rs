@@ -9,9 +9,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use sessiondb::{Db, SqliteStore, Store};
 use sessiondb_core::{
-    Compaction, FeedFilter, PathPlan, PathRows, PathRuns, PathSuffix, RangeTotals, SearchHit,
-    SessionInfo, SessionKey, SessionQuery, SessionStats, StoreError, StoredMessage, Subscription,
-    WriteOutcome, WriteRequest,
+    Compaction, FeedFilter, PathPlan, PathRows, PathRuns, PathSuffix, RangeTotals, SearchFilter,
+    SearchHit, SessionInfo, SessionKey, SessionQuery, SessionStats, StoreError, StoredMessage,
+    Subscription, WriteOutcome, WriteRequest,
 };
 use sessiondb_server::{App, Metrics, ServerConfig};
 
@@ -146,9 +146,10 @@ impl Store for CountingStore {
         &self,
         key: &SessionKey,
         words: &[String],
+        filter: &SearchFilter,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send {
-        self.inner.search(key, words, limit)
+        self.inner.search(key, words, filter, limit)
     }
     fn session(
         &self,
@@ -232,10 +233,11 @@ impl Store for CountingStore {
         namespace: &str,
         user_id: Option<&str>,
         words: &[String],
+        filter: &SearchFilter,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<SearchHit>, StoreError>> + Send {
         self.inner
-            .search_namespace(namespace, user_id, words, limit)
+            .search_namespace(namespace, user_id, words, filter, limit)
     }
     fn attachment_sizes(
         &self,

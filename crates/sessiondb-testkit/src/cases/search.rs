@@ -1,7 +1,7 @@
 //! Full-text search: stemming, plain-word queries, scoping, index maintenance.
 
 use serde_json::json;
-use sessiondb::{AppendOptions, Db, Message, Source, Store};
+use sessiondb::{AppendOptions, Db, Message, SearchFilter, SessionRecord, Source, Store};
 
 use crate::*;
 
@@ -222,4 +222,106 @@ pub async fn index_follows_updates_deletes_and_clears<S: Store>(db: Db<S>) {
     );
     s.clear().await.unwrap();
     assert!(s.search("after", 5).await.unwrap().is_empty());
+}
+
+/// A filter keeps one role's matches, or those created in `[since, until)`, in a session's
+/// search and a namespace's (there with a user's sessions too); the ranking among the kept is
+/// the unfiltered one.
+pub async fn search_filters_keep_one_role_and_a_time_range<S: Store>(db: Db<S>) {
+    let record = SessionRecord {
+        user_id: Some("u1".into()),
+        ..Default::default()
+    };
+    db.create_session("", Some("s".into()), record)
+        .await
+        .unwrap();
+    let s = db_session(&db, "s");
+    let mut times = Vec::new();
+    for (id, role) in [
+        ("m1", "user"),
+        ("m2", "assistant"),
+        ("m3", "user"),
+        ("m4", "assistant"),
+    ] {
+        let stored = s
+            .append(
+                text(id, role, &format!("apples {id}")),
+                AppendOptions::default(),
+            )
+            .await
+            .unwrap();
+        times.push(stored.message.created_at);
+        // Each message in a millisecond of its own.
+        std::thread::sleep(std::time::Duration::from_millis(3));
+    }
+    chain(&db_session(&db, "other"), &["apples"]).await;
+    let sorted = |mut ids: Vec<String>| {
+        ids.sort_unstable();
+        ids
+    };
+    let in_session = async |filter: SearchFilter| {
+        sorted(ids_of(
+            &s.search_filtered("apple", &filter, 20).await.unwrap(),
+        ))
+    };
+    let in_namespace = async |user: Option<&str>, filter: SearchFilter| {
+        let hits = db.search_all_filtered("", user, "apple", &filter, 20).await;
+        let hits = hits.unwrap();
+        sorted(
+            hits.iter()
+                .map(|h| format!("{}/{}", h.session_id, h.id))
+                .collect(),
+        )
+    };
+    let role = |role: &str| SearchFilter {
+        role: Some(role.into()),
+        ..Default::default()
+    };
+    let between = |since: Option<i64>, until: Option<i64>| SearchFilter {
+        since_ms: since,
+        until_ms: until,
+        ..Default::default()
+    };
+    assert_eq!(
+        in_session(SearchFilter::default()).await,
+        ["m1", "m2", "m3", "m4"]
+    );
+    assert_eq!(in_session(role("user")).await, ["m1", "m3"]);
+    assert_eq!(in_session(role("tool")).await, Vec::<String>::new());
+    assert_eq!(
+        in_session(between(Some(times[1]), None)).await,
+        ["m2", "m3", "m4"]
+    );
+    assert_eq!(
+        in_session(between(None, Some(times[2]))).await,
+        ["m1", "m2"]
+    );
+    assert_eq!(
+        in_session(between(Some(times[1]), Some(times[3]))).await,
+        ["m2", "m3"]
+    );
+    let assistant_late = SearchFilter {
+        since_ms: Some(times[2]),
+        ..role("assistant")
+    };
+    assert_eq!(in_session(assistant_late.clone()).await, ["m4"]);
+    assert_eq!(
+        in_namespace(None, role("user")).await,
+        ["other/apples", "s/m1", "s/m3"]
+    );
+    assert_eq!(
+        in_namespace(Some("u1"), role("user")).await,
+        ["s/m1", "s/m3"]
+    );
+    assert_eq!(in_namespace(None, assistant_late).await, ["s/m4"]);
+    let before_all = between(None, Some(times[0]));
+    assert_eq!(in_namespace(None, before_all).await, Vec::<String>::new());
+    let unfiltered = s.search("apple", 20).await.unwrap();
+    let users: Vec<String> = unfiltered
+        .iter()
+        .filter(|h| h.role == "user")
+        .map(|h| h.id.clone())
+        .collect();
+    let filtered = s.search_filtered("apple", &role("user"), 20).await;
+    assert_eq!(ids_of(&filtered.unwrap()), users);
 }
