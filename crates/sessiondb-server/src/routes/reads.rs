@@ -12,7 +12,7 @@ use futures::Stream;
 use serde::Deserialize;
 use serde_json::Value;
 use sessiondb::convert::ModelFormat;
-use sessiondb::{HistoryOptions, Store, StoredMessage};
+use sessiondb::{HistoryOptions, SearchFilter, Store, StoredMessage};
 
 use crate::App;
 use crate::error::ApiError;
@@ -195,6 +195,28 @@ pub(crate) struct SearchQuery {
     q: Option<String>,
     limit: Option<usize>,
     user_id: Option<String>,
+    role: Option<String>,
+    since: Option<i64>,
+    until: Option<i64>,
+}
+
+impl SearchQuery {
+    /// `?role=`, `?since=` and `?until=` (epoch milliseconds, `since` inclusive).
+    fn filter(&self) -> Result<SearchFilter, ApiError> {
+        if self.role.as_deref() == Some("") {
+            return Err(ApiError::invalid("`role` must name a role, such as `user`"));
+        }
+        if let (Some(since), Some(until)) = (self.since, self.until)
+            && since >= until
+        {
+            return Err(ApiError::invalid("`since` must be before `until`"));
+        }
+        Ok(SearchFilter {
+            role: self.role.clone(),
+            since_ms: self.since,
+            until_ms: self.until,
+        })
+    }
 }
 
 fn search_limit(limit: Option<usize>) -> Result<usize, ApiError> {
@@ -218,7 +240,7 @@ pub(crate) async fn search<S: Store>(
     let limit = search_limit(q.limit)?;
     let hits = app
         .session(&ns, &sid)?
-        .search(q.q.as_deref().unwrap_or(""), limit)
+        .search_filtered(q.q.as_deref().unwrap_or(""), &q.filter()?, limit)
         .await?;
     Ok(value_response(StatusCode::OK, &wire::search_hits(&hits)))
 }
@@ -231,10 +253,11 @@ pub(crate) async fn search_all<S: Store>(
     let limit = search_limit(q.limit)?;
     let hits = app
         .db
-        .search_all(
+        .search_all_filtered(
             &ns,
             q.user_id.as_deref(),
             q.q.as_deref().unwrap_or(""),
+            &q.filter()?,
             limit,
         )
         .await?;

@@ -125,6 +125,48 @@ async fn search_within_a_session_and_across_the_namespace() {
         server.get("/v1/search?q=quick&limit=0").await.status,
         StatusCode::BAD_REQUEST
     );
+
+    // Filters: one role, a time range (epoch ms, `since` inclusive, `until` exclusive), with
+    // the next message in a millisecond of its own.
+    tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    let answer = server
+        .post(
+            "/v1/sessions/a/messages",
+            json!({"id": "a3", "role": "assistant", "content": "a quick reply"}),
+        )
+        .await;
+    let a3_at = answer.json["message"]["createdAt"].as_i64().unwrap();
+    let searched = async |query: &str| {
+        let mut ids = server
+            .get(&format!("/v1/search?q=quick&{query}"))
+            .await
+            .ids();
+        ids.sort();
+        ids
+    };
+    assert_eq!(searched("role=assistant").await, ["a3"]);
+    assert_eq!(searched("role=user&userId=u1").await, ["a1"]);
+    assert_eq!(searched(&format!("since={a3_at}")).await, ["a3"]);
+    assert_eq!(searched(&format!("until={a3_at}")).await, ["a1", "b1"]);
+    let in_a = server
+        .get(&format!(
+            "/v1/sessions/a/search?q=quick&role=user&until={}",
+            a3_at + 1
+        ))
+        .await;
+    assert_eq!(in_a.ids(), ["a1"]);
+    for refused in [
+        "role=".to_owned(),
+        "since=soon".to_owned(),
+        format!("since={a3_at}&until={a3_at}"),
+    ] {
+        let answer = server.get(&format!("/v1/search?q=quick&{refused}")).await;
+        assert_eq!(
+            (answer.status, answer.code()),
+            (StatusCode::BAD_REQUEST, "invalid_request"),
+            "{refused}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
