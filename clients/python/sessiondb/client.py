@@ -338,11 +338,15 @@ class Client:
         return self.request("POST", self._session_path(session_id, "usage"), body={
             "inputTokens": input_tokens, "outputTokens": output_tokens, "cost": cost})
 
-    def search_all(self, query: str, user_id: str | None = None,
-                   limit: int | None = None) -> list[dict]:
-        """Full-text search across the namespace's sessions (or one user's), best first."""
-        return self.request("GET", "/v1/search",
-                            query={"q": query, "userId": user_id, "limit": limit})
+    def search_all(self, query: str, user_id: str | None = None, limit: int | None = None,
+                   role: str | None = None, since: int | None = None,
+                   until: int | None = None) -> list[dict]:
+        """Full-text search across the namespace's sessions (or one user's), best first; only
+        ``role``'s messages, or those created from ``since`` to before ``until`` (epoch
+        milliseconds), when given."""
+        return self.request("GET", "/v1/search", query={
+            "q": query, "userId": user_id, "limit": limit, "role": role, "since": since,
+            "until": until})
 
     # -- messages ---------------------------------------------------------------------------
 
@@ -504,9 +508,12 @@ class Client:
         ``{imported, skipped}``."""
         return self.request("POST", "/v1/context", body=_ndjson(lines))
 
-    def search(self, session_id: str, query: str, limit: int | None = None) -> list[dict]:
-        return self.request("GET", self._session_path(session_id, "search"),
-                            query={"q": query, "limit": limit})
+    def search(self, session_id: str, query: str, limit: int | None = None,
+               role: str | None = None, since: int | None = None,
+               until: int | None = None) -> list[dict]:
+        """Full-text search in the session, best first; filtered as ``search_all``."""
+        return self.request("GET", self._session_path(session_id, "search"), query={
+            "q": query, "limit": limit, "role": role, "since": since, "until": until})
 
     # -- compaction -------------------------------------------------------------------------
 

@@ -312,6 +312,15 @@ class ClientTest(ServedTest):
         hits = c.search_all("platypus")
         self.assertEqual({h["sessionId"] for h in hits},
                          {p + "main", p + "fork", continued["id"]})
+        def ours(hits):
+            return [h for h in hits if h["sessionId"].startswith(p)]
+        river = ours(c.search_all("river"))
+        self.assertEqual(sorted(h["sessionId"] for h in river), [p + "fork", p + "main"])
+        self.assertEqual(ours(c.search_all("river", role="user")), [])
+        at = next(h["createdAt"] for h in river if h["sessionId"] == p + "main")
+        kept = c.search(p + "main", "river", role="assistant", since=at, until=at + 1)
+        self.assertEqual([h["id"] for h in kept], ["a"])
+        self.assertEqual(c.search(p + "main", "river", until=at - 10_000), [])
 
     def test_history_in_model_formats_and_recent_windows(self):
         c = self.client

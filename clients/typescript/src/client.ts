@@ -108,6 +108,16 @@ export interface SearchHit {
   createdAt: number;
 }
 
+/** Which matches a search keeps besides its words: one role's, those created in a time range. */
+export interface SearchFilter {
+  /** Only messages of this role (`user`, `assistant`, …). */
+  role?: string;
+  /** Only messages created at or after this time (epoch milliseconds). */
+  since?: number;
+  /** Only messages created before this time (epoch milliseconds). */
+  until?: number;
+}
+
 export type BlockKind = 'readonly' | 'writable' | 'skill' | 'search';
 
 /** A context block as `GET …/context` lists it (a keyed block's content is its listing). */
@@ -440,9 +450,13 @@ export class Client {
     return this.request('POST', this.sessionPath(sessionId, 'usage'), { body });
   }
 
-  /** Full-text search across the namespace's sessions (or one user's), best first. */
-  searchAll(q: string, options: { userId?: string; limit?: number } = {}): Promise<SearchHit[]> {
-    return this.request('GET', '/v1/search', { query: { q, userId: options.userId, limit: options.limit } });
+  /**
+   * Full-text search across the namespace's sessions (or one user's), best first; only `role`'s
+   * messages, or those created from `since` to before `until` (epoch milliseconds), when given.
+   */
+  searchAll(q: string, options: { userId?: string; limit?: number } & SearchFilter = {}): Promise<SearchHit[]> {
+    const { userId, limit, role, since, until } = options;
+    return this.request('GET', '/v1/search', { query: { q, userId, limit, role, since, until } });
   }
 
   // -- messages ---------------------------------------------------------------------------
@@ -712,9 +726,11 @@ export class Client {
     return this.request('GET', this.sessionPath(sessionId, 'rows'), { query: { leaf: options.leaf } });
   }
 
-  search(sessionId: string, q: string, options: { limit?: number } = {}): Promise<SearchHit[]> {
+  /** Full-text search in the session, best first; filtered as `searchAll`. */
+  search(sessionId: string, q: string, options: { limit?: number } & SearchFilter = {}): Promise<SearchHit[]> {
+    const { limit, role, since, until } = options;
     return this.request('GET', this.sessionPath(sessionId, 'search'), {
-      query: { q, limit: options.limit },
+      query: { q, limit, role, since, until },
     });
   }
 

@@ -100,6 +100,14 @@ test('fork, split, usage and namespace search', async () => {
   assert.deepEqual([used.inputTokens, used.outputTokens, used.cost], [15, 4, 0.25]);
   const hits = await c.searchAll('platypus');
   assert.deepEqual(new Set(hits.map((h) => h.sessionId)), new Set(['main', 'fork', continued.id]));
+  const river = (await c.searchAll('river')).filter((h) => h.sessionId === 'main');
+  assert.equal(river.length, 1);
+  const ours = (found) => found.filter((h) => ['main', 'fork'].includes(h.sessionId));
+  assert.deepEqual(ours(await c.searchAll('river', { role: 'user' })), []);
+  const at = river[0].createdAt;
+  const kept = await c.search('main', 'river', { role: 'assistant', since: at, until: at + 1 });
+  assert.deepEqual(kept.map((h) => h.id), [river[0].id]);
+  assert.deepEqual(await c.search('main', 'river', { until: at - 10_000 }), []);
 });
 
 test('history in model formats and recent windows', async () => {
