@@ -23,7 +23,7 @@ use sessiondb_core::{
     Change, ChangeEvent, ChangeFeed, Compaction, CompactionPhase, CompactionStatus, FeedFilter,
     Parent, SessionAction, SessionKey, StoreError, StoredMessage,
 };
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, mpsc, watch};
 
 use crate::planner;
 use crate::sql::{Param, Result, backend_error, exec, get, row, rows};
@@ -143,18 +143,56 @@ fn parse_announcement(payload: &str) -> Result<Announced> {
     })
 }
 
-/// Sends this instance's announcements to the others, in order, until the store is dropped.
-/// Best effort, as the announcements are: one the database cannot take (unreachable, or a
+/// This instance's announcements on their way to the others, sent in order by a task of their
+/// own. Best effort, as the announcements are: one the database cannot take (unreachable, or a
 /// payload over PostgreSQL's 8,000 bytes) reaches this instance's subscribers only.
-pub(crate) async fn announce_to_others(
-    pool: deadpool_postgres::Pool,
-    mut queue: tokio::sync::mpsc::UnboundedReceiver<String>,
-) {
-    while let Some(payload) = queue.recv().await {
-        if let Ok(client) = pool.get().await {
-            let notify = "SELECT pg_notify($1, $2)";
-            let _ = exec(&client, notify, &[&ANNOUNCE_CHANNEL, &payload]).await;
+#[derive(Debug)]
+pub(crate) struct Announcer {
+    /// How many announcements were queued, and the queue (numbered as they were).
+    queue: std::sync::Mutex<(u64, mpsc::UnboundedSender<(u64, String)>)>,
+    /// The number of the last announcement sent (or given up on).
+    sent: watch::Receiver<u64>,
+}
+
+impl Announcer {
+    /// Starts the task that sends announcements on `pool`'s connections until the store is
+    /// dropped.
+    pub fn start(pool: deadpool_postgres::Pool, runtime: &tokio::runtime::Handle) -> Self {
+        let (queue, mut queued) = mpsc::unbounded_channel::<(u64, String)>();
+        let (sending, sent) = watch::channel(0);
+        runtime.spawn(async move {
+            while let Some((number, payload)) = queued.recv().await {
+                if let Ok(client) = pool.get().await {
+                    let notify = "SELECT pg_notify($1, $2)";
+                    let _ = exec(&client, notify, &[&ANNOUNCE_CHANNEL, &payload]).await;
+                }
+                sending.send_replace(number);
+            }
+        });
+        Self {
+            queue: std::sync::Mutex::new((0, queue)),
+            sent,
         }
+    }
+
+    pub fn announce(&self, payload: String) {
+        let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        queue.0 += 1;
+        let number = queue.0;
+        let _ = queue.1.send((number, payload));
+    }
+
+    /// Returns once every announcement queued before the call has been sent (or given up on),
+    /// so what this instance writes next reaches the others after them: PostgreSQL delivers
+    /// notifications in commit order, and [`follow`] handles them in the order it hears them.
+    pub async fn flushed(&self) {
+        let queued = self.queue.lock().unwrap_or_else(|p| p.into_inner()).0;
+        if *self.sent.borrow() >= queued {
+            return;
+        }
+        let mut sent = self.sent.clone();
+        // Err: the sending task is gone with the store, and nothing will be sent any more.
+        let _ = sent.wait_for(|&number| number >= queued).await;
     }
 }
 
@@ -362,6 +400,13 @@ impl FeedSync {
         self.read_until(client, None).await
     }
 
+    /// Publishes the stored events after the last one published, up to `position`.
+    pub async fn catch_up_to<C: GenericClient>(&self, client: &C, position: u64) -> Result<()> {
+        let _turn = self.publishing.lock().await;
+        self.read_until(client, Some(position.saturating_add(1)))
+            .await
+    }
+
     /// Reads and publishes stored events after the last published position, below `before`.
     async fn read_until<C: GenericClient>(&self, client: &C, before: Option<u64>) -> Result<()> {
         let before = before.map_or(i64::MAX, |b| b as i64);
@@ -525,39 +570,52 @@ pub(crate) async fn follow(
                 Err(_) => {}
             }
             let timed_out = heard.is_empty();
-            let mut newest = None;
-            let mut announced = Vec::new();
-            for note in heard {
-                match note {
-                    Heard::Committed(position) => newest = newest.max(Some(position)),
-                    Heard::Announced(payload) => match parse_announcement(&payload) {
-                        Ok(a) if a.from != instance => announced.push(a),
-                        _ => {}
-                    },
-                }
-            }
-            let published = sync.feed.position();
-            // This instance's own writes are published by their writers already.
-            let behind = newest.is_some_and(|n| n > published)
-                || announced.iter().any(|a| a.after > published);
             let upkeep_due = upkept.elapsed() >= POLL_INTERVAL;
-            if (timed_out || behind || upkeep_due)
-                && let Ok(client) = pool.get().await
-            {
-                let _ = sync.catch_up(&client).await;
-                if upkeep_due {
-                    upkept = std::time::Instant::now();
-                    if !analyzed {
-                        analyzed = planner::analyze_if_missing(&client).await.unwrap_or(false);
-                    }
-                    if pruned.elapsed() >= PRUNE_INTERVAL {
-                        pruned = std::time::Instant::now();
-                        let _ = prune(&client).await;
-                    }
+            // Each note as the position to publish through, then what to deliver. Notes are
+            // handled in the order heard, which is the order their transactions committed, each
+            // publishing no further than it names: so an announcement sent before a write
+            // (`Announcer::flushed`) reaches subscribers before that write does. Only a poll,
+            // for notifications lost, reads to the end. This instance's own writes are
+            // published by their writers already.
+            let notes: Vec<(u64, Option<Announced>)> = heard
+                .into_iter()
+                .filter_map(|note| match note {
+                    Heard::Committed(position) => Some((position, None)),
+                    Heard::Announced(payload) => match parse_announcement(&payload) {
+                        Ok(a) if a.from != instance => Some((a.after, Some(a))),
+                        _ => None,
+                    },
+                })
+                .collect();
+            let behind = notes
+                .iter()
+                .any(|(through, _)| *through > sync.feed.position());
+            let client = match timed_out || upkeep_due || behind {
+                true => pool.get().await.ok(),
+                false => None,
+            };
+            if timed_out && let Some(client) = &client {
+                let _ = sync.catch_up(client).await;
+            }
+            for (through, announced) in notes {
+                if through > sync.feed.position()
+                    && let Some(client) = &client
+                {
+                    let _ = sync.catch_up_to(client, through).await;
+                }
+                if let Some(a) = announced {
+                    sync.feed.notify(a.key, a.change);
                 }
             }
-            for a in announced {
-                sync.feed.notify(a.key, a.change);
+            if upkeep_due && let Some(client) = &client {
+                upkept = std::time::Instant::now();
+                if !analyzed {
+                    analyzed = planner::analyze_if_missing(client).await.unwrap_or(false);
+                }
+                if pruned.elapsed() >= PRUNE_INTERVAL {
+                    pruned = std::time::Instant::now();
+                    let _ = prune(client).await;
+                }
             }
         }
         driver.abort();

@@ -154,8 +154,8 @@ struct Inner {
     epoch: u64,
     /// Tells this store's announcements apart from other instances' (random per store).
     instance: u64,
-    /// This store's announcements, in order, for other instances (`feed::announce_to_others`).
-    announcer: tokio::sync::mpsc::UnboundedSender<String>,
+    /// This store's announcements, in order, for other instances.
+    announcer: feed::Announcer,
     resume_backlog: BacklogLimits,
     runtime: Handle,
     follower: tokio::task::JoinHandle<()>,
@@ -283,8 +283,7 @@ impl PgStore {
             sync.clone(),
             instance,
         ));
-        let (announcer, announcements) = tokio::sync::mpsc::unbounded_channel();
-        runtime.spawn(feed::announce_to_others(pool.clone(), announcements));
+        let announcer = feed::Announcer::start(pool.clone(), &runtime);
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
@@ -371,6 +370,7 @@ impl Inner {
     /// Applies `requests` in one transaction (a lone request through the pipelined
     /// [`write::commit`]), retrying lost deadlocks; publishes their events once committed.
     async fn write(&self, requests: &[WriteRequest]) -> Result<Vec<Vec<WriteOutcome>>, StoreError> {
+        self.announcer.flushed().await;
         let client = self.pool.get().await.map_err(pool_error)?;
         let mut attempt = 0;
         loop {
@@ -787,7 +787,7 @@ impl Store for PgStore {
         let (inner, feed) = (&self.inner, &self.inner.sync.feed);
         let payload = feed::announcement(inner.instance, feed.position(), key, &change);
         feed.notify(key.clone(), change);
-        let _ = inner.announcer.send(payload);
+        inner.announcer.announce(payload);
     }
 
     /// Resumes from the events this instance holds in memory (every instance's), or from older

@@ -222,6 +222,53 @@ fn compaction_status_reaches_every_instance_in_order() {
     });
 }
 
+/// An announcement made before a write reaches another instance's subscribers before that
+/// write, however quickly the write follows it: the write waits until the announcement is
+/// sent, and followers handle notifications in the order they committed.
+#[test]
+fn announcements_reach_other_instances_before_the_writes_after_them() {
+    use futures::StreamExt;
+    use sessiondb::{Change, CompactionPhase, CompactionStatus, FeedFilter, FeedItem, Store};
+    let cluster = TempCluster::start()
+        .unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e}"));
+    let (a, b) = (instance(&cluster.url()), instance(&cluster.url()));
+    let mut watching = b.subscribe(FeedFilter::All);
+    let key = a.session("s").unwrap().key().clone();
+    let status = Change::Status {
+        status: CompactionStatus {
+            phase: CompactionPhase::Compacting,
+            token_estimate: 1,
+            token_threshold: None,
+            compacted_tokens_before: None,
+        },
+    };
+    let timer = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    timer.block_on(async {
+        // Once b has heard of a write, its follower is listening.
+        say(&a, "first").await;
+        let heard = tokio::time::timeout(std::time::Duration::from_secs(10), watching.next());
+        assert!(matches!(heard.await, Ok(Some(FeedItem::Event(_)))));
+        for i in 0..40 {
+            a.store().announce(&key, status.clone());
+            say(&a, &format!("m{i}")).await;
+        }
+        let mut seen = Vec::new();
+        while seen.len() < 80 {
+            let deadline = std::time::Duration::from_secs(10);
+            let next = tokio::time::timeout(deadline, watching.next()).await;
+            let Ok(Some(FeedItem::Event(event))) = next else {
+                panic!("after {seen:?}: {next:?}");
+            };
+            seen.push(event.change.name());
+        }
+        let expected = ["status", "append"].repeat(40);
+        assert_eq!(seen, expected);
+    });
+}
+
 /// A skill loaded through one instance (its result stored, as the agent does) is loaded on
 /// another that had read the session's skills before, and one unloaded there is unloaded here.
 #[test]
