@@ -403,13 +403,15 @@ impl FeedSync {
     /// Publishes the stored events after the last one published, up to `position`.
     pub async fn catch_up_to<C: GenericClient>(&self, client: &C, position: u64) -> Result<()> {
         let _turn = self.publishing.lock().await;
-        self.read_until(client, Some(position.saturating_add(1)))
-            .await
+        self.read_until(client, position.checked_add(1)).await
     }
 
     /// Reads and publishes stored events after the last published position, below `before`.
     async fn read_until<C: GenericClient>(&self, client: &C, before: Option<u64>) -> Result<()> {
-        let before = before.map_or(i64::MAX, |b| b as i64);
+        // A bound past what a position can be (an unreadable notification's) bounds nothing.
+        let before = before
+            .and_then(|b| i64::try_from(b).ok())
+            .unwrap_or(i64::MAX);
         loop {
             let after = self.feed.position() as i64;
             let page = rows(
