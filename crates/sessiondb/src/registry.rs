@@ -179,7 +179,7 @@ impl<S: Store> Db<S> {
                 .partition(|info| keeps_when_idle(&info.record.settings));
             sweep.kept += kept.len() as u64;
             sweep.deleted += self
-                .delete_together(namespace, &unkept, Some(before_ms))
+                .delete_together(namespace, unkept, Some(before_ms))
                 .await?;
             if let Some(last) = page[..idle].last() {
                 after = Some(SessionCursor {
@@ -217,8 +217,7 @@ impl<S: Store> Db<S> {
                 limit: DELETE_PAGE,
             };
             let page = self.store.list_sessions(namespace, &query).await?;
-            let listed: Vec<&SessionInfo> = page.iter().collect();
-            deleted += self.delete_together(namespace, &listed, None).await?;
+            deleted += self.delete_together(namespace, &page, None).await?;
             match page.last() {
                 Some(last) if page.len() == DELETE_PAGE => {
                     after = Some(SessionCursor {
@@ -235,19 +234,19 @@ impl<S: Store> Db<S> {
 
     /// Deletes `listed` (sessions of `namespace`) in one commit, each only if not written since
     /// `updated_before` when given; returns how many were deleted.
-    async fn delete_together(
+    async fn delete_together<'a>(
         &self,
         namespace: &str,
-        listed: &[&SessionInfo],
+        listed: impl IntoIterator<Item = &'a SessionInfo>,
         updated_before: Option<i64>,
     ) -> Result<u64, Error> {
-        if listed.is_empty() {
-            return Ok(0);
-        }
         let sessions = listed
-            .iter()
+            .into_iter()
             .map(|info| self.session_in(namespace, &info.id))
             .collect::<Result<Vec<_>, _>>()?;
+        if sessions.is_empty() {
+            return Ok(0);
+        }
         let deletes = sessions
             .iter()
             .map(|s| s.request(vec![WriteOp::DeleteSession { updated_before }]))
