@@ -11,7 +11,7 @@
  */
 import type { UIMessage } from 'ai';
 
-import { Client, COMPACTION_PREFIX, type Json, type MessageInput, SessiondbError, type StoredMessage, usableId } from './client.js';
+import { Client, COMPACTION_PREFIX, type Json, type LeafCondition, type MessageInput, SessiondbError, type StoredMessage, usableId } from './client.js';
 
 /** Roles a `UIMessage` has; stored messages of other roles (other clients' tool rows) are left out on load. */
 const UI_ROLES = new Set(['system', 'user', 'assistant']);
@@ -109,28 +109,66 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
   /**
    * Stores `messages` as the chat's conversation (the chat is created if needed). Messages the
    * chat has on its active path are replaced where their content differs (an answer continued
-   * after a tool result, an edited question) from the chat as this store last read or wrote it,
-   * while no write elsewhere has appended to or cut the chat since, else from the chat as
-   * stored (so a save right after a load reads nothing more). From the first message it lacks
-   * on, the rest are appended in one write, all or none, after the message before it, so a
-   * regenerated answer or the answer to an edited question becomes the active branch and the
-   * one it replaces stays beside it. Nothing is deleted: stored messages missing from `messages` stay where they are.
-   * Compaction summaries in `messages` (from a compacted `loadChat`) are passed over.
+   * after a tool result, an edited question), compared with the chat as this store last read or
+   * wrote it; from the first message it lacks on, the rest are appended in one write, all or
+   * none, after the message before it, so a regenerated answer or the answer to an edit's new
+   * question becomes the active branch and the one it replaces stays beside it. That write is
+   * conditioned on the chat's active leaf being still the one this store saw (a save with
+   * nothing to append looks at the chat once instead): when another writer appended, branched
+   * or cut it, or deleted the chat, nothing is written and the save compares with the chat as
+   * stored. A turn's save right after its load is thus one request, and the check and the write
+   * one step. An edit elsewhere moves no leaf: the save leaves it in place unless the caller
+   * changed the same message. Nothing is deleted: stored messages missing from `messages` stay
+   * where they are. Compaction summaries in `messages` (from a compacted `loadChat`) are passed
+   * over.
    */
   async saveChat({ chatId, messages }: { chatId: string; messages: MESSAGE[] }): Promise<void> {
     const given = checkedMessages(messages);
-    const path = await this.pathToCompare(chatId);
+    const seen = this.seen.get(chatId);
+    if (seen !== undefined) {
+      try {
+        if (await this.saveOnto(chatId, given, seen, { ifLeaf: seen.ids.at(-1) ?? null })) return;
+      } catch (error) {
+        const moved = error instanceof SessiondbError && (error.code === 'conflict' || error.code === 'not_found');
+        if (!moved) throw error;
+        // Remembered empty and not there: the chat is as remembered, with nothing to read.
+        if (seen.ids.length === 0 && error.code === 'not_found') {
+          await this.saveOnto(chatId, given, seen, {});
+          return;
+        }
+      }
+      this.forget(chatId);
+    }
+    await this.saveOnto(chatId, given, chatPath(await this.client.storedHistory(chatId)), {});
+  }
+
+  /**
+   * Saves `given` onto `path`, the chat's active path as this store knows it. With `ifLeaf`
+   * (`path` is what this store remembers) the save happens only while the chat still ends
+   * there: the append carries the condition (a `conflict` or `not_found` error when it no
+   * longer holds), and a save with nothing to write looks at the session once, resolving to
+   * false when the chat moved. A replacement is by id and needs no condition.
+   */
+  private async saveOnto(chatId: string, given: UIMessage[], path: ChatPath, condition: LeafCondition): Promise<boolean> {
     let known = 0;
+    let replaced = false;
     for (const message of given) {
       const body = path.bodies.get(message.id);
       if (body === undefined) break;
-      if (!sameContent(message, body)) path.bodies.set(message.id, await this.replace(chatId, message));
+      if (!sameContent(message, body)) {
+        path.bodies.set(message.id, await this.replace(chatId, message));
+        replaced = true;
+      }
       known++;
     }
-    if (known === given.length) return this.remember(chatId, path);
+    if (known === given.length) {
+      if (condition.ifLeaf !== undefined && !replaced && !(await this.endsAsRemembered(chatId, path))) return false;
+      this.remember(chatId, path);
+      return true;
+    }
     const tail = given.slice(known);
     const parentId = known === 0 ? '' : given[known - 1].id;
-    const answered = await this.client.appendBatch(chatId, tail.map(messageInputOf), { parentId });
+    const answered = await this.client.appendBatch(chatId, tail.map(messageInputOf), { parentId, ...condition });
     const ids = path.ids.slice(0, path.ids.indexOf(parentId) + 1);
     const bodies = new Map(ids.map((id) => [id, path.bodies.get(id) as string]));
     for (const [i, stored] of answered.entries()) {
@@ -145,6 +183,21 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
     const appendedAt = answered[answered.length - 1].createdAt;
     if (answered.every((stored) => stored.createdAt === appendedAt)) this.remember(chatId, { ids, bodies });
     else this.forget(chatId);
+    return true;
+  }
+
+  /**
+   * Whether the chat still has the leaf and length of `path` (a write elsewhere that appended,
+   * branched or deleted moves one of them; an edit does not). An empty path is a chat with no
+   * messages or none at all.
+   */
+  private async endsAsRemembered(chatId: string, path: ChatPath): Promise<boolean> {
+    const session = await this.client.getSession(chatId).catch((error) => {
+      if (error instanceof SessiondbError && error.code === 'not_found') return undefined;
+      throw error;
+    });
+    if (session === undefined) return path.ids.length === 0;
+    return (session.leafId ?? undefined) === path.ids.at(-1) && session.messageCount === path.ids.length;
   }
 
   /** Chats newest first (by last update), all of them or one user's. */
@@ -211,31 +264,6 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
     if (path.length < 2) return [uiMessageOf(await this.client.getMessage(chatId, messageId)) as MESSAGE];
     const siblings = await this.client.branches(chatId, path[path.length - 2].id);
     return siblings.filter((m) => UI_ROLES.has(m.role)).map((m) => uiMessageOf(m) as MESSAGE);
-  }
-
-  /**
-   * The chat's active path to compare a save with: as this store last read or wrote it, while
-   * the session still has that leaf and that many messages (a write elsewhere that appended,
-   * branched or deleted moves one of them; an edit elsewhere does not, and the save then leaves
-   * that edit in place unless the caller changed the same message); else as stored now. The
-   * history is one streamed request however long the chat, and it is the stored path unless
-   * the chat has been compacted (a summary stands in it); then the stored messages are read
-   * page after page.
-   */
-  private async pathToCompare(chatId: string): Promise<ChatPath> {
-    const seen = this.seen.get(chatId);
-    if (seen !== undefined) {
-      const session = await this.client.getSession(chatId).catch((error) => {
-        if (error instanceof SessiondbError && error.code === 'not_found') return undefined;
-        throw error;
-      });
-      const current = session === undefined
-        ? seen.ids.length === 0
-        : (session.leafId ?? undefined) === seen.ids[seen.ids.length - 1] && session.messageCount === seen.ids.length;
-      if (current) return seen;
-      this.forget(chatId);
-    }
-    return chatPath(await this.client.storedHistory(chatId));
   }
 
   /** Replaces the stored message with `message`; resolves to the stored JSON (without times). */

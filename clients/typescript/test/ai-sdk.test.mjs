@@ -92,9 +92,9 @@ test('answers streamed by the AI SDK are saved in onFinish and load back exactly
   const history = await chats.loadChat(chatId);
   sent.length = 0;
   const second = await respond(chats, chatId, [...history, user('u2', 'Capital of France?')]);
-  // The save compared with what the load read (the session showed no write since) and wrote
-  // the turn's two messages in one batch.
-  assert.deepEqual(sent, ['GET session', 'POST messages/batch']);
+  // The save compared with what the load read and wrote the turn's two messages in one batch,
+  // conditioned on the leaf the load saw.
+  assert.deepEqual(sent, ['POST messages/batch']);
   const loaded = await chats.loadChat(chatId);
   assert.deepEqual(loaded, second);
   assert.equal(loaded.length, 4);
@@ -180,7 +180,7 @@ test('an answer continued under the same id is replaced, not appended', async ()
   const continued = { ...answer, parts: [...answer.parts, { type: 'step-start' }, { type: 'text', text: 'Done.' }] };
   sent.length = 0;
   await chats.saveChat({ chatId, messages: [user('u1', 'Q'), continued] });
-  assert.deepEqual(sent, ['GET session', 'PUT messages/a1']);
+  assert.deepEqual(sent, ['PUT messages/a1']);
   assert.deepEqual(await chats.loadChat(chatId), [user('u1', 'Q'), continued]);
   assert.equal((await shared.client.getSession(chatId)).messageCount, 2);
 });
@@ -301,30 +301,66 @@ test('a save reads the chat again once another writer moved it, and keeps edits 
   const first = [user('u1', 'Q1'), answer('a1', 'A1')];
   await chats.saveChat({ chatId, messages: first });
 
-  // Another writer appends: the session's leaf moved, so the save reads the chat again and
-  // the caller's turn becomes the chat, beside the other writer's message.
+  // Another writer appends: the session's leaf moved, so the save's append is refused, the
+  // save reads the chat again and the caller's turn becomes the chat, beside the other
+  // writer's message.
   await shared.client.append(chatId, answer('x1', 'from elsewhere'));
   sent.length = 0;
   const second = [...first, user('u2', 'Q2'), answer('a2', 'A2')];
   await chats.saveChat({ chatId, messages: second });
-  assert.deepEqual(sent, ['GET session', 'GET history', 'POST messages/batch']);
+  assert.deepEqual(sent, ['POST messages/batch', 'GET history', 'POST messages/batch']);
   assert.deepEqual(await chats.loadChat(chatId), second);
   assert.deepEqual((await chats.alternatives(chatId, 'u2')).map((m) => m.id), ['x1', 'u2']);
 
-  // Another writer edits an earlier message: leaf and count stay, the save compares with what
-  // this store last wrote, and the edit it did not make stays.
+  // Another writer edits an earlier message: the leaf stays, the save compares with what this
+  // store last wrote, and the edit it did not make stays.
   await shared.client.replaceMessage(chatId, 'u1', user('u1', 'Q1, edited elsewhere'));
   sent.length = 0;
   await chats.saveChat({ chatId, messages: [...second, user('u3', 'Q3')] });
-  assert.deepEqual(sent, ['GET session', 'POST messages/batch']);
+  assert.deepEqual(sent, ['POST messages/batch']);
   assert.deepEqual(texts(await chats.loadChat(chatId)), ['Q1, edited elsewhere', 'A1', 'Q2', 'A2', 'Q3']);
 
-  // A deleted chat is not compared with what this store remembers of it.
-  await shared.client.deleteSession(chatId);
+  // A message this store would replace was deleted elsewhere: the save reads the chat again
+  // and appends the caller's version where it was.
+  const third = [user('t1', 'T1'), answer('t2', 'T2')];
+  const another = newChat();
+  await chats.saveChat({ chatId: another, messages: third });
+  await shared.client.deleteMessage(another, 't2');
   sent.length = 0;
-  await chats.saveChat({ chatId, messages: first });
-  assert.deepEqual(sent, ['GET session', 'GET history', 'POST messages/batch']);
-  assert.deepEqual(await chats.loadChat(chatId), first);
+  await chats.saveChat({ chatId: another, messages: [third[0], answer('t2', 'T2, continued')] });
+  assert.deepEqual(sent, ['PUT messages/t2', 'GET history', 'POST messages/batch']);
+  assert.deepEqual(texts(await chats.loadChat(another)), ['T1', 'T2, continued']);
+
+  // A deleted chat is not compared with what this store remembers of it: a replacement, an
+  // append and a look at a chat that a save leaves as it was all find it gone, and the save
+  // writes the chat anew.
+  const fourth = [...first, user('u6', 'Q6')];
+  for (const [messages, requests] of [
+    [first, ['PUT messages/u1', 'GET history', 'POST messages/batch']],
+    [first, ['GET session', 'GET history', 'POST messages/batch']],
+    [fourth, ['POST messages/batch', 'GET history', 'POST messages/batch']],
+  ]) {
+    await shared.client.deleteSession(chatId);
+    sent.length = 0;
+    await chats.saveChat({ chatId, messages });
+    assert.deepEqual(sent, requests);
+    assert.deepEqual(await chats.loadChat(chatId), messages);
+  }
+
+  // A chat loaded before it existed is saved without reading it again; one that exists with no
+  // messages yet, in one request.
+  const fresh = newChat();
+  await chats.loadChat(fresh);
+  sent.length = 0;
+  await chats.saveChat({ chatId: fresh, messages: first });
+  assert.deepEqual(sent, ['POST messages/batch', 'POST messages/batch']);
+  const empty = await chats.createChat();
+  await chats.loadChat(empty);
+  sent.length = 0;
+  await chats.saveChat({ chatId: empty, messages: first });
+  assert.deepEqual(sent, ['POST messages/batch']);
+  assert.deepEqual(await chats.loadChat(fresh), first);
+  assert.deepEqual(await chats.loadChat(empty), first);
 
   // Without memory every save reads the chat.
   const { chats: forgetful, sent: read } = countingStore({ memoryChars: 0 });
@@ -340,7 +376,7 @@ test('a save reads the chat again once another writer moved it, and keeps edits 
   smallSent.length = 0;
   await small.saveChat({ chatId: other, messages: [...b, user('u5', 'Q5')] });
   await small.saveChat({ chatId, messages: [...a, user('u5', 'Q5')] });
-  assert.deepEqual(smallSent, ['GET session', 'POST messages/batch', 'GET history', 'POST messages/batch']);
+  assert.deepEqual(smallSent, ['POST messages/batch', 'GET history', 'POST messages/batch']);
 });
 
 test("a chat's stream in progress is kept for resumption and cleared when it ends", async () => {
