@@ -129,3 +129,112 @@ impl ReaderPool {
         open_reader(&self.path, self.synchronous)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A pool of up to `max` readers of a new WAL database holding one row, and its directory.
+    fn pool(max: usize) -> (tempfile::TempDir, Arc<ReaderPool>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("readers.db");
+        let writer = Connection::open(&path).unwrap();
+        writer
+            .execute_batch(
+                "PRAGMA journal_mode = WAL; CREATE TABLE t (x); INSERT INTO t VALUES (1);",
+            )
+            .unwrap();
+        drop(writer);
+        let first = open_reader(&path, Synchronous::Normal).unwrap();
+        let pool = ReaderPool::new(path, Synchronous::Normal, max, first);
+        (dir, Arc::new(pool))
+    }
+
+    fn rows(conn: &Connection) -> i64 {
+        conn.query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    /// Runs `f` on a thread of its own; its result, or `None` when it has not come within `wait`.
+    fn within<T: Send + 'static>(
+        wait: Duration,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        let (sent, received) = mpsc::channel();
+        std::thread::spawn(move || sent.send(f()));
+        received.recv_timeout(wait).ok()
+    }
+
+    #[test]
+    fn a_reader_past_the_limit_waits_for_one_to_come_back() {
+        let (_dir, pool) = pool(1);
+        let held = pool.lend().unwrap();
+        let (lent, waited) = mpsc::channel();
+        let waiting = {
+            let pool = pool.clone();
+            std::thread::spawn(move || {
+                let checkout = pool.lend().unwrap();
+                lent.send(rows(checkout.conn())).unwrap();
+            })
+        };
+        assert!(
+            waited.recv_timeout(Duration::from_millis(200)).is_err(),
+            "lent past the limit"
+        );
+        drop(held);
+        assert_eq!(waited.recv_timeout(Duration::from_secs(10)), Ok(1));
+        waiting.join().unwrap();
+        assert_eq!(
+            pool.state.lock().unwrap().1,
+            1,
+            "no second connection was opened"
+        );
+    }
+
+    #[test]
+    fn a_read_that_panicked_in_its_snapshot_leaves_a_reader_that_sees_later_commits() {
+        let (dir, pool) = pool(1);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let checkout = pool.lend().unwrap();
+            in_snapshot(checkout.conn(), |conn| -> Result<(), StoreError> {
+                assert_eq!(rows(conn), 1);
+                panic!("a read fails half way");
+            })
+        }));
+        assert!(panicked.is_err());
+        Connection::open(dir.path().join("readers.db"))
+            .unwrap()
+            .execute("INSERT INTO t VALUES (2)", [])
+            .unwrap();
+        let checkout = pool.lend().unwrap();
+        assert!(
+            checkout.conn().is_autocommit(),
+            "the snapshot was left open"
+        );
+        assert_eq!(rows(checkout.conn()), 2);
+    }
+
+    #[test]
+    fn a_reader_that_failed_to_open_gives_its_place_back() {
+        let (dir, pool) = pool(2);
+        let held = pool.lend().unwrap();
+        // New connections fail from now on (a reader never creates the file).
+        std::fs::remove_file(dir.path().join("readers.db")).unwrap();
+        for attempt in 0..3 {
+            let pool = pool.clone();
+            let lent = within(Duration::from_secs(10), move || pool.lend().map(drop));
+            assert!(matches!(lent, Some(Err(_))), "attempt {attempt}: {lent:?}");
+        }
+        drop(held);
+        let state = pool.state.lock().unwrap();
+        assert_eq!(
+            (state.0.len(), state.1),
+            (1, 1),
+            "idle readers, and readers open"
+        );
+    }
+}
