@@ -14,7 +14,9 @@ use sessiondb_core::{
     RunsFromLeaf, SearchFilter, SearchHit, SessionKey, SessionStats, StoreError, StoredMessage,
 };
 
-use crate::sql::{Result, exec, get, lookup, messages, pairs, row, rows, search_words};
+use crate::sql::{
+    Result, exec, get, lookup, messages, pairs, row, rows, search_filter, search_words,
+};
 
 /// `SELECT` of the columns [`crate::sql::message_from_row`] reads, from the session's messages,
 /// and a condition.
@@ -655,13 +657,14 @@ pub(crate) async fn search<C: GenericClient>(
     let (query, limit) = (search_words(words), limit as i64);
     rows(
         c,
-        "SELECT id, role, search_text, created_at
-           FROM messages, plainto_tsquery('sessiondb_search', $3) query
-          WHERE namespace = $1 AND session_id = $2 AND search_vector @@ query
-            AND ($5::text IS NULL OR role = $5)
-            AND ($6::bigint IS NULL OR created_at >= $6) AND ($7::bigint IS NULL OR created_at < $7)
-          ORDER BY ts_rank(search_vector, query) DESC, seq
-          LIMIT $4",
+        concat!(
+            "SELECT m.id, m.role, m.search_text, m.created_at
+               FROM messages m, plainto_tsquery('sessiondb_search', $3) query
+              WHERE m.namespace = $1 AND m.session_id = $2 AND m.search_vector @@ query AND ",
+            search_filter!(),
+            " ORDER BY ts_rank(m.search_vector, query) DESC, m.seq
+              LIMIT $4"
+        ),
         &[
             &key.namespace,
             &key.session_id,

@@ -8,7 +8,7 @@ use sessiondb_core::{
 };
 use tokio_postgres::Row;
 
-use crate::sql::{Param, Result, exec, get, lookup, pairs, row, rows, search_words};
+use crate::sql::{Param, Result, exec, get, lookup, pairs, row, rows, search_filter, search_words};
 use sessiondb_core::plan::linear_range;
 
 const INFO_COLUMNS: &str =
@@ -279,16 +279,16 @@ pub(crate) async fn search_namespace<C: GenericClient>(
     let (query, limit) = (search_words(words), limit as i64);
     rows(
         c,
-        "SELECT m.id, m.role, m.search_text, m.session_id, m.created_at
-           FROM messages m, plainto_tsquery('sessiondb_search', $2) query
-          WHERE m.namespace = $1 AND m.search_vector @@ query
-            AND ($3::text IS NULL OR m.session_id IN
-                 (SELECT id FROM sessions WHERE namespace = $1 AND user_id = $3))
-            AND ($5::text IS NULL OR m.role = $5)
-            AND ($6::bigint IS NULL OR m.created_at >= $6)
-            AND ($7::bigint IS NULL OR m.created_at < $7)
-          ORDER BY ts_rank(m.search_vector, query) DESC, m.session_id, m.seq
-          LIMIT $4",
+        concat!(
+            "SELECT m.id, m.role, m.search_text, m.session_id, m.created_at
+               FROM messages m, plainto_tsquery('sessiondb_search', $2) query
+              WHERE m.namespace = $1 AND m.search_vector @@ query
+                AND ($3::text IS NULL OR m.session_id IN
+                     (SELECT id FROM sessions WHERE namespace = $1 AND user_id = $3)) AND ",
+            search_filter!(),
+            " ORDER BY ts_rank(m.search_vector, query) DESC, m.session_id, m.seq
+              LIMIT $4"
+        ),
         &[
             &namespace,
             &query,

@@ -77,6 +77,16 @@ pub(crate) fn lookup(text: &str) -> String {
     text.replace('\0', "\u{1}")
 }
 
+/// The conditions of a [`SearchFilter`] on `messages m`, its role, since and until bound as
+/// `$5`, `$6` and `$7` (each condition holds when its value is null).
+macro_rules! search_filter {
+    () => {
+        "($5::text IS NULL OR m.role = $5) AND ($6::bigint IS NULL OR m.created_at >= $6)
+            AND ($7::bigint IS NULL OR m.created_at < $7)"
+    };
+}
+pub(crate) use search_filter;
+
 /// `filter` with its role bound as a [`lookup`].
 pub(crate) fn looked_up(filter: &SearchFilter) -> SearchFilter {
     SearchFilter {
