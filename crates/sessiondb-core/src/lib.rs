@@ -61,7 +61,7 @@ pub use store::{
     ContextEntry, FrozenPrompt, Parent, PathPlan, PathRows, PathRuns, PathSuffix, PlanRow,
     RangeTotals, RowStat, RunsFromLeaf, ScopedBlock, ScopedEntry, SearchFilter, SearchHit,
     SessionKey, SessionStats, Store, StoreError, UpdateOutcome, WriteCondition, WriteOp,
-    WriteOutcome, WriteRequest,
+    WriteOutcome, WriteRequest, Written,
 };
 
 /// Maximum depth walked from a leaf towards the root; a path holds at most `MAX_PATH_DEPTH + 1`

@@ -28,6 +28,8 @@ pub struct SessionRow {
     /// per-row totals need not store it.
     pub path_epoch: i64,
     pub stored_messages: u64,
+    /// Moves with every saved change of the row ([`SessionRow::next_version`]); 0 while absent.
+    pub version: i64,
     /// The path aggregates no longer describe the active leaf: the backend recomputes them
     /// once before saving.
     pub totals_stale: bool,
@@ -61,9 +63,22 @@ impl SessionRow {
             path: PathTotals::EMPTY,
             path_epoch: 0,
             stored_messages: 0,
+            version: 0,
             totals_stale: false,
             record: None,
         }
+    }
+
+    /// The version a change of the row saved at `now` gives it: one more than before, and at
+    /// least `now` × 1,000 (the time in microseconds, to the millisecond). Versions thus grow
+    /// with every change of one session, and a session deleted and created again (its row gone
+    /// in between) starts above every version its earlier self had, as long as the clock does
+    /// not step back across the deletion and no millisecond saw 1,000 changes of it: a version
+    /// names one state of a session, so a reader that kept what it read at a version may keep
+    /// using it while the version holds. They stay below 2^53, exact as JSON numbers in every
+    /// language, until the year 2255.
+    pub fn next_version(&self, now: i64) -> i64 {
+        (self.version + 1).max(now.max(0).saturating_mul(1000))
     }
 
     /// True when the session has a row or this request creates one.

@@ -228,6 +228,10 @@ pub enum WriteCondition {
     /// it has no message; else [`StoreError::LeafMoved`]): optimistic concurrency for writers
     /// that read a session and then extend it.
     Leaf(Option<String>),
+    /// The session exists ([`StoreError::NoSession`]) at this version
+    /// ([`SessionStats::version`]; else [`StoreError::VersionMoved`]): nothing changed it since
+    /// a read of that version, for writers that keep what they read.
+    Version(i64),
     /// The session does not exist yet ([`StoreError::SessionExists`]): a request that creates a
     /// session with its first contents.
     Absent,
@@ -238,6 +242,14 @@ pub enum UpdateOutcome {
     Missing,
     Unchanged(StoredMessage),
     Changed(StoredMessage),
+}
+
+/// What one [`WriteRequest`] did: an outcome per op, in the ops' order, and the session's
+/// version once it committed (`None` when no session is left: a delete, the template scope).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    pub outcomes: Vec<WriteOutcome>,
+    pub version: Option<i64>,
 }
 
 /// The result of one [`WriteOp`], in the same position as the op.
@@ -447,6 +459,10 @@ pub struct SessionStats {
     /// `first..=last` (a linear conversation, as [`PathPlan::Range`]): newest-first reads of it
     /// are range reads, with no parent walk.
     pub linear_range: Option<(i64, i64)>,
+    /// Moves with every change of the session's row, and so with every write to its messages,
+    /// compactions and record ([`crate::SessionRow::next_version`]): a path read at one version
+    /// reads the same while the session stays at it. 0 for a session that does not exist.
+    pub version: i64,
 }
 
 /// Which of a search's matches count besides their words: one role's, written in a time range.
@@ -495,6 +511,9 @@ pub enum StoreError {
         expected: Option<String>,
         found: Option<String>,
     },
+    /// A request conditioned on the session's version found another one; nothing was written.
+    #[error("the session is at version {found}, not {expected}: it changed since")]
+    VersionMoved { expected: i64, found: i64 },
     /// A context block refused a write.
     #[error(transparent)]
     Context(#[from] ContextError),
@@ -555,7 +574,7 @@ pub trait Store: Send + Sync + 'static {
     fn write(
         &self,
         request: WriteRequest,
-    ) -> impl Future<Output = Result<Vec<WriteOutcome>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Written, StoreError>> + Send;
 
     /// Several requests (of any sessions), each all or nothing on its own as [`Store::write`]
     /// makes it, answered in their order. A backend may commit them together; by default they
@@ -563,7 +582,7 @@ pub trait Store: Send + Sync + 'static {
     fn write_all(
         &self,
         requests: Vec<WriteRequest>,
-    ) -> impl Future<Output = Vec<Result<Vec<WriteOutcome>, StoreError>>> + Send {
+    ) -> impl Future<Output = Vec<Result<Written, StoreError>>> + Send {
         futures::future::join_all(requests.into_iter().map(|request| self.write(request)))
     }
 
@@ -574,7 +593,7 @@ pub trait Store: Send + Sync + 'static {
     fn write_together(
         &self,
         requests: Vec<WriteRequest>,
-    ) -> impl Future<Output = Result<Vec<Vec<WriteOutcome>>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Written>, StoreError>> + Send;
 
     fn message(
         &self,

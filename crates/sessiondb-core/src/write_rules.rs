@@ -128,7 +128,8 @@ pub trait WriteTx {
 
 /// Applies every op of `request` to `session` (its row as loaded) through `tx`. Returns the
 /// outcomes and the changes to publish once the transaction commits; the session row is left in
-/// `session` for the backend to save (when `dirty`, with its record when `Some`).
+/// `session` for the backend to save (when `dirty`, with its record when `Some`, and with its
+/// next version).
 pub async fn apply_request<T: WriteTx>(
     tx: &mut T,
     request: &WriteRequest,
@@ -146,6 +147,16 @@ pub async fn apply_request<T: WriteTx>(
             });
         }
         Some(WriteCondition::Leaf(_)) => {}
+        Some(WriteCondition::Version(_)) if !session.exists() => {
+            return Err(StoreError::NoSession);
+        }
+        Some(WriteCondition::Version(expected)) if session.version != *expected => {
+            return Err(StoreError::VersionMoved {
+                expected: *expected,
+                found: session.version,
+            });
+        }
+        Some(WriteCondition::Version(_)) => {}
     }
     let mut rules = Rules {
         tx,
@@ -160,7 +171,11 @@ pub async fn apply_request<T: WriteTx>(
         rules.tx.before_op(op).await?;
         outcomes.push(rules.apply(op).await?);
     }
-    Ok((outcomes, rules.changes))
+    let changes = rules.changes;
+    if session.dirty {
+        session.version = session.next_version(request.now_ms);
+    }
+    Ok((outcomes, changes))
 }
 
 /// One request in flight: its session row and the changes it has made so far.

@@ -42,7 +42,7 @@ use sessiondb_core::{
     Change, ChangeFeed, Compaction, ContextEntry, FeedFilter, FrozenPrompt, PathPlan, PathRows,
     PathRuns, PathSuffix, RangeTotals, ScopedBlock, ScopedEntry, SearchFilter, SearchHit,
     SessionInfo, SessionKey, SessionQuery, SessionStats, Store, StoreError, StoredMessage,
-    Subscription, WriteOutcome, WriteRequest,
+    Subscription, WriteRequest, Written,
 };
 use tokio::runtime::{Handle, Runtime};
 
@@ -369,7 +369,7 @@ impl PgStore {
 impl Inner {
     /// Applies `requests` in one transaction (a lone request through the pipelined
     /// [`write::commit`]), retrying lost deadlocks; publishes their events once committed.
-    async fn write(&self, requests: &[WriteRequest]) -> Result<Vec<Vec<WriteOutcome>>, StoreError> {
+    async fn write(&self, requests: &[WriteRequest]) -> Result<Vec<Written>, StoreError> {
         self.announcer.flushed().await;
         let client = self.pool.get().await.map_err(pool_error)?;
         let mut attempt = 0;
@@ -384,21 +384,21 @@ impl Inner {
                     // One transaction's feed positions are consecutive from its first event.
                     let first = committed.iter().find_map(|c| c.first_position);
                     let mut events = Vec::new();
-                    let mut outcomes = Vec::with_capacity(committed.len());
+                    let mut written = Vec::with_capacity(committed.len());
                     for (request, committed) in requests.iter().zip(committed) {
                         let key = &request.key;
                         events.extend(committed.changes.into_iter().map(|c| (key.clone(), c)));
-                        outcomes.push(committed.outcomes);
+                        written.push(committed.written);
                     }
                     if let Some(first) = first {
                         // Committed: a failure to publish here must not fail the write; the
                         // follower publishes the events from the table instead.
                         let _ = self.sync.publish_committed(&client, first, events).await;
                     }
-                    for outcomes in &outcomes {
-                        self.bulk_analyze.after(&client, outcomes).await;
+                    for written in &written {
+                        self.bulk_analyze.after(&client, &written.outcomes).await;
                     }
-                    return Ok(outcomes);
+                    return Ok(written);
                 }
                 Err(e) => {
                     // Nothing of the requests stays; a connection that cannot even roll back is
@@ -444,17 +444,17 @@ impl Store for PgStore {
     fn write(
         &self,
         request: WriteRequest,
-    ) -> impl Future<Output = Result<Vec<WriteOutcome>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Written, StoreError>> + Send {
         self.run(|inner| async move {
-            let mut outcomes = inner.write(std::slice::from_ref(&request)).await?;
-            Ok(outcomes.pop().expect("one request, one answer"))
+            let mut written = inner.write(std::slice::from_ref(&request)).await?;
+            Ok(written.pop().expect("one request, one answer"))
         })
     }
 
     fn write_together(
         &self,
         requests: Vec<WriteRequest>,
-    ) -> impl Future<Output = Result<Vec<Vec<WriteOutcome>>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Vec<Written>, StoreError>> + Send {
         self.run(|inner| async move {
             match requests.is_empty() {
                 true => Ok(Vec::new()),

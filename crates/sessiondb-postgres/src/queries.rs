@@ -628,7 +628,7 @@ pub(crate) async fn stats<C: GenericClient>(c: &C, key: &SessionKey) -> Result<S
         c,
         "SELECT leaf_id, path_len, path_tokens, path_bytes, stored_messages,
                 EXISTS (SELECT 1 FROM compactions WHERE namespace = $1 AND session_id = $2),
-                leaf_seq, path_head_seq, path_dense
+                leaf_seq, path_head_seq, path_dense, version
            FROM sessions WHERE namespace = $1 AND id = $2",
         &[&key.namespace, &key.session_id],
     )
@@ -644,6 +644,7 @@ pub(crate) async fn stats<C: GenericClient>(c: &C, key: &SessionKey) -> Result<S
         stored_messages: get::<i64>(&r, 4)? as u64,
         has_compactions: get(&r, 5)?,
         linear_range: linear_range(get(&r, 6)?, get(&r, 7)?, get(&r, 8)?),
+        version: get(&r, 9)?,
     })
 }
 

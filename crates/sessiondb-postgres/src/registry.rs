@@ -17,7 +17,7 @@ const INFO_COLUMNS: &str =
     leaf_id, path_len, path_tokens, path_bytes, stored_messages,
     EXISTS (SELECT 1 FROM compactions c
              WHERE c.namespace = sessions.namespace AND c.session_id = sessions.id),
-    leaf_seq, path_head_seq, path_dense";
+    leaf_seq, path_head_seq, path_dense, version";
 
 fn json_object(text: &str) -> Result<JsonMap> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("session record: {e}")))
@@ -50,6 +50,7 @@ fn info_from_row(r: &Row) -> Result<SessionInfo> {
             stored_messages: get::<i64>(r, 19)? as u64,
             has_compactions: get(r, 20)?,
             linear_range: linear_range(get(r, 21)?, get(r, 22)?, get(r, 23)?),
+            version: get(r, 24)?,
         },
     })
 }

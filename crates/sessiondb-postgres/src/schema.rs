@@ -9,6 +9,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_branch_points.sql"),
     include_str!("../migrations/0003_unaccent.sql"),
+    include_str!("../migrations/0004_session_versions.sql"),
 ];
 
 /// The schema version this build writes and reads.

@@ -17,7 +17,7 @@ use sessiondb_core::store::{ContextEntry, FrozenPrompt, PathRuns};
 use sessiondb_core::write_rules::{self, CurrentRow, NewRow, WriteTx};
 use sessiondb_core::{
     Change, Compaction, MAX_PATH_ROWS, MAX_SLICE_BYTES, Parent, PreparedMessage, SessionKey,
-    SessionRecord, StoreError, StoredMessage, WriteOp, WriteOutcome, WriteRequest,
+    SessionRecord, StoreError, StoredMessage, WriteOp, WriteRequest, Written,
 };
 
 use crate::queries::{self, Location, PathTotals};
@@ -29,7 +29,7 @@ use crate::{attachments, context, feed, registry};
 const LOAD_SESSION: &str =
     "SELECT created_at, updated_at, last_message_at, next_seq, leaf_id, leaf_seq,
                     path_len, path_tokens, path_bytes, path_capped, path_head_seq,
-                    stored_messages, path_dense
+                    stored_messages, path_dense, version
                FROM sessions WHERE namespace = $1 AND id = $2";
 
 const LOCK_SESSION: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))";
@@ -49,14 +49,14 @@ const SAVE_SESSION_UPDATE: &str =
     "UPDATE sessions SET created_at = $3, updated_at = $4, last_message_at = $5,
                     next_seq = $6, leaf_id = $7, leaf_seq = $8, path_len = $9, path_tokens = $10,
                     path_bytes = $11, path_capped = $12, path_head_seq = $13,
-                    stored_messages = $14, path_dense = $15
+                    stored_messages = $14, path_dense = $15, version = $16
               WHERE namespace = $1 AND id = $2";
 
 const SAVE_SESSION_INSERT: &str =
     "INSERT INTO sessions (namespace, id, created_at, updated_at, last_message_at,
                  next_seq, leaf_id, leaf_seq, path_len, path_tokens, path_bytes, path_capped,
-                 path_head_seq, stored_messages, path_dense)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
+                 path_head_seq, stored_messages, path_dense, version)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)";
 
 /// Loads the session row, or an absent one.
 async fn load_session<C: GenericClient>(c: &C, key: &SessionKey, now: i64) -> Result<SessionRow> {
@@ -84,6 +84,7 @@ async fn load_session<C: GenericClient>(c: &C, key: &SessionKey, now: i64) -> Re
         stored_messages: get::<i64>(&r, 11)? as u64,
         // Rows keep no path totals here, so nothing compares epochs.
         path_epoch: 0,
+        version: get(&r, 13)?,
         totals_stale: false,
         record: None,
     })
@@ -143,6 +144,7 @@ async fn save_session<C: GenericClient>(
             &session.path.head_seq,
             &stored_messages,
             &session.path.dense,
+            &session.version,
         ],
     )
     .await?;
@@ -156,9 +158,9 @@ pub(crate) async fn lock_session<C: GenericClient>(c: &C, key: &SessionKey) -> R
     Ok(())
 }
 
-/// A committed request: its outcomes, and its change events with the feed position of the first.
+/// A committed request: what it wrote, and its change events with the feed position of the first.
 pub(crate) struct Committed {
-    pub outcomes: Vec<WriteOutcome>,
+    pub written: Written,
     pub changes: Vec<Change>,
     pub first_position: Option<u64>,
 }
@@ -300,8 +302,9 @@ async fn apply<C: GenericClient>(
     record_saved?;
     let first_position = recorded?;
     committed.map_err(backend_error)?;
+    let version = session.exists().then_some(session.version);
     Ok(Committed {
-        outcomes,
+        written: Written { outcomes, version },
         changes,
         first_position,
     })

@@ -147,7 +147,8 @@ async fn schema_3_folds_the_accents_of_rows_written_before_it() {
                  ALTER MAPPING FOR word, hword, hword_part WITH sessiondb_stem;
              UPDATE messages SET search_text = search_text;
              UPDATE context_entries SET content = content;
-             DELETE FROM sessiondb_schema WHERE version = 3;",
+             ALTER TABLE sessions DROP COLUMN version;
+             DELETE FROM sessiondb_schema WHERE version >= 3;",
         )
         .await
         .unwrap();

@@ -24,12 +24,12 @@ use crate::App;
 pub const ANY_ORIGIN: &str = "*";
 
 /// What a page may send besides the headers every request may carry.
-const ALLOWED_HEADERS: &str =
-    "authorization, content-type, last-event-id, x-request-id, sessiondb-conversation-id";
+const ALLOWED_HEADERS: &str = "authorization, content-type, if-none-match, last-event-id, \
+                               x-request-id, sessiondb-conversation-id";
 const ALLOWED_METHODS: &str = "GET, POST, PUT, PATCH, DELETE";
 /// What a page may read of an answer besides the headers every answer shows.
 const EXPOSED_HEADERS: &str = "x-request-id, sessiondb-conversation-id, x-sessiondb-truncated, \
-                               x-sessiondb-total-bytes, retry-after";
+                               x-sessiondb-total-bytes, x-sessiondb-version, etag, retry-after";
 /// How long a browser may keep a preflight's answer, in seconds.
 const PREFLIGHT_MAX_AGE: &str = "600";
 

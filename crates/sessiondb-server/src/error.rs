@@ -136,6 +136,7 @@ impl From<StoreError> for ApiError {
             StoreError::QuotaExceeded { .. } => ApiError::quota(e.to_string()),
             StoreError::ParentCycle { .. }
             | StoreError::LeafMoved { .. }
+            | StoreError::VersionMoved { .. }
             | StoreError::SessionExists => ApiError::conflict(e.to_string()),
             StoreError::NoSession => ApiError::not_found(e.to_string()),
             StoreError::Context(context) => context.into(),

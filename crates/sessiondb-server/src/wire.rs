@@ -1,16 +1,66 @@
 //! JSON forms of the API: responses built from store types, and typed readers for request
-//! objects whose errors name the field.
+//! objects whose errors name the field; and the session versions answers carry.
 //!
 //! Stored messages are already JSON text; responses splice that text in rather than parsing it
 //! back into a value.
 
-use axum::http::StatusCode;
-use axum::http::header::CONTENT_TYPE;
+use axum::http::header::{CONTENT_TYPE, ETAG, IF_NONE_MATCH};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 use sessiondb::{Compaction, RowStat, SearchHit, SessionInfo, StoredMessage};
 
 use crate::error::ApiError;
+
+/// The header of a write's answer that holds the session's version after the write.
+pub const VERSION_HEADER: &str = "x-sessiondb-version";
+
+/// A session read's entity tag: the session's version, which moves with every change of it.
+fn entity_tag(version: i64) -> String {
+    format!("\"{version}\"")
+}
+
+/// Whether the request's `If-None-Match` names the session's read at `version` (weakly
+/// compared, as the header asks; `*` names any existing session). A session that does not
+/// exist (version 0) matches nothing.
+pub fn unchanged_since(request: &HeaderMap, version: i64) -> bool {
+    if version == 0 {
+        return false;
+    }
+    let tag = entity_tag(version);
+    request.get_all(IF_NONE_MATCH).iter().any(|value| {
+        value.to_str().is_ok_and(|list| {
+            list.split(',')
+                .map(str::trim)
+                .any(|named| named == "*" || named.strip_prefix("W/").unwrap_or(named) == tag)
+        })
+    })
+}
+
+/// `304 Not Modified` for a read the client holds at `version`.
+pub fn not_modified(version: i64) -> Response {
+    (StatusCode::NOT_MODIFIED, [(ETAG, entity_tag(version))]).into_response()
+}
+
+/// Tags a session read's answer with the session's version (none for a session that does not
+/// exist).
+pub fn tagged(mut response: Response, version: i64) -> Response {
+    if version != 0 {
+        let tag = HeaderValue::try_from(entity_tag(version)).expect("a quoted number");
+        response.headers_mut().insert(ETAG, tag);
+    }
+    response
+}
+
+/// Adds the session's version after a write to the write's answer.
+pub fn with_version(mut response: Response, version: Option<i64>) -> Response {
+    if let Some(version) = version {
+        response
+            .headers_mut()
+            .insert(VERSION_HEADER, HeaderValue::from(version));
+    }
+    response
+}
 
 /// A response with a JSON text body.
 pub fn json_response(status: StatusCode, body: String) -> Response {
@@ -66,6 +116,7 @@ pub fn session(info: &SessionInfo) -> Value {
         "leafId": info.stats.leaf_id,
         "tokenEstimate": info.stats.token_estimate,
         "contentBytes": info.stats.content_bytes,
+        "version": info.stats.version,
     })
 }
 

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
-use sessiondb_core::{Change, ChangeFeed, SessionKey, StoreError, WriteOutcome};
+use sessiondb_core::{Change, ChangeFeed, SessionKey, StoreError, Written};
 
 use crate::{Reply, lock};
 
@@ -31,14 +31,8 @@ pub(crate) struct Committed {
 
 /// A caller's reply channel and what it will be told once the group is durable.
 pub(crate) enum Answer {
-    One(
-        Reply<Vec<WriteOutcome>>,
-        Result<Vec<WriteOutcome>, StoreError>,
-    ),
-    Together(
-        Reply<Vec<Vec<WriteOutcome>>>,
-        Result<Vec<Vec<WriteOutcome>>, StoreError>,
-    ),
+    One(Reply<Written>, Result<Written, StoreError>),
+    Together(Reply<Vec<Written>>, Result<Vec<Written>, StoreError>),
 }
 
 impl Answer {

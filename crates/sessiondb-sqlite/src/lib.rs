@@ -68,7 +68,7 @@ use sessiondb_core::{
     Change, ChangeFeed, Compaction, ContextEntry, FeedFilter, FrozenPrompt, PathPlan, PathRows,
     PathRuns, PathSuffix, RangeTotals, ScopedBlock, ScopedEntry, SearchFilter, SearchHit,
     SessionInfo, SessionKey, SessionQuery, SessionStats, Store, StoreError, StoredMessage,
-    Subscription, WriteOutcome, WriteRequest,
+    Subscription, WriteRequest, Written,
 };
 
 use crate::cache::RowCache;
@@ -182,9 +182,9 @@ fn store_error(e: &rusqlite::Error) -> StoreError {
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
 enum WriteJob {
-    Write(WriteRequest, Reply<Vec<WriteOutcome>>),
+    Write(WriteRequest, Reply<Written>),
     /// Requests committed together or not at all ([`Store::write_together`]).
-    WriteTogether(Vec<WriteRequest>, Reply<Vec<Vec<WriteOutcome>>>),
+    WriteTogether(Vec<WriteRequest>, Reply<Vec<Written>>),
     EnsureSearchIndex(Reply<()>),
 }
 
@@ -655,7 +655,7 @@ impl Store for SqliteStore {
     fn write(
         &self,
         request: WriteRequest,
-    ) -> impl Future<Output = Result<Vec<WriteOutcome>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Written, StoreError>> + Send {
         self.submit(|reply| WriteJob::Write(request, reply))
     }
 
@@ -664,7 +664,7 @@ impl Store for SqliteStore {
     fn write_all(
         &self,
         requests: Vec<WriteRequest>,
-    ) -> impl Future<Output = Vec<Result<Vec<WriteOutcome>, StoreError>>> + Send {
+    ) -> impl Future<Output = Vec<Result<Written, StoreError>>> + Send {
         let writers = self.writers.clone();
         async move {
             let (jobs, replies): (Vec<_>, Vec<_>) = requests
@@ -687,7 +687,7 @@ impl Store for SqliteStore {
     fn write_together(
         &self,
         requests: Vec<WriteRequest>,
-    ) -> impl Future<Output = Result<Vec<Vec<WriteOutcome>>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Vec<Written>, StoreError>> + Send {
         self.submit(|reply| WriteJob::WriteTogether(requests, reply))
     }
 

@@ -940,7 +940,7 @@ pub(crate) fn stats(conn: &Connection, key: &SessionKey) -> Result<SessionStats>
             "SELECT leaf_id, path_len, path_tokens, path_bytes, stored_messages,
                     EXISTS (SELECT 1 FROM compactions
                              WHERE namespace = ?1 AND session_id = ?2),
-                    leaf_seq, path_head_seq, path_dense
+                    leaf_seq, path_head_seq, path_dense, version
                FROM sessions WHERE namespace = ?1 AND id = ?2",
         )
         .map_err(backend_error)?;
@@ -954,6 +954,7 @@ pub(crate) fn stats(conn: &Connection, key: &SessionKey) -> Result<SessionStats>
                 stored_messages: r.get::<_, i64>(4)? as u64,
                 has_compactions: r.get(5)?,
                 linear_range: linear_range(r.get(6)?, r.get(7)?, r.get(8)?),
+                version: r.get(9)?,
             })
         })
         .optional()

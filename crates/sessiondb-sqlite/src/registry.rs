@@ -21,7 +21,7 @@ const INFO_COLUMNS: &str =
     leaf_id, path_len, path_tokens, path_bytes, stored_messages,
     EXISTS (SELECT 1 FROM compactions c
              WHERE c.namespace = sessions.namespace AND c.session_id = sessions.id),
-    leaf_seq, path_head_seq, path_dense";
+    leaf_seq, path_head_seq, path_dense, version";
 
 fn json_object(text: String) -> rusqlite::Result<JsonMap> {
     serde_json::from_str(&text).map_err(|e| {
@@ -56,6 +56,7 @@ fn info_from_row(r: &Row<'_>) -> rusqlite::Result<SessionInfo> {
             stored_messages: r.get::<_, i64>(19)? as u64,
             has_compactions: r.get(20)?,
             linear_range: linear_range(r.get(21)?, r.get(22)?, r.get(23)?),
+            version: r.get(24)?,
         },
     })
 }

@@ -14,7 +14,7 @@ use sessiondb_core::store::{ContextEntry, FrozenPrompt, PathRuns};
 use sessiondb_core::write_rules::{self, CurrentRow, Location, NewRow, WriteTx};
 use sessiondb_core::{
     Change, Compaction, MAX_SLICE_BYTES, PreparedMessage, SessionKey, SessionRecord, StoreError,
-    StoredMessage, WriteOutcome, WriteRequest,
+    StoredMessage, WriteRequest, Written,
 };
 
 use crate::queries::{self, PathTotals, SessionRange};
@@ -57,7 +57,7 @@ fn load_session(conn: &Connection, key: &SessionKey, now: i64) -> Result<(Sessio
         .prepare_cached(
             "SELECT created_at, updated_at, last_message_at, next_seq, leaf_id, leaf_seq,
                     path_len, path_tokens, path_bytes, path_capped, path_head_seq,
-                    stored_messages, path_epoch, path_dense, number
+                    stored_messages, path_epoch, path_dense, number, version
                FROM sessions WHERE namespace = ?1 AND id = ?2",
         )
         .map_err(backend_error)?;
@@ -82,6 +82,7 @@ fn load_session(conn: &Connection, key: &SessionKey, now: i64) -> Result<(Sessio
                 },
                 stored_messages: r.get::<_, i64>(11)? as u64,
                 path_epoch: r.get(12)?,
+                version: r.get(15)?,
                 totals_stale: false,
                 record: None,
             };
@@ -137,7 +138,7 @@ fn save_session(
                 $times,
                 "next_seq = ?6, leaf_id = ?7, leaf_seq = ?8, path_len = ?9, path_tokens = ?10,
                  path_bytes = ?11, path_capped = ?12, path_head_seq = ?13,
-                 stored_messages = ?14, path_epoch = ?15, path_dense = ?16
+                 stored_messages = ?14, path_epoch = ?15, path_dense = ?16, version = ?17
                  WHERE namespace = ?1 AND id = ?2"
             )
         };
@@ -149,8 +150,9 @@ fn save_session(
     } else {
         "INSERT INTO sessions (namespace, id, created_at, updated_at, last_message_at,
              next_seq, leaf_id, leaf_seq, path_len, path_tokens, path_bytes, path_capped,
-             path_head_seq, stored_messages, path_epoch, path_dense, number)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
+             path_head_seq, stored_messages, path_epoch, path_dense, version, number)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+                 ?18)"
     };
     let values = params![
         key.namespace,
@@ -169,10 +171,11 @@ fn save_session(
         session.stored_messages as i64,
         session.path_epoch,
         session.path.dense,
+        session.version,
         rows.number(),
     ];
-    // An update leaves the session's number as it is (`?17`, for a new row only).
-    let used = if session.stored { 16 } else { 17 };
+    // An update leaves the session's number as it is (`?18`, for a new row only).
+    let used = if session.stored { 17 } else { 18 };
     exec(conn, sql, &values[..used])?;
     session.stored = true;
     Ok(())
@@ -184,24 +187,26 @@ pub(crate) struct WriteContext {
     pub search_index: bool,
 }
 
-/// Applies all ops of `request`; returns their outcomes and the change events to publish once
+/// Applies all ops of `request`; returns what it wrote and the change events to publish once
 /// the transaction commits.
 pub(crate) fn apply(
     conn: &Connection,
     ctx: WriteContext,
     request: &WriteRequest,
-) -> Result<(Vec<WriteOutcome>, Vec<Change>)> {
+) -> Result<(Written, Vec<Change>)> {
     let key = &request.key;
     let (mut session, number) = load_session(conn, key, request.now_ms)?;
     let loaded_times = (session.updated_at, session.last_message_at);
     let rows = SessionRange::numbered(key, number);
     let mut tx = SqliteTx { conn, ctx, rows };
-    let applied = poll_ready(write_rules::apply_request(&mut tx, request, &mut session))?;
+    let (outcomes, changes) =
+        poll_ready(write_rules::apply_request(&mut tx, request, &mut session))?;
     save_session(conn, &rows, &mut session, loaded_times)?;
     if let Some(record) = &session.record {
         registry::save_record(conn, key, record)?;
     }
-    Ok(applied)
+    let version = session.exists().then_some(session.version);
+    Ok((Written { outcomes, version }, changes))
 }
 
 /// Runs a future that never waits: every SQLite call in it returns before the next starts.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
-use sessiondb_core::{Change, SessionKey, StoreError, WriteOutcome, WriteRequest};
+use sessiondb_core::{Change, SessionKey, StoreError, WriteRequest, Written};
 
 use crate::cache::RowCache;
 use crate::durability::{Answer, Committed, Durability};
@@ -79,7 +79,7 @@ pub(crate) struct Writer<C = Connection> {
     pub(crate) changes_since_backlog: usize,
 }
 
-type Applied = Result<(Vec<WriteOutcome>, Vec<Change>), StoreError>;
+type Applied = Result<(Written, Vec<Change>), StoreError>;
 
 /// The writer, its connection set up by the first write that needs it.
 pub(crate) enum WriterSlot {
@@ -223,7 +223,7 @@ impl Writer {
     /// group fails, runs again from scratch with each request in its own savepoint.
     fn commit_group(
         &mut self,
-        writes: &mut Vec<(WriteRequest, Reply<Vec<WriteOutcome>>)>,
+        writes: &mut Vec<(WriteRequest, Reply<Written>)>,
         durability: &Durability,
     ) {
         if writes.is_empty() {
@@ -285,13 +285,13 @@ impl Writer {
             .drain(..)
             .zip(results)
             .map(|((request, reply), result)| {
-                let outcomes = result.map(|(outcomes, changes)| {
+                let written = result.map(|(written, changes)| {
                     // Before the acknowledgement: a caller that heard back reads no stale row.
-                    self.rows.committed(&request.key, &outcomes);
+                    self.rows.committed(&request.key, &written.outcomes);
                     events.extend(changes.into_iter().map(|c| (request.key.clone(), c)));
-                    outcomes
+                    written
                 });
-                Answer::One(reply, outcomes)
+                Answer::One(reply, written)
             })
             .collect();
         self.changes_since_backlog += events.len();
@@ -303,7 +303,7 @@ impl Writer {
     fn commit_together(
         &mut self,
         requests: Vec<WriteRequest>,
-        reply: Reply<Vec<Vec<WriteOutcome>>>,
+        reply: Reply<Vec<Written>>,
         durability: &Durability,
     ) {
         let ctx = WriteContext {
@@ -341,13 +341,13 @@ impl Writer {
             }
             Ok(()) => {
                 self.stats.record_commit(requests.len());
-                let outcomes = requests.iter().zip(applied).map(|(request, applied)| {
-                    let (outcomes, changes) = applied.expect("every request applied");
-                    self.rows.committed(&request.key, &outcomes);
+                let written = requests.iter().zip(applied).map(|(request, applied)| {
+                    let (written, changes) = applied.expect("every request applied");
+                    self.rows.committed(&request.key, &written.outcomes);
                     events.extend(changes.into_iter().map(|c| (request.key.clone(), c)));
-                    outcomes
+                    written
                 });
-                Ok(outcomes.collect())
+                Ok(written.collect())
             }
         };
         self.changes_since_backlog += events.len();

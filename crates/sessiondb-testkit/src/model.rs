@@ -43,7 +43,7 @@ pub enum Op {
         from: u8,
         to: u8,
     },
-    /// An append under the active leaf, conditioned on the leaf ([`AppendOptions::if_leaf`]).
+    /// An append under the active leaf, conditioned on the leaf ([`WriteCondition::Leaf`]).
     AppendIfLeaf {
         id: u8,
         text: String,
@@ -438,7 +438,7 @@ async fn run_op<S: Store>(db: &Db<S>, session: &sessiondb::Session<S>, op: &Op) 
             expected,
         } => {
             let options = AppendOptions {
-                if_leaf: Some(leaf_in(session, expected).await),
+                condition: Some(WriteCondition::Leaf(leaf_in(session, expected).await)),
                 ..Default::default()
             };
             session.append(message(*n, text), options).await.is_ok()

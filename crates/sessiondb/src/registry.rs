@@ -256,8 +256,8 @@ impl<S: Store> Db<S> {
             self.caches.forget(session.key());
         }
         let mut deleted = 0;
-        for outcome in outcomes {
-            deleted += u64::from(outcome? == [WriteOutcome::Existed(true)]);
+        for written in outcomes {
+            deleted += u64::from(written?.outcomes == [WriteOutcome::Existed(true)]);
         }
         Ok(deleted)
     }

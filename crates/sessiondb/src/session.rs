@@ -17,7 +17,7 @@ use sessiondb_core::{
     Compaction, MAX_PATH_ROWS, Message, MessageId, Parent, PathRuns, PlanRow, PreparedMessage,
     RangeTotals, RowStat, SearchFilter, SearchHit, SessionKey, SessionStats, Source, Store,
     StoredMessage, UpdateOutcome, ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES,
-    WINDOW_MAX_ROWS, WriteCondition, WriteOp, WriteOutcome, WriteRequest, search,
+    WINDOW_MAX_ROWS, WriteCondition, WriteOp, WriteOutcome, WriteRequest, Written, search,
 };
 
 use crate::compact::{SessionCaches, WriteSettings};
@@ -27,11 +27,14 @@ use crate::{Error, Options};
 pub struct AppendOptions {
     pub parent: Parent,
     pub source: Source,
-    /// Writes only if the session exists and its active leaf is this one (`None`: it has no
-    /// message), checked atomically with the write; otherwise the write fails with
-    /// [`Error::Store`] holding [`crate::StoreError::NoSession`] or
-    /// [`crate::StoreError::LeafMoved`], and nothing is written.
-    pub if_leaf: Option<Option<String>>,
+    /// What must hold of the session for the write to happen, checked atomically with it:
+    /// [`WriteCondition::Leaf`] (the session exists with this active leaf),
+    /// [`WriteCondition::Version`] (it exists at this version: nothing changed it since a read
+    /// of that version) or [`WriteCondition::Absent`]. When it does not hold, the write fails
+    /// with [`Error::Store`] holding [`crate::StoreError::NoSession`],
+    /// [`crate::StoreError::LeafMoved`], [`crate::StoreError::VersionMoved`] or
+    /// [`crate::StoreError::SessionExists`], and nothing is written.
+    pub condition: Option<WriteCondition>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +46,9 @@ pub struct AppendResult {
     pub refused: bool,
     /// The stored message (the earlier one when the id already existed).
     pub message: StoredMessage,
+    /// The session's version once the write committed (`None` for a refused overlay alone,
+    /// which writes nothing).
+    pub version: Option<i64>,
 }
 
 /// Fields of a message to replace; see [`Session::patch_message`].
@@ -345,15 +351,15 @@ impl<S: Store> Session<S> {
     }
 
     pub(crate) async fn write(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteOutcome>, Error> {
-        self.write_if_leaf(ops, None).await
+        Ok(self.write_if(ops, None).await?.outcomes)
     }
 
-    /// [`Session::write`] under the precondition [`AppendOptions::if_leaf`].
-    pub(crate) async fn write_if_leaf(
+    /// [`Session::write`] under `condition`, with the session's version after it.
+    pub(crate) async fn write_if(
         &self,
         ops: Vec<WriteOp>,
-        if_leaf: Option<Option<String>>,
-    ) -> Result<Vec<WriteOutcome>, Error> {
+        condition: Option<WriteCondition>,
+    ) -> Result<Written, Error> {
         // Writes that can change the settings, the overlays or the path under the active leaf
         // make the session's memos stale. Appends and updates keep them: they are the hot path,
         // and the auto-compaction memo follows appends itself.
@@ -374,27 +380,29 @@ impl<S: Store> Session<S> {
             )
         });
         let request = WriteRequest {
-            condition: if_leaf.map(WriteCondition::Leaf),
+            condition,
             ..self.request(ops)
         };
-        let outcomes = self.store.write(request).await;
+        let written = self.store.write(request).await;
         if stale {
             self.caches.forget(&self.key);
         }
-        Ok(outcomes?)
+        Ok(written?)
     }
 
     pub(crate) async fn write_one(&self, op: WriteOp) -> Result<WriteOutcome, Error> {
-        self.write_one_if_leaf(op, None).await
+        Ok(self.write_one_if(op, None).await?.0)
     }
 
-    async fn write_one_if_leaf(
+    /// One op under `condition`: its outcome and the session's version after it.
+    async fn write_one_if(
         &self,
         op: WriteOp,
-        if_leaf: Option<Option<String>>,
-    ) -> Result<WriteOutcome, Error> {
-        let mut outcomes = self.write_if_leaf(vec![op], if_leaf).await?;
-        Ok(outcomes.pop().expect("one outcome per op"))
+        condition: Option<WriteCondition>,
+    ) -> Result<(WriteOutcome, Option<i64>), Error> {
+        let mut written = self.write_if(vec![op], condition).await?;
+        let outcome = written.outcomes.pop().expect("one outcome per op");
+        Ok((outcome, written.version))
     }
 
     /// The form a refused overlay would have had; never stored.
@@ -417,13 +425,15 @@ impl<S: Store> Session<S> {
                 inserted: false,
                 refused,
                 message: Self::unstored(&prepared),
+                version: None,
             });
         }
         let op = WriteOp::Append {
             message: prepared,
             parent: options.parent,
         };
-        let mut result = append_result(self.write_one_if_leaf(op, options.if_leaf).await?);
+        let (outcome, version) = self.write_one_if(op, options.condition).await?;
+        let mut result = append_result(outcome, version);
         if result.inserted {
             self.after_insert(&settings, &result.message).await;
         }
@@ -458,15 +468,18 @@ impl<S: Store> Session<S> {
                 parent: under,
             });
         }
-        let mut outcomes = self.write_if_leaf(ops, options.if_leaf).await?.into_iter();
+        let written = self.write_if(ops, options.condition).await?;
+        let version = written.version;
+        let mut outcomes = written.outcomes.into_iter();
         let mut results: Vec<AppendResult> = slots
             .into_iter()
             .map(|slot| match slot {
-                Ok(()) => append_result(outcomes.next().expect("one outcome per op")),
+                Ok(()) => append_result(outcomes.next().expect("one outcome per op"), version),
                 Err(message) => AppendResult {
                     inserted: false,
                     refused: true,
                     message,
+                    version,
                 },
             })
             .collect();
@@ -492,15 +505,19 @@ impl<S: Store> Session<S> {
             message: self.prepare(message, options.source, &settings).await?,
             parent: options.parent,
         };
-        let mut result = match self.write_one_if_leaf(op, options.if_leaf).await? {
-            WriteOutcome::Updated(
-                UpdateOutcome::Changed(message) | UpdateOutcome::Unchanged(message),
+        let mut result = match self.write_one_if(op, options.condition).await? {
+            (
+                WriteOutcome::Updated(
+                    UpdateOutcome::Changed(message) | UpdateOutcome::Unchanged(message),
+                ),
+                version,
             ) => AppendResult {
                 inserted: false,
                 refused: false,
                 message,
+                version,
             },
-            other => append_result(other),
+            (other, version) => append_result(other, version),
         };
         result.message = self.resolved_message(result.message).await?;
         Ok(result)
@@ -692,13 +709,13 @@ impl<S: Store> Session<S> {
         Ok(rows)
     }
 
-    /// The synthetic message of each compaction, in the compactions' order.
+    /// The synthetic message of each compaction, in the compactions' order, created when the
+    /// compaction was (so two reads of a session at one version read the same).
     async fn summaries(&self, compactions: &[Compaction]) -> Result<Vec<StoredMessage>, Error> {
         // Without compactions there is nothing to count, so no tokenizer is loaded.
         if compactions.is_empty() {
             return Ok(Vec::new());
         }
-        let now = now_ms();
         let counter = self.counter().await?;
         Ok(compactions
             .iter()
@@ -706,7 +723,7 @@ impl<S: Store> Session<S> {
                 Message::text("assistant", c.summary.clone())
                     .with_id(summary_message_id(c))
                     .prepare(counter.as_ref())
-                    .stored(0, None, now, None)
+                    .stored(0, None, c.created_at, None)
             })
             .collect())
     }
@@ -769,11 +786,30 @@ impl<S: Store> Session<S> {
         &self,
         options: HistoryOptions,
     ) -> impl Stream<Item = Result<StoredMessage, Error>> + Send + 'static {
-        self.history_windows(options, Windows::Streamed)
-            .map_ok(|batch| stream::iter(batch.into_iter().map(Ok)))
-            .try_flatten()
-            // Boxed so the stream is `Unpin`: callers can use `next()` without pinning it.
-            .boxed()
+        one_by_one(self.history_windows(options, Windows::Streamed))
+    }
+
+    /// [`Session::history`] with the session's version when the read began
+    /// ([`SessionStats::version`]; 0 when the session does not exist). The stream reads the
+    /// path as it is at that version or a later one: while the session stays at the version,
+    /// what was read then is what a read would return.
+    pub async fn versioned_history(
+        &self,
+        options: HistoryOptions,
+    ) -> Result<
+        (
+            i64,
+            impl Stream<Item = Result<StoredMessage, Error>> + Send + 'static,
+        ),
+        Error,
+    > {
+        let stats = self.store.stats(&self.key).await?;
+        let version = stats.version;
+        let planned = self
+            .clone()
+            .windows_after(stats, options, Windows::Streamed);
+        let messages = one_by_one(self.resolved_windows(stream::once(planned)));
+        Ok((version, messages))
     }
 
     /// The path as the store reads it, window by window, attachments resolved.
@@ -783,37 +819,56 @@ impl<S: Store> Session<S> {
         windows: Windows,
     ) -> impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static {
         let session = self.clone();
-        let batches = stream::once(async move {
-            let (store, key) = (session.store.clone(), session.key.clone());
-            // One O(1) read decides how to go: a linear active path is a seq range; a branched
-            // one is walked up lazily when read newest first; anything else (a branched path
-            // read forward, any path of a compacted session) is read along its runs.
-            let stats = store.stats(&key).await?;
-            if !stats.has_compactions {
-                let active = options.leaf.is_none() || options.leaf == stats.leaf_id;
-                match (active, stats.linear_range) {
-                    (true, Some((first, last))) if options.newest_first => {
-                        return Ok(range_down(store, key, first, last, windows).boxed());
-                    }
-                    (true, Some((first, last))) => {
-                        return Ok(range_up(store, key, first, last, windows).boxed());
-                    }
-                    _ if options.newest_first => {
-                        let leaf = options.leaf.or(stats.leaf_id);
-                        return Ok(session.walk_up(leaf, windows).boxed());
-                    }
-                    _ => {}
-                }
-            }
-            let planned = session.plan_on_runs(options.leaf.as_deref()).await?;
-            Ok::<_, Error>(planned.read(store, key, options.newest_first, windows))
-        })
-        .try_flatten();
+        self.resolved_windows(stream::once(async move {
+            let stats = session.store.stats(&session.key).await?;
+            session.windows_after(stats, options, windows).await
+        }))
+    }
+
+    /// The windows of a planned read, with their attachments resolved.
+    fn resolved_windows<W>(
+        &self,
+        planned: impl Stream<Item = Result<W, Error>> + Send + 'static,
+    ) -> impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static
+    where
+        W: Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static,
+    {
         let resolver = self.clone();
-        batches.and_then(move |batch| {
+        planned.try_flatten().and_then(move |batch| {
             let resolver = resolver.clone();
             async move { resolver.resolved(batch).await }
         })
+    }
+
+    /// How to read the path `options` ask for, given the session's `stats`: one O(1) read
+    /// decides how to go. A linear active path is a seq range; a branched one is walked up
+    /// lazily when read newest first; anything else (a branched path read forward, any path of
+    /// a compacted session) is read along its runs.
+    async fn windows_after(
+        self,
+        stats: SessionStats,
+        options: HistoryOptions,
+        windows: Windows,
+    ) -> Result<BoxStream<'static, Result<Vec<StoredMessage>, Error>>, Error> {
+        let (store, key) = (self.store.clone(), self.key.clone());
+        if !stats.has_compactions {
+            let active = options.leaf.is_none() || options.leaf == stats.leaf_id;
+            match (active, stats.linear_range) {
+                (true, Some((first, last))) if options.newest_first => {
+                    return Ok(range_down(store, key, first, last, windows).boxed());
+                }
+                (true, Some((first, last))) => {
+                    return Ok(range_up(store, key, first, last, windows).boxed());
+                }
+                _ if options.newest_first => {
+                    let leaf = options.leaf.or(stats.leaf_id);
+                    return Ok(self.walk_up(leaf, windows).boxed());
+                }
+                _ => {}
+            }
+        }
+        let planned = self.plan_on_runs(options.leaf.as_deref()).await?;
+        Ok(planned.read(store, key, options.newest_first, windows))
     }
 
     /// Walks from `leaf` towards the root in growing windows.
@@ -1126,15 +1181,27 @@ fn read_pieces<S: Store>(
         .boxed()
 }
 
-fn append_result(outcome: WriteOutcome) -> AppendResult {
+fn append_result(outcome: WriteOutcome, version: Option<i64>) -> AppendResult {
     match outcome {
         WriteOutcome::Appended { message, inserted } => AppendResult {
             inserted,
             refused: false,
             message,
+            version,
         },
         other => unreachable!("append answered with {other:?}"),
     }
+}
+
+/// The messages of `windows` one by one; boxed so the stream is `Unpin` (callers can use
+/// `next()` without pinning it).
+fn one_by_one(
+    windows: impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static,
+) -> BoxStream<'static, Result<StoredMessage, Error>> {
+    windows
+        .map_ok(|batch| stream::iter(batch.into_iter().map(Ok)))
+        .try_flatten()
+        .boxed()
 }
 
 /// Rows with seqs `first..=last` in seq order, window by window.

@@ -556,14 +556,17 @@ impl<S: Store> Session<S> {
     }
 
     /// [`Session::import_lines`] when the session exists with this active leaf (`None`: no
-    /// message), checked atomically with the write, as [`crate::AppendOptions::if_leaf`] is.
+    /// message), checked atomically with the write, as [`WriteCondition::Leaf`] is for an append.
     pub async fn import_lines_if_leaf(
         &self,
         lines: impl Into<ImportLines>,
         if_leaf: Option<Option<String>>,
     ) -> Result<ImportSummary, Error> {
         let (ops, tally) = self.plan_import(lines.into()).await?;
-        Ok(tally.summary(self.write_if_leaf(ops, if_leaf).await?))
+        let written = self
+            .write_if(ops, if_leaf.map(WriteCondition::Leaf))
+            .await?;
+        Ok(tally.summary(written.outcomes))
     }
 
     /// The write ops of an import's lines, every line checked, and how to count what they did.
@@ -839,7 +842,7 @@ impl<S: Store> Db<S> {
         // A lone part is an ordinary write (on SQLite it then shares a group's commit).
         let written = match <[WriteRequest; 1]>::try_from(requests) {
             Ok([request]) => match self.store.write(request).await {
-                Ok(outcomes) => Ok(vec![outcomes]),
+                Ok(written) => Ok(vec![written]),
                 Err(error) => Err(in_part(0, &keys[0].session_id, error.into())),
             },
             Err(requests) => self
@@ -857,7 +860,7 @@ impl<S: Store> Db<S> {
         for key in &keys {
             self.caches.forget(key);
         }
-        let summaries = tallies.into_iter().zip(written?).map(|(t, o)| t.summary(o));
+        let summaries = (tallies.into_iter().zip(written?)).map(|(t, w)| t.summary(w.outcomes));
         Ok(summaries.collect())
     }
 

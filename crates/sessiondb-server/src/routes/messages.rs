@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sessiondb::{
     AppendOptions, AppendResult, Message, MessagePatch, PageRequest, Parent, Source, Store,
+    WriteCondition,
 };
 
 use crate::error::ApiError;
@@ -32,12 +33,28 @@ pub(crate) fn if_leaf_of(if_leaf: Option<String>) -> Option<Option<String>> {
     if_leaf.map(|leaf| Some(leaf).filter(|leaf| !leaf.is_empty()))
 }
 
-fn client(parent: Parent, if_leaf: Option<String>) -> AppendOptions {
-    AppendOptions {
+/// An append of a client under `?ifLeaf=` or `?ifVersion=` (a session version: nothing changed
+/// the session since a read at it), at most one of them.
+fn client(
+    parent: Parent,
+    if_leaf: Option<String>,
+    if_version: Option<i64>,
+) -> Result<AppendOptions, ApiError> {
+    let condition = match (if_leaf_of(if_leaf), if_version) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "`ifLeaf` and `ifVersion` do not go together (a version holds the leaf)",
+            ));
+        }
+        (Some(leaf), None) => Some(WriteCondition::Leaf(leaf)),
+        (None, Some(version)) => Some(WriteCondition::Version(version)),
+        (None, None) => None,
+    };
+    Ok(AppendOptions {
         parent,
         source: Source::Client,
-        if_leaf: if_leaf_of(if_leaf),
-    }
+        condition,
+    })
 }
 
 #[derive(Debug, Deserialize)]
@@ -45,9 +62,17 @@ fn client(parent: Parent, if_leaf: Option<String>) -> AppendOptions {
 pub(crate) struct AppendQuery {
     parent: Option<String>,
     if_leaf: Option<String>,
+    if_version: Option<i64>,
 }
 
-/// The query of the routes that take only the leaf condition (a batch, an import).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct BatchQuery {
+    if_leaf: Option<String>,
+    if_version: Option<i64>,
+}
+
+/// The query of the routes that take only the leaf condition (an import).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct IfLeafQuery {
@@ -96,13 +121,13 @@ async fn append_to<S: Store>(
 ) -> Result<Response, ApiError> {
     let message = Message::from_value(body.value)?;
     let session = app.session(ns, sid)?;
-    let result = session
-        .append(message, client(parent_of(q.parent), q.if_leaf))
-        .await?;
+    let options = client(parent_of(q.parent), q.if_leaf, q.if_version)?;
+    let result = session.append(message, options).await?;
     Ok(appended(app, &result))
 }
 
-/// `{inserted, message}`: 201 when stored (and counted), 200 when the id existed.
+/// `{inserted, message}`: 201 when stored (and counted), 200 when the id existed; with the
+/// session's version after the write.
 pub(crate) fn appended<S: Store>(app: &App<S>, result: &AppendResult) -> Response {
     let status = if result.inserted {
         app.metrics.record_append(result.message.bytes);
@@ -110,17 +135,15 @@ pub(crate) fn appended<S: Store>(app: &App<S>, result: &AppendResult) -> Respons
     } else {
         StatusCode::OK
     };
-    json_response(
-        status,
-        wire::append_result(result.inserted, &result.message),
-    )
+    let body = wire::append_result(result.inserted, &result.message);
+    wire::with_version(json_response(status, body), result.version)
 }
 
 pub(crate) async fn batch<S: Store>(
     State(app): State<Arc<App<S>>>,
     Tenant(ns): Tenant,
     Params(sid): Params<String>,
-    QueryParams(q): QueryParams<IfLeafQuery>,
+    QueryParams(q): QueryParams<BatchQuery>,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
     let mut f = Fields::new(body.value, "batch")?;
@@ -142,9 +165,9 @@ pub(crate) async fn batch<S: Store>(
         );
     }
     let session = app.session(&ns, &sid)?;
-    let results = session
-        .append_all(messages, client(parent, q.if_leaf))
-        .await?;
+    let options = client(parent, q.if_leaf, q.if_version)?;
+    let results = session.append_all(messages, options).await?;
+    let version = results.first().and_then(|r| r.version);
     let stored: Vec<_> = results
         .into_iter()
         .map(|r| {
@@ -154,9 +177,10 @@ pub(crate) async fn batch<S: Store>(
             r.message
         })
         .collect();
-    Ok(json_response(
-        StatusCode::CREATED,
-        format!("{{\"messages\":{}}}", wire::message_array(&stored)),
+    let body = format!("{{\"messages\":{}}}", wire::message_array(&stored));
+    Ok(wire::with_version(
+        json_response(StatusCode::CREATED, body),
+        version,
     ))
 }
 
@@ -260,7 +284,7 @@ pub(crate) async fn put<S: Store>(
     let session = app.session(&ns, &sid)?;
     let stored = if q.upsert.unwrap_or(false) {
         let result = session
-            .upsert(message, client(Parent::ActiveLeaf, None))
+            .upsert(message, client(Parent::ActiveLeaf, None, None)?)
             .await?;
         if result.inserted {
             app.metrics.record_append(result.message.bytes);

@@ -6,7 +6,7 @@ use std::task::Poll;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use serde::Deserialize;
@@ -82,11 +82,15 @@ pub(crate) struct HistoryQuery {
     attachments: Option<String>,
 }
 
+/// The history answers carry the session's version as their entity tag, read before the path:
+/// a request whose `If-None-Match` names it is answered `304` without reading the path (the
+/// same URL at the same version reads the same).
 pub(crate) async fn history<S: Store>(
     State(app): State<Arc<App<S>>>,
     Tenant(ns): Tenant,
     Params(sid): Params<String>,
     QueryParams(q): QueryParams<HistoryQuery>,
+    request: HeaderMap,
 ) -> Result<Response, ApiError> {
     let newest_first = match q.order.as_deref() {
         None | Some("oldest") => false,
@@ -105,6 +109,10 @@ pub(crate) async fn history<S: Store>(
                  no `order=newest` or `maxBytes` (a window could cut a tool call from its result)",
             ));
         }
+        let version = session.stats().await?.version;
+        if wire::unchanged_since(&request, version) {
+            return Ok(wire::not_modified(version));
+        }
         let options = HistoryOptions {
             leaf: q.leaf,
             newest_first: false,
@@ -115,15 +123,24 @@ pub(crate) async fn history<S: Store>(
             .iter()
             .map(StoredMessage::to_value)
             .collect();
-        return Ok(value_response(StatusCode::OK, &format.convert(&messages)));
+        let converted = value_response(StatusCode::OK, &format.convert(&messages));
+        return Ok(wire::tagged(converted, version));
     }
     let Some(max_bytes) = q.max_bytes else {
         let options = HistoryOptions {
             leaf: q.leaf,
             newest_first,
         };
-        return Ok(ndjson_body(session.history(options)));
+        let (version, messages) = session.versioned_history(options).await?;
+        if wire::unchanged_since(&request, version) {
+            return Ok(wire::not_modified(version));
+        }
+        return Ok(wire::tagged(ndjson_body(messages), version));
     };
+    let version = session.stats().await?.version;
+    if wire::unchanged_since(&request, version) {
+        return Ok(wire::not_modified(version));
+    }
     let recent = session.recent_history(max_bytes, q.leaf.as_deref()).await?;
     let mut messages = recent.messages;
     if newest_first {
@@ -141,7 +158,7 @@ pub(crate) async fn history<S: Store>(
         "x-sessiondb-total-bytes",
         HeaderValue::from(recent.total_bytes),
     );
-    Ok(response)
+    Ok(wire::tagged(response, version))
 }
 
 /// The model format a history `format` asks for; `None` for NDJSON.

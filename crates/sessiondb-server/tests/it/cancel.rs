@@ -11,7 +11,7 @@ use sessiondb::{Db, SqliteStore, Store};
 use sessiondb_core::{
     Compaction, FeedFilter, PathPlan, PathRows, PathRuns, PathSuffix, RangeTotals, SearchFilter,
     SearchHit, SessionInfo, SessionKey, SessionQuery, SessionStats, StoreError, StoredMessage,
-    Subscription, WriteOutcome, WriteRequest,
+    Subscription, WriteRequest, Written,
 };
 use sessiondb_server::{App, Metrics, ServerConfig};
 
@@ -27,13 +27,13 @@ impl Store for CountingStore {
     fn write(
         &self,
         request: WriteRequest,
-    ) -> impl Future<Output = Result<Vec<WriteOutcome>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Written, StoreError>> + Send {
         self.inner.write(request)
     }
     fn write_together(
         &self,
         requests: Vec<WriteRequest>,
-    ) -> impl Future<Output = Result<Vec<Vec<WriteOutcome>>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Vec<Written>, StoreError>> + Send {
         self.inner.write_together(requests)
     }
     fn message(

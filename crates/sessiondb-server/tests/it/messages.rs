@@ -3,7 +3,7 @@
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::common::start;
+use crate::common::{Answer, start};
 
 fn text(id: &str, body: &str) -> serde_json::Value {
     json!({"id": id, "role": "user", "parts": [{"type": "text", "text": body}]})
@@ -473,5 +473,106 @@ async fn imports_into_several_sessions_land_together() {
         let message = refused.json["error"]["message"].as_str().unwrap();
         let named = format!("invalid `{field}`");
         assert!(message.starts_with(&named), "{message} should name {field}");
+    }
+}
+
+/// A session's version: in the session, after each append (`x-sessiondb-version`), as the
+/// history's entity tag (`If-None-Match` naming it: `304` with no body, in every form of the
+/// history), and as a write condition (`?ifVersion=`: 404 without the session, 409 once
+/// anything changed it, nothing written then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_tag_history_and_condition_writes() {
+    let server = start().await;
+    let history = |query: &'static str, tag: Option<String>| {
+        let mut request = server.request(
+            reqwest::Method::GET,
+            &format!("/v1/sessions/s/history{query}"),
+        );
+        if let Some(tag) = tag {
+            request = request.header("if-none-match", tag);
+        }
+        server.send(request)
+    };
+    let version_of = |answer: &Answer| -> i64 {
+        answer.headers["x-sessiondb-version"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let missing = server
+        .post("/v1/sessions/s/messages?ifVersion=1", text("a", "hi"))
+        .await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    let unknown = history("", Some("*".into())).await;
+    assert_eq!(unknown.status, StatusCode::OK, "no session matches nothing");
+    assert!(!unknown.headers.contains_key("etag"));
+
+    let first = server
+        .post("/v1/sessions/s/messages", text("a", "hi"))
+        .await;
+    let v1 = version_of(&first);
+    assert_eq!(server.get("/v1/sessions/s").await.json["version"], v1);
+    let read = history("", None).await;
+    assert_eq!(read.headers["etag"], format!("\"{v1}\"").as_str());
+    assert_eq!(read.ids(), ["a"]);
+    for (query, tag) in [
+        ("", format!("\"{v1}\"")),
+        ("", format!("W/\"{v1}\"")),
+        ("", format!("\"0\", \"{v1}\"")),
+        ("", "*".into()),
+        ("?order=newest", format!("\"{v1}\"")),
+        ("?maxBytes=10", format!("\"{v1}\"")),
+        ("?format=openai", format!("\"{v1}\"")),
+    ] {
+        let held = history(query, Some(tag.clone())).await;
+        assert_eq!(held.status, StatusCode::NOT_MODIFIED, "{query} {tag}");
+        assert_eq!(held.text, "");
+        assert_eq!(held.headers["etag"], format!("\"{v1}\"").as_str());
+    }
+    let other = history("?format=anthropic", Some("\"1\"".into())).await;
+    assert_eq!(other.status, StatusCode::OK);
+    assert_eq!(other.headers["etag"], format!("\"{v1}\"").as_str());
+
+    let batch = json!({"messages": [text("b", "yo"), text("c", "more")]});
+    let landed = server
+        .post(
+            &format!("/v1/sessions/s/messages/batch?ifVersion={v1}"),
+            batch,
+        )
+        .await;
+    assert_eq!(landed.status, StatusCode::CREATED);
+    let v2 = version_of(&landed);
+    assert!(v2 > v1);
+    let changed = history("", Some(format!("\"{v1}\""))).await;
+    assert_eq!(changed.status, StatusCode::OK);
+    assert_eq!(changed.ids(), ["a", "b", "c"]);
+    assert_eq!(changed.headers["etag"], format!("\"{v2}\"").as_str());
+
+    // An edit moves no leaf but moves the version: a writer at the older one is refused.
+    server
+        .patch("/v1/sessions/s/messages/b", json!({"content": "edited"}))
+        .await;
+    let stale = server
+        .post(
+            &format!("/v1/sessions/s/messages?ifVersion={v2}"),
+            text("d", "late"),
+        )
+        .await;
+    assert_eq!(
+        (stale.status, stale.code()),
+        (StatusCode::CONFLICT, "conflict")
+    );
+    assert_eq!(server.get("/v1/sessions/s").await.json["messageCount"], 3);
+    assert_eq!(
+        history("", Some(format!("\"{v2}\""))).await.status,
+        StatusCode::OK
+    );
+
+    for bad in ["ifVersion=x", "ifVersion=1&ifLeaf=c"] {
+        let refused = server
+            .post(&format!("/v1/sessions/s/messages?{bad}"), text("e", "x"))
+            .await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{bad}");
     }
 }

@@ -367,10 +367,11 @@ pub async fn sweeps_start_after_the_sessions_kept_when_idle<S: Store>(db: Db<S>)
 /// The writer checks the time again: a session written at or after the cutoff (after whoever
 /// chose it listed it) stays, and the request writes nothing.
 pub async fn a_conditional_delete_keeps_a_session_written_since<S: Store>(db: Db<S>) {
-    use sessiondb_core::{WriteOp, WriteOutcome, WriteRequest};
+    use sessiondb_core::{WriteOp, WriteOutcome, WriteRequest, Written};
     let session = db_session(&db, "s");
     chain(&session, &["m1"]).await;
-    let written = session.info().await.unwrap().unwrap().updated_at;
+    let info_before = session.info().await.unwrap().unwrap();
+    let written = info_before.updated_at;
     let mut sub = db.subscribe(FeedFilter::All);
     let delete = |before: i64| WriteRequest {
         key: session.key().clone(),
@@ -382,7 +383,12 @@ pub async fn a_conditional_delete_keeps_a_session_written_since<S: Store>(db: Db
         condition: None,
     };
     let kept = db.store().write(delete(written)).await.unwrap();
-    assert_eq!(kept, [WriteOutcome::Existed(false)]);
+    assert_eq!(kept.outcomes, [WriteOutcome::Existed(false)]);
+    assert_eq!(
+        kept.version,
+        Some(info_before.stats.version),
+        "nothing moved it"
+    );
     let info = session.info().await.unwrap().unwrap();
     assert_eq!(info.updated_at, written, "a kept session is not touched");
     assert_eq!(history_ids(&session, None).await, ["m1"]);
@@ -393,11 +399,15 @@ pub async fn a_conditional_delete_keeps_a_session_written_since<S: Store>(db: Db
     };
     assert_eq!(
         db.store().write(missing).await.unwrap(),
-        [WriteOutcome::Existed(false)]
+        Written {
+            outcomes: vec![WriteOutcome::Existed(false)],
+            version: None
+        }
     );
     assert!(db_session(&db, "never").info().await.unwrap().is_none());
     let gone = db.store().write(delete(written + 1)).await.unwrap();
-    assert_eq!(gone, [WriteOutcome::Existed(true)]);
+    assert_eq!(gone.outcomes, [WriteOutcome::Existed(true)]);
+    assert_eq!(gone.version, None, "no session is left");
     assert!(session.info().await.unwrap().is_none());
     assert_eq!(event_names(&drain(&mut sub)), ["session"]);
 }

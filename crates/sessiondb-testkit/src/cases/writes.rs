@@ -1,9 +1,11 @@
 //! Updates, upserts, imports, deletes and clears.
 
+use futures::TryStreamExt;
 use serde_json::json;
 use sessiondb::{
-    AppendOptions, Compaction, Db, Error, FeedFilter, FeedItem, ImportLine, ImportPart, Message,
-    Source, Store, StoreError, ValidationErrorKind, WriteCondition,
+    AppendOptions, Compaction, Db, Error, FeedFilter, FeedItem, HistoryOptions, ImportLine,
+    ImportPart, Message, SessionPatch, Source, Store, StoreError, ValidationErrorKind,
+    WriteCondition,
 };
 
 use crate::*;
@@ -717,7 +719,7 @@ pub async fn message_quota_refuses_the_whole_request<S: Store>(db: Db<S>) {
 pub async fn writes_conditioned_on_the_leaf_apply_only_there<S: Store>(db: Db<S>) {
     let s = db_session(&db, "s");
     let expecting = |leaf: Option<&str>| AppendOptions {
-        if_leaf: Some(leaf.map(str::to_owned)),
+        condition: Some(WriteCondition::Leaf(leaf.map(str::to_owned))),
         ..Default::default()
     };
     let refusal = |err: Error| match err {
@@ -810,4 +812,121 @@ pub async fn writes_conditioned_on_the_leaf_apply_only_there<S: Store>(db: Db<S>
         history_ids(&s, None).await,
         ["a", "b", "c", "d", &landed[0]]
     );
+}
+
+/// A session's version moves with every write that changes it, and only then; a write
+/// conditioned on it applies only while nothing changed the session since, checked in the
+/// transaction that writes; and a versioned history read reports the version it read at.
+pub async fn versions_move_with_every_change_and_condition_writes<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    let version = || async { s.stats().await.unwrap().version };
+    let at = |version: i64| AppendOptions {
+        condition: Some(WriteCondition::Version(version)),
+        ..Default::default()
+    };
+    let refusal = |err: Error| match err {
+        Error::Store(store) => store,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(version().await, 0, "a session that does not exist");
+    let absent = s.append(text("a", "user", "hi"), at(0)).await;
+    assert!(matches!(
+        refusal(absent.unwrap_err()),
+        StoreError::NoSession
+    ));
+    assert!(s.info().await.unwrap().is_none());
+
+    let first = s
+        .append(text("a", "user", "hi"), AppendOptions::default())
+        .await
+        .unwrap();
+    let mut seen = first.version.expect("a written session has a version");
+    assert_eq!(version().await, seen);
+    assert_eq!(s.info().await.unwrap().unwrap().stats.version, seen);
+
+    // Each change moves it past every version before; reads and writes that change nothing
+    // leave it.
+    fn moved(seen: &mut i64, now: i64, what: &str) {
+        assert!(now > *seen, "{what}: {now} after {seen}");
+        *seen = now;
+    }
+    let again = s
+        .append(text("a", "user", "hi"), AppendOptions::default())
+        .await
+        .unwrap();
+    assert!(!again.inserted);
+    assert_eq!(again.version, Some(seen), "an append of an existing id");
+    history_ids(&s, None).await;
+    s.update(text("a", "user", "hi"), Source::Client)
+        .await
+        .unwrap();
+    assert_eq!(version().await, seen, "an update that changes nothing");
+    let reply = s
+        .append_all(
+            vec![text("b", "assistant", "yo"), text("c", "user", "more")],
+            at(seen),
+        )
+        .await
+        .unwrap();
+    assert!(reply.iter().all(|r| r.version == reply[0].version));
+    moved(&mut seen, reply[0].version.unwrap(), "a conditioned batch");
+    s.update(text("b", "assistant", "yo!"), Source::Client)
+        .await
+        .unwrap();
+    moved(&mut seen, version().await, "an update");
+    s.add_compaction("summary".into(), "a".into(), "b".into())
+        .await
+        .unwrap();
+    moved(&mut seen, version().await, "a compaction");
+    s.patch(SessionPatch {
+        name: Some("named".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    moved(&mut seen, version().await, "a patch of the record");
+    s.delete(&["c".to_owned()]).await.unwrap();
+    moved(&mut seen, version().await, "a delete");
+
+    // A write at a version the session has moved past writes nothing and publishes nothing.
+    let mut sub = db.subscribe(FeedFilter::All);
+    let stale = s.append(text("d", "user", "late"), at(seen - 1)).await;
+    let refused = refusal(stale.unwrap_err());
+    assert!(
+        matches!(refused, StoreError::VersionMoved { expected, found }
+            if expected == seen - 1 && found == seen),
+        "{refused:?}"
+    );
+    assert!(s.message("d").await.unwrap().is_none());
+    assert!(
+        drain(&mut sub).is_empty(),
+        "a refused write publishes nothing"
+    );
+    assert_eq!(version().await, seen);
+
+    // A versioned read reports the version it read at, and the path as of it.
+    let (read_at, messages) = s
+        .versioned_history(HistoryOptions::default())
+        .await
+        .unwrap();
+    let messages: Vec<_> = messages.try_collect().await.unwrap();
+    assert_eq!(read_at, seen);
+    let full = s.full_history(HistoryOptions::default()).await.unwrap();
+    assert_eq!(messages, full, "summaries too are as created");
+    assert!(
+        messages[0].json().contains("summary"),
+        "with the compaction's overlay"
+    );
+
+    s.clear().await.unwrap();
+    moved(&mut seen, version().await, "a clear");
+    // Deleted and created again, a session starts above every version it had.
+    let last = seen;
+    assert!(s.delete_session().await.unwrap());
+    assert_eq!(version().await, 0);
+    let reborn = s
+        .append(text("a", "user", "again"), AppendOptions::default())
+        .await
+        .unwrap();
+    assert!(reborn.version.unwrap() > last);
 }
