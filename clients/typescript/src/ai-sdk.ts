@@ -11,7 +11,17 @@
  */
 import type { UIMessage } from 'ai';
 
-import { Client, COMPACTION_PREFIX, type Json, type LeafCondition, type MessageInput, SessiondbError, type StoredMessage, usableId } from './client.js';
+import {
+  Client,
+  COMPACTION_PREFIX,
+  type Json,
+  type LeafCondition,
+  type MessageInput,
+  SessiondbError,
+  type StoredMessage,
+  usableId,
+  type WriteCondition,
+} from './client.js';
 
 /** Roles a `UIMessage` has; stored messages of other roles (other clients' tool rows) are left out on load. */
 const UI_ROLES = new Set(['system', 'user', 'assistant']);
@@ -23,7 +33,7 @@ export interface SessiondbChatStoreOptions {
   /**
    * How many characters of chats the store keeps in memory (16 M by default; 0 keeps none):
    * what it last read or wrote of each chat's active path, so that a save after a load need not
-   * read the chat again.
+   * read the chat again, nor a load after a save while nothing else changed the chat.
    */
   memoryChars?: number;
 }
@@ -34,9 +44,13 @@ interface ChatPath {
   bodies: Map<string, string>;
 }
 
-/** A path as this store last read or wrote it, and the characters it holds in memory. */
+/**
+ * A path as this store last read or wrote it, the characters it holds in memory, and the
+ * chat's version it is the path of, when the store knows it.
+ */
 interface SeenPath extends ChatPath {
   chars: number;
+  version?: number;
 }
 
 export interface ChatSummary {
@@ -90,20 +104,34 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
     return session.id;
   }
 
-  /** The chat's messages, oldest first; an unknown chat has none. */
+  /**
+   * The chat's messages, oldest first; an unknown chat has none. The active path is read only
+   * when the chat changed since this store last read or wrote it: otherwise the server says so
+   * (`304`) and the messages come from memory.
+   */
   async loadChat(chatId: string, options: LoadChatOptions = {}): Promise<MESSAGE[]> {
-    const stored: StoredMessage[] = [];
+    let stored: StoredMessage[] = [];
+    let version: number | undefined;
     if (options.compacted === false) {
       if (options.leaf !== undefined) {
         throw invalid('`leaf` reads a path with compactions applied; it takes no `compacted: false`');
       }
-      stored.push(...(await this.client.storedHistory(chatId)));
-    } else {
+      stored = await this.client.storedHistory(chatId);
+    } else if (options.leaf !== undefined) {
       for await (const message of this.client.history(chatId, { leaf: options.leaf })) stored.push(message);
+    } else {
+      const seen = this.seen.get(chatId);
+      const read = await this.client.versionedHistory(chatId, { unlessVersion: seen?.version });
+      if (read === null && seen !== undefined) {
+        this.remember(chatId, seen, seen.version);
+        return uiMessagesOf(seen.ids.map((id) => JSON.parse(seen.bodies.get(id) as string) as StoredMessage));
+      }
+      stored = read?.messages ?? [];
+      version = read?.version;
     }
     // The active path as stored (no summary standing in it) is what the next save compares with.
-    if (options.leaf === undefined && !stored.some(isSummary)) this.remember(chatId, chatPath(stored));
-    return stored.filter((m) => UI_ROLES.has(m.role)).map((m) => uiMessageOf(m) as MESSAGE);
+    if (options.leaf === undefined && !stored.some(isSummary)) this.remember(chatId, chatPath(stored), version || undefined);
+    return uiMessagesOf(stored);
   }
 
   /**
@@ -127,7 +155,7 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
     const seen = this.seen.get(chatId);
     if (seen !== undefined) {
       try {
-        if (await this.saveOnto(chatId, given, seen, { ifLeaf: seen.ids.at(-1) ?? null })) return;
+        if (await this.saveOnto(chatId, given, seen, { ifLeaf: seen.ids.at(-1) ?? null }, seen.version)) return;
       } catch (error) {
         const moved = error instanceof SessiondbError && (error.code === 'conflict' || error.code === 'not_found');
         if (!moved) throw error;
@@ -147,9 +175,18 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
    * (`path` is what this store remembers) the save happens only while the chat still ends
    * there: the append carries the condition (a `conflict` or `not_found` error when it no
    * longer holds), and a save with nothing to write looks at the session once, resolving to
-   * false when the chat moved. A replacement is by id and needs no condition.
+   * false when the chat moved. A replacement is by id and needs no condition. With the chat's
+   * `version` of `path` the append is tried at that version first, so that the path it leaves
+   * is known to be the chat's at the version it answers (another writer's edit, which moves no
+   * leaf, makes it the leaf's condition again).
    */
-  private async saveOnto(chatId: string, given: UIMessage[], path: ChatPath, condition: LeafCondition): Promise<boolean> {
+  private async saveOnto(
+    chatId: string,
+    given: UIMessage[],
+    path: ChatPath,
+    condition: LeafCondition,
+    version?: number,
+  ): Promise<boolean> {
     let known = 0;
     let replaced = false;
     for (const message of given) {
@@ -161,43 +198,70 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
       }
       known++;
     }
+    // A replacement moved the version, to one this store did not see.
+    if (replaced) version = undefined;
     if (known === given.length) {
-      if (condition.ifLeaf !== undefined && !replaced && !(await this.endsAsRemembered(chatId, path))) return false;
-      this.remember(chatId, path);
+      if (condition.ifLeaf !== undefined && !replaced) {
+        const now = await this.endsAsRemembered(chatId, path);
+        if (now === false) return false;
+        if (now !== version) version = undefined;
+      }
+      this.remember(chatId, path, version);
       return true;
     }
     const tail = given.slice(known);
     const parentId = known === 0 ? '' : given[known - 1].id;
-    const answered = await this.client.appendBatch(chatId, tail.map(messageInputOf), { parentId, ...condition });
+    const append = (only: WriteCondition) =>
+      this.client.appendBatchVersioned(chatId, tail.map(messageInputOf), { parentId, ...only });
+    let written: { messages: StoredMessage[]; version?: number };
+    try {
+      written = await append(version === undefined ? condition : { ifVersion: version });
+    } catch (error) {
+      if (version === undefined || !(error instanceof SessiondbError && error.code === 'conflict')) throw error;
+      version = undefined;
+      written = await append(condition);
+    }
+    const answered = written.messages;
     const ids = path.ids.slice(0, path.ids.indexOf(parentId) + 1);
     const bodies = new Map(ids.map((id) => [id, path.bodies.get(id) as string]));
+    let replacedInTail = false;
     for (const [i, stored] of answered.entries()) {
       // A message of the tail may exist off the active path (the caller went back to an
       // earlier branch): the batch keeps the stored one, so it is compared as the path's are.
       const body = bodyOf(stored);
       ids.push(stored.id);
-      bodies.set(stored.id, sameContent(tail[i], body) ? body : await this.replace(chatId, tail[i]));
+      if (sameContent(tail[i], body)) {
+        bodies.set(stored.id, body);
+      } else {
+        bodies.set(stored.id, await this.replace(chatId, tail[i]));
+        replacedInTail = true;
+      }
     }
     // New messages of one write share its time; when the tail met stored ones, where the active
     // path now runs is the server's to say, and the next save reads it.
     const appendedAt = answered[answered.length - 1].createdAt;
-    if (answered.every((stored) => stored.createdAt === appendedAt)) this.remember(chatId, { ids, bodies });
+    // A replacement made here after the append (a message of the tail stored elsewhere)
+    // moved the version again.
+    const exact = version !== undefined && !replacedInTail;
+    if (answered.every((stored) => stored.createdAt === appendedAt)) this.remember(chatId, { ids, bodies }, exact ? written.version : undefined);
     else this.forget(chatId);
     return true;
   }
 
   /**
    * Whether the chat still has the leaf and length of `path` (a write elsewhere that appended,
-   * branched or deleted moves one of them; an edit does not). An empty path is a chat with no
+   * branched or deleted moves one of them; an edit does not): `false` when it moved, else the
+   * chat's version (undefined for a chat that does not exist). An empty path is a chat with no
    * messages or none at all.
    */
-  private async endsAsRemembered(chatId: string, path: ChatPath): Promise<boolean> {
+  private async endsAsRemembered(chatId: string, path: ChatPath): Promise<number | undefined | false> {
     const session = await this.client.getSession(chatId).catch((error) => {
       if (error instanceof SessiondbError && error.code === 'not_found') return undefined;
       throw error;
     });
-    if (session === undefined) return path.ids.length === 0;
-    return (session.leafId ?? undefined) === path.ids.at(-1) && session.messageCount === path.ids.length;
+    if (session === undefined) return path.ids.length === 0 ? undefined : false;
+    const same = (session.leafId ?? undefined) === path.ids.at(-1) && session.messageCount === path.ids.length;
+    return same ? session.version : false;
   }
 
   /** Chats newest first (by last update), all of them or one user's. */
@@ -271,13 +335,16 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
     return bodyOf(await this.client.replaceMessage(chatId, message.id, messageInputOf(message)));
   }
 
-  /** Keeps this path as the chat's, the most recently used, within the memory's bound. */
-  private remember(chatId: string, path: ChatPath): void {
+  /**
+   * Keeps this path as the chat's (at `version` when known), the most recently used, within the
+   * memory's bound.
+   */
+  private remember(chatId: string, path: ChatPath, version?: number): void {
     this.forget(chatId);
     let chars = 0;
     for (const [id, body] of path.bodies) chars += id.length + body.length;
     if (chars > this.memoryChars) return;
-    this.seen.set(chatId, { ids: path.ids, bodies: path.bodies, chars });
+    this.seen.set(chatId, { ids: path.ids, bodies: path.bodies, chars, version });
     this.seenChars += chars;
     for (const [oldest, dropped] of this.seen) {
       if (this.seenChars <= this.memoryChars) break;
@@ -329,6 +396,11 @@ function checkedMessages<M extends UIMessage>(messages: M[]): M[] {
 /** The message sessiondb stores for a UIMessage: its fields as they are. */
 function messageInputOf(message: UIMessage): MessageInput {
   return message as unknown as MessageInput;
+}
+
+/** The UIMessages of a path: its messages of the roles a UIMessage has. */
+function uiMessagesOf<MESSAGE extends UIMessage>(stored: StoredMessage[]): MESSAGE[] {
+  return stored.filter((m) => UI_ROLES.has(m.role)).map((m) => uiMessageOf(m) as MESSAGE);
 }
 
 /** The UIMessage of a stored message: without the store's times; text content as a text part. */

@@ -47,6 +47,8 @@ export interface SessionRecord {
   leafId: string | null;
   tokenEstimate: number;
   contentBytes: number;
+  /** Moves with every change of the session's messages, compactions and record. */
+  version: number;
 }
 
 export interface Page<T> {
@@ -60,7 +62,7 @@ export interface Page<T> {
  * it creates); the session's context blocks, entries and frozen prompt follow the state.
  */
 export type ExportLine =
-  | { session: Omit<SessionRecord, 'updatedAt' | 'lastMessageAt' | 'messageCount' | 'leafId' | 'tokenEstimate' | 'contentBytes'> }
+  | { session: Omit<SessionRecord, 'updatedAt' | 'lastMessageAt' | 'messageCount' | 'leafId' | 'tokenEstimate' | 'contentBytes' | 'version'> }
   | { message: StoredMessage; parentId: string | null; createdAt: number }
   | { compaction: Compaction }
   | { state: { key: string; value: Json } }
@@ -191,9 +193,26 @@ export interface LeafCondition {
   ifLeaf?: string | null;
 }
 
-/** The `ifLeaf` query of a write. */
-function leafQuery(condition: LeafCondition): Query {
-  return condition.ifLeaf === undefined ? {} : { ifLeaf: condition.ifLeaf ?? '' };
+/**
+ * An append's condition: `ifLeaf` as in `LeafCondition`, or `ifVersion`, the session's version
+ * (`SessionRecord.version`, `versionedHistory`'s, an earlier write's): the session exists and
+ * nothing changed it since (an edit too, which moves no leaf). Not both.
+ */
+export interface WriteCondition extends LeafCondition {
+  ifVersion?: number;
+}
+
+/** The `ifLeaf` and `ifVersion` query of a write. */
+function conditionQuery(condition: WriteCondition): Query {
+  const query: Query = condition.ifLeaf === undefined ? {} : { ifLeaf: condition.ifLeaf ?? '' };
+  if (condition.ifVersion !== undefined) query.ifVersion = condition.ifVersion;
+  return query;
+}
+
+/** The session version a write's answer carries. */
+function versionOf(answer: http.IncomingMessage): number | undefined {
+  const header = answer.headers['x-sessiondb-version'];
+  return typeof header === 'string' ? Number(header) : undefined;
 }
 
 /**
@@ -465,35 +484,46 @@ export class Client {
    * Appends one message. `parent` omitted appends under the active leaf, `null` starts a new
    * root, an id branches under that message. Appending to an unknown session creates it. With
    * `ifLeaf` (an id, or `null` for a session without messages) the append happens only while
-   * the session exists with that active leaf: otherwise a `not_found` or `conflict` error, and
-   * nothing written.
+   * the session exists with that active leaf, with `ifVersion` only while it is at that
+   * version: otherwise a `not_found` or `conflict` error, and nothing written. `version` is the
+   * session's once the append committed.
    */
-  append(
+  async append(
     sessionId: string,
     message: MessageInput,
-    options: { parent?: string | null } & LeafCondition = {},
-  ): Promise<{ inserted: boolean; message: StoredMessage }> {
-    const query: Query = leafQuery(options);
+    options: { parent?: string | null } & WriteCondition = {},
+  ): Promise<{ inserted: boolean; message: StoredMessage; version?: number }> {
+    const query: Query = conditionQuery(options);
     if ('parent' in options) query.parent = options.parent ?? '';
-    return this.request('POST', this.sessionPath(sessionId, 'messages'), { query, body: message });
+    const path = this.sessionPath(sessionId, 'messages');
+    const answer = await this.open('POST', path, query, message);
+    const appended = JSON.parse(await bodyOf(answer, `POST ${path}`)) as { inserted: boolean; message: StoredMessage };
+    return { ...appended, version: versionOf(answer) };
   }
 
   /**
    * Appends messages chained one after another in one write: all are stored or none (`ifLeaf`
-   * as for `append`).
+   * and `ifVersion` as for `append`).
    */
   async appendBatch(
     sessionId: string,
     messages: MessageInput[],
-    options: { parentId?: string } & LeafCondition = {},
+    options: { parentId?: string } & WriteCondition = {},
   ): Promise<StoredMessage[]> {
+    return (await this.appendBatchVersioned(sessionId, messages, options)).messages;
+  }
+
+  /** `appendBatch`, with the session's version once the write committed. */
+  async appendBatchVersioned(
+    sessionId: string,
+    messages: MessageInput[],
+    options: { parentId?: string } & WriteCondition = {},
+  ): Promise<{ messages: StoredMessage[]; version?: number }> {
     const body = { messages, ...(options.parentId === undefined ? {} : { parentId: options.parentId }) };
-    const answer = await this.request<{ messages: StoredMessage[] }>(
-      'POST',
-      this.sessionPath(sessionId, 'messages', 'batch'),
-      { query: leafQuery(options), body },
-    );
-    return answer.messages;
+    const path = this.sessionPath(sessionId, 'messages', 'batch');
+    const answer = await this.open('POST', path, conditionQuery(options), body);
+    const stored = JSON.parse(await bodyOf(answer, `POST ${path}`)) as { messages: StoredMessage[] };
+    return { messages: stored.messages, version: versionOf(answer) };
   }
 
   /** One page of the active path. */
@@ -609,7 +639,7 @@ export class Client {
     lines: Iterable<ImportLine> | AsyncIterable<ImportLine>,
     options: LeafCondition = {},
   ): Promise<{ imported: number; skipped: number }> {
-    return this.postLines(this.sessionPath(sessionId, 'import'), lines, leafQuery(options));
+    return this.postLines(this.sessionPath(sessionId, 'import'), lines, conditionQuery({ ifLeaf: options.ifLeaf }));
   }
 
   /**
@@ -693,6 +723,29 @@ export class Client {
   }
 
   /**
+   * The active path with compactions applied, as `history` reads it, with the session's version
+   * the read began at (0: no such session). With `unlessVersion`, the version a caller read
+   * before, resolves to `null` without transferring the path while the session is still at it
+   * (the server answers `304 Not Modified`): what the caller read then is what it would read.
+   */
+  async versionedHistory(
+    sessionId: string,
+    options: { unlessVersion?: number } = {},
+  ): Promise<{ version: number; messages: StoredMessage[] } | null> {
+    const path = this.sessionPath(sessionId, 'history');
+    const held: Record<string, string> = {};
+    if (options.unlessVersion !== undefined) held['if-none-match'] = `"${options.unlessVersion}"`;
+    const answer = await this.open('GET', path, undefined, undefined, undefined, held);
+    if (answer.statusCode === 304) {
+      answer.resume();
+      return null;
+    }
+    const tag = answer.headers.etag;
+    const messages = ndjsonOf(await bodyOf(answer, `GET ${path}`)) as StoredMessage[];
+    return { version: tag === undefined ? 0 : Number(tag.replace(/^W\//, '').replace(/"/g, '')), messages };
+  }
+
+  /**
    * The longest end of the path to `leaf` whose messages fit in `maxBytes` (the leaf at least),
    * compactions applied, oldest first; `truncated` tells whether older messages were left out,
    * `totalBytes` is the size of the whole path.
@@ -704,11 +757,7 @@ export class Client {
   ): Promise<{ messages: StoredMessage[]; truncated: boolean; totalBytes: number }> {
     const path = this.sessionPath(sessionId, 'history');
     const answer = await this.open('GET', path, { maxBytes, leaf: options.leaf });
-    const text = await bodyOf(answer, `GET ${path}`);
-    const messages = text
-      .split('\n')
-      .filter((line) => line.trim() !== '')
-      .map((line) => JSON.parse(line) as StoredMessage);
+    const messages = ndjsonOf(await bodyOf(answer, `GET ${path}`)) as StoredMessage[];
     return {
       messages,
       truncated: answer.headers['x-sessiondb-truncated'] === 'true',
@@ -929,6 +978,14 @@ async function bodyOf(answer: http.IncomingMessage, what: string): Promise<strin
   }
   if (!answer.complete) throw new SessiondbUnavailable(`${what}: the answer was cut short`);
   return Buffer.concat(chunks).toString('utf8');
+}
+
+/** The JSON values of NDJSON text, one per non-blank line. */
+function ndjsonOf(text: string): unknown[] {
+  return text
+    .split('\n')
+    .filter((line) => line.trim() !== '')
+    .map((line) => JSON.parse(line) as unknown);
 }
 
 async function errorOf(answer: http.IncomingMessage): Promise<SessiondbError> {

@@ -13,7 +13,7 @@
  */
 import type { AgentInputItem, Session } from '@openai/agents';
 
-import { Client, type Json, type MessageInput, type StoredMessage } from './client.js';
+import { Client, type Json, type MessageInput, SessiondbError, type StoredMessage } from './client.js';
 
 export const ITEM_KEY = 'openaiItem';
 const WHOLE_ITEM = 'content';
@@ -60,11 +60,20 @@ export interface SessiondbSessionOptions {
 /**
  * An OpenAI Agents SDK session kept in the sessiondb session `sessionId`. `addItems` stores its
  * items in one write, all or none; `popItem` deletes the newest stored message.
+ *
+ * The session keeps the items it last read or wrote with the session's version then, so a
+ * `getItems` after its own `addItems`, with nothing else written meanwhile, transfers no
+ * history: the server answers that the session is still at that version (`304`).
  */
 export class SessiondbSession implements Session {
   readonly client: Client;
   readonly sessionId: string;
   readonly limit: number | undefined;
+  /**
+   * The version and the items (each as JSON text, so each read hands out objects of its own)
+   * of the whole conversation as this object last read or wrote it.
+   */
+  private held: { version: number; items: string[] } | undefined;
 
   constructor(options: SessiondbSessionOptions) {
     this.client = options.client;
@@ -80,7 +89,11 @@ export class SessiondbSession implements Session {
     const bound = limit ?? this.limit;
     const items: Item[] = [];
     if (bound === undefined) {
-      for await (const message of this.client.history(this.sessionId)) items.push(itemOfMessage(message));
+      const held = this.held;
+      const read = await this.client.versionedHistory(this.sessionId, { unlessVersion: held?.version });
+      if (read === null && held !== undefined) return JSON.parse(`[${held.items.join(',')}]`) as AgentInputItem[];
+      for (const message of read?.messages ?? []) items.push(itemOfMessage(message));
+      this.held = read?.version ? { version: read.version, items: items.map((item) => JSON.stringify(item)) } : undefined;
       return items as unknown as AgentInputItem[];
     }
     if (bound <= 0) return [];
@@ -93,13 +106,27 @@ export class SessiondbSession implements Session {
 
   async addItems(items: AgentInputItem[]): Promise<void> {
     if (items.length === 0) return;
-    await this.client.appendBatch(
-      this.sessionId,
-      (items as unknown as Item[]).map(messageOfItem),
-    );
+    const messages = (items as unknown as Item[]).map(messageOfItem);
+    const held = this.held;
+    this.held = undefined;
+    if (held !== undefined) {
+      // At the version read: what this object holds plus these is then the conversation.
+      try {
+        const written = await this.client.appendBatchVersioned(this.sessionId, messages, { ifVersion: held.version });
+        if (written.version !== undefined) {
+          const added = written.messages.map((message) => JSON.stringify(itemOfMessage(message)));
+          this.held = { version: written.version, items: [...held.items, ...added] };
+        }
+        return;
+      } catch (error) {
+        if (!(error instanceof SessiondbError && ['conflict', 'not_found'].includes(error.code))) throw error;
+      }
+    }
+    await this.client.appendBatch(this.sessionId, messages);
   }
 
   async popItem(): Promise<AgentInputItem | undefined> {
+    this.held = undefined;
     const [newest] = (await this.client.messages(this.sessionId, { limit: 1, order: 'desc' })).items;
     if (newest === undefined) return undefined;
     await this.client.deleteMessage(this.sessionId, newest.id);
@@ -107,6 +134,7 @@ export class SessiondbSession implements Session {
   }
 
   async clearSession(): Promise<void> {
+    this.held = undefined;
     await this.client.clear(this.sessionId);
   }
 }

@@ -33,17 +33,25 @@ const store = () => new SessiondbChatStore({ client: shared.client });
 
 /**
  * A store whose client records each request it sends, as `METHOD path-after-the-session`
- * (`GET session` for the session itself).
+ * (`GET session` for the session itself), and the status of each answer.
  */
 function countingStore(options = {}) {
   const client = new Client({ baseUrl: shared.client.baseUrl });
   const sent = [];
+  const statuses = [];
   const open = client.open.bind(client);
-  client.open = (method, path, ...rest) => {
+  client.open = async (method, path, ...rest) => {
     sent.push(`${method} ${path.split('/').slice(4).join('/') || 'session'}`);
-    return open(method, path, ...rest);
+    try {
+      const answer = await open(method, path, ...rest);
+      statuses.push(answer.statusCode);
+      return answer;
+    } catch (error) {
+      statuses.push(error.status);
+      throw error;
+    }
   };
-  return { chats: new SessiondbChatStore({ client, ...options }), sent };
+  return { chats: new SessiondbChatStore({ client, ...options }), sent, statuses };
 }
 const newChat = () => `ai-sdk-chat-${++chats}`;
 const user = (id, text) => ({ id, role: 'user', parts: [{ type: 'text', text }] });
@@ -313,11 +321,12 @@ test('a save reads the chat again once another writer moved it, and keeps edits 
   assert.deepEqual((await chats.alternatives(chatId, 'u2')).map((m) => m.id), ['x1', 'u2']);
 
   // Another writer edits an earlier message: the leaf stays, the save compares with what this
-  // store last wrote, and the edit it did not make stays.
+  // store last read, and the edit it did not make stays (the append at the version read is
+  // refused, and made under the leaf).
   await shared.client.replaceMessage(chatId, 'u1', user('u1', 'Q1, edited elsewhere'));
   sent.length = 0;
   await chats.saveChat({ chatId, messages: [...second, user('u3', 'Q3')] });
-  assert.deepEqual(sent, ['POST messages/batch']);
+  assert.deepEqual(sent, ['POST messages/batch', 'POST messages/batch']);
   assert.deepEqual(texts(await chats.loadChat(chatId)), ['Q1, edited elsewhere', 'A1', 'Q2', 'A2', 'Q3']);
 
   // A message this store would replace was deleted elsewhere: the save reads the chat again
@@ -377,6 +386,55 @@ test('a save reads the chat again once another writer moved it, and keeps edits 
   await small.saveChat({ chatId: other, messages: [...b, user('u5', 'Q5')] });
   await small.saveChat({ chatId, messages: [...a, user('u5', 'Q5')] });
   assert.deepEqual(smallSent, ['POST messages/batch', 'GET history', 'POST messages/batch']);
+});
+
+test("a load after the store's own save transfers nothing until another writer changes the chat", async () => {
+  const { chats, sent, statuses } = countingStore();
+  const chatId = newChat();
+  const answer = (id, text) => ({ id, role: 'assistant', parts: [{ type: 'text', text }] });
+  let messages = [];
+  for (let turn = 1; turn <= 3; turn++) {
+    assert.deepEqual(await chats.loadChat(chatId), messages);
+    messages = [...messages, user(`u${turn}`, `Q${turn}`), answer(`a${turn}`, `A${turn}`)];
+    await chats.saveChat({ chatId, messages });
+  }
+  // The first turns read the chat: it did not exist, then the save of a chat read missing
+  // knows no version. From the third on, the load finds the chat as the last save left it.
+  assert.deepEqual(sent, [
+    'GET history', 'POST messages/batch', 'POST messages/batch',
+    'GET history', 'POST messages/batch',
+    'GET history', 'POST messages/batch',
+  ]);
+  assert.deepEqual(statuses.filter((_, i) => sent[i] === 'GET history').slice(1), [200, 304]);
+
+  // Another writer's edit moves no leaf but changes the chat: the load reads it.
+  await shared.client.replaceMessage(chatId, 'u1', user('u1', 'Q1, edited elsewhere'));
+  sent.length = 0;
+  statuses.length = 0;
+  const loaded = await chats.loadChat(chatId);
+  assert.equal(statuses[0], 200);
+  assert.deepEqual(texts(loaded), ['Q1, edited elsewhere', 'A1', 'Q2', 'A2', 'Q3', 'A3']);
+
+  // An edit elsewhere between a load and its save: the append at the loaded version is
+  // refused and made under the leaf instead, the edit stays, and the next load reads the chat.
+  await shared.client.replaceMessage(chatId, 'a1', answer('a1', 'A1, edited elsewhere'));
+  sent.length = 0;
+  statuses.length = 0;
+  await chats.saveChat({ chatId, messages: [...loaded, user('u4', 'Q4')] });
+  assert.deepEqual(sent, ['POST messages/batch', 'POST messages/batch']);
+  assert.deepEqual(texts(await chats.loadChat(chatId)), [
+    'Q1, edited elsewhere', 'A1, edited elsewhere', 'Q2', 'A2', 'Q3', 'A3', 'Q4',
+  ]);
+  assert.deepEqual(statuses, [409, 201, 200]);
+
+  // A replacement moves the version to one the store did not see: the next load reads.
+  const reread = await chats.loadChat(chatId);
+  sent.length = 0;
+  statuses.length = 0;
+  await chats.saveChat({ chatId, messages: [...reread.slice(0, -1), user('u4', 'Q4, rephrased')] });
+  assert.deepEqual(await chats.loadChat(chatId), [...reread.slice(0, -1), user('u4', 'Q4, rephrased')]);
+  assert.deepEqual(sent, ['PUT messages/u4', 'GET history']);
+  assert.deepEqual(statuses, [200, 200]);
 });
 
 test("a chat's stream in progress is kept for resumption and cleared when it ends", async () => {

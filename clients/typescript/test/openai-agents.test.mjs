@@ -19,7 +19,7 @@ import {
 import OpenAI from 'openai';
 import { z } from 'zod';
 
-import { SessiondbError } from '../dist/index.js';
+import { Client, SessiondbError } from '../dist/index.js';
 import { SessiondbSession } from '../dist/openai-agents.js';
 import { fakeResponses } from './fake-openai.mjs';
 import { all, sharedServer } from './served.mjs';
@@ -74,6 +74,48 @@ test('pop and clear', async () => {
   await session.clearSession();
   assert.deepEqual(await session.getItems(), []);
   assert.equal(await session.popItem(), undefined);
+});
+
+test("a read after the session's own write transfers nothing until another writer writes", async () => {
+  const client = new Client({ baseUrl: shared.client.baseUrl });
+  const statuses = [];
+  const open = client.open.bind(client);
+  client.open = async (method, ...rest) => {
+    try {
+      const answer = await open(method, ...rest);
+      statuses.push(`${method} ${answer.statusCode}`);
+      return answer;
+    } catch (error) {
+      statuses.push(`${method} ${error.status}`);
+      throw error;
+    }
+  };
+  const session = new SessiondbSession({ client, sessionId: 'held' });
+  await session.addItems(ITEMS.slice(0, 2));
+  assert.deepEqual(await session.getItems(), ITEMS.slice(0, 2));
+  await session.addItems(ITEMS.slice(2, 4));
+  statuses.length = 0;
+  const items = await session.getItems();
+  assert.deepEqual(items, ITEMS.slice(0, 4));
+  assert.deepEqual(statuses, ['GET 304'], 'the session is as this object wrote it');
+  items[0].content = 'changed by the caller';
+  assert.deepEqual(await session.getItems(), ITEMS.slice(0, 4), 'each read has objects of its own');
+
+  // Another writer's items: the next read transfers the conversation.
+  await new SessiondbSession({ client: shared.client, sessionId: 'held' }).addItems([ITEMS[4]]);
+  statuses.length = 0;
+  assert.deepEqual(await session.getItems(), ITEMS.slice(0, 5));
+  assert.deepEqual(statuses, ['GET 200']);
+
+  // A write elsewhere between a read and this object's add: the add, refused at the version
+  // read, lands after it anyway, and the next read transfers the conversation.
+  await new SessiondbSession({ client: shared.client, sessionId: 'held' }).addItems([ITEMS[5]]);
+  statuses.length = 0;
+  await session.addItems([ITEMS[6]]);
+  assert.deepEqual(statuses, ['POST 409', 'POST 201']);
+  statuses.length = 0;
+  assert.deepEqual(await session.getItems(), ITEMS);
+  assert.deepEqual(statuses, ['GET 200']);
 });
 
 test('addItems stores all or nothing', async () => {
