@@ -364,14 +364,31 @@ class Client:
                             body=message)
 
     def append_batch(self, session_id: str, messages: list[dict],
-                     parent_id: str | None = None, if_leaf: str | None = _OMITTED) -> list[dict]:
+                     parent_id: str | None = None, if_leaf: str | None = _OMITTED,
+                     if_version: int | None = None) -> list[dict]:
         """Appends messages chained one after another in one write: all are stored or none
-        (``if_leaf`` as for ``append``)."""
+        (``if_leaf`` as for ``append``; ``if_version`` as for ``append_batch_versioned``)."""
+        return self.append_batch_versioned(session_id, messages, parent_id, if_leaf,
+                                           if_version)[0]
+
+    def append_batch_versioned(self, session_id: str, messages: list[dict],
+                               parent_id: str | None = None, if_leaf: str | None = _OMITTED,
+                               if_version: int | None = None) -> tuple[list[dict], int | None]:
+        """``append_batch``, with the session's version once the write committed. With
+        ``if_version`` (a version the session had: ``get_session``'s, ``versioned_history``'s,
+        an earlier write's) the write happens only while nothing changed the session since, an
+        edit too: otherwise a ``not_found`` or ``conflict`` error, and nothing written. Not
+        beside ``if_leaf``."""
         body: dict[str, Any] = {"messages": messages}
         if parent_id is not None:
             body["parentId"] = parent_id
-        return self.request("POST", self._session_path(session_id, "messages", "batch"),
-                            query=_leaf_query(if_leaf), body=body)["messages"]
+        query = _leaf_query(if_leaf)
+        if if_version is not None:
+            query["ifVersion"] = if_version
+        raw, answer = self._answered(
+            "POST", self._session_path(session_id, "messages", "batch"), query, body)
+        version = answer.headers.get("x-sessiondb-version")
+        return json.loads(raw)["messages"], int(version) if version is not None else None
 
     def messages(self, session_id: str, limit: int | None = None, order: str | None = None,
                  after: str | None = None, before: str | None = None) -> dict:
@@ -421,6 +438,24 @@ class Client:
         raw = self._exchange("GET", self._session_path(session_id, "history"),
                              {"leaf": leaf}, _OMITTED)
         return _json_lines(raw.split(b"\n"))
+
+    def versioned_history(self, session_id: str,
+                          unless_version: int | None = None) -> tuple[int, list[dict]] | None:
+        """The active path with compactions applied, as ``full_history`` reads it, with the
+        session's version the read began at (0: no such session). With ``unless_version``, a
+        version read before, returns ``None`` without transferring the path while the session
+        is still at it (the server answers ``304 Not Modified``): what was read then is what a
+        read would return."""
+        target, data, headers = self._prepare(self._session_path(session_id, "history"), None,
+                                              _OMITTED)
+        if unless_version is not None:
+            headers["if-none-match"] = f'"{unless_version}"'
+        connection, answer = self._start("GET", target, headers, data)
+        raw = self._read(connection, answer, "GET", target)
+        if answer.status == 304:
+            return None
+        tag = answer.headers.get("etag", "").removeprefix("W/").strip('"')
+        return int(tag) if tag else 0, _json_lines(raw.split(b"\n"))
 
     def stored_history(self, session_id: str) -> list[dict]:
         """The active path as stored, oldest first: no compaction's summary in place of the

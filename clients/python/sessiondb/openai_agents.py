@@ -24,9 +24,10 @@ a compaction's summary reads the same way, in place of the messages it covers.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
-from .client import Client
+from .client import Client, SessiondbError
 
 ITEM_KEY = "openaiItem"
 WHOLE_ITEM = "content"
@@ -68,12 +69,19 @@ class SessiondbSession:
     ``session_settings`` is the SDK's ``SessionSettings`` (its ``limit`` bounds ``get_items``
     when no limit is passed). Each call is one or two HTTP requests, run on a worker thread so
     the event loop never blocks; ``add_items`` stores its items in one write, all or none.
+
+    The session keeps the items it last read or wrote with the session's version then, so a
+    ``get_items`` after its own ``add_items``, with nothing else written meanwhile, transfers no
+    history: the server answers that the session is still at that version (``304``).
     """
 
     def __init__(self, session_id: str, client: Client, session_settings: Any = None):
         self.session_id = session_id
         self.client = client
         self.session_settings = session_settings
+        # The version and the items (each as JSON text, so each read hands out objects of its
+        # own) of the whole conversation as this object last read or wrote it.
+        self._held: tuple[int, list[str]] | None = None
 
     async def get_items(self, limit: int | None = None) -> list[dict]:
         """The conversation as the model should see it (compactions applied), oldest first;
@@ -84,7 +92,14 @@ class SessiondbSession:
 
     def _get_items(self, limit: int | None) -> list[dict]:
         if limit is None:
-            return [item_of_message(m) for m in self.client.full_history(self.session_id)]
+            held = self._held
+            read = self.client.versioned_history(self.session_id, held[0] if held else None)
+            if read is None and held is not None:
+                return json.loads("[" + ",".join(held[1]) + "]")
+            version, messages = read or (0, [])
+            items = [item_of_message(m) for m in messages]
+            self._held = (version, [json.dumps(item) for item in items]) if version else None
+            return items
         if limit <= 0:
             return []
         newest: list[dict] = []
@@ -97,14 +112,32 @@ class SessiondbSession:
 
     async def add_items(self, items: list[dict]) -> None:
         if items:
-            messages = [message_of_item(item) for item in items]
-            await asyncio.to_thread(self.client.append_batch, self.session_id, messages)
+            await asyncio.to_thread(self._add_items, items)
+
+    def _add_items(self, items: list[dict]) -> None:
+        messages = [message_of_item(item) for item in items]
+        held, self._held = self._held, None
+        if held is not None:
+            # At the version read: what this object holds plus these is then the conversation.
+            try:
+                stored, version = self.client.append_batch_versioned(
+                    self.session_id, messages, if_version=held[0])
+            except SessiondbError as error:
+                if error.code not in ("conflict", "not_found"):
+                    raise
+            else:
+                if version is not None:
+                    added = [json.dumps(item_of_message(m)) for m in stored]
+                    self._held = (version, held[1] + added)
+                return
+        self.client.append_batch(self.session_id, messages)
 
     async def pop_item(self) -> dict | None:
         """Deletes the newest stored message and returns its item (``None`` when empty)."""
         return await asyncio.to_thread(self._pop_item)
 
     def _pop_item(self) -> dict | None:
+        self._held = None
         newest = self.client.messages(self.session_id, limit=1, order="desc")["items"]
         if not newest:
             return None
@@ -112,4 +145,5 @@ class SessiondbSession:
         return item_of_message(newest[0])
 
     async def clear_session(self) -> None:
+        self._held = None
         await asyncio.to_thread(self.client.clear, self.session_id)

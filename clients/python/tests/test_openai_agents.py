@@ -100,6 +100,47 @@ class SessionProtocolTest(ServedTest):
         self.assertIsNone(run(session.pop_item()))
         run(session.clear_session())
 
+    def test_a_read_after_its_own_write_transfers_nothing(self):
+        client = Client(self.served.url)
+        self.addCleanup(client.close)
+        statuses = []
+        start = client._start
+
+        def recorded(method, target, headers, data):
+            connection, answer = start(method, target, headers, data)
+            statuses.append((method, answer.status))
+            return connection, answer
+
+        client._start = recorded
+        session = SessiondbSession(self.fresh_prefix() + "held", client)
+        run(session.add_items(ITEMS[:2]))
+        self.assertEqual(run(session.get_items()), ITEMS[:2])
+        run(session.add_items(ITEMS[2:4]))
+        statuses.clear()
+        items = run(session.get_items())
+        self.assertEqual(items, ITEMS[:4])
+        self.assertEqual(statuses, [("GET", 304)], "the session is as this object wrote it")
+        items[0]["content"] = "changed by the caller"
+        self.assertEqual(run(session.get_items()), ITEMS[:4], "each read has objects of its own")
+
+        # Another writer's items: the next read transfers the conversation.
+        with Client(self.served.url) as other:
+            run(SessiondbSession(session.session_id, other).add_items([ITEMS[4]]))
+        statuses.clear()
+        self.assertEqual(run(session.get_items()), ITEMS[:5])
+        self.assertEqual(statuses, [("GET", 200)])
+
+        # A write elsewhere between a read and this object's add: the add, refused at the
+        # version read, lands after it anyway, and the next read transfers the conversation.
+        with Client(self.served.url) as other:
+            run(SessiondbSession(session.session_id, other).add_items([ITEMS[5]]))
+        statuses.clear()
+        run(session.add_items([ITEMS[6]]))
+        self.assertEqual(statuses, [("POST", 409), ("POST", 201)])
+        statuses.clear()
+        self.assertEqual(run(session.get_items()), ITEMS)
+        self.assertEqual(statuses, [("GET", 200)])
+
     def test_add_items_stores_all_or_nothing(self):
         session = SessiondbSession("atomic", self.client)
         run(session.add_items(ITEMS[:1]))
