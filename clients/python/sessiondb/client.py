@@ -351,17 +351,20 @@ class Client:
     # -- messages ---------------------------------------------------------------------------
 
     def append(self, session_id: str, message: dict, parent: str | None = _OMITTED,
-               if_leaf: str | None = _OMITTED) -> dict:
-        """Appends one message; returns ``{inserted, message}``. ``parent`` omitted appends
-        under the active leaf, ``None`` starts a new root, an id branches under that message.
-        Appending to an unknown session creates it. With ``if_leaf`` (an id, or ``None`` for a
-        session without messages) the append happens only while the session exists with that
-        active leaf: otherwise a ``not_found`` or ``conflict`` error, and nothing written."""
-        query = _leaf_query(if_leaf)
+               if_leaf: str | None = _OMITTED, if_version: int | None = None) -> dict:
+        """Appends one message; returns ``{inserted, message, version}`` (the session's version
+        once the append committed). ``parent`` omitted appends under the active leaf, ``None``
+        starts a new root, an id branches under that message. Appending to an unknown session
+        creates it. With ``if_leaf`` (an id, or ``None`` for a session without messages) the
+        append happens only while the session exists with that active leaf, with ``if_version``
+        only while it is at that version: otherwise a ``not_found`` or ``conflict`` error, and
+        nothing written."""
+        query = _condition_query(if_leaf, if_version)
         if parent is not _OMITTED:
             query["parent"] = parent or ""
-        return self.request("POST", self._session_path(session_id, "messages"), query=query,
-                            body=message)
+        raw, answer = self._answered("POST", self._session_path(session_id, "messages"), query,
+                                     message)
+        return {**json.loads(raw), "version": _version_of(answer)}
 
     def append_batch(self, session_id: str, messages: list[dict],
                      parent_id: str | None = None, if_leaf: str | None = _OMITTED,
@@ -382,13 +385,9 @@ class Client:
         body: dict[str, Any] = {"messages": messages}
         if parent_id is not None:
             body["parentId"] = parent_id
-        query = _leaf_query(if_leaf)
-        if if_version is not None:
-            query["ifVersion"] = if_version
-        raw, answer = self._answered(
-            "POST", self._session_path(session_id, "messages", "batch"), query, body)
-        version = answer.headers.get("x-sessiondb-version")
-        return json.loads(raw)["messages"], int(version) if version is not None else None
+        raw, answer = self._answered("POST", self._session_path(session_id, "messages", "batch"),
+                                     _condition_query(if_leaf, if_version), body)
+        return json.loads(raw)["messages"], _version_of(answer)
 
     def messages(self, session_id: str, limit: int | None = None, order: str | None = None,
                  after: str | None = None, before: str | None = None) -> dict:
@@ -717,6 +716,20 @@ class Client:
 def _leaf_query(if_leaf: str | None) -> dict[str, str]:
     """The ``ifLeaf`` condition of a write: omitted, ``None`` (no message yet) or a leaf id."""
     return {} if if_leaf is _OMITTED else {"ifLeaf": if_leaf or ""}
+
+
+def _condition_query(if_leaf: str | None, if_version: int | None) -> dict[str, Any]:
+    """The ``ifLeaf`` and ``ifVersion`` conditions of an append."""
+    query: dict[str, Any] = _leaf_query(if_leaf)
+    if if_version is not None:
+        query["ifVersion"] = if_version
+    return query
+
+
+def _version_of(answer: Answer) -> int | None:
+    """The session version a write's answer carries."""
+    version = answer.headers.get("x-sessiondb-version")
+    return int(version) if version is not None else None
 
 
 def _ndjson(lines: Iterable[dict]) -> bytes:

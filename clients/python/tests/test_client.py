@@ -104,6 +104,25 @@ class ClientTest(ServedTest):
         self.assertEqual(c.delete_messages("copy", ["b", "c", "missing"]), 2)
         self.assertEqual([m["id"] for m in c.full_history("copy")], ["a"])
 
+    def test_versions_tag_reads_and_condition_appends(self):
+        c = self.client
+        self.assertEqual(c.versioned_history("vers"), (0, []))
+        with self.assertRaises(SessiondbError) as caught:
+            c.append("vers", {"id": "a", "role": "user", "content": "x"}, if_version=1)
+        self.assertEqual(caught.exception.code, "not_found")
+        first = c.append("vers", {"id": "a", "role": "user", "content": "x"})
+        v1 = first["version"]
+        self.assertEqual(c.get_session("vers")["version"], v1)
+        self.assertEqual(c.versioned_history("vers"), (v1, [first["message"]]))
+        self.assertIsNone(c.versioned_history("vers", unless_version=v1))
+        second = c.append("vers", {"id": "b", "role": "user", "content": "y"}, if_version=v1)
+        self.assertGreater(second["version"], v1)
+        with self.assertRaises(SessiondbError) as caught:
+            c.append_batch("vers", [{"id": "c", "role": "user", "content": "z"}], if_version=v1)
+        self.assertEqual(caught.exception.code, "conflict")
+        version, messages = c.versioned_history("vers", unless_version=v1)
+        self.assertEqual((version, [m["id"] for m in messages]), (second["version"], ["a", "b"]))
+
     def test_writes_conditioned_on_the_leaf(self):
         c = self.client
         with self.assertRaises(SessiondbError) as caught:

@@ -104,6 +104,21 @@ test('writes conditioned on the leaf', async () => {
   await rejectsWith(c.importTogether([fresh]), 409, 'conflict');
 });
 
+test('versions tag reads and condition appends', async () => {
+  const c = shared.client;
+  assert.deepEqual(await c.versionedHistory('vers'), { version: 0, messages: [] });
+  await rejectsWith(c.append('vers', { id: 'a', role: 'user', content: 'x' }, { ifVersion: 1 }), 404, 'not_found');
+  const first = await c.append('vers', { id: 'a', role: 'user', content: 'x' });
+  assert.equal((await c.getSession('vers')).version, first.version);
+  assert.deepEqual(await c.versionedHistory('vers'), { version: first.version, messages: [first.message] });
+  assert.equal(await c.versionedHistory('vers', { unlessVersion: first.version }), null);
+  const second = await c.append('vers', { id: 'b', role: 'user', content: 'y' }, { ifVersion: first.version });
+  assert.ok(second.version > first.version);
+  await rejectsWith(c.appendBatch('vers', [{ id: 'c', role: 'user', content: 'z' }], { ifVersion: first.version }), 409, 'conflict');
+  const read = await c.versionedHistory('vers', { unlessVersion: first.version });
+  assert.deepEqual([read.version, read.messages.map((m) => m.id)], [second.version, ['a', 'b']]);
+});
+
 test('branches, edits, deletes and search', async () => {
   const root = (await shared.client.append('tree', { role: 'user', content: 'which zebra is fastest' })).message;
   const a = (await shared.client.append('tree', { role: 'assistant', content: 'first answer' })).message;
