@@ -28,7 +28,8 @@ pub struct SessionRow {
     /// per-row totals need not store it.
     pub path_epoch: i64,
     pub stored_messages: u64,
-    /// Moves with every saved change of the row ([`SessionRow::next_version`]); 0 while absent.
+    /// Moves with every saved change of the row ([`SessionRow::next_version`]); 0 while absent,
+    /// and in a row stored before versions existed until its next change.
     pub version: i64,
     /// The path aggregates no longer describe the active leaf: the backend recomputes them
     /// once before saving.

@@ -461,7 +461,8 @@ pub struct SessionStats {
     pub linear_range: Option<(i64, i64)>,
     /// Moves with every change of the session's row, and so with every write to its messages,
     /// compactions and record ([`crate::session_row::SessionRow::next_version`]): a path read at one version
-    /// reads the same while the session stays at it. 0 for a session that does not exist.
+    /// reads the same while the session stays at it. 0 for a session that does not exist, or
+    /// one stored before versions existed and not written since.
     pub version: i64,
 }
 

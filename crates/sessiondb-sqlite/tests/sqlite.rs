@@ -499,6 +499,39 @@ fn a_schema_8_file_migrates_to_the_current_keys() {
     assert_eq!(db.store().check().unwrap(), Vec::<String>::new());
 }
 
+/// Schema 14 gives sessions a version: one stored before it is at 0 (no version to name yet),
+/// and its next write moves it past every version a session could have had.
+#[test]
+fn a_schema_13_file_versions_its_sessions_from_their_next_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let add = |s: &sessiondb::Session<SqliteStore>, id: &str| {
+        block_on(s.append(
+            Message::text("user", id).with_id(id),
+            AppendOptions::default(),
+        ))
+        .unwrap()
+    };
+    let written = {
+        let db = open(dir.path());
+        add(&db.session("a").unwrap(), "m1").version.unwrap()
+    };
+    raw(dir.path())
+        .execute_batch("ALTER TABLE sessions DROP COLUMN version; PRAGMA user_version = 13;")
+        .unwrap();
+
+    let db = open(dir.path());
+    assert_eq!(
+        count(&raw(dir.path()), "PRAGMA user_version"),
+        SCHEMA_VERSION
+    );
+    let a = db.session("a").unwrap();
+    assert_eq!(block_on(a.stats()).unwrap().version, 0);
+    let (version, history) = block_on(a.versioned_history(HistoryOptions::default())).unwrap();
+    let history: Vec<_> = block_on(futures::TryStreamExt::try_collect::<Vec<_>>(history)).unwrap();
+    assert_eq!((version, history.len()), (0, 1));
+    assert!(add(&a, "m2").version.unwrap() >= written);
+}
+
 /// Sessions are numbered from 1 in the order they are first written; the number of the newest,
 /// once deleted, goes to the next new session, which sees none of the old session's rows.
 #[test]
