@@ -21,8 +21,8 @@ fn entity_tag(version: i64) -> String {
 }
 
 /// Whether the request's `If-None-Match` names the session's read at `version` (weakly
-/// compared, as the header asks; `*` names any existing session). A session that does not
-/// exist (version 0) matches nothing.
+/// compared, as the header asks; `*` names any existing session). Version 0 (a session that
+/// does not exist, or one not written since versions began) matches nothing.
 pub fn unchanged_since(request: &HeaderMap, version: i64) -> bool {
     if version == 0 {
         return false;
@@ -42,8 +42,7 @@ pub fn not_modified(version: i64) -> Response {
     (StatusCode::NOT_MODIFIED, [(ETAG, entity_tag(version))]).into_response()
 }
 
-/// Tags a session read's answer with the session's version (none for a session that does not
-/// exist).
+/// Tags a session read's answer with the session's version (none at version 0).
 pub fn tagged(mut response: Response, version: i64) -> Response {
     if version != 0 {
         let tag = HeaderValue::try_from(entity_tag(version)).expect("a quoted number");
