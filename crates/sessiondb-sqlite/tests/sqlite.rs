@@ -26,6 +26,15 @@ fn count(conn: &Connection, sql: &str) -> i64 {
     conn.query_row(sql, [], |r| r.get(0)).unwrap()
 }
 
+/// Appends a user message whose id and text are `id`.
+fn add_text(session: &sessiondb::Session<SqliteStore>, id: &str) -> sessiondb::AppendResult {
+    block_on(session.append(
+        Message::text("user", id).with_id(id),
+        AppendOptions::default(),
+    ))
+    .unwrap()
+}
+
 /// Rows of the full-text index that match `query`.
 fn fts_matches(conn: &Connection, query: &str) -> i64 {
     count(
@@ -450,20 +459,13 @@ fn migrations_stamp_the_schema_version_and_refuse_newer_files() {
 #[test]
 fn a_schema_8_file_migrates_to_the_current_keys() {
     let dir = tempfile::tempdir().unwrap();
-    let add = |s: &sessiondb::Session<SqliteStore>, id: &str| {
-        block_on(s.append(
-            Message::text("user", id).with_id(id),
-            AppendOptions::default(),
-        ))
-        .unwrap()
-    };
     {
         let db = open(dir.path());
         let (a, b) = (db.session("a").unwrap(), db.session("b").unwrap());
         for id in ["m1", "m2", "m3"] {
-            add(&a, id);
+            add_text(&a, id);
         }
-        add(&b, "m1");
+        add_text(&b, "m1");
     }
     let index_columns = |conn: &Connection| -> Vec<String> {
         let mut stmt = conn
@@ -492,8 +494,11 @@ fn a_schema_8_file_migrates_to_the_current_keys() {
         found.iter().map(|h| h.id.as_str()).collect::<Vec<_>>(),
         ["m3"]
     );
-    assert!(!add(&a, "m2").inserted, "an existing id is found again");
-    assert!(add(&b, "m2").inserted, "ids stay per session");
+    assert!(
+        !add_text(&a, "m2").inserted,
+        "an existing id is found again"
+    );
+    assert!(add_text(&b, "m2").inserted, "ids stay per session");
     let m3 = block_on(a.message("m3")).unwrap().unwrap();
     assert_eq!(m3.parent_id.as_deref(), Some("m2"));
     assert_eq!(db.store().check().unwrap(), Vec::<String>::new());
@@ -504,16 +509,9 @@ fn a_schema_8_file_migrates_to_the_current_keys() {
 #[test]
 fn a_schema_13_file_versions_its_sessions_from_their_next_write() {
     let dir = tempfile::tempdir().unwrap();
-    let add = |s: &sessiondb::Session<SqliteStore>, id: &str| {
-        block_on(s.append(
-            Message::text("user", id).with_id(id),
-            AppendOptions::default(),
-        ))
-        .unwrap()
-    };
     let written = {
         let db = open(dir.path());
-        add(&db.session("a").unwrap(), "m1").version.unwrap()
+        add_text(&db.session("a").unwrap(), "m1").version.unwrap()
     };
     raw(dir.path())
         .execute_batch("ALTER TABLE sessions DROP COLUMN version; PRAGMA user_version = 13;")
@@ -529,7 +527,7 @@ fn a_schema_13_file_versions_its_sessions_from_their_next_write() {
     let (version, history) = block_on(a.versioned_history(HistoryOptions::default())).unwrap();
     let history: Vec<_> = block_on(futures::TryStreamExt::try_collect::<Vec<_>>(history)).unwrap();
     assert_eq!((version, history.len()), (0, 1));
-    assert!(add(&a, "m2").version.unwrap() >= written);
+    assert!(add_text(&a, "m2").version.unwrap() >= written);
 }
 
 /// Sessions are numbered from 1 in the order they are first written; the number of the newest,
@@ -542,17 +540,10 @@ fn a_new_session_may_take_a_deleted_sessions_number_but_none_of_its_rows() {
         let history = block_on(s.full_history(HistoryOptions::default())).unwrap();
         history.iter().map(|m| m.id.to_string()).collect()
     };
-    let add = |s: &sessiondb::Session<SqliteStore>, id: &str| {
-        block_on(s.append(
-            Message::text("user", id).with_id(id),
-            AppendOptions::default(),
-        ))
-        .unwrap();
-    };
     let (a, b) = (db.session("a").unwrap(), db.session("b").unwrap());
-    add(&a, "a1");
-    add(&b, "b1");
-    add(&b, "b2");
+    add_text(&a, "a1");
+    add_text(&b, "b1");
+    add_text(&b, "b2");
     let number = |id: &str| -> i64 {
         raw(dir.path())
             .query_row("SELECT number FROM sessions WHERE id = ?1", [id], |r| {
@@ -567,7 +558,7 @@ fn a_new_session_may_take_a_deleted_sessions_number_but_none_of_its_rows() {
     assert!(block_on(db.session("b").unwrap().delete_session()).unwrap());
     let c = db.session("c").unwrap();
     assert!(ids(&c).is_empty());
-    add(&c, "c1");
+    add_text(&c, "c1");
     assert_eq!(ids(&c), ["c1"]);
     assert_eq!(ids(&db.session("a").unwrap()), ["a1"]);
     assert!(ids(&db.session("b").unwrap()).is_empty());
