@@ -17,7 +17,7 @@ use crate::store::{ContextEntry, FrozenPrompt, PathRuns, WriteCondition};
 use crate::{
     Change, Compaction, MAX_PATH_DEPTH, MessageId, Parent, PreparedMessage, SessionAction,
     SessionKey, SessionRecord, StoreError, StoredMessage, UpdateOutcome, WriteOp, WriteOutcome,
-    WriteRequest,
+    WriteRequest, Written,
 };
 
 /// Where a stored row sits: its seq, its parent's id, and the parent's seq when the parent
@@ -126,15 +126,15 @@ pub trait WriteTx {
     ) -> impl Future<Output = Result<FrozenPrompt>>;
 }
 
-/// Applies every op of `request` to `session` (its row as loaded) through `tx`. Returns the
-/// outcomes and the changes to publish once the transaction commits; the session row is left in
-/// `session` for the backend to save (when `dirty`, with its record when `Some`, and with its
-/// next version).
+/// Applies every op of `request` to `session` (its row as loaded) through `tx`. Returns what the
+/// request wrote (the outcomes, and the session's version once it commits) and the changes to
+/// publish once the transaction commits; the session row is left in `session` for the backend
+/// to save (when `dirty`, with its record when `Some`, and with its next version).
 pub async fn apply_request<T: WriteTx>(
     tx: &mut T,
     request: &WriteRequest,
     session: &mut SessionRow,
-) -> Result<(Vec<WriteOutcome>, Vec<Change>)> {
+) -> Result<(Written, Vec<Change>)> {
     match &request.condition {
         None => {}
         Some(WriteCondition::Absent) if session.exists() => return Err(StoreError::SessionExists),
@@ -175,7 +175,8 @@ pub async fn apply_request<T: WriteTx>(
     if session.dirty {
         session.version = session.next_version(request.now_ms);
     }
-    Ok((outcomes, changes))
+    let version = session.exists().then_some(session.version);
+    Ok((Written { outcomes, version }, changes))
 }
 
 /// One request in flight: its session row and the changes it has made so far.

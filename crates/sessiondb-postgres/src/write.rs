@@ -254,7 +254,7 @@ async fn apply<C: GenericClient>(
         known: known?,
         pending: PendingRows::default(),
     };
-    let (outcomes, changes) = write_rules::apply_request(&mut tx, request, &mut session).await?;
+    let (written, changes) = write_rules::apply_request(&mut tx, request, &mut session).await?;
     if session.totals_stale {
         tx.flush().await?;
         settle_totals(c, key, &mut session).await?;
@@ -302,9 +302,8 @@ async fn apply<C: GenericClient>(
     record_saved?;
     let first_position = recorded?;
     committed.map_err(backend_error)?;
-    let version = session.exists().then_some(session.version);
     Ok(Committed {
-        written: Written { outcomes, version },
+        written,
         changes,
         first_position,
     })

@@ -199,14 +199,12 @@ pub(crate) fn apply(
     let loaded_times = (session.updated_at, session.last_message_at);
     let rows = SessionRange::numbered(key, number);
     let mut tx = SqliteTx { conn, ctx, rows };
-    let (outcomes, changes) =
-        poll_ready(write_rules::apply_request(&mut tx, request, &mut session))?;
+    let applied = poll_ready(write_rules::apply_request(&mut tx, request, &mut session))?;
     save_session(conn, &rows, &mut session, loaded_times)?;
     if let Some(record) = &session.record {
         registry::save_record(conn, key, record)?;
     }
-    let version = session.exists().then_some(session.version);
-    Ok((Written { outcomes, version }, changes))
+    Ok(applied)
 }
 
 /// Runs a future that never waits: every SQLite call in it returns before the next starts.
