@@ -505,19 +505,17 @@ impl<S: Store> Session<S> {
             message: self.prepare(message, options.source, &settings).await?,
             parent: options.parent,
         };
-        let mut result = match self.write_one_if(op, options.condition).await? {
-            (
-                WriteOutcome::Updated(
-                    UpdateOutcome::Changed(message) | UpdateOutcome::Unchanged(message),
-                ),
-                version,
+        let (outcome, version) = self.write_one_if(op, options.condition).await?;
+        let mut result = match outcome {
+            WriteOutcome::Updated(
+                UpdateOutcome::Changed(message) | UpdateOutcome::Unchanged(message),
             ) => AppendResult {
                 inserted: false,
                 refused: false,
                 message,
                 version,
             },
-            (other, version) => append_result(other, version),
+            other => append_result(other, version),
         };
         result.message = self.resolved_message(result.message).await?;
         Ok(result)
@@ -805,11 +803,20 @@ impl<S: Store> Session<S> {
     > {
         let stats = self.store.stats(&self.key).await?;
         let version = stats.version;
-        let planned = self
-            .clone()
-            .windows_after(stats, options, Windows::Streamed);
-        let messages = one_by_one(self.resolved_windows(stream::once(planned)));
+        let messages = one_by_one(self.windows_from(stats, options, Windows::Streamed));
         Ok((version, messages))
+    }
+
+    /// The path as the store reads it, window by window, attachments resolved, planned on the
+    /// session's `stats` as read before.
+    fn windows_from(
+        &self,
+        stats: SessionStats,
+        options: HistoryOptions,
+        windows: Windows,
+    ) -> impl Stream<Item = Result<Vec<StoredMessage>, Error>> + Send + 'static {
+        let planned = self.clone().windows_after(stats, options, windows);
+        self.resolved_windows(stream::once(planned))
     }
 
     /// The path as the store reads it, window by window, attachments resolved.
@@ -939,16 +946,28 @@ impl<S: Store> Session<S> {
 
     /// The whole path in memory.
     pub async fn full_history(&self, options: HistoryOptions) -> Result<Vec<StoredMessage>, Error> {
-        let mut windows = self.history_windows(options, Windows::Whole).boxed();
-        let mut all = Vec::new();
-        while let Some(batch) = windows.try_next().await? {
-            if all.is_empty() {
-                all = batch;
-            } else {
-                all.extend(batch);
-            }
-        }
-        Ok(all)
+        all_of(self.history_windows(options, Windows::Whole)).await
+    }
+
+    /// [`Session::full_history`] in two steps: the session's version when the read began (as
+    /// [`Session::versioned_history`] reports it), then the read itself, which a caller that
+    /// holds the path at that version need not run.
+    pub async fn versioned_full_history(
+        &self,
+        options: HistoryOptions,
+    ) -> Result<
+        (
+            i64,
+            impl Future<Output = Result<Vec<StoredMessage>, Error>> + Send + 'static,
+        ),
+        Error,
+    > {
+        let stats = self.store.stats(&self.key).await?;
+        let version = stats.version;
+        Ok((
+            version,
+            all_of(self.windows_from(stats, options, Windows::Whole)),
+        ))
     }
 
     /// The most recent messages whose stored bytes (media counted at base64 size) fit
@@ -1191,6 +1210,22 @@ fn append_result(outcome: WriteOutcome, version: Option<i64>) -> AppendResult {
         },
         other => unreachable!("append answered with {other:?}"),
     }
+}
+
+/// Every message of `windows`, in order.
+async fn all_of(
+    windows: impl Stream<Item = Result<Vec<StoredMessage>, Error>>,
+) -> Result<Vec<StoredMessage>, Error> {
+    let mut windows = std::pin::pin!(windows);
+    let mut all = Vec::new();
+    while let Some(batch) = windows.try_next().await? {
+        if all.is_empty() {
+            all = batch;
+        } else {
+            all.extend(batch);
+        }
+    }
+    Ok(all)
 }
 
 /// The messages of `windows` one by one; boxed so the stream is `Unpin` (callers can use

@@ -109,20 +109,15 @@ pub(crate) async fn history<S: Store>(
                  no `order=newest` or `maxBytes` (a window could cut a tool call from its result)",
             ));
         }
-        let version = session.stats().await?.version;
-        if wire::unchanged_since(&request, version) {
-            return Ok(wire::not_modified(version));
-        }
         let options = HistoryOptions {
             leaf: q.leaf,
             newest_first: false,
         };
-        let messages: Vec<Value> = session
-            .full_history(options)
-            .await?
-            .iter()
-            .map(StoredMessage::to_value)
-            .collect();
+        let (version, read) = session.versioned_full_history(options).await?;
+        if wire::unchanged_since(&request, version) {
+            return Ok(wire::not_modified(version));
+        }
+        let messages: Vec<Value> = read.await?.iter().map(StoredMessage::to_value).collect();
         let converted = value_response(StatusCode::OK, &format.convert(&messages));
         return Ok(wire::tagged(converted, version));
     }
