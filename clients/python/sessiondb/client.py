@@ -362,9 +362,9 @@ class Client:
         query = _condition_query(if_leaf, if_version)
         if parent is not _OMITTED:
             query["parent"] = parent or ""
-        raw, answer = self._answered("POST", self._session_path(session_id, "messages"), query,
-                                     message)
-        return {**json.loads(raw), "version": _version_of(answer)}
+        appended, version = self._post_write(self._session_path(session_id, "messages"), query,
+                                             message)
+        return {**appended, "version": version}
 
     def append_batch(self, session_id: str, messages: list[dict],
                      parent_id: str | None = None, if_leaf: str | None = _OMITTED,
@@ -385,9 +385,15 @@ class Client:
         body: dict[str, Any] = {"messages": messages}
         if parent_id is not None:
             body["parentId"] = parent_id
-        raw, answer = self._answered("POST", self._session_path(session_id, "messages", "batch"),
-                                     _condition_query(if_leaf, if_version), body)
-        return json.loads(raw)["messages"], _version_of(answer)
+        stored, version = self._post_write(self._session_path(session_id, "messages", "batch"),
+                                           _condition_query(if_leaf, if_version), body)
+        return stored["messages"], version
+
+    def _post_write(self, path: str, query: dict[str, Any], body: Any) -> tuple[Any, int | None]:
+        """POSTs a write: its decoded answer, and the session's version once it committed."""
+        raw, answer = self._answered("POST", path, query, body)
+        version = answer.headers.get("x-sessiondb-version")
+        return json.loads(raw), int(version) if version is not None else None
 
     def messages(self, session_id: str, limit: int | None = None, order: str | None = None,
                  after: str | None = None, before: str | None = None) -> dict:
@@ -724,12 +730,6 @@ def _condition_query(if_leaf: str | None, if_version: int | None) -> dict[str, A
     if if_version is not None:
         query["ifVersion"] = if_version
     return query
-
-
-def _version_of(answer: Answer) -> int | None:
-    """The session version a write's answer carries."""
-    version = answer.headers.get("x-sessiondb-version")
-    return int(version) if version is not None else None
 
 
 def _ndjson(lines: Iterable[dict]) -> bytes:

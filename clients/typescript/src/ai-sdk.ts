@@ -38,19 +38,19 @@ export interface SessiondbChatStoreOptions {
   memoryChars?: number;
 }
 
-/** A chat's active path: its ids in order and the JSON of each (without the store's times). */
+/**
+ * A chat's active path: its ids in order, the JSON of each (without the store's times), and
+ * the chat's version it is the path at, when known.
+ */
 interface ChatPath {
   ids: string[];
   bodies: Map<string, string>;
+  version?: number;
 }
 
-/**
- * A path as this store last read or wrote it, the characters it holds in memory, and the
- * chat's version it is the path of, when the store knows it.
- */
+/** A path as this store last read or wrote it, and the characters it holds in memory. */
 interface SeenPath extends ChatPath {
   chars: number;
-  version?: number;
 }
 
 export interface ChatSummary {
@@ -111,7 +111,7 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
    */
   async loadChat(chatId: string, options: LoadChatOptions = {}): Promise<MESSAGE[]> {
     let stored: StoredMessage[] = [];
-    let version: number | undefined;
+    let version = 0;
     if (options.compacted === false) {
       if (options.leaf !== undefined) {
         throw invalid('`leaf` reads a path with compactions applied; it takes no `compacted: false`');
@@ -123,14 +123,15 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
       const seen = this.seen.get(chatId);
       const read = await this.client.versionedHistory(chatId, { unlessVersion: seen?.version });
       if (read === null && seen !== undefined) {
-        this.remember(chatId, seen, seen.version);
+        this.remember(chatId, seen);
         return uiMessagesOf(seen.ids.map((id) => JSON.parse(seen.bodies.get(id) as string) as StoredMessage));
       }
-      stored = read?.messages ?? [];
-      version = read?.version;
+      ({ messages: stored, version } = read ?? { messages: [], version: 0 });
     }
     // The active path as stored (no summary standing in it) is what the next save compares with.
-    if (options.leaf === undefined && !stored.some(isSummary)) this.remember(chatId, chatPath(stored), version || undefined);
+    if (options.leaf === undefined && !stored.some(isSummary)) {
+      this.remember(chatId, { ...chatPath(stored), version: version || undefined });
+    }
     return uiMessagesOf(stored);
   }
 
@@ -155,13 +156,14 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
     const seen = this.seen.get(chatId);
     if (seen !== undefined) {
       try {
-        if (await this.saveOnto(chatId, given, seen, { ifLeaf: seen.ids.at(-1) ?? null }, seen.version)) return;
+        if (await this.saveOnto(chatId, given, seen, { ifLeaf: seen.ids.at(-1) ?? null })) return;
       } catch (error) {
         const moved = error instanceof SessiondbError && (error.code === 'conflict' || error.code === 'not_found');
         if (!moved) throw error;
-        // Remembered empty and not there: the chat is as remembered, with nothing to read.
+        // Remembered empty and not there: the chat is as remembered, with nothing to read (and
+        // no version: the write creates it).
         if (seen.ids.length === 0 && error.code === 'not_found') {
-          await this.saveOnto(chatId, given, seen, {});
+          await this.saveOnto(chatId, given, { ...seen, version: undefined }, {});
           return;
         }
       }
@@ -175,18 +177,13 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
    * (`path` is what this store remembers) the save happens only while the chat still ends
    * there: the append carries the condition (a `conflict` or `not_found` error when it no
    * longer holds), and a save with nothing to write looks at the session once, resolving to
-   * false when the chat moved. A replacement is by id and needs no condition. With the chat's
-   * `version` of `path` the append is tried at that version first, so that the path it leaves
+   * false when the chat moved. A replacement is by id and needs no condition. When `path`
+   * knows its version the append is tried at that version first, so that the path it leaves
    * is known to be the chat's at the version it answers (another writer's edit, which moves no
    * leaf, makes it the leaf's condition again).
    */
-  private async saveOnto(
-    chatId: string,
-    given: UIMessage[],
-    path: ChatPath,
-    condition: LeafCondition,
-    version?: number,
-  ): Promise<boolean> {
+  private async saveOnto(chatId: string, given: UIMessage[], path: ChatPath, condition: LeafCondition): Promise<boolean> {
+    let version = path.version;
     let known = 0;
     let replaced = false;
     for (const message of given) {
@@ -204,9 +201,9 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
       if (condition.ifLeaf !== undefined && !replaced) {
         const now = await this.endsAsRemembered(chatId, path);
         if (now === false) return false;
-        if (now !== version) version = undefined;
+        if (now.version !== version) version = undefined;
       }
-      this.remember(chatId, path, version);
+      this.remember(chatId, { ...path, version });
       return true;
     }
     const tail = given.slice(known);
@@ -222,9 +219,10 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
       written = await append(condition);
     }
     const answered = written.messages;
+    // The chat's version once this save is done, when nothing else wrote it in between.
+    let after = version === undefined ? undefined : written.version;
     const ids = path.ids.slice(0, path.ids.indexOf(parentId) + 1);
     const bodies = new Map(ids.map((id) => [id, path.bodies.get(id) as string]));
-    let replacedInTail = false;
     for (const [i, stored] of answered.entries()) {
       // A message of the tail may exist off the active path (the caller went back to an
       // earlier branch): the batch keeps the stored one, so it is compared as the path's are.
@@ -234,16 +232,13 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
         bodies.set(stored.id, body);
       } else {
         bodies.set(stored.id, await this.replace(chatId, tail[i]));
-        replacedInTail = true;
+        after = undefined;
       }
     }
     // New messages of one write share its time; when the tail met stored ones, where the active
     // path now runs is the server's to say, and the next save reads it.
     const appendedAt = answered[answered.length - 1].createdAt;
-    // A replacement made here after the append (a message of the tail stored elsewhere)
-    // moved the version again.
-    const exact = version !== undefined && !replacedInTail;
-    if (answered.every((stored) => stored.createdAt === appendedAt)) this.remember(chatId, { ids, bodies }, exact ? written.version : undefined);
+    if (answered.every((stored) => stored.createdAt === appendedAt)) this.remember(chatId, { ids, bodies, version: after });
     else this.forget(chatId);
     return true;
   }
@@ -251,17 +246,17 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
   /**
    * Whether the chat still has the leaf and length of `path` (a write elsewhere that appended,
    * branched or deleted moves one of them; an edit does not): `false` when it moved, else the
-   * chat's version (undefined for a chat that does not exist). An empty path is a chat with no
+   * chat's version (none for a chat that does not exist). An empty path is a chat with no
    * messages or none at all.
    */
-  private async endsAsRemembered(chatId: string, path: ChatPath): Promise<number | undefined | false> {
+  private async endsAsRemembered(chatId: string, path: ChatPath): Promise<{ version?: number } | false> {
     const session = await this.client.getSession(chatId).catch((error) => {
       if (error instanceof SessiondbError && error.code === 'not_found') return undefined;
       throw error;
     });
-    if (session === undefined) return path.ids.length === 0 ? undefined : false;
+    if (session === undefined) return path.ids.length === 0 ? {} : false;
     const same = (session.leafId ?? undefined) === path.ids.at(-1) && session.messageCount === path.ids.length;
-    return same ? session.version : false;
+    return same ? { version: session.version } : false;
   }
 
   /** Chats newest first (by last update), all of them or one user's. */
@@ -335,16 +330,13 @@ export class SessiondbChatStore<MESSAGE extends UIMessage = UIMessage> {
     return bodyOf(await this.client.replaceMessage(chatId, message.id, messageInputOf(message)));
   }
 
-  /**
-   * Keeps this path as the chat's (at `version` when known), the most recently used, within the
-   * memory's bound.
-   */
-  private remember(chatId: string, path: ChatPath, version?: number): void {
+  /** Keeps this path as the chat's, the most recently used, within the memory's bound. */
+  private remember(chatId: string, path: ChatPath): void {
     this.forget(chatId);
     let chars = 0;
     for (const [id, body] of path.bodies) chars += id.length + body.length;
     if (chars > this.memoryChars) return;
-    this.seen.set(chatId, { ids: path.ids, bodies: path.bodies, chars, version });
+    this.seen.set(chatId, { ids: path.ids, bodies: path.bodies, version: path.version, chars });
     this.seenChars += chars;
     for (const [oldest, dropped] of this.seen) {
       if (this.seenChars <= this.memoryChars) break;

@@ -202,17 +202,16 @@ export interface WriteCondition extends LeafCondition {
   ifVersion?: number;
 }
 
-/** The `ifLeaf` and `ifVersion` query of a write. */
-function conditionQuery(condition: WriteCondition): Query {
-  const query: Query = condition.ifLeaf === undefined ? {} : { ifLeaf: condition.ifLeaf ?? '' };
-  if (condition.ifVersion !== undefined) query.ifVersion = condition.ifVersion;
-  return query;
+/** The `ifLeaf` query of a write. */
+function leafQuery(condition: LeafCondition): Query {
+  return condition.ifLeaf === undefined ? {} : { ifLeaf: condition.ifLeaf ?? '' };
 }
 
-/** The session version a write's answer carries. */
-function versionOf(answer: http.IncomingMessage): number | undefined {
-  const header = answer.headers['x-sessiondb-version'];
-  return typeof header === 'string' ? Number(header) : undefined;
+/** The `ifLeaf` and `ifVersion` query of an append. */
+function conditionQuery(condition: WriteCondition): Query {
+  const query = leafQuery(condition);
+  if (condition.ifVersion !== undefined) query.ifVersion = condition.ifVersion;
+  return query;
 }
 
 /**
@@ -495,10 +494,12 @@ export class Client {
   ): Promise<{ inserted: boolean; message: StoredMessage; version?: number }> {
     const query: Query = conditionQuery(options);
     if ('parent' in options) query.parent = options.parent ?? '';
-    const path = this.sessionPath(sessionId, 'messages');
-    const answer = await this.open('POST', path, query, message);
-    const appended = JSON.parse(await bodyOf(answer, `POST ${path}`)) as { inserted: boolean; message: StoredMessage };
-    return { ...appended, version: versionOf(answer) };
+    const written = await this.postWrite<{ inserted: boolean; message: StoredMessage }>(
+      this.sessionPath(sessionId, 'messages'),
+      query,
+      message,
+    );
+    return { ...written.answer, version: written.version };
   }
 
   /**
@@ -520,10 +521,22 @@ export class Client {
     options: { parentId?: string } & WriteCondition = {},
   ): Promise<{ messages: StoredMessage[]; version?: number }> {
     const body = { messages, ...(options.parentId === undefined ? {} : { parentId: options.parentId }) };
-    const path = this.sessionPath(sessionId, 'messages', 'batch');
-    const answer = await this.open('POST', path, conditionQuery(options), body);
-    const stored = JSON.parse(await bodyOf(answer, `POST ${path}`)) as { messages: StoredMessage[] };
-    return { messages: stored.messages, version: versionOf(answer) };
+    const written = await this.postWrite<{ messages: StoredMessage[] }>(
+      this.sessionPath(sessionId, 'messages', 'batch'),
+      conditionQuery(options),
+      body,
+    );
+    return { messages: written.answer.messages, version: written.version };
+  }
+
+  /** POSTs a write: its JSON answer, and the session's version once the write committed. */
+  private async postWrite<T>(path: string, query: Query, body: unknown): Promise<{ answer: T; version?: number }> {
+    const answer = await this.open('POST', path, query, body);
+    const version = answer.headers['x-sessiondb-version'];
+    return {
+      answer: JSON.parse(await bodyOf(answer, `POST ${path}`)) as T,
+      version: typeof version === 'string' ? Number(version) : undefined,
+    };
   }
 
   /** One page of the active path. */
@@ -639,7 +652,7 @@ export class Client {
     lines: Iterable<ImportLine> | AsyncIterable<ImportLine>,
     options: LeafCondition = {},
   ): Promise<{ imported: number; skipped: number }> {
-    return this.postLines(this.sessionPath(sessionId, 'import'), lines, conditionQuery({ ifLeaf: options.ifLeaf }));
+    return this.postLines(this.sessionPath(sessionId, 'import'), lines, leafQuery(options));
   }
 
   /**
