@@ -8,6 +8,8 @@
 //! - [`chunk`]: splitting a message body into row-sized slices on character boundaries.
 //! - [`tokens`]: the reference token heuristic and the [`tokens::TokenCounter`] seam.
 //! - [`search`]: which text of a message is indexed, and how a user query becomes plain words.
+//! - [`snippet`]: the part of a search hit's text around its matches, the matched words marked
+//!   (stemmed as the embedded store's index stems them).
 //! - [`plan`]: read planning (content windows, recent-history suffixes, history batches) and the
 //!   splice computation for deletes.
 //! - [`registry`]: session records and patches, compactions, state keys.
@@ -38,9 +40,11 @@ pub mod feed;
 pub mod message;
 pub mod overlay;
 pub mod plan;
+mod porter;
 pub mod registry;
 pub mod search;
 pub mod session_row;
+pub mod snippet;
 pub mod store;
 pub mod tokens;
 pub mod write_rules;

@@ -1,7 +1,9 @@
 //! Full-text search: stemming, plain-word queries, scoping, index maintenance.
 
 use serde_json::json;
-use sessiondb::{AppendOptions, Db, Message, SearchFilter, SessionRecord, Source, Store};
+use sessiondb::{
+    AppendOptions, Db, Highlighter, Message, SearchFilter, SessionRecord, Source, Store,
+};
 
 use crate::*;
 
@@ -29,6 +31,33 @@ pub async fn search_finds_earlier_messages_with_stemming<S: Store>(db: Db<S>) {
         s.message("m1").await.unwrap().unwrap().created_at
     );
     assert_eq!(ids_of(&s.search("running", 20).await.unwrap()), ["m1"]);
+}
+
+/// A hit's snippet marks the words the backend's index matched, stemmed and folded: the core's
+/// highlighter stems as the embedded index does, and the PostgreSQL one agrees on these.
+pub async fn snippets_mark_what_the_search_matched<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    let said = "Running the connections tests, the agents generalized with happiness at the café";
+    s.append(text("m1", "user", said), AppendOptions::default())
+        .await
+        .unwrap();
+    for (query, marked) in [
+        ("run", "Running"),
+        ("connected", "connections"),
+        ("agent", "agents"),
+        ("generalize", "generalized"),
+        ("happy", "happiness"),
+        ("CAFE", "café"),
+    ] {
+        let hits = s.search(query, 20).await.unwrap();
+        assert_eq!(ids_of(&hits), ["m1"], "{query}");
+        let snippet = Highlighter::new(query).snippet(&hits[0].content, 4);
+        assert_eq!(
+            snippet.get(1).map(String::as_str),
+            Some(marked),
+            "{query}: {snippet:?}"
+        );
+    }
 }
 
 /// Accents fold both ways, as someone typing without them expects, in a session's search and a
