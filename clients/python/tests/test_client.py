@@ -50,6 +50,8 @@ class ClientTest(ServedTest):
         self.assertEqual(c.get_message("tree", b["message"]["id"])["content"], "edited answer")
         hits = c.search("tree", "zebra")
         self.assertEqual([h["id"] for h in hits], [root["id"]])
+        [hit] = c.search("tree", "Zebras", snippet_words=2)
+        self.assertEqual(hit["snippet"], ["…", "zebra", " is…"])
         c.delete_message("tree", b["message"]["id"])
         with self.assertRaises(SessiondbError) as caught:
             c.get_message("tree", b["message"]["id"])

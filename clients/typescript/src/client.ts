@@ -105,9 +105,24 @@ export interface RowStat {
 export interface SearchHit {
   id: string;
   role: string;
+  /** The message's indexed text, whole. */
   content: string;
+  /**
+   * The part of `content` around the words that matched, as pieces alternating between plain
+   * text (even positions, possibly empty) and a matched word (odd positions); joined, they read
+   * as the excerpt, with `…` where text was left out.
+   */
+  snippet: string[];
   sessionId: string;
   createdAt: number;
+}
+
+/** How search hits are shown besides their filter. */
+export interface SearchShape {
+  /** Page size (1 to 100; 20 by default). */
+  limit?: number;
+  /** Most words of each hit's snippet (1 to 100; 16 by default). */
+  snippetWords?: number;
 }
 
 /** Which matches a search keeps besides its words: one role's, those created in a time range. */
@@ -472,9 +487,11 @@ export class Client {
    * Full-text search across the namespace's sessions (or one user's), best first; only `role`'s
    * messages, or those created from `since` to before `until` (epoch milliseconds), when given.
    */
-  searchAll(q: string, options: { userId?: string; limit?: number } & SearchFilter = {}): Promise<SearchHit[]> {
-    const { userId, limit, role, since, until } = options;
-    return this.request('GET', '/v1/search', { query: { q, userId, limit, role, since, until } });
+  searchAll(q: string, options: { userId?: string } & SearchShape & SearchFilter = {}): Promise<SearchHit[]> {
+    const { userId, limit, snippetWords, role, since, until } = options;
+    return this.request('GET', '/v1/search', {
+      query: { q, userId, limit, snippetWords, role, since, until },
+    });
   }
 
   // -- messages ---------------------------------------------------------------------------
@@ -789,10 +806,10 @@ export class Client {
   }
 
   /** Full-text search in the session, best first; filtered as `searchAll`. */
-  search(sessionId: string, q: string, options: { limit?: number } & SearchFilter = {}): Promise<SearchHit[]> {
-    const { limit, role, since, until } = options;
+  search(sessionId: string, q: string, options: SearchShape & SearchFilter = {}): Promise<SearchHit[]> {
+    const { limit, snippetWords, role, since, until } = options;
     return this.request('GET', this.sessionPath(sessionId, 'search'), {
-      query: { q, limit, role, since, until },
+      query: { q, limit, snippetWords, role, since, until },
     });
   }
 

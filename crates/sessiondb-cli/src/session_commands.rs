@@ -11,7 +11,10 @@ use futures::StreamExt;
 use reqwest::Method;
 use serde_json::{Value, json};
 use sessiondb::convert::ModelFormat;
-use sessiondb::{AppendOptions, HistoryOptions, Message, Parent, Session, SqliteStore};
+use sessiondb::{
+    AppendOptions, DEFAULT_SNIPPET_WORDS, Highlighter, HistoryOptions, Message, Parent, Session,
+    SqliteStore,
+};
 
 use crate::remote::{Remote, segment};
 use crate::tree::{self, Node};
@@ -161,20 +164,25 @@ impl Target<'_> {
         tree::draw(&nodes, &active, out)
     }
 
-    /// Prints the session's messages that match `query`, best first: `id [role] text`.
+    /// Prints the session's messages that match `query`, best first: `id [role] snippet`, the
+    /// snippet's matched words in `**`.
     pub async fn search(
         &self,
         query: &str,
         limit: usize,
         out: &mut impl Write,
     ) -> anyhow::Result<()> {
-        let hits: Vec<(String, String, String)> = match self {
-            Target::Embedded(session) => session
-                .search(query, limit)
-                .await?
-                .into_iter()
-                .map(|hit| (hit.id, hit.role, hit.content))
-                .collect(),
+        let hits: Vec<(String, String, Vec<String>)> = match self {
+            Target::Embedded(session) => {
+                let highlighter = Highlighter::new(query);
+                let snippet = |text: &str| highlighter.snippet(text, DEFAULT_SNIPPET_WORDS);
+                (session.search(query, limit).await?.into_iter())
+                    .map(|hit| {
+                        let snippet = snippet(&hit.content);
+                        (hit.id, hit.role, snippet)
+                    })
+                    .collect()
+            }
             Target::Server { remote, session } => {
                 let rest = format!("/search?q={}&limit={limit}", segment(query));
                 let hits = remote.get_json(&remote.session_url(session, &rest)).await?;
@@ -184,13 +192,24 @@ impl Target<'_> {
                 hits.iter()
                     .map(|hit| {
                         let text = |field: &str| hit[field].as_str().unwrap_or_default().to_owned();
-                        (text("id"), text("role"), text("content"))
+                        let snippet = serde_json::from_value(hit["snippet"].clone())
+                            .context("the server's search hit has no snippet")?;
+                        Ok((text("id"), text("role"), snippet))
                     })
-                    .collect()
+                    .collect::<anyhow::Result<_>>()?
             }
         };
-        for (id, role, content) in hits {
-            writeln!(out, "{id} [{role}] {content}")?;
+        for (id, role, snippet) in hits {
+            let marked: String = (snippet.iter().enumerate())
+                .map(|(i, piece)| {
+                    if i % 2 == 1 {
+                        format!("**{piece}**")
+                    } else {
+                        piece.clone()
+                    }
+                })
+                .collect();
+            writeln!(out, "{id} [{role}] {marked}")?;
         }
         Ok(())
     }

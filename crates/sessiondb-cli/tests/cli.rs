@@ -107,7 +107,7 @@ fn append_history_tree_search_and_stats(
     );
     assert_eq!(
         ok(&["search", "chat", "database"], None),
-        "a2 [assistant] Wide nodes for databases\n"
+        "a2 [assistant] Wide nodes for **databases**\n"
     );
     let stats: serde_json::Value = serde_json::from_str(&ok(&["stats", "chat"], None)).unwrap();
     assert_eq!(

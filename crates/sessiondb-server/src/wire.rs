@@ -8,7 +8,7 @@ use axum::http::header::{CONTENT_TYPE, ETAG, IF_NONE_MATCH};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
-use sessiondb::{Compaction, RowStat, SearchHit, SessionInfo, StoredMessage};
+use sessiondb::{Compaction, Highlighter, RowStat, SearchHit, SessionInfo, StoredMessage};
 
 use crate::error::ApiError;
 
@@ -119,10 +119,12 @@ pub fn session(info: &SessionInfo) -> Value {
     })
 }
 
-pub fn search_hits(hits: &[SearchHit]) -> Value {
+/// Search hits, each with the snippet of at most `snippet_words` words of its text.
+pub fn search_hits(hits: &[SearchHit], highlighter: &Highlighter, snippet_words: usize) -> Value {
     hits.iter()
         .map(|h| {
             json!({"id": h.id, "role": h.role, "content": h.content,
+                   "snippet": highlighter.snippet(&h.content, snippet_words),
                    "sessionId": h.session_id, "createdAt": h.created_at})
         })
         .collect()

@@ -12,7 +12,7 @@ use futures::Stream;
 use serde::Deserialize;
 use serde_json::Value;
 use sessiondb::convert::ModelFormat;
-use sessiondb::{HistoryOptions, SearchFilter, Store, StoredMessage};
+use sessiondb::{Highlighter, HistoryOptions, SearchFilter, SearchHit, Store, StoredMessage};
 
 use crate::App;
 use crate::error::ApiError;
@@ -210,9 +210,32 @@ pub(crate) struct SearchQuery {
     role: Option<String>,
     since: Option<i64>,
     until: Option<i64>,
+    snippet_words: Option<usize>,
 }
 
 impl SearchQuery {
+    fn text(&self) -> &str {
+        self.q.as_deref().unwrap_or("")
+    }
+
+    /// The hits as JSON, each with its snippet of `?snippetWords=` words.
+    fn answer(&self, hits: &[SearchHit]) -> Result<Response, ApiError> {
+        let words = match self
+            .snippet_words
+            .unwrap_or(sessiondb::DEFAULT_SNIPPET_WORDS)
+        {
+            w @ 1..=sessiondb::MAX_SNIPPET_WORDS => w,
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "`snippetWords` must be an integer from 1 to {}",
+                    sessiondb::MAX_SNIPPET_WORDS
+                )));
+            }
+        };
+        let hits = wire::search_hits(hits, &Highlighter::new(self.text()), words);
+        Ok(value_response(StatusCode::OK, &hits))
+    }
+
     /// `?role=`, `?since=` and `?until=` (epoch milliseconds, `since` inclusive).
     fn filter(&self) -> Result<SearchFilter, ApiError> {
         if self.role.as_deref() == Some("") {
@@ -252,9 +275,9 @@ pub(crate) async fn search<S: Store>(
     let limit = search_limit(q.limit)?;
     let hits = app
         .session(&ns, &sid)?
-        .search_filtered(q.q.as_deref().unwrap_or(""), &q.filter()?, limit)
+        .search_filtered(q.text(), &q.filter()?, limit)
         .await?;
-    Ok(value_response(StatusCode::OK, &wire::search_hits(&hits)))
+    q.answer(&hits)
 }
 
 pub(crate) async fn search_all<S: Store>(
@@ -265,13 +288,7 @@ pub(crate) async fn search_all<S: Store>(
     let limit = search_limit(q.limit)?;
     let hits = app
         .db
-        .search_all_filtered(
-            &ns,
-            q.user_id.as_deref(),
-            q.q.as_deref().unwrap_or(""),
-            &q.filter()?,
-            limit,
-        )
+        .search_all_filtered(&ns, q.user_id.as_deref(), q.text(), &q.filter()?, limit)
         .await?;
-    Ok(value_response(StatusCode::OK, &wire::search_hits(&hits)))
+    q.answer(&hits)
 }

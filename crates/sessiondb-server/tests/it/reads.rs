@@ -96,6 +96,10 @@ async fn search_within_a_session_and_across_the_namespace() {
     assert_eq!(hits.ids(), ["a1"]);
     assert_eq!(hits.json[0]["sessionId"], "a");
     assert_eq!(hits.json[0]["content"], "the quick brown fox");
+    assert_eq!(
+        hits.json[0]["snippet"],
+        json!(["the ", "quick", " brown ", "fox", ""])
+    );
     assert!(hits.json[0]["createdAt"].as_i64().is_some());
     assert_eq!(
         server.get("/v1/sessions/a/search?q=sleep").await.ids(),
@@ -155,10 +159,39 @@ async fn search_within_a_session_and_across_the_namespace() {
         ))
         .await;
     assert_eq!(in_a.ids(), ["a1"]);
+
+    // Snippets: the part of a long text around the matched words, `snippetWords` long.
+    let long = format!(
+        "{} quickness {}",
+        "filler words ".repeat(20),
+        "and more words ".repeat(20)
+    );
+    server.say("a", "a4", &long).await;
+    let hit = server
+        .get("/v1/sessions/a/search?q=quick&role=user&snippetWords=3")
+        .await;
+    assert_eq!(hit.ids(), ["a1", "a4"]);
+    assert_eq!(hit.json[1]["content"], long);
+    assert_eq!(
+        hit.json[1]["snippet"],
+        json!(["…words ", "quickness", " and…"])
+    );
+    let default_length = server.get("/v1/sessions/a/search?q=quick&role=user").await;
+    let shown: String =
+        serde_json::from_value::<Vec<String>>(default_length.json[1]["snippet"].clone())
+            .unwrap()
+            .concat();
+    assert_eq!(
+        shown.split_whitespace().count(),
+        sessiondb::DEFAULT_SNIPPET_WORDS
+    );
+
     for refused in [
         "role=".to_owned(),
         "since=soon".to_owned(),
         format!("since={a3_at}&until={a3_at}"),
+        "snippetWords=0".to_owned(),
+        format!("snippetWords={}", sessiondb::MAX_SNIPPET_WORDS + 1),
     ] {
         let answer = server.get(&format!("/v1/search?q=quick&{refused}")).await;
         assert_eq!(
