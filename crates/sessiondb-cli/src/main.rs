@@ -6,6 +6,7 @@ mod backups;
 mod listing;
 mod remote;
 mod retention;
+mod search;
 mod serve;
 mod session_commands;
 mod signals;
@@ -19,7 +20,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use sessiondb::convert::ModelFormat;
-use sessiondb::{Db, HistoryOptions, Message, Parent, SessionSort, SqliteStore};
+use sessiondb::{Db, HistoryOptions, Message, Parent, SearchFilter, SessionSort, SqliteStore};
 
 use crate::remote::{Remote, segment};
 use crate::session_commands::Target;
@@ -90,12 +91,35 @@ enum Command {
         #[command(flatten)]
         remote: RemoteArgs,
     },
-    /// Full-text search within a session.
+    /// Full-text search in a session, or across the namespace (`--all`) or one user's sessions
+    /// (`--user`), best first: a line per hit, `id [role] snippet` (after the session's id across
+    /// sessions), the matched words in `**`.
     Search {
+        /// The session to search in; with `--all` or `--user`, the words to search for.
         session: String,
-        query: String,
-        #[arg(long, default_value_t = 20)]
-        limit: usize,
+        /// The words to search for (plain words, stemmed), after a session.
+        #[arg(required_unless_present_any = ["all", "user"])]
+        query: Option<String>,
+        /// Search every session of the namespace.
+        #[arg(long, conflicts_with = "user")]
+        all: bool,
+        /// Search the sessions of this user (`userId`).
+        #[arg(long)]
+        user: Option<String>,
+        /// Only messages of this role (`user`, `assistant`, …).
+        #[arg(long)]
+        role: Option<String>,
+        /// Only messages created at or after this time (epoch milliseconds).
+        #[arg(long)]
+        since: Option<i64>,
+        /// Only messages created before this time (epoch milliseconds).
+        #[arg(long)]
+        until: Option<i64>,
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=100))]
+        limit: u64,
+        /// Most words of each hit's snippet.
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=100))]
+        words: u64,
         #[command(flatten)]
         remote: RemoteArgs,
     },
@@ -461,9 +485,42 @@ async fn run(
         Command::Search {
             session,
             query,
+            all,
+            user,
+            role,
+            since,
+            until,
             limit,
+            words,
             ..
-        } => target(session)?.search(&query, limit, &mut out).await,
+        } => {
+            let (scope, query) = match query {
+                _ if all || user.is_some() => {
+                    if let Some(extra) = query {
+                        bail!("--all and --user take the words alone, not `{extra}` after them");
+                    }
+                    (search::Scope::Namespace { user_id: user }, session)
+                }
+                Some(query) => (search::Scope::Session(session), query),
+                None => bail!("the words to search for are missing after the session"),
+            };
+            let filter = SearchFilter {
+                role,
+                since_ms: since,
+                until_ms: until,
+            };
+            if let Some(problem) = filter.problem() {
+                bail!("{problem}");
+            }
+            let wanted = search::Wanted {
+                scope,
+                query,
+                filter,
+                limit: limit as usize,
+                snippet_words: words as usize,
+            };
+            search::print(db.as_ref(), remote.as_ref(), &namespace, &wanted, &mut out).await
+        }
         Command::Stats { session, .. } => target(session)?.stats(&mut out).await,
         Command::Delete {
             session: Some(session),

@@ -11,10 +11,7 @@ use futures::StreamExt;
 use reqwest::Method;
 use serde_json::{Value, json};
 use sessiondb::convert::ModelFormat;
-use sessiondb::{
-    AppendOptions, DEFAULT_SNIPPET_WORDS, Highlighter, HistoryOptions, Message, Parent, Session,
-    SqliteStore,
-};
+use sessiondb::{AppendOptions, HistoryOptions, Message, Parent, Session, SqliteStore};
 
 use crate::remote::{Remote, segment};
 use crate::tree::{self, Node};
@@ -162,56 +159,6 @@ impl Target<'_> {
             }
         };
         tree::draw(&nodes, &active, out)
-    }
-
-    /// Prints the session's messages that match `query`, best first: `id [role] snippet`, the
-    /// snippet's matched words in `**`.
-    pub async fn search(
-        &self,
-        query: &str,
-        limit: usize,
-        out: &mut impl Write,
-    ) -> anyhow::Result<()> {
-        let hits: Vec<(String, String, Vec<String>)> = match self {
-            Target::Embedded(session) => {
-                let highlighter = Highlighter::new(query);
-                let snippet = |text: &str| highlighter.snippet(text, DEFAULT_SNIPPET_WORDS);
-                (session.search(query, limit).await?.into_iter())
-                    .map(|hit| {
-                        let snippet = snippet(&hit.content);
-                        (hit.id, hit.role, snippet)
-                    })
-                    .collect()
-            }
-            Target::Server { remote, session } => {
-                let rest = format!("/search?q={}&limit={limit}", segment(query));
-                let hits = remote.get_json(&remote.session_url(session, &rest)).await?;
-                let Value::Array(hits) = hits else {
-                    bail!("the server's search answer is not a list: {hits}");
-                };
-                hits.iter()
-                    .map(|hit| {
-                        let text = |field: &str| hit[field].as_str().unwrap_or_default().to_owned();
-                        let snippet = serde_json::from_value(hit["snippet"].clone())
-                            .context("the server's search hit has no snippet")?;
-                        Ok((text("id"), text("role"), snippet))
-                    })
-                    .collect::<anyhow::Result<_>>()?
-            }
-        };
-        for (id, role, snippet) in hits {
-            let marked: String = (snippet.iter().enumerate())
-                .map(|(i, piece)| {
-                    if i % 2 == 1 {
-                        format!("**{piece}**")
-                    } else {
-                        piece.clone()
-                    }
-                })
-                .collect();
-            writeln!(out, "{id} [{role}] {marked}")?;
-        }
-        Ok(())
     }
 
     /// Prints the numbers of the session's active path as JSON.

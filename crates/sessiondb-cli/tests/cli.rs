@@ -109,6 +109,40 @@ fn append_history_tree_search_and_stats(
         ok(&["search", "chat", "database"], None),
         "a2 [assistant] Wide nodes for **databases**\n"
     );
+    // Across sessions: the namespace's, one user's, one role's; snippets as short as asked.
+    let owned = concat!(
+        r#"{"session": {"userId": "ada"}}"#,
+        "\n",
+        r#"{"message": {"id": "o1", "role": "user", "content": "Ada asks which databases use B-trees"}, "parentId": null}"#,
+    );
+    ok(&["import", "/dev/stdin", "--session", "owned"], Some(owned));
+    let mut across: Vec<String> = ok(&["search", "--all", "databases"], None)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    across.sort();
+    assert_eq!(
+        across,
+        [
+            "chat a2 [assistant] Wide nodes for **databases**",
+            "owned o1 [user] Ada asks which **databases** use B-trees"
+        ]
+    );
+    assert_eq!(
+        ok(
+            &["search", "--user", "ada", "database", "--words", "2"],
+            None
+        ),
+        "owned o1 [user] …**databases** use…\n"
+    );
+    assert_eq!(
+        ok(
+            &["search", "--all", "databases", "--role", "assistant"],
+            None
+        ),
+        "chat a2 [assistant] Wide nodes for **databases**\n"
+    );
+    ok(&["delete", "owned"], None);
     let stats: serde_json::Value = serde_json::from_str(&ok(&["stats", "chat"], None)).unwrap();
     assert_eq!(
         (
@@ -180,6 +214,24 @@ fn bad_input_fails_with_a_message_and_writes_nothing() {
         String::from_utf8_lossy(&out.stderr),
         "error: reading a JSON message from stdin: invalid `role`: must be a string\n"
     );
+    for (args, said) in [
+        (&["search", "chat"][..], "<QUERY>"),
+        (
+            &["search", "--all", "chat", "words"],
+            "--all and --user take the words alone",
+        ),
+        (
+            &["search", "--all", "x", "--since", "5", "--until", "5"],
+            "`since` must be before `until`",
+        ),
+    ] {
+        let out = run(dir.path(), args, None);
+        let error = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && error.contains(said),
+            "{args:?}: {error}"
+        );
+    }
     let missing = run(dir.path(), &["stats", "chat"], None);
     assert!(!missing.status.success());
     assert_eq!(

@@ -478,6 +478,20 @@ pub struct SearchFilter {
     pub until_ms: Option<i64>,
 }
 
+impl SearchFilter {
+    /// Why the filter is not one a caller can have meant (it would keep nothing): an empty
+    /// role, or `since` not before `until`.
+    pub fn problem(&self) -> Option<&'static str> {
+        if self.role.as_deref() == Some("") {
+            return Some("`role` must name a role, such as `user`");
+        }
+        match (self.since_ms, self.until_ms) {
+            (Some(since), Some(until)) if since >= until => Some("`since` must be before `until`"),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SearchHit {
     pub id: String,

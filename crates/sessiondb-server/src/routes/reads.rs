@@ -238,19 +238,15 @@ impl SearchQuery {
 
     /// `?role=`, `?since=` and `?until=` (epoch milliseconds, `since` inclusive).
     fn filter(&self) -> Result<SearchFilter, ApiError> {
-        if self.role.as_deref() == Some("") {
-            return Err(ApiError::invalid("`role` must name a role, such as `user`"));
-        }
-        if let (Some(since), Some(until)) = (self.since, self.until)
-            && since >= until
-        {
-            return Err(ApiError::invalid("`since` must be before `until`"));
-        }
-        Ok(SearchFilter {
+        let filter = SearchFilter {
             role: self.role.clone(),
             since_ms: self.since,
             until_ms: self.until,
-        })
+        };
+        match filter.problem() {
+            Some(problem) => Err(ApiError::invalid(problem)),
+            None => Ok(filter),
+        }
     }
 }
 
