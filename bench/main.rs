@@ -126,6 +126,23 @@ fn main() {
         }
         report("search() warm", ms(t0), 200);
         println!("   hits: {}", hits.len());
+        // What snippets add to a search that finds many: 20 hits of two common words, then
+        // the same with each hit's snippet (as the HTTP API answers).
+        let (common, limit) = ("gamma delta", 20);
+        let t0 = Instant::now();
+        for _ in 0..200 {
+            assert_eq!(s.search(common, limit).await.unwrap().len(), limit);
+        }
+        report("search() of 2 common words, 20 hits", ms(t0), 200);
+        let highlighter = sessiondb::Highlighter::new(common);
+        let t0 = Instant::now();
+        for _ in 0..200 {
+            for hit in s.search(common, limit).await.unwrap() {
+                let snippet = highlighter.snippet(&hit.content, sessiondb::DEFAULT_SNIPPET_WORDS);
+                assert!(snippet.len() >= 3);
+            }
+        }
+        report("  the same with each hit's snippet", ms(t0), 200);
 
         let t0 = Instant::now();
         let fork = AppendOptions {
