@@ -266,6 +266,26 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Params<
     }
 }
 
+/// The `{sid}` and `{mid}` of a message's route. The message id is checked as the contract's
+/// identifiers are (1..256 characters, no control character; the session's is checked where it
+/// opens): one that breaks them is a 400, not a message that happens not to exist.
+#[derive(Debug)]
+pub struct MessageParams {
+    pub sid: String,
+    pub mid: String,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for MessageParams {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Params((sid, mid)) =
+            Params::<(String, String)>::from_request_parts(parts, state).await?;
+        sessiondb::validate_id("messageId", &mid)?;
+        Ok(MessageParams { sid, mid })
+    }
+}
+
 /// A query string.
 #[derive(Debug)]
 pub struct QueryParams<T>(pub T);

@@ -58,6 +58,7 @@ use std::sync::Arc;
 
 pub use sessiondb_core::compaction::CompactOptions;
 pub use sessiondb_core::convert;
+pub use sessiondb_core::message::validate_id;
 pub use sessiondb_core::snippet::{DEFAULT_SNIPPET_WORDS, Highlighter, MAX_SNIPPET_WORDS};
 pub use sessiondb_core::tokens::{HeuristicCounter, TokenCounter};
 pub use sessiondb_core::{

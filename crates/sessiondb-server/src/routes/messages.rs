@@ -13,7 +13,7 @@ use sessiondb::{
 };
 
 use crate::error::ApiError;
-use crate::extract::{ConversationHeader, JsonBody, Params, QueryParams, Tenant};
+use crate::extract::{ConversationHeader, JsonBody, MessageParams, Params, QueryParams, Tenant};
 use crate::routes::sessions::descending;
 use crate::wire::{self, Fields, json_response, value_response};
 use crate::{App, CONVERSATION_ID};
@@ -237,7 +237,7 @@ pub(crate) struct ReadQuery {
 pub(crate) async fn get<S: Store>(
     State(app): State<Arc<App<S>>>,
     Tenant(ns): Tenant,
-    Params((sid, mid)): Params<(String, String)>,
+    MessageParams { sid, mid }: MessageParams,
     QueryParams(q): QueryParams<ReadQuery>,
 ) -> Result<Response, ApiError> {
     let message = app
@@ -276,7 +276,7 @@ fn with_path_id(mut value: Value, mid: &str) -> Result<Value, ApiError> {
 pub(crate) async fn put<S: Store>(
     State(app): State<Arc<App<S>>>,
     Tenant(ns): Tenant,
-    Params((sid, mid)): Params<(String, String)>,
+    MessageParams { sid, mid }: MessageParams,
     QueryParams(q): QueryParams<PutQuery>,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
@@ -302,7 +302,7 @@ pub(crate) async fn put<S: Store>(
 pub(crate) async fn patch<S: Store>(
     State(app): State<Arc<App<S>>>,
     Tenant(ns): Tenant,
-    Params((sid, mid)): Params<(String, String)>,
+    MessageParams { sid, mid }: MessageParams,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
     let mut f = Fields::new(body.value, "message patch")?;
@@ -324,7 +324,7 @@ pub(crate) async fn patch<S: Store>(
 pub(crate) async fn delete<S: Store>(
     State(app): State<Arc<App<S>>>,
     Tenant(ns): Tenant,
-    Params((sid, mid)): Params<(String, String)>,
+    MessageParams { sid, mid }: MessageParams,
 ) -> Result<Response, ApiError> {
     match app
         .session(&ns, &sid)?

@@ -16,7 +16,7 @@ use sessiondb::{Highlighter, HistoryOptions, SearchFilter, SearchHit, Store, Sto
 
 use crate::App;
 use crate::error::ApiError;
-use crate::extract::{Params, QueryParams, Tenant};
+use crate::extract::{MessageParams, Params, QueryParams, Tenant};
 use crate::routes::messages::ReadQuery;
 use crate::wire::{self, json_response, value_response};
 
@@ -172,7 +172,7 @@ fn model_format(format: Option<&str>) -> Result<Option<ModelFormat>, ApiError> {
 pub(crate) async fn branches<S: Store>(
     State(app): State<Arc<App<S>>>,
     Tenant(ns): Tenant,
-    Params((sid, mid)): Params<(String, String)>,
+    MessageParams { sid, mid }: MessageParams,
     QueryParams(q): QueryParams<ReadQuery>,
 ) -> Result<Response, ApiError> {
     let children = app

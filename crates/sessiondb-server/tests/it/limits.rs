@@ -116,6 +116,29 @@ async fn malformed_input_is_a_400_never_a_500() {
             .status,
         StatusCode::CREATED
     );
+    // A message id in a path is checked as a session id is: 400, not a message not found.
+    for mid in ["m".repeat(257), "a%01b".to_owned()] {
+        for (method, path) in [
+            (Method::GET, format!("/v1/sessions/s/messages/{mid}")),
+            (Method::PATCH, format!("/v1/sessions/s/messages/{mid}")),
+            (Method::DELETE, format!("/v1/sessions/s/messages/{mid}")),
+            (
+                Method::PUT,
+                format!("/v1/sessions/s/messages/{mid}?upsert=true"),
+            ),
+            (Method::GET, format!("/v1/sessions/s/branches/{mid}")),
+        ] {
+            let request = server.request(method.clone(), &path);
+            let answer = server
+                .send(request.json(&json!({"role": "user", "content": "x"})))
+                .await;
+            assert_eq!(
+                (answer.status, answer.code()),
+                (StatusCode::BAD_REQUEST, "invalid_request"),
+                "{method} {path}"
+            );
+        }
+    }
     let bad_escape = server.get("/v1/sessions/%FF%FE/messages").await;
     assert_eq!(bad_escape.status, StatusCode::BAD_REQUEST);
     let form = server
