@@ -115,10 +115,13 @@ enum Command {
         /// Only messages created before this time (epoch milliseconds).
         #[arg(long)]
         until: Option<i64>,
-        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=100))]
+        /// Most hits (1 to 100).
+        #[arg(long, default_value_t = sessiondb::DEFAULT_PAGE_SIZE as u64,
+              value_parser = clap::value_parser!(u64).range(1..=sessiondb::MAX_PAGE_SIZE as u64))]
         limit: u64,
-        /// Most words of each hit's snippet.
-        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=100))]
+        /// Most words of each hit's snippet (1 to 100).
+        #[arg(long, default_value_t = sessiondb::DEFAULT_SNIPPET_WORDS as u64,
+              value_parser = clap::value_parser!(u64).range(1..=sessiondb::MAX_SNIPPET_WORDS as u64))]
         words: u64,
         #[command(flatten)]
         remote: RemoteArgs,
