@@ -43,15 +43,19 @@ pub(crate) async fn namespace<S: Store>(
     Ok(subscribe(app, FeedFilter::Namespace(ns), &headers).await)
 }
 
-/// The `Last-Event-ID` header: `None` when absent, `Some(None)` when it is not an id this
-/// server wrote (`<epoch>-<position>`), which cannot be resumed any more than a stale one.
+/// The `Last-Event-ID` header: `None` when absent or blank (an event source whose last event
+/// had no id sends none), `Some(None)` when it is not an id this server wrote
+/// (`<epoch>-<position>`), which cannot be resumed any more than a stale one.
 fn last_event_id(headers: &HeaderMap) -> Option<Option<(u64, u64)>> {
     let parse = |text: &str| {
-        let (epoch, position) = text.trim().split_once('-')?;
+        let (epoch, position) = text.split_once('-')?;
         Some((epoch.parse().ok()?, position.parse().ok()?))
     };
-    let header = headers.get("last-event-id")?;
-    Some(header.to_str().ok().and_then(parse))
+    let header = headers.get("last-event-id")?.as_bytes().trim_ascii();
+    if header.is_empty() {
+        return None;
+    }
+    Some(std::str::from_utf8(header).ok().and_then(parse))
 }
 
 /// Decrements the live-subscriber gauge when the stream is dropped.

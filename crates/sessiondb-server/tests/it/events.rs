@@ -65,6 +65,14 @@ async fn session_events_arrive_in_order_and_resume_from_last_event_id() {
             "`Last-Event-ID` is not an event id of this server"
         );
     }
+    // A blank one names no position: the stream starts live, as without the header.
+    let mut fresh = SseReader::open(&server, "/v1/sessions/s/events", Some(" ")).await;
+    server.say("s", "d", "four").await;
+    let first = fresh.next().await.unwrap();
+    assert_eq!(
+        (first.event.as_str(), &first.data["message"]["id"]),
+        ("append", &json!("d"))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
