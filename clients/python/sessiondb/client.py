@@ -340,15 +340,17 @@ class Client:
 
     def search_all(self, query: str, user_id: str | None = None, limit: int | None = None,
                    role: str | None = None, since: int | None = None,
-                   until: int | None = None, snippet_words: int | None = None) -> list[dict]:
-        """Full-text search across the namespace's sessions (or one user's), best first; only
-        ``role``'s messages, or those created from ``since`` to before ``until`` (epoch
-        milliseconds), when given. Each hit's ``snippet`` is the part of its ``content`` around
+                   until: int | None = None, snippet_words: int | None = None,
+                   match: str | None = None) -> list[dict]:
+        """Full-text search across the namespace's sessions (or one user's), best first: messages
+        holding every word, or with ``match="any"`` at least one (for a question in natural
+        language); only ``role``'s messages, or those created from ``since`` to before ``until``
+        (epoch milliseconds), when given. Each hit's ``snippet`` is the part of its ``content`` around
         the matched words (at most ``snippet_words``, 16 by default), as pieces alternating
         between plain text (even positions) and a matched word (odd positions)."""
         return self.request("GET", "/v1/search", query={
             "q": query, "userId": user_id, "limit": limit, "role": role, "since": since,
-            "until": until, "snippetWords": snippet_words})
+            "until": until, "snippetWords": snippet_words, "match": match})
 
     # -- messages ---------------------------------------------------------------------------
 
@@ -552,11 +554,13 @@ class Client:
 
     def search(self, session_id: str, query: str, limit: int | None = None,
                role: str | None = None, since: int | None = None,
-               until: int | None = None, snippet_words: int | None = None) -> list[dict]:
-        """Full-text search in the session, best first; filtered and shown as ``search_all``."""
+               until: int | None = None, snippet_words: int | None = None,
+               match: str | None = None) -> list[dict]:
+        """Full-text search in the session, best first; matched, filtered and shown as
+        ``search_all``."""
         return self.request("GET", self._session_path(session_id, "search"), query={
             "q": query, "limit": limit, "role": role, "since": since, "until": until,
-            "snippetWords": snippet_words})
+            "snippetWords": snippet_words, "match": match})
 
     # -- compaction -------------------------------------------------------------------------
 

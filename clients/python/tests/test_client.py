@@ -52,6 +52,9 @@ class ClientTest(ServedTest):
         self.assertEqual([h["id"] for h in hits], [root["id"]])
         [hit] = c.search("tree", "Zebras", snippet_words=2)
         self.assertEqual(hit["snippet"], ["…", "zebra", " is…"])
+        self.assertEqual(c.search("tree", "which horse"), [])
+        [hit] = c.search("tree", "which horse", match="any")
+        self.assertEqual(hit["id"], root["id"])
         c.delete_message("tree", b["message"]["id"])
         with self.assertRaises(SessiondbError) as caught:
             c.get_message("tree", b["message"]["id"])

@@ -125,8 +125,12 @@ export interface SearchShape {
   snippetWords?: number;
 }
 
-/** Which matches a search keeps besides its words: one role's, those created in a time range. */
+/**
+ * Which messages a search's words match (all of them, or with `match: 'any'` at least one, best
+ * first), and which of those it keeps: one role's, those created in a time range.
+ */
 export interface SearchFilter {
+  match?: 'all' | 'any';
   /** Only messages of this role (`user`, `assistant`, …). */
   role?: string;
   /** Only messages created at or after this time (epoch milliseconds). */
@@ -488,9 +492,9 @@ export class Client {
    * messages, or those created from `since` to before `until` (epoch milliseconds), when given.
    */
   searchAll(q: string, options: { userId?: string } & SearchShape & SearchFilter = {}): Promise<SearchHit[]> {
-    const { userId, limit, snippetWords, role, since, until } = options;
+    const { userId, limit, snippetWords, match, role, since, until } = options;
     return this.request('GET', '/v1/search', {
-      query: { q, userId, limit, snippetWords, role, since, until },
+      query: { q, userId, limit, snippetWords, match, role, since, until },
     });
   }
 
@@ -807,9 +811,9 @@ export class Client {
 
   /** Full-text search in the session, best first; filtered as `searchAll`. */
   search(sessionId: string, q: string, options: SearchShape & SearchFilter = {}): Promise<SearchHit[]> {
-    const { limit, snippetWords, role, since, until } = options;
+    const { limit, snippetWords, match, role, since, until } = options;
     return this.request('GET', this.sessionPath(sessionId, 'search'), {
-      query: { q, limit, snippetWords, role, since, until },
+      query: { q, limit, snippetWords, match, role, since, until },
     });
   }
 

@@ -130,6 +130,8 @@ test('branches, edits, deletes and search', async () => {
   assert.deepEqual((await shared.client.search('tree', 'zebra')).map((h) => h.id), [root.id]);
   const [hit] = await shared.client.search('tree', 'zebras', { snippetWords: 2 });
   assert.deepEqual([hit.sessionId, hit.content, hit.snippet], ['tree', 'which zebra is fastest', ['…', 'zebra', ' is…']]);
+  assert.deepEqual(await shared.client.search('tree', 'which horse'), []);
+  assert.deepEqual((await shared.client.search('tree', 'which horse', { match: 'any' })).map((h) => h.id), [root.id]);
   await shared.client.deleteMessage('tree', b.id);
   await rejectsWith(shared.client.getMessage('tree', b.id), 404, 'not_found');
   await shared.client.append('tree', { role: 'user', content: 'another root' }, { parent: null });

@@ -106,6 +106,10 @@ enum Command {
         /// Search the sessions of this user (`userId`).
         #[arg(long)]
         user: Option<String>,
+        /// Messages holding any of the words rather than all of them (a question in natural
+        /// language), best first.
+        #[arg(long)]
+        any: bool,
         /// Only messages of this role (`user`, `assistant`, …).
         #[arg(long)]
         role: Option<String>,
@@ -490,6 +494,7 @@ async fn run(
             query,
             all,
             user,
+            any,
             role,
             since,
             until,
@@ -508,6 +513,7 @@ async fn run(
                 None => bail!("the words to search for are missing after the session"),
             };
             let filter = SearchFilter {
+                match_any: any,
                 role,
                 since_ms: since,
                 until_ms: until,

@@ -101,10 +101,14 @@ async fn remote_hits(remote: &Remote, wanted: &Wanted) -> anyhow::Result<Vec<Sho
         wanted.snippet_words
     );
     let SearchFilter {
+        match_any,
         role,
         since_ms,
         until_ms,
     } = &wanted.filter;
+    if *match_any {
+        query += "&match=any";
+    }
     if let Some(role) = role {
         query += &format!("&role={}", segment(role));
     }

@@ -142,6 +142,10 @@ fn append_history_tree_search_and_stats(
         ),
         "chat a2 [assistant] Wide nodes for **databases**\n"
     );
+    assert_eq!(
+        ok(&["search", "chat", "which databases", "--any"], None),
+        "a2 [assistant] Wide nodes for **databases**\n"
+    );
     ok(&["delete", "owned"], None);
     let stats: serde_json::Value = serde_json::from_str(&ok(&["stats", "chat"], None)).unwrap();
     assert_eq!(

@@ -466,10 +466,15 @@ pub struct SessionStats {
     pub version: i64,
 }
 
-/// Which of a search's matches count besides their words: one role's, written in a time range.
-/// The default keeps every match.
+/// Which messages a search's words match (all of the words, or any), and which of those count
+/// besides: one role's, written in a time range. The default keeps every message holding all of
+/// the words.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SearchFilter {
+    /// Messages holding any of the words rather than all of them, best first by the index's
+    /// ranking (which favours messages holding more of them, and rarer ones): a question in an
+    /// agent's or a person's own words, most of whose words no message holds together.
+    pub match_any: bool,
     /// Only messages of this role (`user`, `assistant`, …).
     pub role: Option<String>,
     /// Only messages created at or after this time (epoch milliseconds).

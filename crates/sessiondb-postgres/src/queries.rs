@@ -15,7 +15,8 @@ use sessiondb_core::{
 };
 
 use crate::sql::{
-    Result, exec, get, lookup, messages, pairs, row, rows, search_filter, search_words,
+    Result, exec, get, lookup, messages, pairs, row, rows, search_filter, search_query,
+    search_words,
 };
 
 /// `SELECT` of the columns [`crate::sql::message_from_row`] reads, from the session's messages,
@@ -660,7 +661,9 @@ pub(crate) async fn search<C: GenericClient>(
         c,
         concat!(
             "SELECT m.id, m.role, m.search_text, m.created_at
-               FROM messages m, plainto_tsquery('sessiondb_search', $3) query
+               FROM messages m, ",
+            search_query!("$3"),
+            "
               WHERE m.namespace = $1 AND m.session_id = $2 AND m.search_vector @@ query AND ",
             search_filter!(),
             " ORDER BY ts_rank(m.search_vector, query) DESC, m.seq
@@ -674,6 +677,7 @@ pub(crate) async fn search<C: GenericClient>(
             &filter.role,
             &filter.since_ms,
             &filter.until_ms,
+            &filter.match_any,
         ],
     )
     .await?

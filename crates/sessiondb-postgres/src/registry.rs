@@ -8,7 +8,9 @@ use sessiondb_core::{
 };
 use tokio_postgres::Row;
 
-use crate::sql::{Param, Result, exec, get, lookup, pairs, row, rows, search_filter, search_words};
+use crate::sql::{
+    Param, Result, exec, get, lookup, pairs, row, rows, search_filter, search_query, search_words,
+};
 use sessiondb_core::plan::linear_range;
 
 const INFO_COLUMNS: &str =
@@ -282,7 +284,9 @@ pub(crate) async fn search_namespace<C: GenericClient>(
         c,
         concat!(
             "SELECT m.id, m.role, m.search_text, m.session_id, m.created_at
-               FROM messages m, plainto_tsquery('sessiondb_search', $2) query
+               FROM messages m, ",
+            search_query!("$2"),
+            "
               WHERE m.namespace = $1 AND m.search_vector @@ query
                 AND ($3::text IS NULL OR m.session_id IN
                      (SELECT id FROM sessions WHERE namespace = $1 AND user_id = $3)) AND ",
@@ -298,6 +302,7 @@ pub(crate) async fn search_namespace<C: GenericClient>(
             &filter.role,
             &filter.since_ms,
             &filter.until_ms,
+            &filter.match_any,
         ],
     )
     .await?

@@ -87,6 +87,23 @@ macro_rules! search_filter {
 }
 pub(crate) use search_filter;
 
+/// The `tsquery` of a message search, as a `FROM` item named `query`: the words (parameter
+/// `$words`, joined by spaces) all of them, or any of them when `$8` is true. Each word goes
+/// through `plainto_tsquery` on its own for the latter, so nothing in one is query syntax either;
+/// a word that leaves no lexeme is left out (and with none left, nothing matches).
+macro_rules! search_query {
+    ($words:literal) => {
+        concat!(
+            "(SELECT CASE WHEN $8 THEN
+                (SELECT string_agg('(' || plainto_tsquery('sessiondb_search', w)::text || ')', ' | ')::tsquery
+                   FROM regexp_split_to_table(", $words, ", ' ') w
+                  WHERE numnode(plainto_tsquery('sessiondb_search', w)) > 0)
+              ELSE plainto_tsquery('sessiondb_search', ", $words, ") END AS query) query"
+        )
+    };
+}
+pub(crate) use search_query;
+
 /// `filter` with its role bound as a [`lookup`].
 pub(crate) fn looked_up(filter: &SearchFilter) -> SearchFilter {
     SearchFilter {

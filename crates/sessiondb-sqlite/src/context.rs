@@ -319,7 +319,7 @@ pub(crate) fn search(
     .and_then(|mut stmt| {
         stmt.query_map(
             params![
-                match_expression(words),
+                match_expression(words, false),
                 key.namespace,
                 key.session_id,
                 label,

@@ -962,14 +962,15 @@ pub(crate) fn stats(conn: &Connection, key: &SessionKey) -> Result<SessionStats>
         .unwrap_or_default())
 }
 
-/// Every word must match (implicit AND). Each word is an FTS5 string literal, so nothing in it is
-/// syntax; words come from `sessiondb_core::search::query_words` and hold no quotes anyway.
-pub(crate) fn match_expression(words: &[String]) -> String {
+/// Every word must match (implicit AND), or with `any` one of them (OR). Each word is an FTS5
+/// string literal, so nothing in it is syntax; words come from
+/// `sessiondb_core::search::query_words` and hold no quotes anyway.
+pub(crate) fn match_expression(words: &[String], any: bool) -> String {
     words
         .iter()
         .map(|w| format!("\"{}\"", w.replace('"', "\"\"")))
         .collect::<Vec<_>>()
-        .join(" ")
+        .join(if any { " OR " } else { " " })
 }
 
 /// The conditions of a [`SearchFilter`] on `s` (`message_search`) and `m` (`messages`), its
@@ -1010,7 +1011,7 @@ pub(crate) fn search(
         &session.key.namespace,
         &mut stmt,
         params![
-            match_expression(words),
+            match_expression(words, filter.match_any),
             session.key.namespace,
             session.key.session_id,
             limit as i64,

@@ -346,7 +346,7 @@ pub(crate) fn search_namespace(
         namespace,
         &mut stmt,
         params![
-            match_expression(words),
+            match_expression(words, filter.match_any),
             namespace,
             user_id,
             limit as i64,

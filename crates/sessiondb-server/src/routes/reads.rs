@@ -210,6 +210,8 @@ pub(crate) struct SearchQuery {
     role: Option<String>,
     since: Option<i64>,
     until: Option<i64>,
+    /// `all` (the default) or `any` of the words.
+    r#match: Option<String>,
     snippet_words: Option<usize>,
 }
 
@@ -236,9 +238,15 @@ impl SearchQuery {
         Ok(value_response(StatusCode::OK, &hits))
     }
 
-    /// `?role=`, `?since=` and `?until=` (epoch milliseconds, `since` inclusive).
+    /// `?match=`, `?role=`, `?since=` and `?until=` (epoch milliseconds, `since` inclusive).
     fn filter(&self) -> Result<SearchFilter, ApiError> {
+        let match_any = match self.r#match.as_deref() {
+            None | Some("all") => false,
+            Some("any") => true,
+            Some(_) => return Err(ApiError::invalid("`match` must be `all` or `any`")),
+        };
         let filter = SearchFilter {
+            match_any,
             role: self.role.clone(),
             since_ms: self.since,
             until_ms: self.until,

@@ -160,6 +160,24 @@ async fn search_within_a_session_and_across_the_namespace() {
         .await;
     assert_eq!(in_a.ids(), ["a1"]);
 
+    // Any of the words: every message holding one (ranked by the index: rare words weigh most).
+    let any = server
+        .get("/v1/sessions/a/search?q=lazy%20quick%20fox&match=any")
+        .await;
+    let hits = any.json.as_array().unwrap();
+    let a1 = hits.iter().find(|h| h["id"] == "a1").unwrap();
+    assert_eq!(
+        a1["snippet"],
+        json!(["the ", "quick", " brown ", "fox", ""])
+    );
+    let mut ids = any.ids();
+    ids.sort();
+    assert_eq!(ids, ["a1", "a2", "a3"]);
+    let all = server
+        .get("/v1/sessions/a/search?q=lazy%20quick%20fox&match=all")
+        .await;
+    assert_eq!(all.ids().len(), 0);
+
     // Snippets: the part of a long text around the matched words, `snippetWords` long.
     let long = format!(
         "{} quickness {}",
@@ -191,6 +209,7 @@ async fn search_within_a_session_and_across_the_namespace() {
         "since=soon".to_owned(),
         format!("since={a3_at}&until={a3_at}"),
         "snippetWords=0".to_owned(),
+        "match=some".to_owned(),
         format!("snippetWords={}", sessiondb::MAX_SNIPPET_WORDS + 1),
     ] {
         let answer = server.get(&format!("/v1/search?q=quick&{refused}")).await;

@@ -152,6 +152,7 @@ macro_rules! for_each_case {
             search::search_finds_earlier_messages_with_stemming,
             search::search_folds_diacritics,
             search::snippets_mark_what_the_search_matched,
+            search::any_word_searches_find_every_message_holding_one,
             search::search_filters_keep_one_role_and_a_time_range,
             search::query_syntax_is_always_plain_words,
             search::search_never_leaves_its_session,

@@ -354,3 +354,64 @@ pub async fn search_filters_keep_one_role_and_a_time_range<S: Store>(db: Db<S>) 
     let filtered = s.search_filtered("apple", &role("user"), 20).await;
     assert_eq!(ids_of(&filtered.unwrap()), users);
 }
+
+/// A search for any of its words finds every message holding one, the one holding them all
+/// first, in a session and across the namespace, filters still applying; a search for all of
+/// them finds only that one.
+pub async fn any_word_searches_find_every_message_holding_one<S: Store>(db: Db<S>) {
+    let s = db_session(&db, "s");
+    for (id, role, words) in [
+        (
+            "both",
+            "user",
+            "we planned the database migration on Friday",
+        ),
+        ("one", "assistant", "the database is ready"),
+        ("other", "user", "a migration needs care"),
+        ("none", "user", "lunch at noon"),
+    ] {
+        s.append(text(id, role, words), AppendOptions::default())
+            .await
+            .unwrap();
+    }
+    let other = db_session(&db, "t");
+    other
+        .append(
+            text("elsewhere", "user", "database"),
+            AppendOptions::default(),
+        )
+        .await
+        .unwrap();
+    let query = "what did we decide about the database migration";
+    let any = SearchFilter {
+        match_any: true,
+        ..Default::default()
+    };
+    let hits = s.search_filtered(query, &any, 20).await.unwrap();
+    assert_eq!(hits[0].id, "both");
+    let mut found = ids_of(&hits);
+    found.sort();
+    assert_eq!(found, ["both", "one", "other"]);
+    assert!(s.search(query, 20).await.unwrap().is_empty());
+    assert_eq!(
+        ids_of(&s.search("database migration", 20).await.unwrap()),
+        ["both"]
+    );
+    let users_only = SearchFilter {
+        role: Some("user".into()),
+        ..any.clone()
+    };
+    let mut found = ids_of(&s.search_filtered(query, &users_only, 20).await.unwrap());
+    found.sort();
+    assert_eq!(found, ["both", "other"]);
+    let across = db
+        .search_all_filtered("", None, query, &any, 20)
+        .await
+        .unwrap();
+    assert_eq!(across.len(), 4);
+    assert_eq!(across[0].id, "both");
+    assert!(across.iter().any(|h| h.session_id == "t"));
+    // Words past the query's (none of which a message holds) find nothing either way.
+    let nothing = s.search_filtered("zzz qqq", &any, 20).await.unwrap();
+    assert!(nothing.is_empty());
+}
