@@ -220,22 +220,27 @@ impl SearchQuery {
         self.q.as_deref().unwrap_or("")
     }
 
-    /// The hits as JSON, each with its snippet of `?snippetWords=` words.
-    fn answer(&self, hits: &[SearchHit]) -> Result<Response, ApiError> {
-        let words = match self
+    /// `?snippetWords=`: most words of each hit's snippet.
+    fn snippet_words(&self) -> Result<usize, ApiError> {
+        match self
             .snippet_words
             .unwrap_or(sessiondb::DEFAULT_SNIPPET_WORDS)
         {
-            w @ 1..=sessiondb::MAX_SNIPPET_WORDS => w,
-            _ => {
-                return Err(ApiError::invalid(format!(
-                    "`snippetWords` must be an integer from 1 to {}",
-                    sessiondb::MAX_SNIPPET_WORDS
-                )));
-            }
-        };
-        let hits = wire::search_hits(hits, &Highlighter::new(self.text()), words);
-        Ok(value_response(StatusCode::OK, &hits))
+            words @ 1..=sessiondb::MAX_SNIPPET_WORDS => Ok(words),
+            _ => Err(ApiError::invalid(format!(
+                "`snippetWords` must be an integer from 1 to {}",
+                sessiondb::MAX_SNIPPET_WORDS
+            ))),
+        }
+    }
+
+    /// The hits as JSON, each with its snippet of at most `snippet_words` words.
+    fn answer(&self, hits: &[SearchHit], snippet_words: usize) -> Response {
+        let highlighter = Highlighter::new(self.text());
+        value_response(
+            StatusCode::OK,
+            &wire::search_hits(hits, &highlighter, snippet_words),
+        )
     }
 
     /// `?match=`, `?role=`, `?since=` and `?until=` (epoch milliseconds, `since` inclusive).
@@ -276,12 +281,12 @@ pub(crate) async fn search<S: Store>(
     if q.user_id.is_some() {
         return Err(ApiError::invalid("`userId` applies to /v1/search only"));
     }
-    let limit = search_limit(q.limit)?;
+    let (limit, filter, words) = (search_limit(q.limit)?, q.filter()?, q.snippet_words()?);
     let hits = app
         .session(&ns, &sid)?
-        .search_filtered(q.text(), &q.filter()?, limit)
+        .search_filtered(q.text(), &filter, limit)
         .await?;
-    q.answer(&hits)
+    Ok(q.answer(&hits, words))
 }
 
 pub(crate) async fn search_all<S: Store>(
@@ -289,10 +294,10 @@ pub(crate) async fn search_all<S: Store>(
     Tenant(ns): Tenant,
     QueryParams(q): QueryParams<SearchQuery>,
 ) -> Result<Response, ApiError> {
-    let limit = search_limit(q.limit)?;
+    let (limit, filter, words) = (search_limit(q.limit)?, q.filter()?, q.snippet_words()?);
     let hits = app
         .db
-        .search_all_filtered(&ns, q.user_id.as_deref(), q.text(), &q.filter()?, limit)
+        .search_all_filtered(&ns, q.user_id.as_deref(), q.text(), &filter, limit)
         .await?;
-    q.answer(&hits)
+    Ok(q.answer(&hits, words))
 }
