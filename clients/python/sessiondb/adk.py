@@ -29,6 +29,15 @@ only while the session's last stored event is the one this object last read or w
 (``ifLeaf``, checked in the write itself): otherwise ADK's ``StaleSessionError``, and nothing is
 written, so of two writers that read the same session one lands and the other must read again.
 
+Memory. ``SessiondbMemoryService`` is an ADK ``BaseMemoryService`` (what ``load_memory`` and
+``preload_memory`` search): pass it to a ``Runner`` as ``memory_service``. What it is given
+(``add_session_to_memory``, ``add_events_to_memory``) is kept in sessions of its own,
+``adk-memory/<app>/<user>/<session>``, recorded for the owner ``adk-memory/<app>/<user>`` (so one
+user's memory is one search), each event a message as above; an event already kept is not kept
+again, so a session may be added as often as it grows. ``search_memory`` is a full-text search
+of the owner's sessions for messages holding any of the query's words, best first (as ADK's
+``SqliteMemoryService`` searches), each hit read back as the event it stores.
+
 Reads. ``get_session`` reads the session, its events and the three states. The events come in
 one streamed read; with ``num_recent_events`` (or once a compaction's summary stands in the path,
 since ADK needs the events themselves) they are read newest first, a page at a time, as far as
@@ -41,8 +50,10 @@ threads, so the event loop never waits for the server.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import uuid
+from collections.abc import Mapping, Sequence
 from itertools import islice, takewhile
 from typing import Any, Optional
 
@@ -50,6 +61,8 @@ from google.adk.errors import StaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.errors.session_not_found_error import SessionNotFoundError
 from google.adk.events.event import Event
+from google.adk.memory.base_memory_service import BaseMemoryService, SearchMemoryResponse
+from google.adk.memory.memory_entry import MemoryEntry
 from google.adk.sessions.base_session_service import (
     BaseSessionService,
     GetSessionConfig,
@@ -310,3 +323,78 @@ def _scope_parts(app_name: str, user_id: str, scopes: dict[str, dict[str, Any]])
         parts.append({"session_id": user_state_key(app_name, user_id),
                       "lines": [{"session": record}] + _state_lines(scopes["user"])})
     return parts
+
+
+def memory_owner(app_name: str, user_id: str) -> str:
+    """The owner (``userId``) of a user's memory sessions in an app."""
+    return bounded_id(joined_id("adk-memory", app_name, user_id))
+
+
+def memory_key(app_name: str, user_id: str, session_id: str) -> str:
+    """The sessiondb session keeping what a session gave a user's memory."""
+    return bounded_id(joined_id("adk-memory", app_name, user_id, session_id))
+
+
+# Where `add_events_to_memory` keeps events given without their session, as ADK's own services do.
+UNKNOWN_SESSION_ID = "__unknown_session_id__"
+# Memories a search returns at most.
+MEMORY_RESULTS = 10
+
+
+class SessiondbMemoryService(BaseMemoryService):
+    """ADK's memory in sessiondb, through ``client`` (see the module's documentation)."""
+
+    def __init__(self, client: Client, max_results: int = MEMORY_RESULTS):
+        self.client = client
+        self.max_results = max_results
+
+    async def add_session_to_memory(self, session: Session) -> None:
+        await asyncio.to_thread(self._keep, session.app_name, session.user_id, session.id,
+                                session.events)
+
+    async def add_events_to_memory(self, *, app_name: str, user_id: str,
+                                   events: Sequence[Event], session_id: str | None = None,
+                                   custom_metadata: Mapping[str, object] | None = None) -> None:
+        await asyncio.to_thread(self._keep, app_name, user_id,
+                                session_id or UNKNOWN_SESSION_ID, events)
+
+    async def search_memory(self, *, app_name: str, user_id: str,
+                            query: str) -> SearchMemoryResponse:
+        return await asyncio.to_thread(self._search, app_name, user_id, query)
+
+    def _keep(self, app_name: str, user_id: str, session_id: str,
+              events: Sequence[Event]) -> None:
+        """Keeps the events that have content, chained in their order, in one write that skips
+        the ones kept before (their ids are the events')."""
+        lines: list[dict] = [{"session": {"userId": memory_owner(app_name, user_id),
+                                          "metadata": {APP_KEY: app_name, USER_KEY: user_id,
+                                                       SESSION_KEY: session_id}}}]
+        parent = None
+        for event in events:
+            if not (event.content and event.content.parts):
+                continue
+            message = message_of_event(event)
+            lines.append({"message": message, "parentId": parent,
+                          "createdAt": int(event.timestamp * 1000)})
+            parent = message["id"]
+        if parent is not None:
+            self.client.import_lines(memory_key(app_name, user_id, session_id), lines)
+
+    def _search(self, app_name: str, user_id: str, query: str) -> SearchMemoryResponse:
+        hits = self.client.search_all(query, user_id=memory_owner(app_name, user_id),
+                                      limit=self.max_results, match="any")
+        memories = []
+        for hit in hits:
+            try:
+                event = event_of(self.client.get_message(hit["sessionId"], hit["id"]))
+            except SessiondbError as error:
+                if error.code == "not_found":  # forgotten since the search
+                    continue
+                raise
+            if event.content is None:
+                continue
+            memories.append(MemoryEntry(
+                id=event.id, content=event.content, author=event.author,
+                timestamp=datetime.datetime.fromtimestamp(
+                    event.timestamp, datetime.timezone.utc).isoformat()))
+        return SearchMemoryResponse(memories=memories)

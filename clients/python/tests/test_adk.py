@@ -19,12 +19,13 @@ from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
 from google.adk.runners import Runner
 from google.adk.sessions.base_session_service import GetSessionConfig
+from google.adk.sessions.session import Session
 from google.adk.tools.tool_context import ToolContext
 from google.genai import types
 from served import ServedTest
 
 from sessiondb import SessiondbError
-from sessiondb.adk import SessiondbSessionService, session_key
+from sessiondb.adk import SessiondbMemoryService, SessiondbSessionService, session_key
 
 # The scripted model reports no token usage, which ADK logs at every answer.
 logging.getLogger("google_adk").setLevel(logging.ERROR)
@@ -282,3 +283,49 @@ class SessionServiceTest(ServedTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def said(author: str, text: str, at: float) -> Event:
+    role = "user" if author == "user" else "model"
+    return Event(author=author, invocation_id="i", timestamp=at,
+                 content=types.Content(role=role, parts=[types.Part(text=text)]))
+
+
+class MemoryServiceTest(ServedTest):
+    def setUp(self):
+        self.app = self.fresh_prefix() + "app"
+        self.memory = SessiondbMemoryService(self.client)
+
+    def search(self, user: str, query: str, app: str | None = None) -> list:
+        return asyncio.run(self.memory.search_memory(app_name=app or self.app, user_id=user,
+                                                     query=query)).memories
+
+    def test_memory_keeps_what_it_is_given_and_finds_it_by_any_word(self):
+        start = 1_750_000_000.0
+        events = [said("user", "my cat is called Miso", start),
+                  said("helper", "Miso is a lovely name for a cat", start + 1),
+                  Event(author="helper", invocation_id="i", timestamp=start + 2)]
+        session = Session(id="s1", app_name=self.app, user_id="ann", events=events)
+        asyncio.run(self.memory.add_session_to_memory(session))
+        found = self.search("ann", "what is the name of my cats")
+        self.assertEqual(sorted(m.content.parts[0].text for m in found),
+                         ["Miso is a lovely name for a cat", "my cat is called Miso"])
+        first = next(m for m in found if m.author == "user")
+        self.assertEqual(first.id, events[0].id)
+        self.assertEqual(first.timestamp, "2025-06-15T15:06:40+00:00")
+        self.assertEqual(self.search("ann", "dogs"), [])
+
+        # Added again as it grew: what was kept is not kept twice.
+        session.events.append(said("user", "and a dog named Rex", start + 3))
+        asyncio.run(self.memory.add_session_to_memory(session))
+        self.assertEqual(len(self.search("ann", "cat")), 2)
+        self.assertEqual([m.content.parts[0].text for m in self.search("ann", "dog rex")],
+                         ["and a dog named Rex"])
+
+        # Events given alone, for another user: each user's memory is their own, per app.
+        asyncio.run(self.memory.add_events_to_memory(
+            app_name=self.app, user_id="bob", events=[said("user", "my cat is Tom", start)]))
+        self.assertEqual([m.content.parts[0].text for m in self.search("bob", "cat")],
+                         ["my cat is Tom"])
+        self.assertEqual(len(self.search("ann", "cat")), 2)
+        self.assertEqual(self.search("ann", "cat", app=self.app + "-other"), [])
