@@ -30,6 +30,13 @@
  * event goes in after what it missed, so of racing writers every event lands once, one after
  * another. An event whose id the session object already holds replaces the stored one.
  *
+ * Memory. `SessiondbMemoryService` is ADK's `BaseMemoryService` (what `load_memory` and
+ * `preload_memory` search; a `Runner`'s `memoryService`), as the Python client's: what
+ * `addSessionToMemory` is given is kept in sessions of its own, `adk-memory/<app>/<user>/<session>`,
+ * recorded for the owner `adk-memory/<app>/<user>`, each event a message as above and kept once
+ * however often its session is added; `searchMemory` finds the owner's messages holding any of
+ * the query's words, best first, each read back as the event it stores.
+ *
  * Reads. `getSession` reads the session, its events and the three states at once; with
  * `numRecentEvents` the events are read newest first, a page at a time, only as far as needed.
  * `listSessions` lists the app's sessions (one user's through the server's user index), ordered
@@ -38,6 +45,10 @@
 import { BaseSessionService, State, createEvent, createSession } from '@google/adk';
 import type {
   AppendEventRequest,
+  BaseMemoryService,
+  MemoryEntry,
+  SearchMemoryRequest,
+  SearchMemoryResponse,
   CreateSessionRequest,
   DeleteSessionRequest,
   Event,
@@ -420,5 +431,59 @@ export class SessiondbSessionService extends BaseSessionService {
     session.state = fresh.state;
     session.lastUpdateTime = fresh.lastUpdateTime;
     this.leaves.set(session, this.leaves.get(fresh) ?? null);
+  }
+}
+
+/** The owner (`userId`) of a user's memory sessions in an app. */
+export function memoryOwner(appName: string, userId: string): string {
+  return boundedId(joinedId('adk-memory', appName, userId));
+}
+
+/** The sessiondb session keeping what a session gave a user's memory. */
+export function memoryKey(appName: string, userId: string, sessionId: string): string {
+  return boundedId(joinedId('adk-memory', appName, userId, sessionId));
+}
+
+/** ADK's memory in sessiondb, through `client` (see the module's documentation). */
+export class SessiondbMemoryService implements BaseMemoryService {
+  constructor(
+    readonly client: Client,
+    /** Memories a search returns at most. */
+    readonly maxResults = 10,
+  ) {}
+
+  /** Keeps the session's events that have content, chained in their order, in one write that
+   * skips the ones kept before (their ids are the events'). */
+  async addSessionToMemory(session: Session): Promise<void> {
+    const owner = memoryOwner(session.appName, session.userId);
+    const metadata = { [APP_KEY]: session.appName, [USER_KEY]: session.userId, [SESSION_KEY]: session.id };
+    const lines: ImportLine[] = [{ session: { userId: owner, metadata } }];
+    let parent: string | null = null;
+    for (const event of session.events) {
+      if (!event.content?.parts?.length) continue;
+      const message = messageOfEvent(event);
+      lines.push({ message, parentId: parent, createdAt: Math.trunc(event.timestamp) });
+      parent = message.id;
+    }
+    if (parent !== null) await this.client.importLines(memoryKey(session.appName, session.userId, session.id), lines);
+  }
+
+  async searchMemory({ appName, userId, query }: SearchMemoryRequest): Promise<SearchMemoryResponse> {
+    const owner = memoryOwner(appName, userId);
+    const hits = await this.client.searchAll(query, { userId: owner, limit: this.maxResults, match: 'any' });
+    const memories: MemoryEntry[] = [];
+    for (const hit of hits) {
+      let message: StoredMessage;
+      try {
+        message = await this.client.getMessage(hit.sessionId, hit.id);
+      } catch (error) {
+        if (isMissing(error)) continue; // forgotten since the search
+        throw error;
+      }
+      const event = eventOf(message);
+      if (event.content === undefined) continue;
+      memories.push({ content: event.content, author: event.author, timestamp: new Date(event.timestamp).toISOString() });
+    }
+    return { memories };
   }
 }

@@ -4,7 +4,7 @@ import { test } from 'node:test';
 
 import { BaseLlm, FunctionTool, LlmAgent, Runner, createEvent } from '@google/adk';
 
-import { SessiondbSessionService, sessionKey } from '../dist/adk.js';
+import { SessiondbMemoryService, SessiondbSessionService, sessionKey } from '../dist/adk.js';
 import { all, sharedServer } from './served.mjs';
 
 const shared = sharedServer();
@@ -242,4 +242,32 @@ test('messages other clients wrote read as events', async () => {
   // The runner goes on from them.
   const replies = await runTurn(service, app, 'ann', 'o', 'hi');
   assert.equal(textOf(replies.at(-1)), 'visit 1, shown 5 contents');
+});
+
+test('memory keeps what it is given and finds it by any word', async () => {
+  const app = freshApp();
+  const memory = new SessiondbMemoryService(shared.client);
+  const start = 1_750_000_000_000;
+  const said = (author, text, timestamp) =>
+    createEvent({ author, invocationId: 'i', timestamp, content: { role: author === 'user' ? 'user' : 'model', parts: [{ text }] } });
+  const events = [said('user', 'my cat is called Miso', start), said('helper', 'Miso is a lovely name for a cat', start + 1000),
+    createEvent({ author: 'helper', invocationId: 'i', timestamp: start + 2000 })];
+  const session = { id: 's1', appName: app, userId: 'ann', state: {}, events, lastUpdateTime: start };
+  await memory.addSessionToMemory(session);
+  const search = async (userId, query, appName = app) => (await memory.searchMemory({ appName, userId, query })).memories;
+  const found = await search('ann', 'what is the name of my cats');
+  assert.deepEqual(found.map((m) => m.content.parts[0].text).sort(), ['Miso is a lovely name for a cat', 'my cat is called Miso']);
+  const first = found.find((m) => m.author === 'user');
+  assert.equal(first.timestamp, '2025-06-15T15:06:40.000Z');
+  assert.deepEqual(await search('ann', 'dogs'), []);
+  // Added again as it grew: what was kept is not kept twice.
+  session.events.push(said('user', 'and a dog named Rex', start + 3000));
+  await memory.addSessionToMemory(session);
+  assert.equal((await search('ann', 'cat')).length, 2);
+  assert.deepEqual((await search('ann', 'dog rex')).map((m) => m.content.parts[0].text), ['and a dog named Rex']);
+  // Each user's memory is their own, per app.
+  await memory.addSessionToMemory({ ...session, id: 's2', userId: 'bob', events: [said('user', 'my cat is Tom', start)] });
+  assert.deepEqual((await search('bob', 'cat')).map((m) => m.content.parts[0].text), ['my cat is Tom']);
+  assert.equal((await search('ann', 'cat')).length, 2);
+  assert.deepEqual(await search('ann', 'cat', `${app}-other`), []);
 });
