@@ -33,7 +33,7 @@ Memory. ``SessiondbMemoryService`` is an ADK ``BaseMemoryService`` (what ``load_
 ``preload_memory`` search): pass it to a ``Runner`` as ``memory_service``. What it is given
 (``add_session_to_memory``, ``add_events_to_memory``) is kept in sessions of its own,
 ``adk-memory/<app>/<user>/<session>``, recorded for the owner ``adk-memory/<app>/<user>`` (so one
-user's memory is one search), each event a message as above; an event already kept is not kept
+user's memory is one search; the names in its metadata under ``adkMemory``), each event a message as above; an event already kept is not kept
 again, so a session may be added as often as it grows. ``search_memory`` is a full-text search
 of the owner's sessions for messages holding any of the query's words, best first (as ADK's
 ``SqliteMemoryService`` searches), each hit read back as the event it stores.
@@ -79,6 +79,8 @@ EVENT_KEY = "adkEvent"
 APP_KEY = "adkApp"
 USER_KEY = "adkUserId"
 SESSION_KEY = "adkSessionId"
+# The metadata key of a memory session: its app, user and session.
+MEMORY_KEY = "adkMemory"
 PAGE_SIZE = 100
 
 
@@ -366,9 +368,11 @@ class SessiondbMemoryService(BaseMemoryService):
               events: Sequence[Event]) -> None:
         """Keeps the events that have content, chained in their order, in one write that skips
         the ones kept before (their ids are the events')."""
-        lines: list[dict] = [{"session": {"userId": memory_owner(app_name, user_id),
-                                          "metadata": {APP_KEY: app_name, USER_KEY: user_id,
-                                                       SESSION_KEY: session_id}}}]
+        # Its own metadata key: the session service lists an app's sessions by `adkApp`.
+        record = {"userId": memory_owner(app_name, user_id),
+                  "metadata": {MEMORY_KEY: {"app": app_name, "user": user_id,
+                                            "session": session_id}}}
+        lines: list[dict] = [{"session": record}]
         parent = None
         for event in events:
             if not (event.content and event.content.parts):

@@ -329,3 +329,6 @@ class MemoryServiceTest(ServedTest):
                          ["my cat is Tom"])
         self.assertEqual(len(self.search("ann", "cat")), 2)
         self.assertEqual(self.search("ann", "cat", app=self.app + "-other"), [])
+        # Memory is not among the app's sessions.
+        listed = asyncio.run(SessiondbSessionService(self.client).list_sessions(app_name=self.app))
+        self.assertEqual(listed.sessions, [])

@@ -33,7 +33,7 @@
  * Memory. `SessiondbMemoryService` is ADK's `BaseMemoryService` (what `load_memory` and
  * `preload_memory` search; a `Runner`'s `memoryService`), as the Python client's: what
  * `addSessionToMemory` is given is kept in sessions of its own, `adk-memory/<app>/<user>/<session>`,
- * recorded for the owner `adk-memory/<app>/<user>`, each event a message as above and kept once
+ * recorded for the owner `adk-memory/<app>/<user>` (the names in its metadata under `adkMemory`), each event a message as above and kept once
  * however often its session is added; `searchMemory` finds the owner's messages holding any of
  * the query's words, best first, each read back as the event it stores.
  *
@@ -77,6 +77,8 @@ export const EVENT_KEY = 'adkEvent';
 export const APP_KEY = 'adkApp';
 export const USER_KEY = 'adkUserId';
 export const SESSION_KEY = 'adkSessionId';
+/** The metadata key of a memory session: its app, user and session. */
+export const MEMORY_KEY = 'adkMemory';
 const PAGE_SIZE = 100;
 /** How often one append reads a session again after other writers moved it, before giving up. */
 const MAX_REFRESHES = 16;
@@ -456,7 +458,8 @@ export class SessiondbMemoryService implements BaseMemoryService {
    * skips the ones kept before (their ids are the events'). */
   async addSessionToMemory(session: Session): Promise<void> {
     const owner = memoryOwner(session.appName, session.userId);
-    const metadata = { [APP_KEY]: session.appName, [USER_KEY]: session.userId, [SESSION_KEY]: session.id };
+    // Its own metadata key: the session service lists an app's sessions by `adkApp`.
+    const metadata = { [MEMORY_KEY]: { app: session.appName, user: session.userId, session: session.id } };
     const lines: ImportLine[] = [{ session: { userId: owner, metadata } }];
     let parent: string | null = null;
     for (const event of session.events) {

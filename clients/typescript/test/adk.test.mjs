@@ -270,4 +270,6 @@ test('memory keeps what it is given and finds it by any word', async () => {
   assert.deepEqual((await search('bob', 'cat')).map((m) => m.content.parts[0].text), ['my cat is Tom']);
   assert.equal((await search('ann', 'cat')).length, 2);
   assert.deepEqual(await search('ann', 'cat', `${app}-other`), []);
+  // Memory is not among the app's sessions.
+  assert.deepEqual((await new SessiondbSessionService(shared.client).listSessions({ appName: app })).sessions, []);
 });
