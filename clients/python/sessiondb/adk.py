@@ -33,10 +33,12 @@ Memory. ``SessiondbMemoryService`` is an ADK ``BaseMemoryService`` (what ``load_
 ``preload_memory`` search): pass it to a ``Runner`` as ``memory_service``. What it is given
 (``add_session_to_memory``, ``add_events_to_memory``) is kept in sessions of its own,
 ``adk-memory/<app>/<user>/<session>``, recorded for the owner ``adk-memory/<app>/<user>`` (so one
-user's memory is one search; the names in its metadata under ``adkMemory``), each event a message as above; an event already kept is not kept
-again, so a session may be added as often as it grows. ``search_memory`` is a full-text search
-of the owner's sessions for messages holding any of the query's words, best first (as ADK's
-``SqliteMemoryService`` searches), each hit read back as the event it stores.
+user's memory is one search; the names in its metadata under ``adkMemory``), each event a
+message as above; an event already kept is not kept again, so a session may be added as often
+as it grows. ``search_memory`` is a full-text search of the owner's sessions for messages holding
+any of the query's words, best first (as ADK's ``SqliteMemoryService`` searches), each hit read
+back as the event it stores. ``delete_memory`` forgets an event: it is deleted, and recorded (a
+state key of the session named as the owner, which owns nothing) so that it is never kept again.
 
 Reads. ``get_session`` reads the session, its events and the three states. The events come in
 one streamed read; with ``num_recent_events`` (or once a compaction's summary stands in the path,
@@ -364,6 +366,30 @@ class SessiondbMemoryService(BaseMemoryService):
                             query: str) -> SearchMemoryResponse:
         return await asyncio.to_thread(self._search, app_name, user_id, query)
 
+    async def delete_memory(self, *, app_name: str, user_id: str,
+                            memory_id: str | None = None) -> None:
+        if memory_id:
+            await asyncio.to_thread(self._forget, app_name, user_id, memory_id)
+
+    def _forget(self, app_name: str, user_id: str, memory_id: str) -> None:
+        """Records the event as forgotten (so adding its session again keeps it no more), then
+        deletes it from every memory session of the user that kept it. A call cut short in
+        between is made again; until then the event may still be found."""
+        owner = memory_owner(app_name, user_id)
+        self.client.put_state(owner, message_id_for(memory_id), True)
+        for record in self.client.list_sessions(user_id=owner):
+            self.client.delete_messages(record["id"], [message_id_for(memory_id)])
+
+    def _forgotten(self, app_name: str, user_id: str) -> dict:
+        """The message ids of the user's forgotten events (state keys of the session named as
+        the owner, which owns nothing itself)."""
+        try:
+            return self.client.all_state(memory_owner(app_name, user_id))
+        except SessiondbError as error:
+            if error.code == "not_found":
+                return {}
+            raise
+
     def _keep(self, app_name: str, user_id: str, session_id: str,
               events: Sequence[Event]) -> None:
         """Keeps the events that have content, chained in their order, in one write that skips
@@ -373,11 +399,14 @@ class SessiondbMemoryService(BaseMemoryService):
                   "metadata": {MEMORY_KEY: {"app": app_name, "user": user_id,
                                             "session": session_id}}}
         lines: list[dict] = [{"session": record}]
+        forgotten = self._forgotten(app_name, user_id)
         parent = None
         for event in events:
             if not (event.content and event.content.parts):
                 continue
             message = message_of_event(event)
+            if message["id"] in forgotten:
+                continue
             lines.append({"message": message, "parentId": parent,
                           "createdAt": int(event.timestamp * 1000)})
             parent = message["id"]

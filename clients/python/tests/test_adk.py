@@ -329,6 +329,14 @@ class MemoryServiceTest(ServedTest):
                          ["my cat is Tom"])
         self.assertEqual(len(self.search("ann", "cat")), 2)
         self.assertEqual(self.search("ann", "cat", app=self.app + "-other"), [])
+        # Forgetting an event deletes it, and adding its session again does not bring it back.
+        miso = next(m for m in self.search("ann", "miso") if m.author == "user")
+        asyncio.run(self.memory.delete_memory(app_name=self.app, user_id="ann",
+                                               memory_id=miso.id))
+        self.assertEqual([m.author for m in self.search("ann", "miso")], ["helper"])
+        asyncio.run(self.memory.add_session_to_memory(session))
+        self.assertEqual([m.author for m in self.search("ann", "miso")], ["helper"])
+        self.assertEqual(len(self.search("bob", "cat")), 1)
         # Memory is not among the app's sessions.
         listed = asyncio.run(SessiondbSessionService(self.client).list_sessions(app_name=self.app))
         self.assertEqual(listed.sessions, [])
