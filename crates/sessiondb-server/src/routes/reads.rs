@@ -220,18 +220,22 @@ impl SearchQuery {
         self.q.as_deref().unwrap_or("")
     }
 
-    /// `?snippetWords=`: most words of each hit's snippet.
-    fn snippet_words(&self) -> Result<usize, ApiError> {
-        match self
-            .snippet_words
-            .unwrap_or(sessiondb::DEFAULT_SNIPPET_WORDS)
-        {
-            words @ 1..=sessiondb::MAX_SNIPPET_WORDS => Ok(words),
-            _ => Err(ApiError::invalid(format!(
-                "`snippetWords` must be an integer from 1 to {}",
-                sessiondb::MAX_SNIPPET_WORDS
-            ))),
-        }
+    /// What the search asks for, checked before anything is read: its page size (`?limit=`),
+    /// its filter and the most words of each hit's snippet (`?snippetWords=`).
+    fn checked(&self) -> Result<(usize, SearchFilter, usize), ApiError> {
+        let limit = within(
+            "limit",
+            self.limit,
+            sessiondb::DEFAULT_PAGE_SIZE,
+            sessiondb::MAX_PAGE_SIZE,
+        )?;
+        let snippet_words = within(
+            "snippetWords",
+            self.snippet_words,
+            sessiondb::DEFAULT_SNIPPET_WORDS,
+            sessiondb::MAX_SNIPPET_WORDS,
+        )?;
+        Ok((limit, self.filter()?, snippet_words))
     }
 
     /// The hits as JSON, each with its snippet of at most `snippet_words` words.
@@ -263,12 +267,15 @@ impl SearchQuery {
     }
 }
 
-fn search_limit(limit: Option<usize>) -> Result<usize, ApiError> {
-    match limit.unwrap_or(sessiondb::DEFAULT_PAGE_SIZE) {
-        l @ 1..=sessiondb::MAX_PAGE_SIZE => Ok(l),
-        _ => Err(ApiError::invalid(
-            "`limit` must be an integer from 1 to 100",
-        )),
+/// `value` (else `default`) when it is from 1 to `max`; else a 400 naming the parameter.
+fn within(name: &str, value: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
+    let value = value.unwrap_or(default);
+    if (1..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(ApiError::invalid(format!(
+            "`{name}` must be an integer from 1 to {max}"
+        )))
     }
 }
 
@@ -281,7 +288,7 @@ pub(crate) async fn search<S: Store>(
     if q.user_id.is_some() {
         return Err(ApiError::invalid("`userId` applies to /v1/search only"));
     }
-    let (limit, filter, words) = (search_limit(q.limit)?, q.filter()?, q.snippet_words()?);
+    let (limit, filter, words) = q.checked()?;
     let hits = app
         .session(&ns, &sid)?
         .search_filtered(q.text(), &filter, limit)
@@ -294,7 +301,7 @@ pub(crate) async fn search_all<S: Store>(
     Tenant(ns): Tenant,
     QueryParams(q): QueryParams<SearchQuery>,
 ) -> Result<Response, ApiError> {
-    let (limit, filter, words) = (search_limit(q.limit)?, q.filter()?, q.snippet_words()?);
+    let (limit, filter, words) = q.checked()?;
     let hits = app
         .db
         .search_all_filtered(&ns, q.user_id.as_deref(), q.text(), &filter, limit)
