@@ -88,23 +88,54 @@ const MAX_WORD_CHARS: usize = 128;
 /// Most words kept from one query.
 const MAX_QUERY_WORDS: usize = 32;
 
-/// The words of a user query: maximal runs of alphanumeric characters, in order, deduplicated.
-/// An empty result means "matches nothing".
+/// The words of a user query ([`words`]), in order, deduplicated. An empty result means
+/// "matches nothing".
 pub fn query_words(query: &str) -> Vec<String> {
-    let mut words: Vec<String> = Vec::new();
-    for word in query.split(|c: char| !c.is_alphanumeric()) {
-        if word.is_empty() {
-            continue;
+    let mut kept: Vec<String> = Vec::new();
+    for (start, end) in words(query) {
+        let word: String = query[start..end].chars().take(MAX_WORD_CHARS).collect();
+        if !kept.contains(&word) {
+            kept.push(word);
         }
-        let word: String = word.chars().take(MAX_WORD_CHARS).collect();
-        if !words.contains(&word) {
-            words.push(word);
-        }
-        if words.len() == MAX_QUERY_WORDS {
+        if kept.len() == MAX_QUERY_WORDS {
             break;
         }
     }
-    words
+    kept
+}
+
+/// The byte ranges of `text`'s words: maximal runs of letters and digits (what a query is cut
+/// into, and what a snippet counts and marks).
+pub(crate) fn words(text: &str) -> impl Iterator<Item = (usize, usize)> + '_ {
+    // Whether the character at byte `at` is a letter or digit, and where the next one starts
+    // (ASCII without decoding, which is most text).
+    let at_word = |at: usize| match text.as_bytes()[at] {
+        byte if byte.is_ascii() => (byte.is_ascii_alphanumeric(), at + 1),
+        _ => text[at..].chars().next().map_or((false, text.len()), |c| {
+            (c.is_alphanumeric(), at + c.len_utf8())
+        }),
+    };
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let start = loop {
+            if at == text.len() {
+                return None;
+            }
+            let (in_word, next) = at_word(at);
+            if in_word {
+                break at;
+            }
+            at = next;
+        };
+        while at < text.len() {
+            let (in_word, next) = at_word(at);
+            if !in_word {
+                break;
+            }
+            at = next;
+        }
+        Some((start, at))
+    })
 }
 
 #[cfg(test)]

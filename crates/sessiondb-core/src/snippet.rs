@@ -14,7 +14,7 @@ use unicode_normalization::UnicodeNormalization;
 use unicode_normalization::char::is_combining_mark;
 
 use crate::porter;
-use crate::search::query_words;
+use crate::search::{query_words, words};
 
 /// Words a snippet holds unless asked for another number.
 pub const DEFAULT_SNIPPET_WORDS: usize = 16;
@@ -57,17 +57,14 @@ impl Highlighter {
     }
 
     /// Which of the query's words `word` is, if any (its index among the stems). Most words
-    /// are told apart by their first bytes, before folding (ASCII) or stemming them.
+    /// are told apart by their first byte before folding, the rest by their first bytes before
+    /// stemming.
     fn matches(&self, word: &str, folded: &mut Vec<u8>) -> Option<usize> {
         if !self.may_start[usize::from(word.as_bytes()[0])] {
             return None;
         }
-        let may_match = |word: &[u8]| self.stems.iter().any(|stem| may_stem_to(word, stem));
-        if word.is_ascii() && !may_match(word.as_bytes()) {
-            return None;
-        }
         fold(word, folded);
-        if !may_match(folded) {
+        if !self.stems.iter().any(|stem| may_stem_to(folded, stem)) {
             return None;
         }
         porter::stem(folded);
@@ -209,44 +206,11 @@ fn push_run(out: &mut String, run: &str) {
     }
 }
 
-/// Whether a folded word (or an ASCII one in any case) can have `stem` as its stem: it begins
-/// as the stem does but for the stem's last bytes (see [`porter::CHANGED_TAIL`]).
+/// Whether a folded word can have `stem` as its stem: it begins as the stem does but for the
+/// stem's last bytes (see [`porter::CHANGED_TAIL`]).
 fn may_stem_to(word: &[u8], stem: &[u8]) -> bool {
     let kept = stem.len().saturating_sub(porter::CHANGED_TAIL).max(1);
-    word.len() >= kept && word[..kept].eq_ignore_ascii_case(&stem[..kept])
-}
-
-/// The byte ranges of `text`'s words: runs of letters and digits, as [`query_words`] cuts.
-fn words(text: &str) -> impl Iterator<Item = (usize, usize)> + '_ {
-    // Whether the character at byte `at` is a letter or digit, and where the next one starts
-    // (ASCII without decoding, which is most text).
-    let at_word = |at: usize| match text.as_bytes()[at] {
-        byte if byte.is_ascii() => (byte.is_ascii_alphanumeric(), at + 1),
-        _ => text[at..].chars().next().map_or((false, text.len()), |c| {
-            (c.is_alphanumeric(), at + c.len_utf8())
-        }),
-    };
-    let mut at = 0;
-    std::iter::from_fn(move || {
-        let start = loop {
-            if at == text.len() {
-                return None;
-            }
-            let (in_word, next) = at_word(at);
-            if in_word {
-                break at;
-            }
-            at = next;
-        };
-        while at < text.len() {
-            let (in_word, next) = at_word(at);
-            if !in_word {
-                break;
-            }
-            at = next;
-        }
-        Some((start, at))
-    })
+    word.starts_with(&stem[..kept])
 }
 
 /// `word` in lower case without diacritics (its canonical decomposition without combining
