@@ -375,10 +375,10 @@ class SessiondbMemoryService(BaseMemoryService):
         """Records the event as forgotten (so adding its session again keeps it no more), then
         deletes it from every memory session of the user that kept it. A call cut short in
         between is made again; until then the event may still be found."""
-        owner = memory_owner(app_name, user_id)
-        self.client.put_state(owner, message_id_for(memory_id), True)
+        owner, message_id = memory_owner(app_name, user_id), message_id_for(memory_id)
+        self.client.put_state(owner, message_id, True)
         for record in self.client.list_sessions(user_id=owner):
-            self.client.delete_messages(record["id"], [message_id_for(memory_id)])
+            self.client.delete_messages(record["id"], [message_id])
 
     def _forgotten(self, app_name: str, user_id: str) -> dict:
         """The message ids of the user's forgotten events (state keys of the session named as

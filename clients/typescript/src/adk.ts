@@ -465,7 +465,7 @@ export class SessiondbMemoryService implements BaseMemoryService {
     for (const event of session.events) {
       if (!event.content?.parts?.length) continue;
       const message = messageOfEvent(event);
-      lines.push({ message, parentId: parent, createdAt: Math.trunc(event.timestamp) });
+      lines.push({ message, parentId: parent, createdAt: Math.floor(event.timestamp) });
       parent = message.id;
     }
     if (parent !== null) await this.client.importLines(memoryKey(session.appName, session.userId, session.id), lines);
