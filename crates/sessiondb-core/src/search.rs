@@ -88,8 +88,8 @@ const MAX_WORD_CHARS: usize = 128;
 /// Most words kept from one query.
 const MAX_QUERY_WORDS: usize = 32;
 
-/// The words of a user query ([`words`]), in order, deduplicated. An empty result means
-/// "matches nothing".
+/// The words of a user query (maximal runs of letters and digits), in order, deduplicated. An
+/// empty result means "matches nothing".
 pub fn query_words(query: &str) -> Vec<String> {
     let mut kept: Vec<String> = Vec::new();
     for (start, end) in words(query) {
