@@ -73,8 +73,11 @@ impl SessionRow {
     /// The version a change of the row saved at `now` gives it: one more than before, and at
     /// least `now` × 1,000 (the time in microseconds, to the millisecond). Versions thus grow
     /// with every change of one session, and a session deleted and created again (its row gone
-    /// in between) starts above every version its earlier self had, as long as the clock does
-    /// not step back across the deletion and no millisecond saw 1,000 changes of it: a version
+    /// in between) starts above every version its earlier self had, as long as it is created in
+    /// a later millisecond than that self's last change, the clock does not step back across the
+    /// deletion and no millisecond saw 1,000 changes of it (within one millisecond the new
+    /// session can start at a version its earlier self had; nothing of the old row is left to
+    /// start above): a version
     /// names one state of a session, so a reader that kept what it read at a version may keep
     /// using it while the version holds. They stay below 2^53, exact as JSON numbers in every
     /// language, until the year 2255.

@@ -924,6 +924,16 @@ pub async fn versions_move_with_every_change_and_condition_writes<S: Store>(db: 
     let last = seen;
     assert!(s.delete_session().await.unwrap());
     assert_eq!(version().await, 0);
+    // Versions follow the clock to the millisecond, so the guarantee holds from the millisecond
+    // after the earlier self's last change (`SessionRow::next_version`); a fast machine runs
+    // this whole case within one.
+    let clock_ms = || {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        since.unwrap().as_millis() as i64
+    };
+    while clock_ms() * 1000 <= last {
+        std::thread::yield_now();
+    }
     let reborn = s
         .append(text("a", "user", "again"), AppendOptions::default())
         .await
