@@ -28,8 +28,9 @@ pub struct SessionRow {
     /// per-row totals need not store it.
     pub path_epoch: i64,
     pub stored_messages: u64,
-    /// Moves with every saved change of the row ([`SessionRow::next_version`]); 0 while absent,
-    /// and in a row stored before versions existed until its next change.
+    /// Moves with every saved change of the row ([`SessionRow::next_version`]); 0 in a row
+    /// stored before versions existed until its next change. An absent row holds the floor its
+    /// first version starts above ([`SessionRow::absent`]).
     pub version: i64,
     /// The path aggregates no longer describe the active leaf: the backend recomputes them
     /// once before saving.
@@ -50,8 +51,12 @@ pub enum PathGrowth {
 }
 
 impl SessionRow {
-    /// A session that has no row (yet).
-    pub fn absent(now: i64) -> Self {
+    /// A session that has no row (yet). `deleted_version` is the highest version a deleted
+    /// session of its namespace had (0 when none was deleted): the backend keeps it for the
+    /// namespace ([`crate::write_rules::WriteTx::delete_session`]), and the row's first version
+    /// starts above it, so a session deleted and created again never repeats a version its
+    /// earlier self had, whatever the clock did in between.
+    pub fn absent(now: i64, deleted_version: i64) -> Self {
         SessionRow {
             stored: false,
             dirty: false,
@@ -64,23 +69,19 @@ impl SessionRow {
             path: PathTotals::EMPTY,
             path_epoch: 0,
             stored_messages: 0,
-            version: 0,
+            version: deleted_version,
             totals_stale: false,
             record: None,
         }
     }
 
-    /// The version a change of the row saved at `now` gives it: one more than before, and at
-    /// least `now` × 1,000 (the time in microseconds, to the millisecond). Versions thus grow
-    /// with every change of one session, and a session deleted and created again (its row gone
-    /// in between) starts above every version its earlier self had, as long as it is created in
-    /// a later millisecond than that self's last change, the clock does not step back across the
-    /// deletion and no millisecond saw 1,000 changes of it (within one millisecond the new
-    /// session can start at a version its earlier self had; nothing of the old row is left to
-    /// start above): a version
-    /// names one state of a session, so a reader that kept what it read at a version may keep
-    /// using it while the version holds. They stay below 2^53, exact as JSON numbers in every
-    /// language, until the year 2255.
+    /// The version a change of the row saved at `now` gives it: one more than before (for a new
+    /// row, than its namespace's deletion floor: [`SessionRow::absent`]), and at least `now` ×
+    /// 1,000 (the time in microseconds, to the millisecond). Versions thus grow with every change
+    /// of one session, and a version names one state of a session, so a reader that kept what it
+    /// read at a version may keep using it while the version holds. The time floor keeps
+    /// versions of unrelated sessions apart; they stay below 2^53, exact as JSON numbers in
+    /// every language, until the year 2255.
     pub fn next_version(&self, now: i64) -> i64 {
         (self.version + 1).max(now.max(0).saturating_mul(1000))
     }
@@ -206,7 +207,7 @@ mod tests {
     use super::*;
 
     fn with_leaf(rows: u64) -> SessionRow {
-        let mut row = SessionRow::absent(1);
+        let mut row = SessionRow::absent(1, 0);
         for n in 0..rows {
             let parent = row.leaf_seq;
             let grown = row.extend_path(parent, (10, 100)) == PathGrowth::Extended;
@@ -316,7 +317,7 @@ mod tests {
             (None, PathTotals::EMPTY, 0)
         );
         assert_eq!((row.next_seq, row.updated_at), (3, 9));
-        let mut absent = SessionRow::absent(1);
+        let mut absent = SessionRow::absent(1, 0);
         absent.cleared(9);
         assert!(!absent.dirty);
     }

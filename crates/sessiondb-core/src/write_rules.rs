@@ -102,8 +102,10 @@ pub trait WriteTx {
     fn delete_rows(&mut self, rows: &[(String, i64)]) -> impl Future<Output = Result<()>>;
     /// Deletes every message row and what hangs off them.
     fn clear(&mut self) -> impl Future<Output = Result<()>>;
-    /// Deletes the session: its row, messages, compactions, state and context.
-    fn delete_session(&mut self) -> impl Future<Output = Result<()>>;
+    /// Deletes the session: its row, messages, compactions, state and context. `last_version` is
+    /// the deleted row's version (`None`: there was no row); the backend raises its namespace's
+    /// deletion floor to it, which it hands to [`SessionRow::absent`] from then on.
+    fn delete_session(&mut self, last_version: Option<i64>) -> impl Future<Output = Result<()>>;
     fn record(&mut self) -> impl Future<Output = Result<Option<SessionRecord>>>;
     fn add_compaction(&mut self, compaction: &Compaction) -> impl Future<Output = Result<()>>;
     fn put_state(&mut self, name: &str, value: &str) -> impl Future<Output = Result<()>>;
@@ -252,8 +254,11 @@ impl<T: WriteTx> Rules<'_, T> {
                 {
                     return Ok(WriteOutcome::Existed(false));
                 }
-                self.tx.delete_session().await?;
-                *self.session = SessionRow::absent(self.now);
+                let last_version = self.session.version;
+                self.tx
+                    .delete_session(existed.then_some(last_version))
+                    .await?;
+                *self.session = SessionRow::absent(self.now, last_version);
                 if existed {
                     self.changes.push(Change::Session {
                         action: SessionAction::Deleted,

@@ -10,6 +10,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0002_branch_points.sql"),
     include_str!("../migrations/0003_unaccent.sql"),
     include_str!("../migrations/0004_session_versions.sql"),
+    include_str!("../migrations/0005_deleted_versions.sql"),
 ];
 
 /// The schema version this build writes and reads.

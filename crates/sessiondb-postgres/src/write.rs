@@ -58,11 +58,18 @@ const SAVE_SESSION_INSERT: &str =
                  path_head_seq, stored_messages, path_dense, version)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)";
 
-/// Loads the session row, or an absent one.
+/// Loads the session row, or an absent one above its namespace's deletion floor.
 async fn load_session<C: GenericClient>(c: &C, key: &SessionKey, now: i64) -> Result<SessionRow> {
     let found = row(c, LOAD_SESSION, &[&key.namespace, &key.session_id]).await?;
     let Some(r) = found else {
-        return Ok(SessionRow::absent(now));
+        let floor = row(
+            c,
+            "SELECT version FROM deleted_versions WHERE namespace = $1",
+            &[&key.namespace],
+        )
+        .await?;
+        let deleted_version = floor.map(|r| get(&r, 0)).transpose()?.unwrap_or(0);
+        return Ok(SessionRow::absent(now, deleted_version));
     };
     Ok(SessionRow {
         stored: true,
@@ -735,7 +742,7 @@ impl<C: GenericClient> WriteTx for PgTx<'_, C> {
         .await
     }
 
-    async fn delete_session(&mut self) -> Result<()> {
+    async fn delete_session(&mut self, last_version: Option<i64>) -> Result<()> {
         attachments::drop_session_refs(self.c, self.key).await?;
         queries::delete_session_rows(self.c, self.key, context::DELETE_SESSION).await?;
         queries::delete_session_rows(
@@ -749,7 +756,20 @@ impl<C: GenericClient> WriteTx for PgTx<'_, C> {
                 "DELETE FROM sessions WHERE namespace = $1 AND id = $2",
             ],
         )
-        .await
+        .await?;
+        if let Some(version) = last_version {
+            // Deletions in one namespace wait here for each other's commits (one row); a
+            // creation reads the floor after its session's lock, so after the deletion's commit.
+            exec(
+                self.c,
+                "INSERT INTO deleted_versions (namespace, version) VALUES ($1, $2)
+                 ON CONFLICT (namespace) DO UPDATE
+                 SET version = GREATEST(deleted_versions.version, EXCLUDED.version)",
+                &[&self.key.namespace, &version],
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     async fn record(&mut self) -> Result<Option<SessionRecord>> {

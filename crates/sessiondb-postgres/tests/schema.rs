@@ -59,7 +59,10 @@ async fn every_table_is_keyed_by_namespace_first() {
             continue;
         }
         assert_eq!(columns[0], "namespace", "{table}: {columns:?}");
-        let per_session = !matches!(table.as_str(), "attachments" | "attachment_chunks");
+        let per_session = !matches!(
+            table.as_str(),
+            "attachments" | "attachment_chunks" | "deleted_versions"
+        );
         if per_session {
             let second = if table == "sessions" {
                 "id"
@@ -148,6 +151,7 @@ async fn schema_3_folds_the_accents_of_rows_written_before_it() {
              UPDATE messages SET search_text = search_text;
              UPDATE context_entries SET content = content;
              ALTER TABLE sessions DROP COLUMN version;
+             DROP TABLE deleted_versions;
              DELETE FROM sessiondb_schema WHERE version >= 3;",
         )
         .await

@@ -22,6 +22,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0012_text_off_page.sql"),
     include_str!("../migrations/0013_rows_by_session_number.sql"),
     include_str!("../migrations/0014_session_versions.sql"),
+    include_str!("../migrations/0015_deleted_versions.sql"),
 ];
 
 /// The schema version this build creates and reads.

@@ -49,9 +49,9 @@ fn exec(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) -> Result
         .map_err(backend_error)
 }
 
-/// Loads the session row with the session's number, or an absent row with the number a new
-/// session gets (one above the highest; numbers of deleted sessions may come back, their rows
-/// having gone with them).
+/// Loads the session row with the session's number, or an absent row (above its namespace's
+/// deletion floor) with the number a new session gets (one above the highest; numbers of
+/// deleted sessions may come back, their rows having gone with them).
 fn load_session(conn: &Connection, key: &SessionKey, now: i64) -> Result<(SessionRow, i64)> {
     let mut stmt = conn
         .prepare_cached(
@@ -93,16 +93,20 @@ fn load_session(conn: &Connection, key: &SessionKey, now: i64) -> Result<(Sessio
     if let Some(found) = row {
         return Ok(found);
     }
-    let number: i64 = conn
-        .prepare_cached("SELECT coalesce(max(number), 0) + 1 FROM sessions")
-        .and_then(|mut stmt| stmt.query_row([], |r| r.get(0)))
+    let (number, deleted_version): (i64, i64) = conn
+        .prepare_cached(
+            "SELECT coalesce(max(number), 0) + 1,
+                    coalesce((SELECT version FROM deleted_versions WHERE namespace = ?1), 0)
+               FROM sessions",
+        )
+        .and_then(|mut stmt| stmt.query_row([&key.namespace], |r| Ok((r.get(0)?, r.get(1)?))))
         .map_err(backend_error)?;
     if number > MAX_SESSION_NUMBER {
         return Err(StoreError::StorageFull(format!(
             "the store holds sessions numbered up to {MAX_SESSION_NUMBER}, the most it can"
         )));
     }
-    Ok((SessionRow::absent(now), number))
+    Ok((SessionRow::absent(now, deleted_version), number))
 }
 
 /// The highest session number: keys (`number << 32 | seq`) stay positive 64-bit integers.
@@ -456,10 +460,19 @@ impl WriteTx for SqliteTx<'_> {
         registry::delete_messages(self.conn, &self.rows, self.ctx.search_index)
     }
 
-    async fn delete_session(&mut self) -> Result<()> {
+    async fn delete_session(&mut self, last_version: Option<i64>) -> Result<()> {
         attachments::drop_session_refs(self.conn, self.key())?;
         context::delete_session(self.conn, self.key())?;
-        registry::delete_session_rows(self.conn, &self.rows, self.ctx.search_index)
+        registry::delete_session_rows(self.conn, &self.rows, self.ctx.search_index)?;
+        if let Some(version) = last_version {
+            exec(
+                self.conn,
+                "INSERT INTO deleted_versions (namespace, version) VALUES (?1, ?2)
+                 ON CONFLICT (namespace) DO UPDATE SET version = max(version, excluded.version)",
+                &[&self.key().namespace, &version],
+            )?;
+        }
+        Ok(())
     }
 
     async fn record(&mut self) -> Result<Option<SessionRecord>> {

@@ -514,7 +514,10 @@ fn a_schema_13_file_versions_its_sessions_from_their_next_write() {
         add_text(&db.session("a").unwrap(), "m1").version.unwrap()
     };
     raw(dir.path())
-        .execute_batch("ALTER TABLE sessions DROP COLUMN version; PRAGMA user_version = 13;")
+        .execute_batch(
+            "DROP TABLE deleted_versions; ALTER TABLE sessions DROP COLUMN version;
+             PRAGMA user_version = 13;",
+        )
         .unwrap();
 
     let db = open(dir.path());

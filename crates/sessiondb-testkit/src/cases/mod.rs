@@ -106,6 +106,7 @@ macro_rules! for_each_case {
             writes::update_replaces_body_and_keeps_position,
             writes::writes_conditioned_on_the_leaf_apply_only_there,
             writes::versions_move_with_every_change_and_condition_writes,
+            writes::a_session_created_again_never_repeats_a_version,
             writes::message_quota_refuses_the_whole_request,
             writes::update_of_unknown_id_creates_nothing,
             writes::identical_update_writes_and_emits_nothing,

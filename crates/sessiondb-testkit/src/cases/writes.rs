@@ -924,19 +924,63 @@ pub async fn versions_move_with_every_change_and_condition_writes<S: Store>(db: 
     let last = seen;
     assert!(s.delete_session().await.unwrap());
     assert_eq!(version().await, 0);
-    // Versions follow the clock to the millisecond, so the guarantee holds from the millisecond
-    // after the earlier self's last change (`SessionRow::next_version`); a fast machine runs
-    // this whole case within one.
-    let clock_ms = || {
-        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        since.unwrap().as_millis() as i64
-    };
-    while clock_ms() * 1000 <= last {
-        std::thread::yield_now();
-    }
     let reborn = s
         .append(text("a", "user", "again"), AppendOptions::default())
         .await
         .unwrap();
     assert!(reborn.version.unwrap() > last);
+}
+
+/// A session deleted and created again starts above every version its earlier self had, also
+/// within the same millisecond, in the same request, and when the clock that creates it is
+/// behind the one that deleted it (another server instance's): the deletion leaves a floor.
+pub async fn a_session_created_again_never_repeats_a_version<S: Store>(db: Db<S>) {
+    use sessiondb_core::{WriteOp, WriteRequest};
+    let key = db_session(&db, "s").key().clone();
+    let write = |now_ms: i64, ops: Vec<WriteOp>| {
+        db.store().write(WriteRequest {
+            key: key.clone(),
+            now_ms,
+            ops,
+            max_messages: None,
+            condition: None,
+        })
+    };
+    let state = |value: &str| WriteOp::PutState {
+        name: "n".into(),
+        value: value.into(),
+    };
+    let delete = || WriteOp::DeleteSession {
+        updated_before: None,
+    };
+    // Ahead of the clock, so every version below comes from these requests' times.
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let now = since_epoch.unwrap().as_millis() as i64 + 60_000;
+    let mut last = 0;
+    for value in ["1", "2", "3"] {
+        let version = write(now, vec![state(value)])
+            .await
+            .unwrap()
+            .version
+            .unwrap();
+        assert!(version > last, "{version} after {last}");
+        last = version;
+    }
+    assert_eq!(write(now, vec![delete()]).await.unwrap().version, None);
+
+    let reborn = write(now, vec![state("again")]).await.unwrap();
+    let reborn = reborn.version.unwrap();
+    assert!(reborn > last, "same millisecond: {reborn} after {last}");
+    last = reborn;
+
+    write(now, vec![delete()]).await.unwrap();
+    let behind = write(now - 30_000, vec![state("behind")]).await.unwrap();
+    let behind = behind.version.unwrap();
+    assert!(behind > last, "a clock 30 s behind: {behind} after {last}");
+    last = behind;
+
+    let in_one = write(now, vec![delete(), state("in one request")]).await;
+    let in_one = in_one.unwrap().version.unwrap();
+    assert!(in_one > last, "in one request: {in_one} after {last}");
+    assert_eq!(db.store().stats(&key).await.unwrap().version, in_one);
 }
