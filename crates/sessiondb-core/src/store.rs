@@ -235,6 +235,11 @@ pub enum WriteCondition {
     /// The session does not exist yet ([`StoreError::SessionExists`]): a request that creates a
     /// session with its first contents.
     Absent,
+    /// The session holds this message exactly as a read returned it: its text, times and place
+    /// (else [`StoreError::MessageChanged`]). For a read, change and write of one message, such
+    /// as a patch of some of its fields, which must not undo a write that came in between; the
+    /// rest of the session may have moved.
+    Message(StoredMessage),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -534,6 +539,10 @@ pub enum StoreError {
     /// A request conditioned on the session's version found another one; nothing was written.
     #[error("the session is at version {found}, not {expected}: it changed since")]
     VersionMoved { expected: i64, found: i64 },
+    /// A request conditioned on a message as read ([`WriteCondition::Message`]) found it changed
+    /// or gone; nothing was written.
+    #[error("message `{id}` changed since it was read")]
+    MessageChanged { id: String },
     /// A context block refused a write.
     #[error(transparent)]
     Context(#[from] ContextError),

@@ -159,6 +159,13 @@ pub async fn apply_request<T: WriteTx>(
             });
         }
         Some(WriteCondition::Version(_)) => {}
+        Some(WriteCondition::Message(read)) => {
+            if tx.message(&read.id).await?.as_ref() != Some(read) {
+                return Err(StoreError::MessageChanged {
+                    id: read.id.to_string(),
+                });
+            }
+        }
     }
     let mut rules = Rules {
         tx,

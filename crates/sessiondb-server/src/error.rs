@@ -137,6 +137,7 @@ impl From<StoreError> for ApiError {
             StoreError::ParentCycle { .. }
             | StoreError::LeafMoved { .. }
             | StoreError::VersionMoved { .. }
+            | StoreError::MessageChanged { .. }
             | StoreError::SessionExists => ApiError::conflict(e.to_string()),
             StoreError::NoSession => ApiError::not_found(e.to_string()),
             StoreError::Context(context) => context.into(),

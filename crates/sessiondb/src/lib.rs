@@ -86,8 +86,8 @@ pub use manager::SPLIT_PREFIX;
 pub use page::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Page, PageRequest};
 pub use registry::{IdleSweep, IdleSweeper, SessionListing};
 pub use session::{
-    AppendOptions, AppendResult, HistoryOptions, ImportOptions, MessagePatch, RecentHistory,
-    Session,
+    AppendOptions, AppendResult, HistoryOptions, ImportOptions, MessagePatch, PATCH_ATTEMPTS,
+    RecentHistory, Session,
 };
 pub use sessiondb_core::context::{
     BlockKind, BlockView, ContextError, SECTION_RULE, ToolDefinition,

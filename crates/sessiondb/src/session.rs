@@ -16,8 +16,9 @@ use sessiondb_core::plan::{Batcher, content_windows};
 use sessiondb_core::{
     Compaction, MAX_PATH_ROWS, Message, MessageId, Parent, PathRuns, PlanRow, PreparedMessage,
     RangeTotals, RowStat, SearchFilter, SearchHit, SessionKey, SessionStats, Source, Store,
-    StoredMessage, UpdateOutcome, ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES,
-    WINDOW_MAX_ROWS, WriteCondition, WriteOp, WriteOutcome, WriteRequest, Written, search,
+    StoreError, StoredMessage, UpdateOutcome, ValidationError, ValidationErrorKind,
+    WINDOW_MAX_BYTES, WINDOW_MAX_ROWS, WriteCondition, WriteOp, WriteOutcome, WriteRequest,
+    Written, search,
 };
 
 use crate::compact::{SessionCaches, WriteSettings};
@@ -59,6 +60,25 @@ pub struct MessagePatch {
     pub content: Option<Value>,
     pub metadata: Option<Value>,
 }
+
+impl MessagePatch {
+    /// Each field's name in a message with its change.
+    fn fields(&self) -> [(&'static str, Option<&Value>); 4] {
+        [
+            ("role", self.role.as_ref()),
+            ("parts", self.parts.as_ref()),
+            ("content", self.content.as_ref()),
+            ("metadata", self.metadata.as_ref()),
+        ]
+    }
+}
+
+/// How often [`Session::patch_message`] reads and writes before it gives up on a message that
+/// changes under it every time. Each failed attempt saw another write of the message land
+/// within its own read and write, so a patch fails only after that many other writes of the
+/// message while it tried (four patchers at once, each making its patches one after another,
+/// meet a handful).
+pub const PATCH_ATTEMPTS: usize = 64;
 
 #[derive(Debug, Clone)]
 pub struct ImportOptions {
@@ -548,39 +568,59 @@ impl<S: Store> Session<S> {
 
     /// Replaces the given fields of a stored message (each whole: `metadata` is replaced, not
     /// merged); a `null` removes an optional field. Returns `None` when no message has this id;
-    /// the result is validated like any write.
+    /// the result is validated like any write. The patch applies to the message as stored when
+    /// it is written: a write of the message between this call's read and its write makes it
+    /// read and patch again (up to [`PATCH_ATTEMPTS`] times, then
+    /// [`crate::StoreError::MessageChanged`]), so concurrent patches of different fields all
+    /// stay.
     pub async fn patch_message(
         &self,
         id: &str,
         patch: MessagePatch,
         source: Source,
     ) -> Result<Option<StoredMessage>, Error> {
-        // Patched in pointer form: media stays where it is stored instead of being put back
-        // and taken out again.
-        let Some(current) = self.store.message(&self.key, id).await? else {
-            return Ok(None);
-        };
-        let mut fields = current.to_message().into_value();
-        let changes = [
-            ("role", patch.role),
-            ("parts", patch.parts),
-            ("content", patch.content),
-            ("metadata", patch.metadata),
-        ];
-        if let Value::Object(map) = &mut fields {
-            for (field, change) in changes {
-                match change {
-                    None => {}
-                    Some(Value::Null) => {
-                        map.shift_remove(field);
-                    }
-                    Some(value) => {
-                        map.insert(field.to_owned(), value);
+        let settings = self.write_settings().await?;
+        let mut attempts = 0;
+        loop {
+            // Patched in pointer form: media stays where it is stored instead of being put back
+            // and taken out again.
+            let Some(current) = self.store.message(&self.key, id).await? else {
+                return Ok(None);
+            };
+            let mut fields = current.to_message().into_value();
+            if let Value::Object(map) = &mut fields {
+                for (field, change) in patch.fields() {
+                    match change {
+                        None => {}
+                        Some(Value::Null) => {
+                            map.shift_remove(field);
+                        }
+                        Some(value) => {
+                            map.insert(field.to_owned(), value.clone());
+                        }
                     }
                 }
             }
+            let patched = Message::from_value(fields)?;
+            if patched.is_compaction_overlay() {
+                return Ok(None);
+            }
+            let op = WriteOp::Update {
+                message: self.prepare(patched, source, &settings).await?,
+            };
+            let condition = Some(WriteCondition::Message(current));
+            attempts += 1;
+            match self.write_one_if(op, condition).await {
+                Ok((
+                    WriteOutcome::Updated(UpdateOutcome::Changed(m) | UpdateOutcome::Unchanged(m)),
+                    _,
+                )) => return Ok(Some(self.resolved_message(m).await?)),
+                Ok(_) => return Ok(None),
+                Err(Error::Store(StoreError::MessageChanged { .. }))
+                    if attempts < PATCH_ATTEMPTS => {}
+                Err(error) => return Err(error),
+            }
         }
-        self.update(Message::from_value(fields)?, source).await
     }
 
     /// Writes a historical message verbatim (no sanitising) with an explicit parent and time.

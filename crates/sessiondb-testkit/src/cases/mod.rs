@@ -107,6 +107,8 @@ macro_rules! for_each_case {
             writes::writes_conditioned_on_the_leaf_apply_only_there,
             writes::versions_move_with_every_change_and_condition_writes,
             writes::a_session_created_again_never_repeats_a_version,
+            writes::writes_conditioned_on_a_message_apply_only_to_it_as_read,
+            writes::concurrent_patches_of_one_message_keep_every_field,
             writes::message_quota_refuses_the_whole_request,
             writes::update_of_unknown_id_creates_nothing,
             writes::identical_update_writes_and_emits_nothing,

@@ -984,3 +984,101 @@ pub async fn a_session_created_again_never_repeats_a_version<S: Store>(db: Db<S>
     assert!(in_one > last, "in one request: {in_one} after {last}");
     assert_eq!(db.store().stats(&key).await.unwrap().version, in_one);
 }
+
+/// A write conditioned on a message as read applies while the message is stored as it was read,
+/// whatever else the session did, and writes and publishes nothing once it changed or went.
+pub async fn writes_conditioned_on_a_message_apply_only_to_it_as_read<S: Store>(db: Db<S>) {
+    use sessiondb::HeuristicCounter;
+    use sessiondb_core::{WriteOp, WriteRequest};
+    let s = db_session(&db, "s");
+    chain(&s, &["m1"]).await;
+    let read = || async { db.store().message(s.key(), "m1").await.unwrap().unwrap() };
+    let update = |body: &str, read: StoredMessage| {
+        let message = text("m1", "user", body).prepare(&HeuristicCounter);
+        db.store().write(WriteRequest {
+            key: s.key().clone(),
+            now_ms: 1,
+            ops: vec![WriteOp::Update { message }],
+            max_messages: None,
+            condition: Some(WriteCondition::Message(read)),
+        })
+    };
+    let body = |message: Option<StoredMessage>| message.unwrap().json().to_owned();
+
+    let first = read().await;
+    chain(&s, &["m2"]).await;
+    update("first edit", first.clone()).await.unwrap();
+    assert!(
+        body(s.message("m1").await.unwrap()).contains("first edit"),
+        "others' writes leave it"
+    );
+
+    let mut sub = db.subscribe(FeedFilter::All);
+    let stale = update("lost edit", first).await.unwrap_err();
+    assert!(
+        matches!(&stale, StoreError::MessageChanged { id } if id == "m1"),
+        "{stale:?}"
+    );
+    assert!(
+        drain(&mut sub).is_empty(),
+        "a refused write publishes nothing"
+    );
+    assert!(body(s.message("m1").await.unwrap()).contains("first edit"));
+
+    let fresh = read().await;
+    s.update(text("m1", "user", "first edit"), Source::Server)
+        .await
+        .unwrap();
+    update("second edit", fresh)
+        .await
+        .expect("an unchanged rewrite writes nothing");
+
+    let gone = read().await;
+    s.delete(&["m1".to_owned()]).await.unwrap();
+    let refused = update("after the delete", gone).await.unwrap_err();
+    assert!(
+        matches!(refused, StoreError::MessageChanged { .. }),
+        "{refused:?}"
+    );
+    assert!(s.message("m1").await.unwrap().is_none());
+}
+
+/// Patches of different fields of one message, made at once, all stay: each applies to the
+/// message as stored when it is written, not as it was before another patch. (No patch can run
+/// out of attempts here: it fails at most once per other patch, 36 of them.)
+pub async fn concurrent_patches_of_one_message_keep_every_field<S: Store>(db: Db<S>) {
+    use sessiondb::MessagePatch;
+    let s = db_session(&db, "s");
+    chain(&s, &["m1"]).await;
+    const ROUNDS: usize = 12;
+    let value = |field: &str, round: usize| match field {
+        "role" => json!(format!("role{round}")),
+        "content" => json!(format!("content {round}")),
+        "metadata" => json!({ "round": round }),
+        _ => json!([{ "type": "text", "text": format!("part {round}") }]),
+    };
+    let patcher = |field: &'static str| {
+        let s = &s;
+        async move {
+            for round in 1..=ROUNDS {
+                let mut patch = MessagePatch::default();
+                let slot = match field {
+                    "role" => &mut patch.role,
+                    "content" => &mut patch.content,
+                    "metadata" => &mut patch.metadata,
+                    _ => &mut patch.parts,
+                };
+                *slot = Some(value(field, round));
+                s.patch_message("m1", patch, Source::Server).await.unwrap();
+            }
+        }
+    };
+    let fields = ["role", "content", "metadata", "parts"];
+    futures::future::join_all(fields.map(patcher)).await;
+
+    let stored = s.message("m1").await.unwrap().unwrap();
+    let stored: serde_json::Value = serde_json::from_str(stored.json()).unwrap();
+    for field in fields {
+        assert_eq!(stored[field], value(field, ROUNDS), "{field} in {stored}");
+    }
+}
