@@ -159,13 +159,14 @@ pub async fn apply_request<T: WriteTx>(
             });
         }
         Some(WriteCondition::Version(_)) => {}
-        Some(WriteCondition::Message(read)) => {
-            if tx.message(&read.id).await?.as_ref() != Some(read) {
-                return Err(StoreError::MessageChanged {
-                    id: read.id.to_string(),
-                });
-            }
+        Some(WriteCondition::Message(read))
+            if tx.message(&read.id).await?.as_ref() != Some(read) =>
+        {
+            return Err(StoreError::MessageChanged {
+                id: read.id.to_string(),
+            });
         }
+        Some(WriteCondition::Message(_)) => {}
     }
     let mut rules = Rules {
         tx,
