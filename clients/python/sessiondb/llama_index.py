@@ -24,7 +24,10 @@ write, all or none. ``delete_message(key, idx)`` takes a position on that path, 
 (``SQLAlchemyChatStore`` takes its row id, which a ``ChatMessage`` does not carry).
 ``set_messages`` and archives of several messages are two or more requests, as they are two
 statements (a delete, then inserts; or updates) in ``SQLAlchemyChatStore``. The blocking client
-runs on worker threads, so the event loop never waits for the server.
+runs on worker threads, so the event loop never waits for the server. A store holds each key's
+path with the session's version as it last read or wrote it: a read while the session is still
+at that version transfers nothing (``Memory.aget`` reads twice a turn), and an add is made at
+that version, so the store still holds the path after it.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from llama_index.core.bridge.pydantic import BaseModel, ConfigDict, Field, Priva
 from llama_index.core.storage.chat_store.base import BaseChatStore
 from llama_index.core.storage.chat_store.base_db import AsyncDBChatStore, MessageStatus
 
-from .client import Client, SessiondbError, bounded_id, joined_id
+from .client import COMPACTION_PREFIX, Client, SessiondbError, bounded_id, joined_id
 
 MESSAGE_KEY = "llamaIndexMessage"
 STATUS_KEY = "llamaIndexStatus"
@@ -85,16 +88,36 @@ class _KeyedSessions:
         self.client = client
         # Keys whose session this process has created (or found), so an add is one request.
         self.registered: set[str] = set()
+        # Per key, the session's version and its stored path (messages, never handed out or
+        # changed: readers build new lists and objects from them) as this store last read or
+        # wrote it: a read while the session is still at that version transfers nothing.
+        self.held: dict[str, tuple[int, list[dict]]] = {}
 
     def stored(self, key: str, status: Optional[MessageStatus] = None) -> list[dict]:
         """The key's stored messages of ``status`` (any when ``None``), oldest first."""
+        return [m for m in self._path(key) if status is None or _status_of(m) == status.value]
+
+    def _path(self, key: str) -> list[dict]:
+        session = session_of(key)
+        held = self.held.get(key)
         try:
-            path = self.client.stored_history(session_of(key))
+            read = self.client.versioned_history(session, held[0] if held else None)
         except SessiondbError as error:
             if error.code == "not_found":
                 return []
             raise
-        return [m for m in path if status is None or _status_of(m) == status.value]
+        if read is None and held is not None:
+            return held[1]
+        version, path = read or (0, [])
+        if any(m["id"].startswith(COMPACTION_PREFIX) for m in path):
+            # A compaction's summary stands in the read path: the stored one is read in pages.
+            self.held.pop(key, None)
+            return list(self.client.iter_messages(session))
+        if version:
+            self.held[key] = (version, path)
+        else:
+            self.held.pop(key, None)
+        return path
 
     def append(self, key: str, messages: List[ChatMessage],
                status: MessageStatus = MessageStatus.ACTIVE) -> None:
@@ -109,10 +132,25 @@ class _KeyedSessions:
                 if error.code != "conflict":
                     raise
             self.registered.add(key)
-        self.client.append_batch(session, [message_of_chat_message(m, status) for m in messages])
+        stored = [message_of_chat_message(m, status) for m in messages]
+        held = self.held.pop(key, None)
+        if held is not None:
+            # At the version held: what is held plus these is then the stored path.
+            try:
+                added, version = self.client.append_batch_versioned(session, stored,
+                                                                    if_version=held[0])
+            except SessiondbError as error:
+                if error.code not in ("conflict", "not_found"):
+                    raise
+            else:
+                if version is not None:
+                    self.held[key] = (version, held[1] + added)
+                return
+        self.client.append_batch(session, stored)
 
     def replace(self, key: str, messages: List[ChatMessage],
                 status: MessageStatus = MessageStatus.ACTIVE) -> None:
+        self.held.pop(key, None)
         try:
             self.client.clear(session_of(key))
         except SessiondbError as error:
@@ -122,6 +160,7 @@ class _KeyedSessions:
 
     def delete(self, key: str, stored: list[dict]) -> List[ChatMessage]:
         """Deletes these stored messages of the key (in one write) and returns them."""
+        self.held.pop(key, None)
         if stored:
             self.client.delete_messages(session_of(key), [m["id"] for m in stored])
         return [chat_message_of(m) for m in stored]
@@ -133,11 +172,13 @@ class _KeyedSessions:
         return self.delete(key, [stored[idx]])[0]
 
     def delete_key(self, key: str) -> None:
+        self.held.pop(key, None)
         self.client.delete_session(session_of(key), True)
         self.registered.discard(key)
 
     def archive_oldest(self, key: str, n: int) -> List[ChatMessage]:
         oldest = self.stored(key, MessageStatus.ACTIVE)[:max(n, 0)]
+        self.held.pop(key, None)
         for message in oldest:
             metadata = {**(message.get("metadata") or {}), STATUS_KEY: MessageStatus.ARCHIVED.value}
             self.client.update_message(session_of(key), message["id"], metadata=metadata)

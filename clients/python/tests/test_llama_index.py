@@ -10,6 +10,7 @@ from llama_index.core.memory import ChatMemoryBuffer, Memory
 from llama_index.core.storage.chat_store.base_db import MessageStatus
 from served import ServedTest
 
+from sessiondb import Client
 from sessiondb.llama_index import SessiondbBaseChatStore, SessiondbChatStore, session_of
 
 ACTIVE, ARCHIVED = MessageStatus.ACTIVE, MessageStatus.ARCHIVED
@@ -96,6 +97,54 @@ class ChatStoreTest(ServedTest):
         # A key used again after its deletion comes back.
         run(store.add_message(key, ChatMessage(role="user", content="again")))
         self.assertIn(key, run(store.get_keys()))
+
+    def test_a_read_after_its_own_write_transfers_nothing(self):
+        client = Client(self.served.url)
+        self.addCleanup(client.close)
+        statuses = []
+        start = client._start
+
+        def recorded(method, target, headers, data):
+            connection, answer = start(method, target, headers, data)
+            statuses.append((method, answer.status))
+            return connection, answer
+
+        client._start = recorded
+        store, key, run = SessiondbChatStore(client=client), self.key, asyncio.run
+        run(store.add_messages(key, [ChatMessage(role="user", content="m0")]))
+        self.assertEqual(texts(run(store.get_messages(key))), ["m0"])
+        run(store.add_messages(key, [ChatMessage(role="assistant", content="m1")]))
+        statuses.clear()
+        self.assertEqual(texts(run(store.get_messages(key))), ["m0", "m1"])
+        self.assertEqual(run(store.count_messages(key)), 2)
+        self.assertEqual(statuses, [("GET", 304)] * 2, "the session is as this store wrote it")
+
+        # Another writer's message: the next read transfers the path.
+        other = SessiondbChatStore(client=self.client)
+        run(other.add_messages(key, [ChatMessage(role="user", content="elsewhere")]))
+        statuses.clear()
+        self.assertEqual(texts(run(store.get_messages(key))), ["m0", "m1", "elsewhere"])
+        self.assertEqual(statuses, [("GET", 200)])
+
+        # A write elsewhere between a read and this store's add: the add, refused at the
+        # version read, lands after it anyway, and the next read transfers the path.
+        run(other.add_messages(key, [ChatMessage(role="assistant", content="also elsewhere")]))
+        statuses.clear()
+        run(store.add_messages(key, [ChatMessage(role="user", content="m2")]))
+        self.assertEqual(statuses, [("POST", 409), ("POST", 201)])
+        statuses.clear()
+        self.assertEqual(texts(run(store.get_messages(key))),
+                         ["m0", "m1", "elsewhere", "also elsewhere", "m2"])
+        self.assertEqual(statuses, [("GET", 200)])
+
+        # Its own archive, deletion and replacement are read back as they left the path.
+        run(store.archive_oldest_messages(key, 1))
+        self.assertEqual(texts(run(store.get_messages(key, ARCHIVED))), ["m0"])
+        run(store.delete_oldest_messages(key, 1))
+        self.assertEqual(texts(run(store.get_messages(key))),
+                         ["elsewhere", "also elsewhere", "m2"])
+        run(store.set_messages(key, [ChatMessage(role="user", content="fresh")]))
+        self.assertEqual(texts(run(store.get_messages(key, None))), ["fresh"])
 
     def test_messages_of_several_blocks_or_none_come_back_as_they_were(self):
         messages = [ChatMessage(role="user", blocks=[TextBlock(text="a"), TextBlock(text="b")]),
