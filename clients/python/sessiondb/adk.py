@@ -41,7 +41,9 @@ back as the event it stores. ``delete_memory`` forgets an event: it is deleted, 
 state key of the session named as the owner, which owns nothing) so that it is never kept again.
 
 Reads. ``get_session`` reads the session, its events and the three states. The events come in
-one streamed read; with ``num_recent_events`` (or once a compaction's summary stands in the path,
+one streamed read, which transfers nothing while the session is still as this service last
+read or wrote it (it holds each session's stored path with the session's version, and appends
+from a session object that is up to date with it go in at that version); with ``num_recent_events`` (or once a compaction's summary stands in the path,
 since ADK needs the events themselves) they are read newest first, a page at a time, as far as
 ``num_recent_events`` and ``after_timestamp`` need. ``list_sessions``
 lists the app's sessions (one user's through the server's user index, all users' by reading the
@@ -75,7 +77,7 @@ from google.adk.sessions.state import State
 from google.genai import types
 from pydantic_core import to_jsonable_python
 
-from .client import Client, SessiondbError, bounded_id, joined_id, message_id_for
+from .client import COMPACTION_PREFIX, Client, SessiondbError, bounded_id, joined_id, message_id_for
 
 EVENT_KEY = "adkEvent"
 APP_KEY = "adkApp"
@@ -180,6 +182,10 @@ class SessiondbSessionService(BaseSessionService):
 
     def __init__(self, client: Client):
         self.client = client
+        # Per session key, the session's version and its stored path (messages, never handed
+        # out: each read builds events of its own) as this service last read or wrote it, so a
+        # whole read while the session is still at that version transfers no events.
+        self._held: dict[str, tuple[int, list[dict]]] = {}
 
     # -- ADK's interface --------------------------------------------------------------------
 
@@ -200,8 +206,9 @@ class SessiondbSessionService(BaseSessionService):
         return await asyncio.to_thread(self._list, app_name, user_id)
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
-        await asyncio.to_thread(self.client.delete_session,
-                                session_key(app_name, user_id, session_id.strip()), True)
+        key = session_key(app_name, user_id, session_id.strip())
+        self._held.pop(key, None)
+        await asyncio.to_thread(self.client.delete_session, key, True)
 
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
         return await asyncio.to_thread(self.client.all_state, user_state_key(app_name, user_id))
@@ -263,7 +270,7 @@ class SessiondbSessionService(BaseSessionService):
         """The events ``config`` asks for, oldest first."""
         wanted, after = config.num_recent_events, config.after_timestamp
         if wanted is None:
-            events = [event_of(m) for m in self.client.stored_history(key)]
+            events = [event_of(m) for m in self._stored_path(key)]
             return [e for e in events if e.timestamp >= after] if after else events
         # The stored path newest first, read only as far as ``config`` needs.
         page_size = max(1, min(PAGE_SIZE, wanted))
@@ -271,6 +278,24 @@ class SessiondbSessionService(BaseSessionService):
         if after:
             newest = takewhile(lambda event: event.timestamp >= after, newest)
         return list(islice(newest, wanted))[::-1]
+
+    def _stored_path(self, key: str) -> list[dict]:
+        """The session's stored path, oldest first: what is held while the session is still at
+        its version, else read (and held)."""
+        held = self._held.get(key)
+        read = self.client.versioned_history(key, held[0] if held else None)
+        if read is None and held is not None:
+            return held[1]
+        version, path = read or (0, [])
+        if any(m["id"].startswith(COMPACTION_PREFIX) for m in path):
+            # A compaction's summary stands in the read path: the stored one is read in pages.
+            self._held.pop(key, None)
+            return list(self.client.iter_messages(key))
+        if version:
+            self._held[key] = (version, path)
+        else:
+            self._held.pop(key, None)
+        return path
 
     def _list(self, app_name: str, user_id: Optional[str]) -> ListSessionsResponse:
         app = self.client.all_state(app_state_key(app_name))
@@ -298,12 +323,28 @@ class SessiondbSessionService(BaseSessionService):
         if leaf is None and session.events:
             leaf = message_id_for(session.events[-1].id)
         scopes = split_state(event.actions.state_delta if event.actions else {})
-        lines = [{"message": message_of_event(event), "parentId": leaf,
-                  "createdAt": int(event.timestamp * 1000)}] + _state_lines(scopes["session"])
+        message, created_at = message_of_event(event), int(event.timestamp * 1000)
+        lines = [{"message": message, "parentId": leaf, "createdAt": created_at}]
+        lines += _state_lines(scopes["session"])
+        scope_parts = _scope_parts(session.app_name, session.user_id, scopes)
+        held = self._held.pop(key, None)
+        if held is not None and leaf is not None and held[1] and held[1][-1]["id"] == leaf:
+            # The path held ends where this object does: at the version held, the path after
+            # the write is what is held plus this event (an import stores it as given).
+            try:
+                answer = self.client.import_together(
+                    [{"session_id": key, "lines": lines, "if_version": held[0]}] + scope_parts)
+            except SessiondbError as error:
+                if error.code not in ("conflict", "not_found"):
+                    raise
+            else:
+                version = answer["parts"][0].get("version")
+                if version is not None:
+                    self._held[key] = (version, held[1] + [{**message, "createdAt": created_at}])
+                return
         event_part = {"session_id": key, "lines": lines, "if_leaf": leaf}
         try:
-            self.client.import_together(
-                [event_part] + _scope_parts(session.app_name, session.user_id, scopes))
+            self.client.import_together([event_part] + scope_parts)
         except SessiondbError as error:
             if error.code == "not_found":
                 raise SessionNotFoundError(f"Session {session.id} not found.") from error

@@ -530,15 +530,19 @@ class Client:
     def import_together(self, parts: Iterable[dict]) -> dict:
         """Imports into several sessions as one write: every part lands, or (on any error in
         any part) none. Each part is a dict with ``session_id``, ``lines`` (as ``import_lines``
-        takes them) and, optionally, ``if_leaf`` (as for ``import_lines``: ``None`` for a session
-        without messages) or ``if_absent=True`` (the session must not exist yet: it is created
-        with these lines, else a ``conflict``).
-        ``{imported, skipped, parts: [{sessionId, imported, skipped}]}``."""
+        takes them) and, optionally, one condition: ``if_leaf`` (as for ``import_lines``:
+        ``None`` for a session without messages), ``if_version`` (the session is still at this
+        version, as for ``append_batch_versioned``) or ``if_absent=True`` (the session must not
+        exist yet: it is created with these lines, else a ``conflict``).
+        ``{imported, skipped, parts: [{sessionId, imported, skipped, version}]}``, each part's
+        ``version`` the session's once the write committed."""
         lines: list[dict] = []
         for part in parts:
             into: dict[str, Any] = {"sessionId": part["session_id"]}
             if "if_leaf" in part:
                 into["ifLeaf"] = part["if_leaf"]
+            if part.get("if_version") is not None:
+                into["ifVersion"] = part["if_version"]
             if part.get("if_absent"):
                 into["ifAbsent"] = True
             lines.append({"into": into})

@@ -159,10 +159,21 @@ class ClientTest(ServedTest):
         answer = c.import_together([other, {"session_id": "cond", "if_leaf": "b", "lines": [
             {"message": {"id": "c", "role": "user", "content": "z"}, "parentId": "b"}]}])
         self.assertEqual(answer, {"imported": 2, "skipped": 0, "parts": [
-            {"sessionId": "cond-other", "imported": 1, "skipped": 0},
-            {"sessionId": "cond", "imported": 1, "skipped": 0}]})
+            {"sessionId": "cond-other", "imported": 1, "skipped": 0,
+             "version": c.get_session("cond-other")["version"]},
+            {"sessionId": "cond", "imported": 1, "skipped": 0,
+             "version": c.get_session("cond")["version"]}]})
         self.assertEqual(c.all_state("cond-other"), {"n": 2})
         self.assertEqual(c.get_session("cond")["leafId"], "c")
+        # Or its session still at a version: each part answers the version it left.
+        at = answer["parts"][1]["version"]
+        part = {"session_id": "cond", "if_version": at, "lines": [{"state": {"key": "k", "value": 4}}]}
+        moved = c.import_together([part])["parts"][0]["version"]
+        self.assertGreater(moved, at)
+        with self.assertRaises(SessiondbError) as caught:
+            c.import_together([part])
+        self.assertEqual(caught.exception.code, "conflict")
+        self.assertEqual(c.get_state("cond", "k"), 4)
         # A part may instead require its session not to exist yet.
         fresh = {"session_id": "cond-new", "if_absent": True,
                  "lines": [{"session": {"name": "fresh"}}]}

@@ -33,7 +33,7 @@ use sessiondb_core::registry::validate_state_key;
 use sessiondb_core::{
     Compaction, ContextEntry, Message, SessionInfo, SessionKey, SessionRecord, Store, StoreError,
     StoredMessage, UpdateOutcome, ValidationError, ValidationErrorKind, WINDOW_MAX_BYTES,
-    WINDOW_MAX_ROWS, WriteCondition, WriteOp, WriteOutcome, WriteRequest,
+    WINDOW_MAX_ROWS, WriteCondition, WriteOp, WriteOutcome, WriteRequest, Written,
 };
 
 use crate::context::BlockSpec;
@@ -115,12 +115,13 @@ struct ImportTally {
 }
 
 impl ImportTally {
-    fn summary(self, outcomes: Vec<WriteOutcome>) -> ImportSummary {
+    fn summary(self, written: Written) -> ImportSummary {
         let mut summary = ImportSummary {
             imported: 0,
             skipped: self.skipped,
+            version: written.version,
         };
-        for outcome in outcomes.into_iter().skip(self.uncounted) {
+        for outcome in written.outcomes.into_iter().skip(self.uncounted) {
             match outcome {
                 WriteOutcome::Imported(None)
                 | WriteOutcome::Updated(UpdateOutcome::Unchanged(_) | UpdateOutcome::Missing) => {
@@ -135,7 +136,7 @@ impl ImportTally {
 
 /// One session's part of [`Db::import_together`]: the lines to import into it and what must
 /// hold of the session first: the active leaf it has, as for [`Session::import_lines_if_leaf`],
-/// or that it does not exist yet.
+/// its version, or that it does not exist yet.
 #[derive(Debug, Clone)]
 pub struct ImportPart {
     pub session_id: String,
@@ -150,6 +151,9 @@ pub struct ImportSummary {
     pub imported: usize,
     /// Messages and compactions whose id already existed (nothing written for them).
     pub skipped: usize,
+    /// The session's version once the import committed (`None` when it left no session: the
+    /// templates' part).
+    pub version: Option<i64>,
 }
 
 fn wrong(field: String, expected: &'static str) -> ValidationError {
@@ -391,9 +395,10 @@ fn import_line_of(number: usize, value: Value) -> Result<ImportLine, ValidationE
 }
 
 /// Parses the NDJSON body of an import into several sessions ([`Db::import_together`]): a line
-/// `{"into": {"sessionId": "…", "ifLeaf": "…"|null, "ifAbsent": true}}` opens each session's
-/// part (the conditions optional and exclusive: `ifLeaf` `null` for a session without
-/// messages, `ifAbsent` for one that must not exist yet), and the lines after it, as
+/// `{"into": {"sessionId": "…", "ifLeaf": "…"|null, "ifVersion": 7, "ifAbsent": true}}` opens
+/// each session's part (the conditions optional and exclusive: `ifLeaf` `null` for a session
+/// without messages, `ifVersion` for one still at a version read before, `ifAbsent` for one that
+/// must not exist yet), and the lines after it, as
 /// [`parse_import`] takes them, are that part's. Blank lines are ignored; the first bad line
 /// fails it all, named as the body's line inside its part (`parts[1].lines[7].message.role`).
 pub fn parse_import_parts(text: &str) -> Result<Vec<ImportPart>, ValidationError> {
@@ -410,13 +415,26 @@ pub fn parse_import_parts(text: &str) -> Result<Vec<ImportPart>, ValidationError
                 Some(Value::String(id)) => Some(Some(id.clone())),
                 Some(_) => return Err(wrong(format!("{prefix}.ifLeaf"), "a message id or null")),
             };
-            let condition = match (flag_field(&into, &prefix, "ifAbsent")?, leaf) {
-                (false, leaf) => leaf.map(WriteCondition::Leaf),
-                (true, None) => Some(WriteCondition::Absent),
-                (true, Some(_)) => {
+            let version = match into.get("ifVersion") {
+                None => None,
+                Some(Value::Number(n)) if n.as_i64().is_some_and(|v| v >= 0) => n.as_i64(),
+                Some(_) => {
                     return Err(wrong(
-                        format!("{prefix}.ifAbsent"),
-                        "no `ifAbsent` beside `ifLeaf` (a session cannot both be absent and have a leaf)",
+                        format!("{prefix}.ifVersion"),
+                        "a version (an integer ≥ 0)",
+                    ));
+                }
+            };
+            let absent = flag_field(&into, &prefix, "ifAbsent")?;
+            let condition = match (absent, leaf, version) {
+                (false, None, None) => None,
+                (false, Some(leaf), None) => Some(WriteCondition::Leaf(leaf)),
+                (false, None, Some(version)) => Some(WriteCondition::Version(version)),
+                (true, None, None) => Some(WriteCondition::Absent),
+                _ => {
+                    return Err(wrong(
+                        prefix,
+                        "at most one of `ifLeaf`, `ifVersion` and `ifAbsent` (one condition per session)",
                     ));
                 }
             };
@@ -566,7 +584,7 @@ impl<S: Store> Session<S> {
         let written = self
             .write_if(ops, if_leaf.map(WriteCondition::Leaf))
             .await?;
-        Ok(tally.summary(written.outcomes))
+        Ok(tally.summary(written))
     }
 
     /// The write ops of an import's lines, every line checked, and how to count what they did.
@@ -860,7 +878,7 @@ impl<S: Store> Db<S> {
         for key in &keys {
             self.caches.forget(key);
         }
-        let summaries = (tallies.into_iter().zip(written?)).map(|(t, w)| t.summary(w.outcomes));
+        let summaries = (tallies.into_iter().zip(written?)).map(|(t, w)| t.summary(w));
         Ok(summaries.collect())
     }
 

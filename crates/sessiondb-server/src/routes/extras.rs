@@ -30,9 +30,12 @@ pub(crate) async fn import<S: Store>(
         .session(&ns, &sid)?
         .import_lines_if_leaf(lines, if_leaf_of(q.if_leaf))
         .await?;
-    Ok(value_response(
-        StatusCode::OK,
-        &json!({"imported": summary.imported, "skipped": summary.skipped}),
+    Ok(wire::with_version(
+        value_response(
+            StatusCode::OK,
+            &json!({"imported": summary.imported, "skipped": summary.skipped}),
+        ),
+        summary.version,
     ))
 }
 
@@ -53,7 +56,12 @@ pub(crate) async fn import_together<S: Store>(
         .map(|(id, summary)| {
             imported += summary.imported;
             skipped += summary.skipped;
-            json!({"sessionId": id, "imported": summary.imported, "skipped": summary.skipped})
+            let mut part =
+                json!({"sessionId": id, "imported": summary.imported, "skipped": summary.skipped});
+            if let Some(version) = summary.version {
+                part["version"] = json!(version);
+            }
+            part
         })
         .collect();
     Ok(value_response(

@@ -317,10 +317,16 @@ async fn writes_conditioned_on_the_leaf() {
         .post("/v1/sessions/s/messages/batch?ifLeaf=b", batch)
         .await;
     assert_eq!(landed.status, StatusCode::CREATED);
-    assert_eq!(import("?ifLeaf=d").await.status, StatusCode::OK);
+    let imported = import("?ifLeaf=d").await;
+    assert_eq!(imported.status, StatusCode::OK);
     assert_eq!(
         server.get("/v1/sessions/s/state").await.json,
         json!({"k": 1})
+    );
+    assert_eq!(
+        imported.headers["x-sessiondb-version"].to_str().unwrap(),
+        server.get("/v1/sessions/s").await.json["version"].to_string(),
+        "the version the import left"
     );
     let unknown = server
         .post("/v1/sessions/s/messages?ifleaf=d", text("e", "x"))
@@ -356,11 +362,37 @@ async fn imports_into_several_sessions_land_together() {
     .join("\n");
     let landed = import(&body).await;
     assert_eq!(landed.status, StatusCode::OK, "{:?}", landed.json);
+    let server = &server;
+    let version_of = |id: &str| {
+        let path = format!("/v1/sessions/{id}");
+        async move { server.get(&path).await.json["version"].clone() }
+    };
     assert_eq!(
         landed.json,
         json!({"imported": 3, "skipped": 0, "parts": [
-            {"sessionId": "a", "imported": 2, "skipped": 0},
-            {"sessionId": "b", "imported": 1, "skipped": 0}]})
+            {"sessionId": "a", "imported": 2, "skipped": 0, "version": version_of("a").await},
+            {"sessionId": "b", "imported": 1, "skipped": 0, "version": version_of("b").await}]}),
+        "each part with the version it left"
+    );
+
+    // At a version: while the session is still at it, and not once it moved.
+    let at = |version: &serde_json::Value| {
+        format!(
+            "{{\"into\": {{\"sessionId\": \"a\", \"ifVersion\": {version}}}}}\n\
+             {{\"state\": {{\"key\": \"v\", \"value\": {version}}}}}\n"
+        )
+    };
+    let read = version_of("a").await;
+    let written = import(&at(&read)).await;
+    assert_eq!(written.status, StatusCode::OK, "{:?}", written.json);
+    let now = &written.json["parts"][0]["version"];
+    assert!(now.as_i64() > read.as_i64(), "{now} after {read}");
+    let stale = import(&at(&read)).await;
+    assert_eq!(stale.code(), "conflict");
+    assert_eq!(
+        server.get("/v1/sessions/a/state").await.json["v"],
+        read,
+        "a refused part writes nothing"
     );
     assert_eq!(server.get("/v1/sessions/a").await.json["leafId"], "y");
     assert_eq!(server.get("/v1/sessions/b").await.json["userId"], "ann");
@@ -449,7 +481,15 @@ async fn imports_into_several_sessions_land_together() {
         ),
         (
             r#"{"into": {"sessionId": "a", "ifLeaf": "x", "ifAbsent": true}}"#,
-            "lines[0].into.ifAbsent",
+            "lines[0].into",
+        ),
+        (
+            r#"{"into": {"sessionId": "a", "ifLeaf": "x", "ifVersion": 1}}"#,
+            "lines[0].into",
+        ),
+        (
+            r#"{"into": {"sessionId": "a", "ifVersion": -1}}"#,
+            "lines[0].into.ifVersion",
         ),
         (
             r#"{"into": {"sessionId": "a", "ifAbsent": 1}}"#,
