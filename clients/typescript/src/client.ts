@@ -84,7 +84,7 @@ export type ImportLine =
   | { message: MessageInput & { id: string; createdAt?: number }; parentId: string | null; createdAt?: number; replace?: boolean };
 
 /** The line of `POST /v1/import` that opens a session's part. */
-type IntoLine = { into: { sessionId: string; ifLeaf?: string | null; ifAbsent?: boolean } };
+type IntoLine = { into: { sessionId: string; ifLeaf?: string | null; ifVersion?: number; ifAbsent?: boolean } };
 
 export interface Compaction {
   id: string;
@@ -678,16 +678,31 @@ export class Client {
 
   /**
    * Imports into several sessions as one write: every part lands, or (on any error in any part)
-   * none. A part's `lines` are as `importLines` takes them, its `ifLeaf` as for `importLines`;
-   * `ifAbsent` has the part create its session with these lines (a `conflict` when it exists).
+   * none. A part's `lines` are as `importLines` takes them, with at most one condition: `ifLeaf`
+   * as for `importLines`, `ifVersion` (the session is still at this version, as for
+   * `appendBatchVersioned`), or `ifAbsent`, which has the part create its session with these
+   * lines (a `conflict` when it exists). Each part of the answer has the `version` it left.
    */
   importTogether(
-    parts: Iterable<{ sessionId: string; lines: Iterable<ImportLine>; ifLeaf?: string | null; ifAbsent?: boolean }>,
-  ): Promise<{ imported: number; skipped: number; parts: { sessionId: string; imported: number; skipped: number }[] }> {
+    parts: Iterable<{
+      sessionId: string;
+      lines: Iterable<ImportLine>;
+      ifLeaf?: string | null;
+      ifVersion?: number;
+      ifAbsent?: boolean;
+    }>,
+  ): Promise<{
+    imported: number;
+    skipped: number;
+    parts: { sessionId: string; imported: number; skipped: number; version?: number }[];
+  }> {
     const lines: (ImportLine | IntoLine)[] = [];
-    for (const { sessionId, lines: partLines, ifLeaf, ifAbsent } of parts) {
-      lines.push({ into: { sessionId, ...(ifLeaf === undefined ? {} : { ifLeaf }), ...(ifAbsent ? { ifAbsent } : {}) } });
-      lines.push(...partLines);
+    for (const { sessionId, lines: partLines, ifLeaf, ifVersion, ifAbsent } of parts) {
+      const into: IntoLine['into'] = { sessionId };
+      if (ifLeaf !== undefined) into.ifLeaf = ifLeaf;
+      if (ifVersion !== undefined) into.ifVersion = ifVersion;
+      if (ifAbsent) into.ifAbsent = ifAbsent;
+      lines.push({ into }, ...partLines);
     }
     return this.postLines('/v1/import', lines);
   }

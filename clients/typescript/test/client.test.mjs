@@ -87,16 +87,23 @@ test('writes conditioned on the leaf', async () => {
   await rejectsWith(c.importTogether([other, { sessionId: 'cond', ifLeaf: 'a', lines: state }]), 409, 'conflict');
   assert.deepEqual(await c.allState('cond-other'), {});
   const reply = { message: { id: 'c', role: 'user', content: 'z' }, parentId: 'b' };
-  assert.deepEqual(await c.importTogether([other, { sessionId: 'cond', ifLeaf: 'b', lines: [reply] }]), {
+  const together = await c.importTogether([other, { sessionId: 'cond', ifLeaf: 'b', lines: [reply] }]);
+  assert.deepEqual(together, {
     imported: 2,
     skipped: 0,
     parts: [
-      { sessionId: 'cond-other', imported: 1, skipped: 0 },
-      { sessionId: 'cond', imported: 1, skipped: 0 },
+      { sessionId: 'cond-other', imported: 1, skipped: 0, version: (await c.getSession('cond-other')).version },
+      { sessionId: 'cond', imported: 1, skipped: 0, version: (await c.getSession('cond')).version },
     ],
   });
   assert.deepEqual(await c.allState('cond-other'), { n: 2 });
   assert.equal((await c.getSession('cond')).leafId, 'c');
+  // Or its session still at a version: each part answers the version it left.
+  const at = together.parts[1].version;
+  const part = { sessionId: 'cond', ifVersion: at, lines: [{ state: { key: 'k', value: 4 } }] };
+  assert.ok((await c.importTogether([part])).parts[0].version > at);
+  await rejectsWith(c.importTogether([part]), 409, 'conflict');
+  assert.equal(await c.getState('cond', 'k'), 4);
   // A part may instead require its session not to exist yet.
   const fresh = { sessionId: 'cond-new', ifAbsent: true, lines: [{ session: { name: 'fresh' } }] };
   await c.importTogether([fresh]);
