@@ -77,7 +77,7 @@ from google.adk.sessions.state import State
 from google.genai import types
 from pydantic_core import to_jsonable_python
 
-from .client import COMPACTION_PREFIX, Client, SessiondbError, bounded_id, joined_id, message_id_for
+from .client import Client, SessiondbError, bounded_id, joined_id, message_id_for
 
 EVENT_KEY = "adkEvent"
 APP_KEY = "adkApp"
@@ -185,7 +185,7 @@ class SessiondbSessionService(BaseSessionService):
         # Per session key, the session's version and its stored path (messages, never handed
         # out: each read builds events of its own) as this service last read or wrote it, so a
         # whole read while the session is still at that version transfers no events.
-        self._held: dict[str, tuple[int, list[dict]]] = {}
+        self._held: dict[str, Optional[tuple[int, list[dict]]]] = {}
 
     # -- ADK's interface --------------------------------------------------------------------
 
@@ -270,7 +270,8 @@ class SessiondbSessionService(BaseSessionService):
         """The events ``config`` asks for, oldest first."""
         wanted, after = config.num_recent_events, config.after_timestamp
         if wanted is None:
-            events = [event_of(m) for m in self._stored_path(key)]
+            path, self._held[key] = self.client.held_stored_history(key, self._held.get(key))
+            events = [event_of(m) for m in path]
             return [e for e in events if e.timestamp >= after] if after else events
         # The stored path newest first, read only as far as ``config`` needs.
         page_size = max(1, min(PAGE_SIZE, wanted))
@@ -278,24 +279,6 @@ class SessiondbSessionService(BaseSessionService):
         if after:
             newest = takewhile(lambda event: event.timestamp >= after, newest)
         return list(islice(newest, wanted))[::-1]
-
-    def _stored_path(self, key: str) -> list[dict]:
-        """The session's stored path, oldest first: what is held while the session is still at
-        its version, else read (and held)."""
-        held = self._held.get(key)
-        read = self.client.versioned_history(key, held[0] if held else None)
-        if read is None and held is not None:
-            return held[1]
-        version, path = read or (0, [])
-        if any(m["id"].startswith(COMPACTION_PREFIX) for m in path):
-            # A compaction's summary stands in the read path: the stored one is read in pages.
-            self._held.pop(key, None)
-            return list(self.client.iter_messages(key))
-        if version:
-            self._held[key] = (version, path)
-        else:
-            self._held.pop(key, None)
-        return path
 
     def _list(self, app_name: str, user_id: Optional[str]) -> ListSessionsResponse:
         app = self.client.all_state(app_state_key(app_name))

@@ -475,6 +475,22 @@ class Client:
             return path
         return list(self.iter_messages(session_id))
 
+    def held_stored_history(self, session_id: str, held: tuple[int, list[dict]] | None
+                            ) -> tuple[list[dict], tuple[int, list[dict]] | None]:
+        """The active path as stored (as ``stored_history`` reads it), for a caller that keeps
+        it: ``held`` is what it kept (a version and the path at it, as this returns them, or
+        ``None``), returned without a transfer while the session is still at that version.
+        Returns the path (the caller's to read, never to change) and what to keep from now on:
+        ``None`` when there is nothing to keep (no session, or a compaction's summary in the
+        path, whose stored path is then read in pages)."""
+        read = self.versioned_history(session_id, held[0] if held else None)
+        if read is None and held is not None:
+            return held[1], held
+        version, path = read or (0, [])
+        if any(m["id"].startswith(COMPACTION_PREFIX) for m in path):
+            return list(self.iter_messages(session_id)), None
+        return path, ((version, path) if version else None)
+
     def iter_messages(self, session_id: str, order: str = "asc",
                       page_size: int = 100) -> Iterator[dict]:
         """Every message of the active path as stored, in ``order``, read a page at a time as

@@ -40,7 +40,7 @@ from llama_index.core.bridge.pydantic import BaseModel, ConfigDict, Field, Priva
 from llama_index.core.storage.chat_store.base import BaseChatStore
 from llama_index.core.storage.chat_store.base_db import AsyncDBChatStore, MessageStatus
 
-from .client import COMPACTION_PREFIX, Client, SessiondbError, bounded_id, joined_id
+from .client import Client, SessiondbError, bounded_id, joined_id
 
 MESSAGE_KEY = "llamaIndexMessage"
 STATUS_KEY = "llamaIndexStatus"
@@ -91,33 +91,14 @@ class _KeyedSessions:
         # Per key, the session's version and its stored path (messages, never handed out or
         # changed: readers build new lists and objects from them) as this store last read or
         # wrote it: a read while the session is still at that version transfers nothing.
-        self.held: dict[str, tuple[int, list[dict]]] = {}
+        self.held: dict[str, Optional[tuple[int, list[dict]]]] = {}
 
     def stored(self, key: str, status: Optional[MessageStatus] = None) -> list[dict]:
         """The key's stored messages of ``status`` (any when ``None``), oldest first."""
-        return [m for m in self._path(key) if status is None or _status_of(m) == status.value]
+        path, self.held[key] = self.client.held_stored_history(session_of(key),
+                                                               self.held.get(key))
+        return [m for m in path if status is None or _status_of(m) == status.value]
 
-    def _path(self, key: str) -> list[dict]:
-        session = session_of(key)
-        held = self.held.get(key)
-        try:
-            read = self.client.versioned_history(session, held[0] if held else None)
-        except SessiondbError as error:
-            if error.code == "not_found":
-                return []
-            raise
-        if read is None and held is not None:
-            return held[1]
-        version, path = read or (0, [])
-        if any(m["id"].startswith(COMPACTION_PREFIX) for m in path):
-            # A compaction's summary stands in the read path: the stored one is read in pages.
-            self.held.pop(key, None)
-            return list(self.client.iter_messages(session))
-        if version:
-            self.held[key] = (version, path)
-        else:
-            self.held.pop(key, None)
-        return path
 
     def append(self, key: str, messages: List[ChatMessage],
                status: MessageStatus = MessageStatus.ACTIVE) -> None:

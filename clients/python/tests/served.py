@@ -77,6 +77,23 @@ class ServedTest(unittest.TestCase):
     def fresh_prefix(self) -> str:
         return f"{type(self).__name__}-{next(self._prefixes)}:"
 
+    def recording_client(self, only: str = "") -> tuple[Client, list[tuple[str, int]]]:
+        """A client of the server of its own, and the list in which it records the method and
+        status of each answer to a request whose target holds ``only``."""
+        client = Client(self.served.url)
+        self.addCleanup(client.close)
+        answers: list[tuple[str, int]] = []
+        start = client._start
+
+        def recorded(method, target, headers, data):
+            connection, answer = start(method, target, headers, data)
+            if only in target:
+                answers.append((method, answer.status))
+            return connection, answer
+
+        client._start = recorded
+        return client, answers
+
     @classmethod
     def tearDownClass(cls):
         cls.client.close()

@@ -24,7 +24,7 @@ from google.adk.tools.tool_context import ToolContext
 from google.genai import types
 from served import ServedTest
 
-from sessiondb import Client, SessiondbError
+from sessiondb import SessiondbError
 from sessiondb.adk import SessiondbMemoryService, SessiondbSessionService, session_key
 
 # The scripted model reports no token usage, which ADK logs at every answer.
@@ -229,25 +229,14 @@ class SessionServiceTest(ServedTest):
             asyncio.run(self.service.append_event(again, event("third")))
 
     def test_a_read_after_its_own_writes_transfers_no_events(self):
-        client = Client(self.served.url)
-        self.addCleanup(client.close)
-        statuses = []
-        start = client._start
-
-        def recorded(method, target, headers, data):
-            connection, answer = start(method, target, headers, data)
-            if "/history" in target:
-                statuses.append(answer.status)
-            return connection, answer
-
-        client._start = recorded
+        client, statuses = self.recording_client("/history")
         service = SessiondbSessionService(client)
         asyncio.run(service.create_session(app_name=self.app, user_id="ann", session_id="h"))
         runner_turn = self.run_turn(service, "ann", "h", "hello")
         second = self.run_turn(service, "ann", "h", "again")
         statuses.clear()
         held = asyncio.run(service.get_session(app_name=self.app, user_id="ann", session_id="h"))
-        self.assertEqual(statuses, [304], "the session is as this service wrote it")
+        self.assertEqual(statuses, [("GET", 304)], "the session is as this service wrote it")
         fresh = self.get("ann", "h")
         self.assertEqual(dumped(held.events), dumped(fresh.events),
                          "what it holds is what a read of the session gives")
@@ -261,7 +250,7 @@ class SessionServiceTest(ServedTest):
         self.run_turn(SessiondbSessionService(self.client), "ann", "h", "elsewhere")
         statuses.clear()
         moved = asyncio.run(service.get_session(app_name=self.app, user_id="ann", session_id="h"))
-        self.assertEqual(statuses, [200])
+        self.assertEqual(statuses, [("GET", 200)])
         self.assertEqual(dumped(moved.events), dumped(self.get("ann", "h").events))
 
     def test_an_event_whose_state_is_refused_stores_nothing(self):

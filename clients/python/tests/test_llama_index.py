@@ -10,7 +10,6 @@ from llama_index.core.memory import ChatMemoryBuffer, Memory
 from llama_index.core.storage.chat_store.base_db import MessageStatus
 from served import ServedTest
 
-from sessiondb import Client
 from sessiondb.llama_index import SessiondbBaseChatStore, SessiondbChatStore, session_of
 
 ACTIVE, ARCHIVED = MessageStatus.ACTIVE, MessageStatus.ARCHIVED
@@ -99,17 +98,7 @@ class ChatStoreTest(ServedTest):
         self.assertIn(key, run(store.get_keys()))
 
     def test_a_read_after_its_own_write_transfers_nothing(self):
-        client = Client(self.served.url)
-        self.addCleanup(client.close)
-        statuses = []
-        start = client._start
-
-        def recorded(method, target, headers, data):
-            connection, answer = start(method, target, headers, data)
-            statuses.append((method, answer.status))
-            return connection, answer
-
-        client._start = recorded
+        client, statuses = self.recording_client()
         store, key, run = SessiondbChatStore(client=client), self.key, asyncio.run
         run(store.add_messages(key, [ChatMessage(role="user", content="m0")]))
         self.assertEqual(texts(run(store.get_messages(key))), ["m0"])

@@ -101,17 +101,7 @@ class SessionProtocolTest(ServedTest):
         run(session.clear_session())
 
     def test_a_read_after_its_own_write_transfers_nothing(self):
-        client = Client(self.served.url)
-        self.addCleanup(client.close)
-        statuses = []
-        start = client._start
-
-        def recorded(method, target, headers, data):
-            connection, answer = start(method, target, headers, data)
-            statuses.append((method, answer.status))
-            return connection, answer
-
-        client._start = recorded
+        client, statuses = self.recording_client()
         session = SessiondbSession(self.fresh_prefix() + "held", client)
         run(session.add_items(ITEMS[:2]))
         self.assertEqual(run(session.get_items()), ITEMS[:2])
