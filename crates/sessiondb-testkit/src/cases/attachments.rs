@@ -517,3 +517,32 @@ pub fn check_round_trips<S: Store, G>(open: impl Fn() -> (Db<S>, G), cases: u32)
         })
         .unwrap();
 }
+
+/// A patch of a message that holds media, and of one larger than a row, applies at once: the
+/// message it writes against is the one it read, whatever form the backend keeps it in.
+pub async fn patches_of_media_and_chunked_messages_apply<S: Store>(db: Db<S>) {
+    use sessiondb::MessagePatch;
+    let png = bytes(300_000, 3);
+    let long = Message::text("assistant", "y".repeat(2 * 1024 * 1024)).with_id("long");
+    let metadata = json!({"rating": "good"});
+    for (sid, message) in [("media", image_message("img", &png)), ("chunked", long)] {
+        let s = db_session(&db, sid);
+        let id = message.id().unwrap().to_owned();
+        let mut expected = message.clone().into_value();
+        s.append(message, AppendOptions::default()).await.unwrap();
+        let patch = MessagePatch {
+            metadata: Some(metadata.clone()),
+            ..Default::default()
+        };
+        let patched = s.patch_message(&id, patch, Source::Server).await;
+        assert!(patched.unwrap().is_some(), "{id}");
+        expected["metadata"] = metadata.clone();
+        let read = body(&s.message(&id).await.unwrap().unwrap());
+        assert!(
+            read == expected,
+            "{id}: the patch applied and nothing else changed"
+        );
+        every_read_returns(&s, &id, &expected).await;
+    }
+    assert_eq!(held(&db, &[&png]).await, 1, "the payload stays stored once");
+}

@@ -20,6 +20,7 @@ macro_rules! for_each_case {
     ($callback:path, $factory:expr) => {
         $callback!($factory;
             attachments::images_leave_the_row_and_come_back_exactly,
+            attachments::patches_of_media_and_chunked_messages_apply,
             attachments::text_is_never_extracted,
             attachments::shared_payloads_are_stored_once_and_collected_at_the_last_reference,
             attachments::payloads_larger_than_a_chunk_round_trip,
