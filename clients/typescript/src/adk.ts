@@ -37,8 +37,11 @@
  * however often its session is added; `searchMemory` finds the owner's messages holding any of
  * the query's words, best first, each read back as the event it stores.
  *
- * Reads. `getSession` reads the session, its events and the three states at once; with
- * `numRecentEvents` the events are read newest first, a page at a time, only as far as needed.
+ * Reads. `getSession` reads the session, its events and the three states at once; the events
+ * transfer nothing while the session is still as this service last read or wrote it (it holds
+ * each session's stored path with the session's version, and a new event from a session object
+ * that is up to date with it goes in at that version). With `numRecentEvents` the events are
+ * read newest first, a page at a time, only as far as needed.
  * `listSessions` lists the app's sessions (one user's through the server's user index), ordered
  * and paged as ADK's own services do, with the merged state of the sessions on the page.
  */
@@ -61,6 +64,7 @@ import type {
 import { randomUUID } from 'node:crypto';
 
 import {
+  COMPACTION_PREFIX,
   Client,
   type ImportLine,
   type Json,
@@ -252,6 +256,10 @@ export class SessiondbSessionService extends BaseSessionService {
   readonly client: Client;
   /** The stored leaf each session object was last read or written at (`null`: no events). */
   private readonly leaves = new WeakMap<Session, string | null>();
+  /** Per session key, its version and stored path as this service last read or wrote it (never
+   * handed out: each read builds events of its own), so a read while the session is still at
+   * that version transfers no events. */
+  private readonly held = new Map<string, { version: number; path: StoredMessage[] }>();
 
   constructor(client: Client) {
     super();
@@ -356,7 +364,9 @@ export class SessiondbSessionService extends BaseSessionService {
   }
 
   async deleteSession({ appName, userId, sessionId }: DeleteSessionRequest): Promise<void> {
-    await this.client.deleteSession(sessionKey(appName, userId, sessionId), { missingOk: true });
+    const key = sessionKey(appName, userId, sessionId);
+    this.held.delete(key);
+    await this.client.deleteSession(key, { missingOk: true });
   }
 
   async appendEvent({ session, event }: AppendEventRequest): Promise<Event> {
@@ -379,7 +389,7 @@ export class SessiondbSessionService extends BaseSessionService {
     const after = config?.afterTimestamp;
     // As ADK's own services: no `numRecentEvents` (or 0) reads every event.
     if (!wanted) {
-      const events = (await this.client.storedHistory(key)).map(eventOf);
+      const events = (await this.storedPath(key)).map(eventOf);
       return after ? events.filter((event) => event.timestamp >= after) : events;
     }
     const newest: Event[] = [];
@@ -392,12 +402,48 @@ export class SessiondbSessionService extends BaseSessionService {
     return newest.reverse();
   }
 
+  /** The session's stored path, oldest first: what is held while the session is still at its
+   * version, else read (and held). */
+  private async storedPath(key: string): Promise<StoredMessage[]> {
+    const held = this.held.get(key);
+    const read = await this.client.versionedHistory(key, { unlessVersion: held?.version });
+    if (read === null && held !== undefined) return held.path;
+    const { version, messages } = read ?? { version: 0, messages: [] };
+    this.held.delete(key);
+    if (messages.some((message) => message.id.startsWith(COMPACTION_PREFIX))) {
+      // A compaction's summary stands in the read path: the stored one is read in pages.
+      const stored: StoredMessage[] = [];
+      for await (const message of this.client.iterMessages(key)) stored.push(message);
+      return stored;
+    }
+    if (version) this.held.set(key, { version, path: messages });
+    return messages;
+  }
+
   /** Stores `event` with its state changes; `replaces`: the session object holds its id. */
   private async store(session: Session, event: Event, replaces: boolean): Promise<void> {
     const key = sessionKey(session.appName, session.userId, session.id);
     const scopes = splitState(event.actions?.stateDelta ?? {});
     const message = messageOfEvent(event);
     const scoped = scopeParts(session.appName, session.userId, scopes);
+    const held = this.held.get(key);
+    this.held.delete(key);
+    const leaf = this.leafOf(session);
+    if (held !== undefined && !replaces && leaf !== null && held.path.at(-1)?.id === leaf) {
+      // The path held ends where this object does: at the version held, the path after the
+      // write is what is held plus this event (an import stores it as given).
+      const createdAt = Math.floor(event.timestamp);
+      const lines = [{ message, parentId: leaf, createdAt }, ...stateLines(scopes.session)];
+      try {
+        const answer = await this.client.importTogether([{ sessionId: key, lines, ifVersion: held.version }, ...scoped]);
+        const version = answer.parts[0].version;
+        if (version !== undefined) this.held.set(key, { version, path: [...held.path, { ...message, createdAt }] });
+        return;
+      } catch (error) {
+        const refused = error instanceof SessiondbError && (error.code === 'conflict' || error.code === 'not_found');
+        if (!refused) throw error;
+      }
+    }
     for (let refreshes = 0; ; refreshes++) {
       try {
         // A new event goes under the leaf the object was read at; one the object holds is

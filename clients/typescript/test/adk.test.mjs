@@ -5,6 +5,7 @@ import { test } from 'node:test';
 import { BaseLlm, FunctionTool, LlmAgent, Runner, createEvent } from '@google/adk';
 
 import { SessiondbMemoryService, SessiondbSessionService, sessionKey } from '../dist/adk.js';
+import { Client } from '../dist/index.js';
 import { all, sharedServer } from './served.mjs';
 
 const shared = sharedServer();
@@ -225,6 +226,37 @@ test('a compacted session still gives every event', async () => {
     const read = await service.getSession({ appName: app, userId: 'ann', sessionId: 'c', config });
     assert.deepEqual(plain(read.events), plain(session.events));
   }
+});
+
+test('a read after its own writes transfers no events', async () => {
+  const client = new Client({ baseUrl: shared.client.baseUrl });
+  const statuses = [];
+  const open = client.open.bind(client);
+  client.open = async (method, path, ...rest) => {
+    const answer = await open(method, path, ...rest);
+    if (path.endsWith('/history')) statuses.push(answer.statusCode);
+    return answer;
+  };
+  const service = new SessiondbSessionService(client);
+  const appName = freshApp();
+  const where = { appName, userId: 'ann', sessionId: 'h' };
+  const readElsewhere = () => new SessiondbSessionService(shared.client).getSession(where);
+  await service.createSession(where);
+  const first = await runTurn(service, appName, 'ann', 'h', 'hello');
+  const second = await runTurn(service, appName, 'ann', 'h', 'again');
+  statuses.length = 0;
+  const held = await service.getSession(where);
+  assert.deepEqual(statuses, [304], 'the session is as this service wrote it');
+  assert.deepEqual(plain(held.events), plain((await readElsewhere()).events), 'what it holds is what a read gives');
+  assert.deepEqual(plain(held.events.slice(-second.length)), plain(second));
+  assert.equal(held.events.length, 2 * (first.length + 1), "with the user's events");
+
+  // Another service's turn: the next read transfers the path, and it stays exact.
+  await runTurn(new SessiondbSessionService(shared.client), appName, 'ann', 'h', 'elsewhere');
+  statuses.length = 0;
+  const moved = await service.getSession(where);
+  assert.deepEqual(statuses, [200]);
+  assert.deepEqual(plain(moved.events), plain((await readElsewhere()).events));
 });
 
 test('messages other clients wrote read as events', async () => {
