@@ -77,7 +77,7 @@ from google.adk.sessions.state import State
 from google.genai import types
 from pydantic_core import to_jsonable_python
 
-from .client import Client, SessiondbError, bounded_id, joined_id, message_id_for
+from .client import Client, HeldPath, SessiondbError, bounded_id, joined_id, message_id_for
 
 EVENT_KEY = "adkEvent"
 APP_KEY = "adkApp"
@@ -182,10 +182,10 @@ class SessiondbSessionService(BaseSessionService):
 
     def __init__(self, client: Client):
         self.client = client
-        # Per session key, the session's version and its stored path (messages, never handed
-        # out: each read builds events of its own) as this service last read or wrote it, so a
-        # whole read while the session is still at that version transfers no events.
-        self._held: dict[str, Optional[tuple[int, list[dict]]]] = {}
+        # Per session key, the session's stored path at its version as this service last read
+        # or wrote it, so a whole read while the session is still at that version transfers no
+        # events.
+        self._held: dict[str, Optional[HeldPath]] = {}
 
     # -- ADK's interface --------------------------------------------------------------------
 
@@ -311,19 +311,19 @@ class SessiondbSessionService(BaseSessionService):
         lines += _state_lines(scopes["session"])
         scope_parts = _scope_parts(session.app_name, session.user_id, scopes)
         held = self._held.pop(key, None)
-        if held is not None and leaf is not None and held[1] and held[1][-1]["id"] == leaf:
+        if held is not None and leaf is not None and held.last_id == leaf:
             # The path held ends where this object does: at the version held, the path after
             # the write is what is held plus this event (an import stores it as given).
             try:
                 answer = self.client.import_together(
-                    [{"session_id": key, "lines": lines, "if_version": held[0]}] + scope_parts)
+                    [{"session_id": key, "lines": lines, "if_version": held.version}] + scope_parts)
             except SessiondbError as error:
                 if error.code not in ("conflict", "not_found"):
                     raise
             else:
                 version = answer["parts"][0].get("version")
                 if version is not None:
-                    self._held[key] = (version, held[1] + [{**message, "createdAt": created_at}])
+                    self._held[key] = held.extended(version, [{**message, "createdAt": created_at}])
                 return
         event_part = {"session_id": key, "lines": lines, "if_leaf": leaf}
         try:

@@ -8,7 +8,7 @@ import ssl
 import threading
 import urllib.parse
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._http import Answer, Connection
 
@@ -80,6 +80,25 @@ def message_id_for(name: str) -> str:
     """``name`` as a message id when it is a usable one, else ``sha256:`` and its SHA-256 (the
     TypeScript client derives the same)."""
     return name if usable_id(name) else "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+
+
+class HeldPath(NamedTuple):
+    """A session's stored path as a caller last read or wrote it, at the session's version:
+    each message's JSON (parsed anew for every read, so readers never share objects), and the
+    id of its last message."""
+
+    version: int
+    lines: tuple[bytes, ...]
+    last_id: str | None
+
+    def messages(self) -> list[dict]:
+        return _json_lines(list(self.lines))
+
+    def extended(self, version: int, added: list[dict]) -> HeldPath:
+        """The path after a write at ``self.version`` that appended ``added`` (stored messages)
+        and left the session at ``version``."""
+        lines = tuple(json.dumps(m, ensure_ascii=False).encode() for m in added)
+        return HeldPath(version, self.lines + lines, added[-1]["id"] if added else self.last_id)
 
 
 class Client:
@@ -455,6 +474,12 @@ class Client:
         version read before, returns ``None`` without transferring the path while the session
         is still at it (the server answers ``304 Not Modified``): what was read then is what a
         read would return."""
+        read = self._versioned_lines(session_id, unless_version)
+        return None if read is None else (read[0], _json_lines(read[1]))
+
+    def _versioned_lines(self, session_id: str,
+                         unless_version: int | None) -> tuple[int, list[bytes]] | None:
+        """``versioned_history`` with the path as its NDJSON lines (each a message's JSON)."""
         target, data, headers = self._prepare(self._session_path(session_id, "history"), None,
                                               _OMITTED)
         if unless_version is not None:
@@ -464,7 +489,7 @@ class Client:
         if answer.status == 304:
             return None
         tag = answer.headers.get("etag", "").removeprefix("W/").strip('"')
-        return int(tag) if tag else 0, _json_lines(raw.split(b"\n"))
+        return int(tag) if tag else 0, [line for line in raw.split(b"\n") if line.strip()]
 
     def stored_history(self, session_id: str) -> list[dict]:
         """The active path as stored, oldest first: no compaction's summary in place of the
@@ -475,21 +500,23 @@ class Client:
             return path
         return list(self.iter_messages(session_id))
 
-    def held_stored_history(self, session_id: str, held: tuple[int, list[dict]] | None
-                            ) -> tuple[list[dict], tuple[int, list[dict]] | None]:
+    def held_stored_history(self, session_id: str, held: HeldPath | None
+                            ) -> tuple[list[dict], HeldPath | None]:
         """The active path as stored (as ``stored_history`` reads it), for a caller that keeps
-        it: ``held`` is what it kept (a version and the path at it, as this returns them, or
-        ``None``), returned without a transfer while the session is still at that version.
-        Returns the path (the caller's to read, never to change) and what to keep from now on:
-        ``None`` when there is nothing to keep (no session, or a compaction's summary in the
+        it: ``held`` is what it kept, parsed again without a transfer while the session is still
+        at its version. Returns the path (objects of the caller's own) and what to keep from now
+        on: ``None`` when there is nothing to keep (no session, or a compaction's summary in the
         path, whose stored path is then read in pages)."""
-        read = self.versioned_history(session_id, held[0] if held else None)
+        read = self._versioned_lines(session_id, held.version if held else None)
         if read is None and held is not None:
-            return held[1], held
-        version, path = read or (0, [])
+            return held.messages(), held
+        version, lines = read or (0, [])
+        path = _json_lines(lines)
         if any(m["id"].startswith(COMPACTION_PREFIX) for m in path):
             return list(self.iter_messages(session_id)), None
-        return path, ((version, path) if version else None)
+        if not version:
+            return path, None
+        return path, HeldPath(version, tuple(lines), path[-1]["id"] if path else None)
 
     def iter_messages(self, session_id: str, order: str = "asc",
                       page_size: int = 100) -> Iterator[dict]:

@@ -40,7 +40,7 @@ from llama_index.core.bridge.pydantic import BaseModel, ConfigDict, Field, Priva
 from llama_index.core.storage.chat_store.base import BaseChatStore
 from llama_index.core.storage.chat_store.base_db import AsyncDBChatStore, MessageStatus
 
-from .client import Client, SessiondbError, bounded_id, joined_id
+from .client import Client, HeldPath, SessiondbError, bounded_id, joined_id
 
 MESSAGE_KEY = "llamaIndexMessage"
 STATUS_KEY = "llamaIndexStatus"
@@ -88,10 +88,9 @@ class _KeyedSessions:
         self.client = client
         # Keys whose session this process has created (or found), so an add is one request.
         self.registered: set[str] = set()
-        # Per key, the session's version and its stored path (messages, never handed out or
-        # changed: readers build new lists and objects from them) as this store last read or
-        # wrote it: a read while the session is still at that version transfers nothing.
-        self.held: dict[str, Optional[tuple[int, list[dict]]]] = {}
+        # Per key, the session's stored path at its version as this store last read or wrote
+        # it: a read while the session is still at that version transfers nothing.
+        self.held: dict[str, Optional[HeldPath]] = {}
 
     def stored(self, key: str, status: Optional[MessageStatus] = None) -> list[dict]:
         """The key's stored messages of ``status`` (any when ``None``), oldest first."""
@@ -119,13 +118,13 @@ class _KeyedSessions:
             # At the version held: what is held plus these is then the stored path.
             try:
                 added, version = self.client.append_batch_versioned(session, stored,
-                                                                    if_version=held[0])
+                                                                    if_version=held.version)
             except SessiondbError as error:
                 if error.code not in ("conflict", "not_found"):
                     raise
             else:
                 if version is not None:
-                    self.held[key] = (version, held[1] + added)
+                    self.held[key] = held.extended(version, added)
                 return
         self.client.append_batch(session, stored)
 

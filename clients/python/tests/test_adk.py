@@ -243,8 +243,17 @@ class SessionServiceTest(ServedTest):
         self.assertEqual(dumped(held.events[-len(second):]), dumped(second))
         self.assertEqual(len(held.events), 2 * (len(runner_turn) + 1), "with the user's events")
         held.events[0].content.parts[0].text = "changed by the caller"
+        # Values inside an event too (ADK's models keep nested JSON as given).
+        nested = Event(author="user", invocation_id="i",
+                       content=types.Content(role="user", parts=[types.Part(text="nested")]),
+                       actions=EventActions(state_delta={"profile": {"name": "ann"}}))
+        asyncio.run(service.append_event(held, nested))
+        mine = asyncio.run(service.get_session(app_name=self.app, user_id="ann", session_id="h"))
+        mine.events[-1].actions.state_delta["profile"]["name"] = "changed by the caller"
         again = asyncio.run(service.get_session(app_name=self.app, user_id="ann", session_id="h"))
-        self.assertEqual(dumped(again.events), dumped(fresh.events), "each read has its own")
+        self.assertEqual(dumped(again.events), dumped(self.get("ann", "h").events),
+                         "each read has its own")
+        self.assertEqual(again.events[-1].actions.state_delta["profile"]["name"], "ann")
 
         # Another service's event: the next read transfers the path, and stays exact.
         self.run_turn(SessiondbSessionService(self.client), "ann", "h", "elsewhere")

@@ -159,7 +159,8 @@ function renamed(value: unknown, rename: (key: string) => string, verbatim: stri
   const result: Record<string, unknown> = {};
   for (const [key, item] of Object.entries(value)) {
     const at = path === '' ? key : `${path}.${key}`;
-    result[rename(key)] = verbatim.includes(at) ? item : renamed(item, rename, verbatim, at);
+    // A verbatim value is copied too: events read from what the service holds share nothing.
+    result[rename(key)] = verbatim.includes(at) ? structuredClone(item) : renamed(item, rename, verbatim, at);
   }
   return result;
 }

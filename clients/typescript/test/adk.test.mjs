@@ -250,6 +250,10 @@ test('a read after its own writes transfers no events', async () => {
   assert.deepEqual(plain(held.events), plain((await readElsewhere()).events), 'what it holds is what a read gives');
   assert.deepEqual(plain(held.events.slice(-second.length)), plain(second));
   assert.equal(held.events.length, 2 * (first.length + 1), "with the user's events");
+  held.events.at(-1).actions.stateDelta.last_answer = 'changed by the caller';
+  held.events[0].content.parts[0].text = 'changed by the caller';
+  const again = await service.getSession(where);
+  assert.deepEqual(plain(again.events), plain((await readElsewhere()).events), 'each read has its own');
 
   // Another service's turn: the next read transfers the path, and it stays exact.
   await runTurn(new SessiondbSessionService(shared.client), appName, 'ann', 'h', 'elsewhere');
