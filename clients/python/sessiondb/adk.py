@@ -43,8 +43,9 @@ state key of the session named as the owner, which owns nothing) so that it is n
 Reads. ``get_session`` reads the session, its events and the three states. The events come in
 one streamed read, which transfers nothing while the session is still as this service last
 read or wrote it (it holds each session's stored path with the session's version, and appends
-from a session object that is up to date with it go in at that version); with ``num_recent_events`` (or once a compaction's summary stands in the path,
-since ADK needs the events themselves) they are read newest first, a page at a time, as far as
+from a session object that is up to date with it go in at that version); with
+``num_recent_events`` (or once a compaction's summary stands in the path, since ADK needs the
+events themselves) they are read newest first, a page at a time, as far as
 ``num_recent_events`` and ``after_timestamp`` need. ``list_sessions``
 lists the app's sessions (one user's through the server's user index, all users' by reading the
 namespace's listing) with their merged state, without events. The blocking client runs on worker

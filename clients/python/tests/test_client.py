@@ -167,7 +167,8 @@ class ClientTest(ServedTest):
         self.assertEqual(c.get_session("cond")["leafId"], "c")
         # Or its session still at a version: each part answers the version it left.
         at = answer["parts"][1]["version"]
-        part = {"session_id": "cond", "if_version": at, "lines": [{"state": {"key": "k", "value": 4}}]}
+        part = {"session_id": "cond", "if_version": at,
+                "lines": [{"state": {"key": "k", "value": 4}}]}
         moved = c.import_together([part])["parts"][0]["version"]
         self.assertGreater(moved, at)
         with self.assertRaises(SessiondbError) as caught:
