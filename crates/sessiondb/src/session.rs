@@ -551,14 +551,25 @@ impl<S: Store> Session<S> {
         if message.id().is_none() {
             return Err(ValidationError::new("id", ValidationErrorKind::Missing).into());
         }
+        let settings = self.write_settings().await?;
+        self.update_if(message, source, &settings, None).await
+    }
+
+    /// [`Session::update`] of a message with an id, under `condition`.
+    async fn update_if(
+        &self,
+        message: Message,
+        source: Source,
+        settings: &WriteSettings,
+        condition: Option<WriteCondition>,
+    ) -> Result<Option<StoredMessage>, Error> {
         if message.is_compaction_overlay() {
             return Ok(None);
         }
-        let settings = self.write_settings().await?;
         let op = WriteOp::Update {
-            message: self.prepare(message, source, &settings).await?,
+            message: self.prepare(message, source, settings).await?,
         };
-        match self.write_one(op).await? {
+        match self.write_one_if(op, condition).await?.0 {
             WriteOutcome::Updated(UpdateOutcome::Changed(m) | UpdateOutcome::Unchanged(m)) => {
                 Ok(Some(self.resolved_message(m).await?))
             }
@@ -602,23 +613,12 @@ impl<S: Store> Session<S> {
                 }
             }
             let patched = Message::from_value(fields)?;
-            if patched.is_compaction_overlay() {
-                return Ok(None);
-            }
-            let op = WriteOp::Update {
-                message: self.prepare(patched, source, &settings).await?,
-            };
             let condition = Some(WriteCondition::Message(current));
             attempts += 1;
-            match self.write_one_if(op, condition).await {
-                Ok((
-                    WriteOutcome::Updated(UpdateOutcome::Changed(m) | UpdateOutcome::Unchanged(m)),
-                    _,
-                )) => return Ok(Some(self.resolved_message(m).await?)),
-                Ok(_) => return Ok(None),
+            match self.update_if(patched, source, &settings, condition).await {
                 Err(Error::Store(StoreError::MessageChanged { .. }))
                     if attempts < PATCH_ATTEMPTS => {}
-                Err(error) => return Err(error),
+                result => return result,
             }
         }
     }
