@@ -495,10 +495,7 @@ class Client:
         """The active path as stored, oldest first: no compaction's summary in place of the
         messages it covers. One history read when no compaction stands in the path, else pages of
         ``messages``."""
-        path = self.full_history(session_id)
-        if not any(m["id"].startswith(COMPACTION_PREFIX) for m in path):
-            return path
-        return list(self.iter_messages(session_id))
+        return self.held_stored_history(session_id, None)[0]
 
     def held_stored_history(self, session_id: str, held: HeldPath | None
                             ) -> tuple[list[dict], HeldPath | None]:
