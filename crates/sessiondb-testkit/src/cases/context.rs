@@ -692,6 +692,39 @@ pub async fn templates_apply_to_every_session_and_writes_stay_per_session<S: Sto
     assert!(elsewhere.blocks().await.unwrap().is_empty());
 }
 
+/// Appends to one block made at once each keep their line, in a session's block and in a
+/// namespace template's: each appends to the text as stored when it is written.
+pub async fn concurrent_appends_to_a_block_keep_every_line<S: Store>(db: Db<S>) {
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 12;
+    let templates = db.context_templates("").unwrap();
+    define(&templates, "shared", writable("")).await;
+    let session = db_session(&db, "s").context();
+    define(&session, "notes", writable("")).await;
+    let appender = |task: usize| {
+        let (templates, session) = (&templates, &session);
+        async move {
+            for round in 0..ROUNDS {
+                let line = format!("line {task}.{round}");
+                session.append_to_block("notes", &line).await.unwrap();
+                templates.append_to_block("shared", &line).await.unwrap();
+            }
+        }
+    };
+    futures::future::join_all((0..TASKS).map(appender)).await;
+
+    for (context, label) in [(&session, "notes"), (&templates, "shared")] {
+        let content = context.block(label).await.unwrap().unwrap().content;
+        let mut lines: Vec<&str> = content.lines().collect();
+        lines.sort_unstable();
+        let mut expected: Vec<String> = (0..TASKS)
+            .flat_map(|task| (0..ROUNDS).map(move |round| format!("line {task}.{round}")))
+            .collect();
+        expected.sort_unstable();
+        assert_eq!(lines, expected, "{label}");
+    }
+}
+
 pub async fn context_is_isolated_and_deleted_with_its_session<S: Store>(db: Db<S>) {
     let session = db_session(&db, "s");
     let context = session.context();

@@ -444,6 +444,56 @@ pub async fn usage_counters_saturate_instead_of_overflowing<S: Store>(db: Db<S>)
     assert_eq!(record.cost, f64::MAX);
 }
 
+/// Patches of one session's record made at once each keep what they change: every metadata
+/// key merged and every usage added, whichever patch commits first (each merges and adds to
+/// the record as stored when it is written, not as read before).
+pub async fn concurrent_patches_of_a_session_keep_every_change<S: Store>(db: Db<S>) {
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 12;
+    let s = db_session(&db, "busy");
+    chain(&s, &["m1"]).await;
+    let patcher = |task: usize| {
+        let s = &s;
+        async move {
+            for round in 0..ROUNDS {
+                let merged = SessionPatch {
+                    metadata: Some(object(json!({ format!("k{task}_{round}"): round }))),
+                    ..Default::default()
+                };
+                let used = SessionPatch {
+                    usage: Some(Usage {
+                        input_tokens: 1,
+                        output_tokens: 2,
+                        cost: 0.25,
+                    }),
+                    ..Default::default()
+                };
+                s.patch(merged).await.unwrap();
+                s.patch(used).await.unwrap();
+            }
+        }
+    };
+    futures::future::join_all((0..TASKS).map(patcher)).await;
+
+    let record = s.info().await.unwrap().unwrap().record;
+    let patches = (TASKS * ROUNDS) as u64;
+    assert_eq!(
+        record.metadata.len(),
+        TASKS * ROUNDS,
+        "{:?}",
+        record.metadata
+    );
+    for task in 0..TASKS {
+        for round in 0..ROUNDS {
+            assert_eq!(record.metadata[&format!("k{task}_{round}")], json!(round));
+        }
+    }
+    assert_eq!(
+        (record.input_tokens, record.output_tokens, record.cost),
+        (patches, 2 * patches, 0.25 * patches as f64)
+    );
+}
+
 /// U+0000 is valid JSON and Unicode, and PostgreSQL's `text` cannot hold it: message bodies
 /// (stored as JSON, where it is an escape) keep it byte for byte and stay searchable, while
 /// free text stored as it is (names, summaries, context text) refuses it with a typed error
