@@ -61,7 +61,6 @@ import type {
   ListSessionsResponse,
   Session,
 } from '@google/adk';
-import { randomUUID } from 'node:crypto';
 
 import {
   COMPACTION_PREFIX,
@@ -268,7 +267,7 @@ export class SessiondbSessionService extends BaseSessionService {
   }
 
   async createSession({ appName, userId, state, sessionId }: CreateSessionRequest): Promise<Session> {
-    const id = sessionId || randomUUID();
+    const id = sessionId || globalThis.crypto.randomUUID();
     const key = sessionKey(appName, userId, id);
     const scopes = splitState(state ?? {});
     const metadata = { [APP_KEY]: appName, [USER_KEY]: userId, [SESSION_KEY]: id };

@@ -1,7 +1,11 @@
-/** A client for the sessiondb HTTP API (Node's `http` with kept connections, no dependencies). */
-import { createHash } from 'node:crypto';
-import http from 'node:http';
-import https from 'node:https';
+/**
+ * A client for the sessiondb HTTP API, with no dependencies: Node's `http` with kept connections
+ * where Node's modules are there, `fetch` on other runtimes (browsers, workers, edge functions).
+ */
+import { sha256Hex } from './sha256.js';
+import { type Answer, SendFailure, TimeoutError, type Transport, type TransportKind, nodeModulesHere, openTransport } from './transport.js';
+
+export type { TransportKind } from './transport.js';
 
 export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 
@@ -194,12 +198,20 @@ export interface ClientOptions {
   baseUrl?: string;
   /** Sent as `Authorization: Bearer`; without one, requests are anonymous. */
   apiKey?: string;
+  /** How long an answer may keep the client waiting for its next bytes (30 s by default). */
   timeoutMs?: number;
   /**
    * For an `https:` URL, the certificates to trust (PEM) instead of Node's (a private CA, or a
-   * self-signed server); Node's `NODE_EXTRA_CA_CERTS` adds to Node's instead.
+   * self-signed server); Node's `NODE_EXTRA_CA_CERTS` adds to Node's instead. Node's transport
+   * only: elsewhere the runtime decides what it trusts.
    */
-  ca?: string | Buffer | Array<string | Buffer>;
+  ca?: string | Uint8Array | Array<string | Uint8Array>;
+  /**
+   * `node` (Node's `http`, kept connections; Node, Bun and Deno) or `fetch` (any runtime; it
+   * refuses ids `.` and `..`, whose path segments its URL parser resolves).
+   * {@link Client.defaultTransport} by default.
+   */
+  transport?: TransportKind;
 }
 
 type Query = Record<string, string | number | undefined>;
@@ -265,7 +277,7 @@ export function usableId(value: unknown): value is string {
  * client derives the same).
  */
 export function messageIdFor(name: string): string {
-  return usableId(name) ? name : `sha256:${createHash('sha256').update(name, 'utf8').digest('hex')}`;
+  return usableId(name) ? name : `sha256:${sha256Hex(name)}`;
 }
 
 /**
@@ -280,7 +292,7 @@ export function joinedId(...parts: string[]): string {
 export function boundedId(name: string, prefix = ''): string {
   const full = prefix + name;
   if ([...full].length <= MAX_ID_CHARS) return full;
-  return `${prefix}sha256-${createHash('sha256').update(full, 'utf8').digest('hex')}`;
+  return `${prefix}sha256-${sha256Hex(full)}`;
 }
 
 /**
@@ -288,13 +300,18 @@ export function boundedId(name: string, prefix = ''): string {
  * routes without a method are reached with {@link Client.request}.
  */
 export class Client {
+  /**
+   * The transport of clients made without one: `node` where Node's modules are there, else
+   * `fetch`.
+   */
+  static defaultTransport: TransportKind = nodeModulesHere() ? 'node' : 'fetch';
+
   readonly baseUrl: string;
   readonly apiKey: string | undefined;
   readonly timeoutMs: number;
+  readonly transportKind: TransportKind;
   private readonly url: URL;
-  private readonly transport: typeof http | typeof https;
-  /** Kept connections (fetch's cost about 0.1 ms more per request on a loopback connection). */
-  private readonly agent: http.Agent;
+  private readonly transport: Transport;
 
   constructor(options: ClientOptions = {}) {
     this.baseUrl = (options.baseUrl ?? 'http://127.0.0.1:8787').replace(/\/+$/, '');
@@ -304,13 +321,16 @@ export class Client {
     if (this.url.protocol !== 'http:' && this.url.protocol !== 'https:') {
       throw new TypeError(`baseUrl must be http(s)://host[:port][/path]: ${this.baseUrl}`);
     }
-    this.transport = this.url.protocol === 'https:' ? https : http;
-    this.agent = new this.transport.Agent({ keepAlive: true, maxFreeSockets: 8, ca: options.ca });
+    this.transportKind = options.transport ?? Client.defaultTransport;
+    if (options.ca !== undefined && this.transportKind !== 'node') {
+      throw new TypeError('`ca` is for Node\'s transport: with `fetch` the runtime decides what it trusts');
+    }
+    this.transport = openTransport(this.transportKind, this.url, { timeoutMs: this.timeoutMs, ca: options.ca });
   }
 
   /** Closes the kept connections; the next request opens a new one. */
   close(): void {
-    this.agent.destroy();
+    this.transport.close();
   }
 
   /**
@@ -326,8 +346,9 @@ export class Client {
     body?: unknown,
     ndjson?: string,
     extraHeaders: Record<string, string> = {},
-  ): Promise<http.IncomingMessage> {
-    // The path is sent as it is (no URL parser resolves "." or ".." segments on the way).
+  ): Promise<Answer> {
+    // Node's transport sends the path as it is (no URL parser resolves "." or ".." segments on
+    // the way); fetch's refuses such segments.
     let target = this.url.pathname.replace(/\/+$/, '') + path;
     const pairs = Object.entries(query ?? {}).filter(([, v]) => v !== undefined);
     if (pairs.length > 0) {
@@ -342,39 +363,20 @@ export class Client {
       headers['content-type'] = 'application/json';
       payload = JSON.stringify(body);
     }
-    if (payload !== undefined || ['POST', 'PUT', 'PATCH'].includes(method)) {
-      headers['content-length'] = String(Buffer.byteLength(payload ?? ''));
-    }
     if (this.apiKey !== undefined) headers.authorization = `Bearer ${this.apiKey}`;
     for (let attempt = 0; ; attempt += 1) {
-      let answer: http.IncomingMessage;
+      let answer: Answer;
       try {
-        answer = await this.send(method, target, headers, payload);
+        answer = await this.transport.send(method, target, headers, payload);
       } catch (failure) {
-        const { reused, error } = failure as { reused: boolean; error: Error };
+        if (!(failure instanceof SendFailure)) throw failure;
+        const { reused, error } = failure;
         if (reused && attempt === 0 && method !== 'POST' && !(error instanceof TimeoutError)) continue;
         throw new SessiondbUnavailable(`${method} ${target} on ${this.baseUrl}: ${error.message}`);
       }
-      if (answer.statusCode! >= 400) throw await errorOf(answer);
+      if (answer.status >= 400) throw await errorOf(answer);
       return answer;
     }
-  }
-
-  private send(
-    method: string,
-    path: string,
-    headers: Record<string, string>,
-    payload: string | undefined,
-  ): Promise<http.IncomingMessage> {
-    return new Promise((resolve, reject) => {
-      const request = this.transport.request(
-        { agent: this.agent, host: this.url.hostname.replace(/^\[|\]$/g, ''), port: this.url.port || undefined, method, path, headers, timeout: this.timeoutMs },
-        resolve,
-      );
-      request.on('error', (error) => reject({ reused: request.reusedSocket, error }));
-      request.on('timeout', () => request.destroy(new TimeoutError(`no answer within ${this.timeoutMs} ms`)));
-      request.end(payload);
-    });
   }
 
   /**
@@ -553,10 +555,10 @@ export class Client {
   /** POSTs a write: its JSON answer, and the session's version once the write committed. */
   private async postWrite<T>(path: string, query: Query, body: unknown): Promise<{ answer: T; version?: number }> {
     const answer = await this.open('POST', path, query, body);
-    const version = answer.headers['x-sessiondb-version'];
+    const version = answer.header('x-sessiondb-version');
     return {
       answer: JSON.parse(await bodyOf(answer, `POST ${path}`)) as T,
-      version: typeof version === 'string' ? Number(version) : undefined,
+      version: version === undefined ? undefined : Number(version),
     };
   }
 
@@ -733,12 +735,11 @@ export class Client {
   /** The JSON lines of an NDJSON answer, read as they arrive; closed when the loop ends. */
   private async *lines<T>(path: string, query?: Query): AsyncGenerator<T> {
     const answer = await this.open('GET', path, query);
-    answer.setEncoding('utf8');
     let buffered = '';
     try {
       try {
-        for await (const chunk of answer) {
-          buffered += chunk as string;
+        for await (const chunk of answer.text()) {
+          buffered += chunk;
           let newline: number;
           while ((newline = buffered.indexOf('\n')) >= 0) {
             const line = buffered.slice(0, newline);
@@ -750,11 +751,10 @@ export class Client {
         if (failure instanceof SyntaxError) throw failure;
         throw new SessiondbUnavailable(`GET ${path} on ${this.baseUrl}: ${(failure as Error).message}`);
       }
-      if (!answer.complete) throw new SessiondbUnavailable(`GET ${path} on ${this.baseUrl}: the answer was cut short`);
       if (buffered.trim() !== '') yield JSON.parse(buffered) as T;
     } finally {
       // A stream left half read is not worth keeping its connection for.
-      if (!answer.complete) answer.destroy();
+      answer.discard();
     }
   }
 
@@ -785,11 +785,11 @@ export class Client {
     const held: Record<string, string> = {};
     if (options.unlessVersion !== undefined) held['if-none-match'] = `"${options.unlessVersion}"`;
     const answer = await this.open('GET', path, undefined, undefined, undefined, held);
-    if (answer.statusCode === 304) {
-      answer.resume();
+    if (answer.status === 304) {
+      await bodyOf(answer, `GET ${path}`);
       return null;
     }
-    const tag = answer.headers.etag;
+    const tag = answer.header('etag');
     const messages = ndjsonOf(await bodyOf(answer, `GET ${path}`)) as StoredMessage[];
     return { version: tag === undefined ? 0 : Number(tag.replace(/^W\//, '').replace(/"/g, '')), messages };
   }
@@ -809,8 +809,8 @@ export class Client {
     const messages = ndjsonOf(await bodyOf(answer, `GET ${path}`)) as StoredMessage[];
     return {
       messages,
-      truncated: answer.headers['x-sessiondb-truncated'] === 'true',
-      totalBytes: Number(answer.headers['x-sessiondb-total-bytes'] ?? 0),
+      truncated: answer.header('x-sessiondb-truncated') === 'true',
+      totalBytes: Number(answer.header('x-sessiondb-total-bytes') ?? 0),
     };
   }
 
@@ -889,12 +889,11 @@ export class Client {
     const headers: Record<string, string> = { accept: 'text/event-stream' };
     if (options.lastEventId !== undefined) headers['last-event-id'] = options.lastEventId;
     const answer = await this.open('GET', path, undefined, undefined, undefined, headers);
-    answer.setEncoding('utf8');
     let buffered = '';
     let event: { [field: string]: string } = {};
     try {
-      for await (const chunk of answer) {
-        buffered += chunk as string;
+      for await (const chunk of answer.text()) {
+        buffered += chunk;
         let newline: number;
         while ((newline = buffered.indexOf('\n')) >= 0) {
           const line = buffered.slice(0, newline).replace(/\r$/, '');
@@ -916,7 +915,7 @@ export class Client {
       throw new SessiondbUnavailable(`GET ${path} on ${this.baseUrl}: ${(failure as Error).message}`);
     } finally {
       // A feed is never read to its end: its connection cannot serve another request.
-      answer.destroy();
+      answer.discard();
     }
   }
 
@@ -1015,18 +1014,16 @@ export class Client {
   }
 }
 
-class TimeoutError extends Error {}
-
 /** The whole body of an answer, as text; a connection that breaks meanwhile is unavailable. */
-async function bodyOf(answer: http.IncomingMessage, what: string): Promise<string> {
-  const chunks: Buffer[] = [];
+async function bodyOf(answer: Answer, what: string): Promise<string> {
+  let text = '';
   try {
-    for await (const chunk of answer) chunks.push(chunk as Buffer);
+    for await (const chunk of answer.text()) text += chunk;
   } catch (failure) {
+    answer.discard();
     throw new SessiondbUnavailable(`${what}: ${(failure as Error).message}`);
   }
-  if (!answer.complete) throw new SessiondbUnavailable(`${what}: the answer was cut short`);
-  return Buffer.concat(chunks).toString('utf8');
+  return text;
 }
 
 /** The JSON values of NDJSON text, one per non-blank line. */
@@ -1037,8 +1034,8 @@ function ndjsonOf(text: string): unknown[] {
     .map((line) => JSON.parse(line) as unknown);
 }
 
-async function errorOf(answer: http.IncomingMessage): Promise<SessiondbError> {
-  const status = answer.statusCode!;
+async function errorOf(answer: Answer): Promise<SessiondbError> {
+  const status = answer.status;
   const text = await bodyOf(answer, `an answer ${status}`);
   try {
     const { error } = JSON.parse(text) as { error: { code: string; message: string } };
@@ -1048,5 +1045,5 @@ async function errorOf(answer: http.IncomingMessage): Promise<SessiondbError> {
   } catch {
     // Not the API's error shape (a proxy in between, or the HTTP layer's own answer).
   }
-  return new SessiondbError(status, 'http_error', text || (answer.statusMessage ?? ''));
+  return new SessiondbError(status, 'http_error', text || answer.statusText);
 }

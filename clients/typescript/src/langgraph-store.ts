@@ -31,6 +31,7 @@ import {
   type SearchOperation,
 } from '@langchain/langgraph-checkpoint';
 
+import { base64Of, bytesOf } from './bytes.js';
 import { Client, SessiondbError, boundedId, joinedId, messageIdFor, type Json, type StoredMessage } from './client.js';
 
 export const NAMESPACE_KEY = 'langgraphNamespace';
@@ -41,11 +42,11 @@ const OWNER = 'langgraph-store';
 function encodeVector(vector: number[]): string {
   const bytes = new DataView(new ArrayBuffer(vector.length * 8));
   vector.forEach((value, i) => bytes.setFloat64(i * 8, value, true));
-  return Buffer.from(bytes.buffer).toString('base64');
+  return base64Of(new Uint8Array(bytes.buffer));
 }
 
 function decodeVector(stored: string): number[] {
-  const raw = Buffer.from(stored, 'base64');
+  const raw = bytesOf(stored);
   const bytes = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
   return Array.from({ length: raw.byteLength / 8 }, (_, i) => bytes.getFloat64(i * 8, true));
 }

@@ -39,6 +39,7 @@ import {
   type SerializerProtocol,
 } from '@langchain/langgraph-checkpoint';
 
+import { base64Of, bytesOf, concatBytes, samePrefix } from './bytes.js';
 import { Client, SessiondbError, boundedId, joinedId, type Json, type StoredMessage } from './client.js';
 
 export const THREAD_KEY = 'langgraphThread';
@@ -86,7 +87,7 @@ function extension(previous: Uint8Array, next: Uint8Array): Uint8Array | undefin
     return undefined;
   }
   const follows = next.length === previous.length ? CLOSING_BRACKET : COMMA;
-  if (next[kept] !== follows || !Buffer.from(next.buffer, next.byteOffset, kept).equals(previous.subarray(0, kept))) {
+  if (next[kept] !== follows || !samePrefix(next, previous, kept)) {
     return undefined;
   }
   return next.subarray(kept);
@@ -188,11 +189,11 @@ export class SessiondbSaver extends BaseCheckpointSaver {
 
   private async encode(value: unknown): Promise<Stored> {
     const [type, bytes] = await this.serde.dumpsTyped(value);
-    return { type, data: Buffer.from(bytes).toString('base64') };
+    return { type, data: base64Of(bytes) };
   }
 
   private async decode(stored: Stored): Promise<unknown> {
-    return this.serde.loadsTyped(stored.type, new Uint8Array(Buffer.from(stored.data ?? '', 'base64')));
+    return this.serde.loadsTyped(stored.type, bytesOf(stored.data ?? ''));
   }
 
   async put(
@@ -259,7 +260,7 @@ export class SessiondbSaver extends BaseCheckpointSaver {
     const depth = added && base ? base.depth + 1 : 0;
     this.values.put(memoryKey(checkpoints, checkpointId, channel), { version, type, bytes, depth }, bytes.length);
     if (added === undefined || previous === undefined || base === undefined) {
-      return { version, type, data: Buffer.from(bytes).toString('base64') };
+      return { version, type, data: base64Of(bytes) };
     }
     return {
       version,
@@ -268,7 +269,7 @@ export class SessiondbSaver extends BaseCheckpointSaver {
       head: '',
       span: [0, base.bytes.length - 1],
       depth,
-      data: Buffer.from(added).toString('base64'),
+      data: base64Of(added),
     };
   }
 
@@ -294,7 +295,7 @@ export class SessiondbSaver extends BaseCheckpointSaver {
     if (known !== undefined && known.version === version) return [known.type, known.bytes];
     const stored = (await contentOf(holder)).values[channel];
     if (stored === undefined || stored.version !== version || stored.type === 'empty') return undefined;
-    let bytes: Uint8Array = Buffer.from(stored.data ?? '', 'base64');
+    let bytes = bytesOf(stored.data ?? '');
     if (stored.base !== undefined) {
       const [baseHolder, baseVersion] = stored.base;
       const below = await this.value(checkpoints, contentOf, baseHolder, channel, baseVersion);
@@ -302,7 +303,7 @@ export class SessiondbSaver extends BaseCheckpointSaver {
         throw new Error(`the value of ${JSON.stringify(channel)} in checkpoint ${holder} extends one of checkpoint ${baseHolder} that is not stored`);
       }
       const [start, end] = stored.span ?? [0, 0];
-      bytes = Buffer.concat([Buffer.from(stored.head ?? '', 'base64'), below[1].subarray(start, end), bytes]);
+      bytes = concatBytes([bytesOf(stored.head ?? ''), below[1].subarray(start, end), bytes]);
     }
     this.values.put(key, { version, type: stored.type, bytes, depth: stored.depth ?? 0 }, bytes.length);
     return [stored.type, bytes];

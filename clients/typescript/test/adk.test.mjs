@@ -234,7 +234,7 @@ test('a read after its own writes transfers no events', async () => {
   const open = client.open.bind(client);
   client.open = async (method, path, ...rest) => {
     const answer = await open(method, path, ...rest);
-    if (path.endsWith('/history')) statuses.push(answer.statusCode);
+    if (path.endsWith('/history')) statuses.push(answer.status);
     return answer;
   };
   const service = new SessiondbSessionService(client);

@@ -44,7 +44,7 @@ function countingStore(options = {}) {
     sent.push(`${method} ${path.split('/').slice(4).join('/') || 'session'}`);
     try {
       const answer = await open(method, path, ...rest);
-      statuses.push(answer.statusCode);
+      statuses.push(answer.status);
       return answer;
     } catch (error) {
       statuses.push(error.status);

@@ -168,7 +168,10 @@ test('branches, export and whole-message replacement', async () => {
 });
 
 test('identifiers are single path segments', async () => {
-  for (const sid of ['a/b', 'what?x=1', '100% sure', '日本語 ✓', '.', '..', '...', '#frag', "it's (odd)!*"]) {
+  // fetch's URL parser resolves dot segments: on it those two ids are refused, unsent.
+  const dots = ['.', '..'];
+  const sendable = shared.client.transportKind === 'node' ? dots : [];
+  for (const sid of ['a/b', 'what?x=1', '100% sure', '日本語 ✓', ...sendable, '...', '#frag', "it's (odd)!*"]) {
     await shared.client.append(sid, { role: 'user', content: sid });
     assert.equal((await shared.client.getSession(sid)).id, sid);
     assert.deepEqual((await all(shared.client.history(sid))).map((m) => m.content), [sid]);
@@ -177,6 +180,9 @@ test('identifiers are single path segments', async () => {
   }
   // The dots are ids like any other (no URL parser resolves them on the way).
   assert.deepEqual(await all(shared.client.history('messages')), [], 'nothing reached a session the dots would name');
+  if (sendable.length === 0) {
+    for (const sid of dots) await assert.rejects(shared.client.getSession(sid), SessiondbUnavailable);
+  }
 });
 
 test('sessions, state and compaction', async () => {
@@ -260,7 +266,7 @@ test('https with the certificates it is given to trust', async () => {
     const untrusted = new Client({ baseUrl: served.url, timeoutMs: 5_000 });
     await assert.rejects(untrusted.getSession('tls'), (e) => e instanceof SessiondbUnavailable);
     untrusted.close();
-    const client = new Client({ baseUrl: served.url, ca: readFileSync(file('first-cert.pem')) });
+    const client = new Client({ baseUrl: served.url, ca: readFileSync(file('first-cert.pem')), transport: 'node' });
     await client.append('tls', { role: 'user', content: 'over TLS' });
     assert.deepEqual((await all(client.history('tls'))).map((m) => m.content), ['over TLS']);
     client.close();

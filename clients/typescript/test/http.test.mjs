@@ -1,10 +1,14 @@
 // The client's use of HTTP against a local socket that answers with given bytes: a kept
-// connection the server dropped, answers cut short, and paths sent as they are.
+// connection the server dropped, answers cut short, and paths sent as they are; on Node's
+// transport and on fetch's, and the client on a runtime without Node's modules.
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { test } from 'node:test';
 
-import { Client, SessiondbUnavailable } from '../dist/index.js';
+import { Client, SessiondbError, SessiondbUnavailable } from '../dist/index.js';
+import { serve } from './served.mjs';
 
 /**
  * Answers each request (read up to its blank line; these carry no body) with the next of
@@ -30,14 +34,18 @@ async function canned(answers) {
     });
   });
   await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return { url: `http://127.0.0.1:${server.address().port}`, requests, close: () => server.close() };
+  const close = () => {
+    server.close();
+    server.closeAllConnections?.();
+  };
+  return { url: `http://127.0.0.1:${server.address().port}`, requests, close };
 }
 
 const json = (body) => `HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
 
 test('a dropped kept connection resends a read but never a POST', async () => {
   let server = await canned([json('{}'), null, json('{"resent":true}')]);
-  let client = new Client({ baseUrl: server.url, timeoutMs: 5000 });
+  let client = new Client({ baseUrl: server.url, timeoutMs: 5000, transport: 'node' });
   await client.request('GET', '/warm');
   assert.deepEqual(await client.request('GET', '/read'), { resent: true });
   assert.deepEqual(server.requests, ['GET /warm HTTP/1.1', 'GET /read HTTP/1.1', 'GET /read HTTP/1.1']);
@@ -45,7 +53,7 @@ test('a dropped kept connection resends a read but never a POST', async () => {
   server.close();
 
   server = await canned([json('{}'), null, json('{}')]);
-  client = new Client({ baseUrl: server.url, timeoutMs: 5000 });
+  client = new Client({ baseUrl: server.url, timeoutMs: 5000, transport: 'node' });
   await client.request('GET', '/warm');
   // The POST may have been applied before the connection went: it is not sent again.
   await assert.rejects(client.request('POST', '/append', { body: {} }), SessiondbUnavailable);
@@ -60,10 +68,53 @@ test('answers cut short are unavailable; paths go as they are', async () => {
     json('{}'),
   ]);
   // The server never sends the rest; the client gives up when nothing came for its timeout.
-  const client = new Client({ baseUrl: server.url, timeoutMs: 300 });
+  const client = new Client({ baseUrl: server.url, timeoutMs: 300, transport: 'node' });
   await assert.rejects(client.request('GET', '/cut'), SessiondbUnavailable);
   await client.request('GET', '/v1/sessions/../state/.');
   assert.equal(server.requests.at(-1), 'GET /v1/sessions/../state/. HTTP/1.1');
   client.close();
   server.close();
+});
+
+test('on fetch, answers cut short are unavailable and dot segments are refused unsent', async () => {
+  const server = await canned(['HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n{"a"', json('{"b":1}')]);
+  const client = new Client({ baseUrl: server.url, timeoutMs: 300, transport: 'fetch' });
+  await assert.rejects(client.request('GET', '/cut'), SessiondbUnavailable);
+  assert.deepEqual(await client.request('GET', '/whole'), { b: 1 });
+  for (const path of ['/v1/sessions/../state', '/v1/sessions/%2E/state', '/v1/sessions/s/messages/%2e%2E']) {
+    await assert.rejects(client.request('GET', path), (e) => e instanceof SessiondbUnavailable && /as it is/.test(e.message));
+  }
+  assert.deepEqual(server.requests, ['GET /cut HTTP/1.1', 'GET /whole HTTP/1.1']);
+  assert.throws(() => new Client({ baseUrl: server.url, ca: 'pem', transport: 'fetch' }), TypeError);
+  client.close();
+  server.close();
+});
+
+test('where Node is not, the client loads and speaks fetch', async () => {
+  const served = await serve();
+  try {
+    // A runtime without `process` (a browser, a worker) has no Node modules to load.
+    const script = `
+      const url = process.argv[1];
+      delete globalThis.process;
+      const { Client } = await import(${JSON.stringify(new URL('../dist/index.js', import.meta.url).href)});
+      const client = new Client({ baseUrl: url });
+      await client.append('no-node', { role: 'user', content: 'hi' });
+      const read = [];
+      for await (const message of client.history('no-node')) read.push(message.content);
+      console.log(JSON.stringify({ transport: client.transportKind, read }));`;
+    const out = execFileSync(process.execPath, ['--input-type=module', '-e', script, served.url], { encoding: 'utf8' });
+    assert.deepEqual(JSON.parse(out), { transport: 'fetch', read: ['hi'] });
+    // Nor does a bundle for such a runtime meet a Node module: none is imported up front.
+    for (const module of ['index', 'client', 'transport', 'sha256', 'ai-sdk', 'openai-agents', 'langchain', 'adk', 'langgraph', 'langgraph-store']) {
+      const code = readFileSync(new URL(`../dist/${module}.js`, import.meta.url), 'utf8');
+      assert.doesNotMatch(code, /from ['"]node:|require\(/, module);
+    }
+    const client = new Client({ baseUrl: served.url });
+    assert.equal(client.transportKind, Client.defaultTransport);
+    await assert.rejects(client.getSession('.'), (e) => e instanceof SessiondbError);
+    client.close();
+  } finally {
+    await served.stop();
+  }
 });

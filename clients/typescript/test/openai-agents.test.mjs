@@ -83,7 +83,7 @@ test("a read after the session's own write transfers nothing until another write
   client.open = async (method, ...rest) => {
     try {
       const answer = await open(method, ...rest);
-      statuses.push(`${method} ${answer.statusCode}`);
+      statuses.push(`${method} ${answer.status}`);
       return answer;
     } catch (error) {
       statuses.push(`${method} ${error.status}`);

@@ -54,6 +54,8 @@ fn typescript_client_suite_passes_on_both_backends() {
             .current_dir(&package),
     );
     typescript_suite(&package, &[]);
+    // Every client on `fetch`, the transport of browsers, workers and edge functions.
+    node_suites(&package, &[], &["--import", "./test/fetch-transport.mjs"]);
     both_clients_read_what_the_other_wrote(&package);
 
     let (_cluster, databases) = postgres_databases(15);
@@ -68,25 +70,7 @@ fn typescript_client_suite_passes_on_both_backends() {
 }
 
 fn typescript_suite(package: &Path, env: &[(&str, &str)]) {
-    let mut suites: Vec<PathBuf> = std::fs::read_dir(package.join("test"))
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.to_string_lossy().ends_with(".test.mjs"))
-        .collect();
-    suites.sort();
-    assert!(suites.len() >= 3, "{suites:?}");
-    let run = run_suite(
-        Command::new("node").arg("--test").args(&suites),
-        package,
-        env,
-    );
-    let report = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "the TypeScript suite failed:\n{report}"
-    );
-    assert!(report.contains("\n# fail 0"), "{report}");
-    assert!(!report.contains("\n# pass 0"), "{report}");
+    node_suites(package, env, &[]);
 
     // LangGraph.js's checkpointer specification is written for vitest.
     let spec = run_suite(
@@ -109,6 +93,32 @@ fn typescript_suite(package: &Path, env: &[(&str, &str)]) {
         summary.contains(" passed (") && !summary.contains("failed"),
         "{report}"
     );
+}
+
+/// The `*.test.mjs` suites under `node --test`, with `node_args` (a module to preload) before.
+fn node_suites(package: &Path, env: &[(&str, &str)], node_args: &[&str]) {
+    let mut suites: Vec<PathBuf> = std::fs::read_dir(package.join("test"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.to_string_lossy().ends_with(".test.mjs"))
+        .collect();
+    suites.sort();
+    assert!(suites.len() >= 3, "{suites:?}");
+    let run = run_suite(
+        Command::new("node")
+            .args(node_args)
+            .arg("--test")
+            .args(&suites),
+        package,
+        env,
+    );
+    let report = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "the TypeScript suite {node_args:?} failed:\n{report}"
+    );
+    assert!(report.contains("\n# fail 0"), "{report}");
+    assert!(!report.contains("\n# pass 0"), "{report}");
 }
 
 /// What one client stores the other reads as it was written: a Claude transcript, a session
