@@ -207,7 +207,7 @@ export interface ClientOptions {
    */
   ca?: string | Uint8Array | Array<string | Uint8Array>;
   /**
-   * `node` (Node's `http`, kept connections; Node, Bun and Deno) or `fetch` (any runtime; it
+   * `node` (Node's `http`, kept connections; where Node's modules load) or `fetch` (any runtime; it
    * refuses ids `.` and `..`, whose path segments its URL parser resolves).
    * {@link Client.defaultTransport} by default.
    */

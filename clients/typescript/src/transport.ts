@@ -1,6 +1,6 @@
 /**
  * How the client sends requests: Node's `http` with kept connections where Node's modules are
- * there (Node, Bun, Deno), and `fetch` everywhere else (browsers, Cloudflare Workers, edge
+ * there (Node, and runtimes that provide them), and `fetch` everywhere else (browsers, Cloudflare Workers, edge
  * functions) or when asked for. Nothing here imports a Node module up front, so the client
  * loads on any of them.
  */
