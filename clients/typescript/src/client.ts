@@ -1016,14 +1016,12 @@ export class Client {
 
 /** The whole body of an answer, as text; a connection that breaks meanwhile is unavailable. */
 async function bodyOf(answer: Answer, what: string): Promise<string> {
-  let text = '';
   try {
-    for await (const chunk of answer.text()) text += chunk;
+    return await answer.all();
   } catch (failure) {
     answer.discard();
     throw new SessiondbUnavailable(`${what}: ${(failure as Error).message}`);
   }
-  return text;
 }
 
 /** The JSON values of NDJSON text, one per non-blank line. */

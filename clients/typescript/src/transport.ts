@@ -18,6 +18,8 @@ export interface Answer {
    * answer ends short of what its framing announced.
    */
   text(): AsyncIterable<string>;
+  /** The whole body as text (`text()` joined, in fewer steps); throws as `text()` does. */
+  all(): Promise<string>;
   /** Lets go of an answer not read to its end (its connection cannot serve another request). */
   discard(): void;
 }
@@ -68,31 +70,38 @@ async function nodeModule(name: string): Promise<HttpModule> {
   return (module.default ?? module) as HttpModule;
 }
 
+interface NodeModules {
+  module: HttpModule;
+  agent: http.Agent;
+}
+
 class NodeTransport implements Transport {
-  private loaded: Promise<{ module: HttpModule; agent: http.Agent }> | undefined;
-  private agent: http.Agent | undefined;
+  private loading: Promise<NodeModules> | undefined;
+  /** Once loaded: each request then goes out without waiting for a promise first. */
+  private loaded: NodeModules | undefined;
 
   constructor(
     private readonly url: URL,
     private readonly options: TransportOptions,
   ) {}
 
-  private load(): Promise<{ module: HttpModule; agent: http.Agent }> {
-    this.loaded ??= nodeModule(this.url.protocol === 'https:' ? 'node:https' : 'node:http').then((module) => {
-      // Kept connections: fetch costs about 0.1 ms more per request on a loopback connection.
+  private load(): Promise<NodeModules> {
+    this.loading ??= nodeModule(this.url.protocol === 'https:' ? 'node:https' : 'node:http').then((module) => {
+      // Kept connections: fetch costs about 0.2 ms more per request on a loopback connection.
       const agent = new module.Agent({ keepAlive: true, maxFreeSockets: 8, ca: this.options.ca } as http.AgentOptions);
-      this.agent = agent;
-      return { module, agent };
+      this.loaded = { module, agent };
+      return this.loaded;
     });
-    return this.loaded;
+    return this.loading;
   }
 
-  async send(method: string, target: string, headers: Record<string, string>, payload: string | undefined): Promise<Answer> {
-    const { module, agent } = await this.load();
+  send(method: string, target: string, headers: Record<string, string>, payload: string | undefined): Promise<Answer> {
+    if (this.loaded === undefined) return this.load().then(() => this.send(method, target, headers, payload));
+    const { module, agent } = this.loaded;
     if (payload !== undefined || ['POST', 'PUT', 'PATCH'].includes(method)) {
-      headers = { ...headers, 'content-length': String(Buffer.byteLength(payload ?? '')) };
+      headers['content-length'] = String(Buffer.byteLength(payload ?? ''));
     }
-    const answer = await new Promise<http.IncomingMessage>((resolve, reject) => {
+    return new Promise<Answer>((resolve, reject) => {
       const request = module.request(
         {
           agent,
@@ -103,33 +112,42 @@ class NodeTransport implements Transport {
           headers,
           timeout: this.options.timeoutMs,
         },
-        resolve,
+        (answer) => resolve(nodeAnswer(answer)),
       );
       request.on('error', (error) => reject(new SendFailure(request.reusedSocket, error)));
       request.on('timeout', () => request.destroy(new TimeoutError(`no answer within ${this.options.timeoutMs} ms`)));
       request.end(payload);
     });
-    return {
-      status: answer.statusCode!,
-      statusText: answer.statusMessage ?? '',
-      header(name) {
-        const value = answer.headers[name.toLowerCase()];
-        return Array.isArray(value) ? value.join(', ') : value;
-      },
-      async *text() {
-        answer.setEncoding('utf8');
-        for await (const chunk of answer) yield chunk as string;
-        if (!answer.complete) throw new Error('the answer was cut short');
-      },
-      discard() {
-        if (!answer.complete) answer.destroy();
-      },
-    };
   }
 
   close(): void {
-    this.agent?.destroy();
+    this.loaded?.agent.destroy();
   }
+}
+
+function nodeAnswer(answer: http.IncomingMessage): Answer {
+  return {
+    status: answer.statusCode!,
+    statusText: answer.statusMessage ?? '',
+    header(name) {
+      const value = answer.headers[name.toLowerCase()];
+      return Array.isArray(value) ? value.join(', ') : value;
+    },
+    async *text() {
+      answer.setEncoding('utf8');
+      for await (const chunk of answer) yield chunk as string;
+      if (!answer.complete) throw new Error('the answer was cut short');
+    },
+    async all() {
+      const chunks: Buffer[] = [];
+      for await (const chunk of answer) chunks.push(chunk as Buffer);
+      if (!answer.complete) throw new Error('the answer was cut short');
+      return Buffer.concat(chunks).toString('utf8');
+    },
+    discard() {
+      if (!answer.complete) answer.destroy();
+    },
+  };
 }
 
 /**
@@ -176,7 +194,7 @@ class FetchTransport implements Transport {
       ended = true;
       clearTimeout(timer);
     };
-    return {
+    const answer: Answer = {
       status: response.status,
       statusText: response.statusText,
       header: (name) => response.headers.get(name) ?? undefined,
@@ -200,6 +218,11 @@ class FetchTransport implements Transport {
         const rest = decoder.decode();
         if (rest !== '') yield rest;
       },
+      async all() {
+        let text = '';
+        for await (const chunk of answer.text()) text += chunk;
+        return text;
+      },
       discard() {
         if (!ended) {
           end();
@@ -207,6 +230,7 @@ class FetchTransport implements Transport {
         }
       },
     };
+    return answer;
   }
 
   close(): void {}
