@@ -122,12 +122,20 @@ async fn subscribe<S: Store>(
         .into_response()
 }
 
+/// The parent as the request gave it (none when it let the message follow the active leaf), as
+/// the reference's event has it.
 fn parent_field(parent: &Parent) -> String {
     match parent {
         Parent::ActiveLeaf => String::new(),
         Parent::Root => ",\"parentId\":null".to_owned(),
         Parent::Id(id) => format!(",\"parentId\":{}", json_string(id)),
     }
+}
+
+/// Where the message is stored: its parent's id, `null` for a root. What a follower needs to
+/// place it, whatever the request said (an omitted, unknown or looping parent).
+fn stored_parent_json(parent_id: Option<&str>) -> String {
+    parent_id.map_or("null".to_owned(), json_string)
 }
 
 /// The event's JSON payload; messages are spliced in as stored.
@@ -139,9 +147,10 @@ fn payload(event: &ChangeEvent) -> String {
             parent,
             inserted,
         } => format!(
-            "{{\"sessionId\":{sid},\"message\":{}{},\"inserted\":{inserted}}}",
+            "{{\"sessionId\":{sid},\"message\":{}{},\"storedParentId\":{},\"inserted\":{inserted}}}",
             message.json(),
-            parent_field(parent)
+            parent_field(parent),
+            stored_parent_json(message.parent_id.as_deref())
         ),
         Change::Update { message } => {
             format!("{{\"sessionId\":{sid},\"message\":{}}}", message.json())
@@ -153,7 +162,7 @@ fn payload(event: &ChangeEvent) -> String {
         Change::Import { message, parent_id } => format!(
             "{{\"sessionId\":{sid},\"message\":{},\"parentId\":{}}}",
             message.json(),
-            parent_id.as_deref().map_or("null".to_owned(), json_string)
+            stored_parent_json(parent_id.as_deref())
         ),
         Change::Compaction { compaction } | Change::Compact { compaction } => {
             json!({"sessionId": event.key.session_id, "compaction": wire::compaction(compaction)})

@@ -1,6 +1,6 @@
 //! The change feed over server-sent events.
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::common::{SseReader, start};
 
@@ -112,4 +112,57 @@ async fn registry_compaction_and_import_events() {
     assert_eq!(events[3].data["compaction"]["summary"], "x");
     assert_eq!(events[4].data["parentId"], "a");
     assert_eq!(events[5].data["action"], "deleted");
+}
+
+/// An append's event says where the message is stored (`storedParentId`) beside the parent as
+/// the request gave it (`parentId`, absent when it followed the active leaf), so a follower can
+/// place every message: after the leaf, under a named parent, as a root, under an unknown
+/// parent (a root), and again for an id already stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_events_name_the_parent_each_message_is_stored_under() {
+    let server = start().await;
+    let mut feed = SseReader::open(&server, "/v1/sessions/s/events", None).await;
+    let said = |id: &str| json!({"id": id, "role": "user", "content": id});
+    server.say("s", "a", "first").await;
+    server.say("s", "b", "after the leaf").await;
+    server
+        .post("/v1/sessions/s/messages?parent=a", said("c"))
+        .await;
+    server
+        .post("/v1/sessions/s/messages?parent=", said("d"))
+        .await;
+    server
+        .post("/v1/sessions/s/messages?parent=nowhere", said("e"))
+        .await;
+    server
+        .post("/v1/sessions/s/messages?parent=e", said("b"))
+        .await;
+    // (id, parentId as given or None when absent, storedParentId, inserted)
+    let placed: Vec<(Value, Option<Value>, Value, Value)> = feed
+        .take(6)
+        .await
+        .into_iter()
+        .map(|e| {
+            let d = e.data;
+            let given = d.get("parentId").cloned();
+            (
+                d["message"]["id"].clone(),
+                given,
+                d["storedParentId"].clone(),
+                d["inserted"].clone(),
+            )
+        })
+        .collect();
+    let root = Value::Null;
+    assert_eq!(
+        placed,
+        [
+            (json!("a"), None, root.clone(), json!(true)),
+            (json!("b"), None, json!("a"), json!(true)),
+            (json!("c"), Some(json!("a")), json!("a"), json!(true)),
+            (json!("d"), Some(Value::Null), root.clone(), json!(true)),
+            (json!("e"), Some(json!("nowhere")), root, json!(true)),
+            (json!("b"), Some(json!("e")), json!("a"), json!(false)),
+        ]
+    );
 }

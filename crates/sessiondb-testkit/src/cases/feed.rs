@@ -61,10 +61,12 @@ pub async fn feed_carries_parents_and_imports<S: Store>(db: Db<S>) {
     s.import(text("i", "user", "old"), imported(Some("a"), 3))
         .await
         .unwrap();
+    // Following the active leaf (the import's row): the event's message names where it went.
+    chain(&s, &["c"]).await;
     let got = events(drain(&mut sub));
     assert_eq!(
         got.iter().map(|e| e.change.name()).collect::<Vec<_>>(),
-        ["append", "append", "import"]
+        ["append", "append", "import", "append"]
     );
     assert!(matches!(
         &got[0].change,
@@ -78,6 +80,11 @@ pub async fn feed_carries_parents_and_imports<S: Store>(db: Db<S>) {
     );
     assert!(
         matches!(&got[2].change, Change::Import { parent_id: Some(p), message } if p == "a" && message.created_at == 3)
+    );
+    assert!(
+        matches!(&got[3].change, Change::Append { parent: Parent::ActiveLeaf, message, .. } if message.parent_id.as_deref() == Some("i")),
+        "{:?}",
+        got[3].change
     );
 }
 
