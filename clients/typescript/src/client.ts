@@ -3,7 +3,16 @@
  * where Node's modules are there, `fetch` on other runtimes (browsers, workers, edge functions).
  */
 import { sha256Hex } from './sha256.js';
-import { type Answer, SendFailure, TimeoutError, type Transport, type TransportKind, nodeModulesHere, openTransport } from './transport.js';
+import {
+  type Answer,
+  SendFailure,
+  TimeoutError,
+  type Transport,
+  type TransportKind,
+  Unsendable,
+  nodeModulesHere,
+  openTransport,
+} from './transport.js';
 
 export type { TransportKind } from './transport.js';
 
@@ -208,7 +217,8 @@ export interface ClientOptions {
   ca?: string | Uint8Array | Array<string | Uint8Array>;
   /**
    * `node` (Node's `http`, kept connections; where Node's modules load) or `fetch` (any runtime; it
-   * refuses ids `.` and `..`, whose path segments its URL parser resolves).
+   * refuses ids `.` and `..`, whose path segments its URL parser resolves, with an
+   * `invalid_request` error and nothing sent).
    * {@link Client.defaultTransport} by default.
    */
   transport?: TransportKind;
@@ -369,6 +379,7 @@ export class Client {
       try {
         answer = await this.transport.send(method, target, headers, payload);
       } catch (failure) {
+        if (failure instanceof Unsendable) throw new SessiondbError(undefined, 'invalid_request', failure.message);
         if (!(failure instanceof SendFailure)) throw failure;
         const { reused, error } = failure;
         if (reused && attempt === 0 && method !== 'POST' && !(error instanceof TimeoutError)) continue;

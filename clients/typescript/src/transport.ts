@@ -36,8 +36,14 @@ export class SendFailure extends Error {
 
 export class TimeoutError extends Error {}
 
+/** A request this transport cannot send as asked; nothing was sent. */
+export class Unsendable extends Error {}
+
 export interface Transport {
-  /** Sends one request (`target`: path and query, as they are); rejects with a `SendFailure`. */
+  /**
+   * Sends one request (`target`: path and query, as they are); rejects with a `SendFailure`
+   * (or an `Unsendable`, before sending anything).
+   */
   send(method: string, target: string, headers: Record<string, string>, payload: string | undefined): Promise<Answer>;
   close(): void;
 }
@@ -169,7 +175,7 @@ class FetchTransport implements Transport {
   async send(method: string, target: string, headers: Record<string, string>, payload: string | undefined): Promise<Answer> {
     const path = target.split('?', 1)[0];
     if (path.split('/').some((segment) => /^(\.|%2e){1,2}$/i.test(segment))) {
-      throw new SendFailure(false, new Error(`fetch cannot send the path ${path} as it is (it resolves "." and ".." segments)`));
+      throw new Unsendable(`fetch cannot send the path ${path} as it is (it resolves "." and ".." segments)`);
     }
     const timeoutMs = this.options.timeoutMs;
     const aborts = new AbortController();
