@@ -98,7 +98,6 @@ class _KeyedSessions:
                                                                self.held.get(key))
         return [m for m in path if status is None or _status_of(m) == status.value]
 
-
     def append(self, key: str, messages: List[ChatMessage],
                status: MessageStatus = MessageStatus.ACTIVE) -> None:
         if not messages:

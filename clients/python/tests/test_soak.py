@@ -189,7 +189,6 @@ class FeedListener(threading.Thread):
         self.client = Client(url, timeout=120)
         self.appends: list[tuple[str, str, bool, str | None]] = []
         self.resets = 0
-        self.lags = 0
         self.failure: Exception | None = None
         self.live = threading.Event()
 
@@ -207,7 +206,6 @@ class FeedListener(threading.Thread):
         while True:
             for event in self.client.events(None, last_event_id=last_id):
                 if event["event"] == "lagged":
-                    self.lags += 1
                     break
                 if event["event"] == "reset":
                     self.resets += 1
