@@ -50,6 +50,13 @@ events themselves) they are read newest first, a page at a time, as far as
 lists the app's sessions (one user's through the server's user index, all users' by reading the
 namespace's listing) with their merged state, without events. The blocking client runs on worker
 threads, so the event loop never waits for the server.
+
+Moving in. ``copy_sessions`` copies an app's sessions from any other session service
+(``SqliteSessionService``, ``DatabaseSessionService``, ...) with their events and state, each
+session in one write (with the app and user state it shows), all or nothing. A session the
+target already holds with the same events is skipped, so a copy cut short is finished by running
+it again; one it holds with other events is refused with ADK's ``AlreadyExistsError``, writing
+nothing.
 """
 
 from __future__ import annotations
@@ -78,7 +85,15 @@ from google.adk.sessions.state import State
 from google.genai import types
 from pydantic_core import to_jsonable_python
 
-from .client import Client, HeldPath, SessiondbError, bounded_id, joined_id, message_id_for
+from .client import (
+    Client,
+    Copied,
+    HeldPath,
+    SessiondbError,
+    bounded_id,
+    joined_id,
+    message_id_for,
+)
 
 EVENT_KEY = "adkEvent"
 APP_KEY = "adkApp"
@@ -299,6 +314,37 @@ class SessiondbSessionService(BaseSessionService):
                                     last_update_time=record["updatedAt"] / 1000))
         return ListSessionsResponse(sessions=sessions)
 
+    def _copy_in(self, session: Session) -> bool:
+        """Stores ``session`` (another service's, whole) as a session that does not exist here
+        yet, in one write: its record, state and events as ``create_session`` and
+        ``append_event`` would have stored them (see ``copy_sessions``)."""
+        key = session_key(session.app_name, session.user_id, session.id)
+        metadata = {APP_KEY: session.app_name, USER_KEY: session.user_id,
+                    SESSION_KEY: session.id}
+        scopes = split_state(session.state)
+        lines = [{"session": {"userId": session.user_id, "metadata": metadata}}]
+        lines += _state_lines(scopes["session"])
+        parent = None
+        for event in session.events:
+            message = message_of_event(event)
+            lines.append({"message": message, "parentId": parent,
+                          "createdAt": int(event.timestamp * 1000)})
+            parent = message["id"]
+        self._held.pop(key, None)
+        try:
+            self.client.import_together(
+                [{"session_id": key, "if_absent": True, "lines": lines}]
+                + _scope_parts(session.app_name, session.user_id, scopes))
+            return True
+        except SessiondbError as error:
+            if error.code != "conflict":
+                raise
+        held = self._get(session.app_name, session.user_id, session.id, GetSessionConfig())
+        if held is not None and [e.id for e in held.events] == [e.id for e in session.events]:
+            return False
+        raise AlreadyExistsError(f"Session with id {session.id} already exists with other "
+                                 "events; nothing was copied.")
+
     def _store(self, session: Session, event: Event) -> None:
         key = session_key(session.app_name, session.user_id, session.id)
         # What this object last read or wrote: its marker, else (a session built by hand or by
@@ -352,6 +398,24 @@ def _scope_parts(app_name: str, user_id: str, scopes: dict[str, dict[str, Any]])
         parts.append({"session_id": user_state_key(app_name, user_id),
                       "lines": [{"session": record}] + _state_lines(scopes["user"])})
     return parts
+
+
+async def copy_sessions(source: BaseSessionService, target: SessiondbSessionService, *,
+                        app_name: str, user_id: Optional[str] = None) -> Copied:
+    """Copies the app's sessions (one user's, or every user's) from ``source`` into ``target``,
+    least recently updated first, each whole in one write (see the module's documentation):
+    which were copied and which skipped, as ``(user_id, session_id)`` pairs. A session's events
+    keep their times; a session deleted from ``source`` while this runs is left out."""
+    listed = await source.list_sessions(app_name=app_name, user_id=user_id)
+    copied = Copied([], [])
+    for record in sorted(listed.sessions, key=lambda s: s.last_update_time):
+        session = await source.get_session(app_name=app_name, user_id=record.user_id,
+                                           session_id=record.id)
+        if session is None:
+            continue
+        done = await asyncio.to_thread(target._copy_in, session)
+        (copied.copied if done else copied.skipped).append((session.user_id, session.id))
+    return copied
 
 
 def memory_owner(app_name: str, user_id: str) -> str:

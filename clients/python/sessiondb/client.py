@@ -7,6 +7,7 @@ import json
 import ssl
 import threading
 import urllib.parse
+import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -80,6 +81,15 @@ def message_id_for(name: str) -> str:
     """``name`` as a message id when it is a usable one, else ``sha256:`` and its SHA-256 (the
     TypeScript client derives the same)."""
     return name if usable_id(name) else "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+
+
+class Copied(NamedTuple):
+    """What a copy from a framework's own store did: the conversations it copied, and those it
+    skipped, as the target already held them exactly (a copy run again) or they held nothing.
+    Each is named as the framework names it."""
+
+    copied: list
+    skipped: list
 
 
 class HeldPath(NamedTuple):
@@ -588,6 +598,34 @@ class Client:
             lines.append({"into": into})
             lines.extend(part["lines"])
         return self.request("POST", "/v1/import", body=_ndjson(lines))
+
+    def import_if_empty(self, session_id: str, messages: list[dict],
+                        record: dict | None = None) -> bool:
+        """Stores ``messages``, each under the one before, as the whole conversation of a
+        session that has none: created with them (and ``record``, fields of an import's session
+        line) when it does not exist. All or nothing: ``False``, and nothing written, when the
+        session has messages. Messages without an id get one (``msg_`` and a UUID, the shape
+        of the server's), as an import names each message's parent by id."""
+        lines: list[dict] = [{"session": record}] if record else []
+        parent = None
+        for message in messages:
+            if not message.get("id"):
+                message = {**message, "id": "msg_" + str(uuid.uuid4())}
+            lines.append({"message": message, "parentId": parent})
+            parent = message["id"]
+        try:
+            self.import_together([{"session_id": session_id, "if_absent": True, "lines": lines}])
+            return True
+        except SessiondbError as error:
+            if error.code != "conflict":
+                raise
+        try:
+            self.import_lines(session_id, lines, if_leaf=None)
+            return True
+        except SessiondbError as error:
+            if error.code != "conflict":
+                raise
+        return False
 
     def import_templates(self, lines: Iterable[dict]) -> dict:
         """Imports a templates' part of a dump (an optional ``{"templates": {}}`` line, then block

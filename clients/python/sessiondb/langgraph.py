@@ -30,6 +30,13 @@ it also keeps the serialised values it wrote or rebuilt, which a value extending
 still reads from a deleted one (directly or as the base of an extension) moves first, whole, to
 a message of the side session (``values:<checkpoint id>``), where readers look when the
 checkpoint is gone.
+
+Moving in. ``copy_threads`` copies threads from any other checkpointer (``SqliteSaver``,
+``PostgresSaver``, ``InMemorySaver``, ...): every namespace's checkpoints, oldest first, each
+with its metadata, its parent and its pending writes, as the graph had put them here. Each
+checkpoint is one write after its pending writes, so a copy cut short leaves whole checkpoints
+and is finished by running it again (what was copied is stored once); a namespace whose newest
+checkpoint the target has is skipped.
 """
 
 from __future__ import annotations
@@ -37,9 +44,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import random
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -54,10 +62,10 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 
-from .client import Client, SessiondbError, bounded_id, joined_id
+from .client import Client, Copied, SessiondbError, bounded_id, joined_id
 from .langgraph_store import SessiondbStore
 
-__all__ = ["SessiondbSaver", "SessiondbStore"]
+__all__ = ["SessiondbSaver", "SessiondbStore", "acopy_threads", "copy_threads"]
 
 THREAD_KEY = "langgraphThread"
 VALUES_PREFIX = "values:"
@@ -189,6 +197,15 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
         return sessions
 
     # -- writing -----------------------------------------------------------------------------
+
+    def get_next_version(self, current: Any, channel: None = None) -> Any:
+        """Integers, LangGraph's default; a thread copied from a checkpointer with versions of
+        the form ``<32-digit counter>.<random>`` (``SqliteSaver``, ``PostgresSaver``,
+        ``InMemorySaver``) goes on in that form, as LangGraph compares a thread's versions
+        with each other."""
+        if isinstance(current, str):
+            return f"{int(current.split('.', 1)[0]) + 1:032}.{random.random():016}"
+        return super().get_next_version(current, channel)
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
@@ -649,3 +666,87 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
         found = self.list(config, filter=filter, before=before, limit=limit)
         while (item := await asyncio.to_thread(next, found, _END)) is not _END:
             yield item
+
+
+def copy_threads(source: BaseCheckpointSaver, target: SessiondbSaver,
+                 thread_ids: Iterable[str] | None = None) -> Copied:
+    """Copies threads (these, or every thread ``source.list(None)`` gives, which reads every
+    checkpoint of ``source`` once to find them) from ``source`` into ``target`` (see the
+    module's documentation): the thread ids copied, and those skipped as the target had each
+    of their namespaces' newest checkpoint. ``acopy_threads`` reads an async checkpointer."""
+    if thread_ids is None:
+        thread_ids = dict.fromkeys(t.config["configurable"]["thread_id"]
+                                   for t in source.list(None))
+    copied = Copied([], [])
+    for thread_id in thread_ids:
+        found = list(source.list({"configurable": {"thread_id": thread_id}}))
+        (copied.copied if _copy_thread(target, thread_id, found) else copied.skipped).append(
+            thread_id)
+    return copied
+
+
+async def acopy_threads(source: BaseCheckpointSaver, target: SessiondbSaver,
+                        thread_ids: Iterable[str] | None = None) -> Copied:
+    """``copy_threads`` from a checkpointer read through its async methods (``alist``), such
+    as ``AsyncSqliteSaver`` or ``AsyncPostgresSaver``; the writes run on a worker thread."""
+    if thread_ids is None:
+        thread_ids = dict.fromkeys([t.config["configurable"]["thread_id"]
+                                    async for t in source.alist(None)])
+    copied = Copied([], [])
+    for thread_id in thread_ids:
+        found = [t async for t in source.alist({"configurable": {"thread_id": thread_id}})]
+        done = await asyncio.to_thread(_copy_thread, target, thread_id, found)
+        (copied.copied if done else copied.skipped).append(thread_id)
+    return copied
+
+
+def _copy_thread(target: SessiondbSaver, thread_id: str, found: list[CheckpointTuple]) -> bool:
+    """Copies a thread's checkpoints (every namespace's), oldest first, into ``target``, but
+    not the namespaces whose newest checkpoint it has: whether anything was written."""
+    namespaces: dict[str, list[CheckpointTuple]] = {}
+    for checkpoint in found:
+        namespaces.setdefault(checkpoint.config["configurable"].get("checkpoint_ns", ""),
+                              []).append(checkpoint)
+    wrote = False
+    for checkpoint_ns, checkpoints in namespaces.items():
+        checkpoints.sort(key=lambda t: t.checkpoint["id"])
+        try:
+            target.client.get_message(target._sessions(thread_id, checkpoint_ns)[0],
+                                      checkpoints[-1].checkpoint["id"])
+            continue
+        except SessiondbError as error:
+            if error.code != "not_found":
+                raise
+        versions = {t.checkpoint["id"]: t.checkpoint["channel_versions"] for t in checkpoints}
+        for checkpoint in checkpoints:
+            _copy_checkpoint(target, checkpoint, versions)
+        wrote = True
+    return wrote
+
+
+def _copy_checkpoint(target: SessiondbSaver, found: CheckpointTuple,
+                     versions: dict[str, ChannelVersions]) -> None:
+    """Puts one checkpoint of another checkpointer into ``target``, its pending writes first:
+    with the channels whose version differs from its parent's (all of them when the parent is
+    not among ``versions``, the copied checkpoints' channel versions) as the new ones."""
+    configurable = found.config["configurable"]
+    thread = {"thread_id": configurable["thread_id"],
+              "checkpoint_ns": configurable.get("checkpoint_ns", "")}
+    config: RunnableConfig = {"configurable": {**thread, "checkpoint_id": found.checkpoint["id"]}}
+    by_task: dict[str, list[tuple[str, Any]]] = {}
+    for task_id, channel, value in found.pending_writes or []:
+        if channel in WRITES_IDX_MAP:
+            # Each special write was a call of its own, replacing what the task wrote before.
+            target.put_writes(config, [(channel, value)], task_id)
+        else:
+            by_task.setdefault(task_id, []).append((channel, value))
+    for task_id, writes in by_task.items():
+        target.put_writes(config, writes, task_id)
+
+    parent = (found.parent_config or {}).get("configurable", {}).get("checkpoint_id")
+    before = versions.get(parent, {}) if parent else {}
+    changed = {channel: version for channel, version in found.checkpoint["channel_versions"].items()
+               if before.get(channel) != version}
+    put_config: RunnableConfig = {"configurable": {**thread, "checkpoint_id": parent}
+                                  if parent else dict(thread)}
+    target.put(put_config, found.checkpoint, found.metadata, changed)

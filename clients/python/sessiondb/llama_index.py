@@ -40,7 +40,7 @@ from llama_index.core.bridge.pydantic import BaseModel, ConfigDict, Field, Priva
 from llama_index.core.storage.chat_store.base import BaseChatStore
 from llama_index.core.storage.chat_store.base_db import AsyncDBChatStore, MessageStatus
 
-from .client import Client, HeldPath, SessiondbError, bounded_id, joined_id
+from .client import Client, Copied, HeldPath, SessiondbError, bounded_id, joined_id
 
 MESSAGE_KEY = "llamaIndexMessage"
 STATUS_KEY = "llamaIndexStatus"
@@ -167,6 +167,20 @@ class _KeyedSessions:
         return [record["metadata"][KEY_KEY] for record in self.client.list_sessions()
                 if KEY_KEY in (record.get("metadata") or {}) and record["messageCount"] > 0]
 
+    def copy_in(self, key: str, messages: list[tuple[ChatMessage, MessageStatus]]) -> bool:
+        """Stores ``messages`` as the key's, in one write, while the key has none (see
+        ``copy_chat_store``): whether they were written."""
+        self.held.pop(key, None)
+        stored = [message_of_chat_message(m, status) for m, status in messages]
+        if not stored or self.client.import_if_empty(session_of(key), stored,
+                                                     {"metadata": {KEY_KEY: key}}):
+            return bool(stored)
+        held = [(chat_message_of(m), _status_of(m)) for m in self.stored(key)]
+        if held == [(m, status.value) for m, status in messages]:
+            return False
+        raise SessiondbError(409, "conflict", f"the key {key!r} already holds other messages; "
+                             "nothing was copied")
+
 
 class _OnSessiondb(BaseModel):
     """What both stores hold: the client, and the requests they make through it."""
@@ -268,3 +282,25 @@ class SessiondbBaseChatStore(_OnSessiondb, BaseChatStore):
 
     def get_keys(self) -> List[str]:
         return self._sessions.keys()
+
+
+async def copy_chat_store(source: BaseChatStore | AsyncDBChatStore,
+                          target: SessiondbChatStore | SessiondbBaseChatStore,
+                          keys: Optional[List[str]] = None) -> Copied:
+    """Copies the keys of ``source`` (these, or all it lists) into ``target``, each in one
+    write (see the module's documentation): the keys copied, and those skipped as the target
+    held them already or they held nothing."""
+    database = isinstance(source, AsyncDBChatStore)
+    if keys is None:
+        keys = await (source.get_keys() if database else source.aget_keys())
+    copied = Copied([], [])
+    for key in keys:
+        if database:
+            messages = [(m, status)
+                        for status in (MessageStatus.ARCHIVED, MessageStatus.ACTIVE)
+                        for m in await source.get_messages(key, status=status)]
+        else:
+            messages = [(m, MessageStatus.ACTIVE) for m in await source.aget_messages(key)]
+        done = await asyncio.to_thread(target._sessions.copy_in, key, messages)
+        (copied.copied if done else copied.skipped).append(key)
+    return copied

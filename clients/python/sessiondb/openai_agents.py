@@ -19,15 +19,25 @@ chat-completions ``image_url`` object with a data URL, as for any client; the Re
 ``input_image`` is kept as it is). A message written by another client (without
 ``openaiItem``) reads as ``{role, content}``, its text parts joined when it has only ``parts``;
 a compaction's summary reads the same way, in place of the messages it covers.
+
+Moving in. ``copy_session`` copies the conversation of any SDK session (``SQLiteSession``,
+``SQLAlchemySession``, ``RedisSession``, ...: anything with ``get_items``) into a
+``SessiondbSession``, and ``copy_sqlite_sessions`` every session of a ``SQLiteSession`` file.
+Each conversation is copied in one write that creates its session, all or nothing; one the
+target already holds exactly is skipped, so a copy cut short is finished by running it again,
+and one whose target holds other items is refused (``conflict``), writing nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import pathlib
+import sqlite3
 from typing import Any
 
-from .client import Client, SessiondbError
+from .client import Client, Copied, SessiondbError
 
 ITEM_KEY = "openaiItem"
 WHOLE_ITEM = "content"
@@ -132,6 +142,18 @@ class SessiondbSession:
                 return
         self.client.append_batch(self.session_id, messages)
 
+    def _copy_in(self, items: list[dict]) -> bool:
+        """Stores ``items`` as the conversation of a session that has none yet, in one write
+        (see ``copy_session``)."""
+        self._held = None
+        if not items or self.client.import_if_empty(self.session_id,
+                                                    [message_of_item(i) for i in items]):
+            return bool(items)
+        if self._get_items(None) == items:
+            return False
+        raise SessiondbError(409, "conflict", f"session {self.session_id!r} already holds "
+                             "other items; nothing was copied")
+
     async def pop_item(self) -> dict | None:
         """Deletes the newest stored message and returns its item (``None`` when empty)."""
         return await asyncio.to_thread(self._pop_item)
@@ -147,3 +169,40 @@ class SessiondbSession:
     async def clear_session(self) -> None:
         self._held = None
         await asyncio.to_thread(self.client.clear, self.session_id)
+
+
+async def copy_session(source: Any, target: SessiondbSession) -> bool:
+    """Copies the conversation ``source`` (any SDK session) holds into ``target`` in one write:
+    ``True`` when copied; ``False`` when ``source`` is empty or ``target`` already holds
+    exactly its items (a copy run again); a ``conflict`` error, and nothing written, when
+    ``target`` holds other items. What ``source.get_items()`` gives is copied (only the newest
+    items, for a session with a ``limit`` in its settings). The messages are dated by the
+    copy."""
+    items = await source.get_items()
+    return await asyncio.to_thread(target._copy_in, items)
+
+
+async def copy_sqlite_sessions(db_path: str, client: Client, *,
+                               sessions_table: str = "agent_sessions",
+                               messages_table: str = "agent_messages") -> Copied:
+    """Copies every session of a ``SQLiteSession`` database file into the sessiondb session of
+    the same id (as ``copy_session`` does, oldest session first), read through the SDK's own
+    ``SQLiteSession``. Sessions of the file with no items are skipped."""
+    from agents.memory import SQLiteSession
+
+    def session_ids() -> list[str]:
+        read_only = pathlib.Path(db_path).resolve().as_uri() + "?mode=ro"
+        with contextlib.closing(sqlite3.connect(read_only, uri=True)) as db:
+            return [row[0] for row in db.execute(
+                f'SELECT session_id FROM "{sessions_table}" ORDER BY created_at, session_id')]
+
+    copied = Copied([], [])
+    for session_id in await asyncio.to_thread(session_ids):
+        source = SQLiteSession(session_id, db_path, sessions_table=sessions_table,
+                               messages_table=messages_table)
+        try:
+            done = await copy_session(source, SessiondbSession(session_id, client))
+        finally:
+            source.close()
+        (copied.copied if done else copied.skipped).append(session_id)
+    return copied

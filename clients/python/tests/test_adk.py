@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import pathlib
 import unittest
 from typing import AsyncGenerator
 
@@ -20,12 +21,18 @@ from google.adk.models.llm_response import LlmResponse
 from google.adk.runners import Runner
 from google.adk.sessions.base_session_service import GetSessionConfig
 from google.adk.sessions.session import Session
+from google.adk.sessions.sqlite_session_service import SqliteSessionService
 from google.adk.tools.tool_context import ToolContext
 from google.genai import types
 from served import ServedTest
 
 from sessiondb import SessiondbError
-from sessiondb.adk import SessiondbMemoryService, SessiondbSessionService, session_key
+from sessiondb.adk import (
+    SessiondbMemoryService,
+    SessiondbSessionService,
+    copy_sessions,
+    session_key,
+)
 
 # The scripted model reports no token usage, which ADK logs at every answer.
 logging.getLogger("google_adk").setLevel(logging.ERROR)
@@ -69,7 +76,9 @@ def dumped(events: list[Event]) -> list[dict]:
     return [e.model_dump(mode="json", exclude_none=True) for e in events]
 
 
-class SessionServiceTest(ServedTest):
+class AppTest(ServedTest):
+    """An app of its own per test, its service, and a runner's turn."""
+
     def setUp(self):
         self.app = self.fresh_prefix() + "app"
         self.service = SessiondbSessionService(self.client)
@@ -87,6 +96,8 @@ class SessionServiceTest(ServedTest):
         return asyncio.run(self.service.get_session(app_name=self.app, user_id=user,
                                                     session_id=session, config=config))
 
+
+class SessionServiceTest(AppTest):
     def test_a_runner_keeps_its_conversation_and_state_across_processes(self):
         asyncio.run(self.service.create_session(app_name=self.app, user_id="ann",
                                                 session_id="s1", state={"lang": "en"}))
@@ -317,6 +328,55 @@ class SessionServiceTest(ServedTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class MovingInTest(AppTest):
+    """Sessions of ADK's own SqliteSessionService file, copied into sessiondb."""
+
+    def source(self) -> SqliteSessionService:
+        source = SqliteSessionService(str(pathlib.Path(self.served.data) / f"{self.app}.db"))
+        asyncio.run(source.create_session(app_name=self.app, user_id="ann", session_id="a1",
+                                          state={"lang": "en"}))
+        self.run_turn(source, "ann", "a1", "hello")
+        self.run_turn(source, "ann", "a1", "again")
+        asyncio.run(source.create_session(app_name=self.app, user_id="bo", session_id="b1"))
+        self.run_turn(source, "bo", "b1", "hi")
+        asyncio.run(source.create_session(app_name=self.app, user_id="bo", session_id="quiet",
+                                          state={"topic": "none yet"}))
+        return source
+
+    def sessions(self, service) -> dict:
+        async def read():
+            listed = await service.list_sessions(app_name=self.app)
+            return {(s.user_id, s.id): await service.get_session(
+                app_name=self.app, user_id=s.user_id, session_id=s.id) for s in listed.sessions}
+        return {k: (dumped(v.events), v.state) for k, v in asyncio.run(read()).items()}
+
+    def test_an_apps_sessions_are_copied_with_events_and_every_scope_of_state(self):
+        source = self.source()
+        copied = asyncio.run(copy_sessions(source, self.service, app_name=self.app))
+        self.assertEqual(sorted(copied.copied), [("ann", "a1"), ("bo", "b1"), ("bo", "quiet")])
+        self.assertEqual(copied.skipped, [])
+        expected = self.sessions(source)
+        self.assertEqual(self.sessions(SessiondbSessionService(self.client)), expected)
+        self.assertEqual(expected[("ann", "a1")][1]["user:visits"], 2)
+        self.assertEqual(len(expected[("ann", "a1")][0]), 8)
+
+        again = asyncio.run(copy_sessions(source, self.service, app_name=self.app, user_id="bo"))
+        self.assertEqual((again.copied, sorted(again.skipped)), ([], [("bo", "b1"), ("bo", "quiet")]))
+        # A runner goes on from the copy: the user's and the app's counts carry on.
+        turn = self.run_turn(SessiondbSessionService(self.client), "ann", "a1", "third")
+        self.assertEqual(turn[-1].content.parts[0].text, "visit 3, shown 11 contents")
+        self.assertEqual(self.get("ann", "a1").state["app:total"], 4)
+
+    def test_a_session_held_with_other_events_is_refused_and_left_as_it_was(self):
+        source = self.source()
+        asyncio.run(self.service.create_session(app_name=self.app, user_id="bo", session_id="b1"))
+        self.run_turn(self.service, "bo", "b1", "mine")
+        before = self.sessions(self.service)
+        with self.assertRaises(AlreadyExistsError):
+            asyncio.run(copy_sessions(source, self.service, app_name=self.app, user_id="bo"))
+        self.assertEqual(self.sessions(SessiondbSessionService(self.client)), before)
 
 
 def said(author: str, text: str, at: float) -> Event:

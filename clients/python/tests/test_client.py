@@ -109,6 +109,33 @@ class ClientTest(ServedTest):
         self.assertEqual(c.delete_messages("copy", ["b", "c", "missing"]), 2)
         self.assertEqual([m["id"] for m in c.full_history("copy")], ["a"])
 
+    def test_import_if_empty_writes_a_whole_conversation_only_where_there_is_none(self):
+        c = self.client
+        chat = [{"role": "user", "content": "hi"}, {"id": "given", "role": "assistant",
+                                                    "content": "hello"}]
+        self.assertTrue(c.import_if_empty("fresh", chat, {"name": "moved", "userId": "mover"}))
+        stored = c.full_history("fresh")
+        self.assertEqual([(m["role"], m["content"]) for m in stored],
+                         [("user", "hi"), ("assistant", "hello")])
+        self.assertTrue(stored[0]["id"].startswith("msg_"))
+        self.assertEqual(stored[1]["id"], "given")
+        self.assertEqual((c.get_session("fresh")["name"], c.get_session("fresh")["userId"]),
+                         ("moved", "mover"))
+        # A session with messages takes nothing; one without takes them.
+        version = c.get_session("fresh")["version"]
+        self.assertFalse(c.import_if_empty("fresh", [{"role": "user", "content": "again"}]))
+        self.assertEqual(c.get_session("fresh")["version"], version)
+        c.create_session("made")
+        self.assertTrue(c.import_if_empty("made", chat[:1]))
+        self.assertEqual([m["content"] for m in c.full_history("made")], ["hi"])
+        # All or nothing.
+        with self.assertRaises(SessiondbError) as caught:
+            c.import_if_empty("refused", [{"role": "user", "content": "x"}, {"role": ""}])
+        self.assertEqual(caught.exception.code, "invalid_request")
+        with self.assertRaises(SessiondbError) as caught:
+            c.get_session("refused")
+        self.assertEqual(caught.exception.code, "not_found")
+
     def test_versions_tag_reads_and_condition_appends(self):
         c = self.client
         self.assertEqual(c.versioned_history("vers"), (0, []))

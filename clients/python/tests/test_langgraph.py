@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import pathlib
+import sqlite3
 import unittest
 from typing import Annotated, TypedDict
 
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 from served import ServedTest
 
 from sessiondb import Client
-from sessiondb.langgraph import MAX_EXTENSION_DEPTH, SessiondbSaver
+from sessiondb.langgraph import MAX_EXTENSION_DEPTH, SessiondbSaver, acopy_threads, copy_threads
 
 
 class State(TypedDict):
@@ -319,3 +323,83 @@ class SaverTest(ServedTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def checkpoints_of(saver, thread_id: str) -> list:
+    """Every checkpoint of a thread, every namespace, as comparable values."""
+    found = [(t.config, t.checkpoint, t.metadata, t.parent_config,
+              sorted(t.pending_writes or [], key=repr))
+             for t in saver.list({"configurable": {"thread_id": thread_id}})]
+    return sorted(found, key=lambda t: (t[0]["configurable"]["checkpoint_ns"], t[1]["id"]))
+
+
+class MovingInTest(ServedTest):
+    """Threads of LangGraph's own SqliteSaver file, copied into sessiondb."""
+
+    def setUp(self):
+        connection = sqlite3.connect(pathlib.Path(self.served.data) / f"{self.id()}.db",
+                                     check_same_thread=False)
+        self.addCleanup(connection.close)
+        self.source = SqliteSaver(connection)
+        self.target = SessiondbSaver(self.client, prefix=self.fresh_prefix())
+
+    def test_threads_are_copied_with_branches_interrupts_and_namespaces(self):
+        travel = {"configurable": {"thread_id": "travel"}}
+        app = graph(self.source)
+        app.invoke({"topic": "owls", "steps": []}, travel)
+        after_research = list(app.get_state_history(travel))[1]
+        app.invoke(None, app.update_state(after_research.config, {"topic": "crows"}))
+        asked = {"configurable": {"thread_id": "asked"}}
+        graph(self.source, ask=True).invoke({"topic": "bees", "steps": []}, asked)
+        nested = {"configurable": {"thread_id": "nested", "checkpoint_ns": "inner:1"}}
+        self.source.put(nested, empty_checkpoint(), {"source": "input", "step": -1}, {})
+
+        copied = copy_threads(self.source, self.target)
+        self.assertEqual(sorted(copied.copied), ["asked", "nested", "travel"])
+        for thread_id in ("travel", "asked", "nested"):
+            expected = checkpoints_of(self.source, thread_id)
+            self.assertEqual(checkpoints_of(self.target, thread_id), expected)
+            # Another process reads the same from the server alone.
+            cold = SessiondbSaver(self.client, prefix=self.target.prefix, cache_bytes=0)
+            self.assertEqual(checkpoints_of(cold, thread_id), expected)
+        self.assertEqual(len(checkpoints_of(self.target, "travel")), 6)
+        self.assertEqual(graph(self.target).get_state(travel).values["steps"],
+                         ["research owls", "write crows"])
+        # The interrupted thread resumes on sessiondb with the answer it waited for.
+        resumed = graph(self.target, ask=True).invoke(Command(resume=True), asked)
+        self.assertEqual(resumed["steps"], ["research bees", "write bees"])
+
+    def test_a_second_copy_writes_only_what_came_since(self):
+        essay = {"configurable": {"thread_id": "essay"}}
+        graph(self.source).invoke({"topic": "otters", "steps": []}, essay)
+        graph(self.source).invoke({"topic": "seals", "steps": []},
+                                  {"configurable": {"thread_id": "other"}})
+        self.assertEqual(sorted(copy_threads(self.source, self.target).copied),
+                         ["essay", "other"])
+        stored = self.client.get_session(self.target._sessions("other", "")[0])["version"]
+        graph(self.source).invoke({"topic": "otters", "steps": ["revise"]}, essay)
+
+        again = copy_threads(self.source, self.target)
+        self.assertEqual((again.copied, again.skipped), (["essay"], ["other"]))
+        self.assertEqual(self.client.get_session(self.target._sessions("other", "")[0])["version"],
+                         stored)
+        self.assertEqual(checkpoints_of(self.target, "essay"), checkpoints_of(self.source, "essay"))
+        self.assertEqual(copy_threads(self.source, self.target, ["essay"]).skipped, ["essay"])
+
+    def test_an_async_checkpointer_is_copied_through_its_async_methods(self):
+        path = str(pathlib.Path(self.served.data) / f"{self.id()}-async.db")
+
+        async def copy():
+            async with AsyncSqliteSaver.from_conn_string(path) as source:
+                await graph(source, ask=True).ainvoke({"topic": "ants", "steps": []},
+                                                      {"configurable": {"thread_id": "ants"}})
+                copied = await acopy_threads(source, self.target)
+                return copied, [(t.config, t.checkpoint, t.metadata, t.parent_config)
+                                async for t in source.alist(None)]
+
+        copied, expected = asyncio.run(copy())
+        self.assertEqual((copied.copied, copied.skipped), (["ants"], []))
+        self.assertEqual([t[:4] for t in checkpoints_of(self.target, "ants")][::-1], expected)
+        resumed = graph(self.target, ask=True).invoke(Command(resume=True),
+                                                     {"configurable": {"thread_id": "ants"}})
+        self.assertEqual(resumed["steps"], ["research ants", "write ants"])

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import pathlib
 import unittest
 
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock
 from llama_index.core.memory import ChatMemoryBuffer, Memory
+from llama_index.core.storage.chat_store import SimpleChatStore
 from llama_index.core.storage.chat_store.base_db import MessageStatus
+from llama_index.core.storage.chat_store.sql import SQLAlchemyChatStore
 from served import ServedTest
 
-from sessiondb.llama_index import SessiondbBaseChatStore, SessiondbChatStore, session_of
+from sessiondb import SessiondbError
+from sessiondb.llama_index import (
+    SessiondbBaseChatStore,
+    SessiondbChatStore,
+    copy_chat_store,
+    session_of,
+)
 
 ACTIVE, ARCHIVED = MessageStatus.ACTIVE, MessageStatus.ARCHIVED
 
@@ -187,3 +196,61 @@ class ChatStoreTest(ServedTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class MovingInTest(ServedTest):
+    """Keys of LlamaIndex's own stores (an SQLite file, a SimpleChatStore), copied into
+    sessiondb."""
+
+    def test_a_memorys_sqlite_store_is_copied_with_what_it_archived(self):
+        prefix = self.fresh_prefix()
+        source = SQLAlchemyChatStore(table_name="chats",
+                                     async_database_uri="sqlite+aiosqlite:///"
+                                     + str(pathlib.Path(self.served.data) / f"{self.id()}.db"))
+
+        async def fill():
+            for key in ("long", "short"):
+                memory = Memory(session_id=prefix + key, sql_store=source, token_limit=40,
+                                tokenizer_fn=words, token_flush_size=4,
+                                chat_history_token_ratio=0.5)
+                for turn in range(8 if key == "long" else 1):
+                    await memory.aput(ChatMessage(role="user", content=f"question {turn} " * 3))
+                    await memory.aput(ChatMessage(role="assistant", content=f"answer {turn}"))
+        asyncio.run(fill())
+
+        def held(store, key):
+            return {status: asyncio.run(store.get_messages(prefix + key, status=status))
+                    for status in (ARCHIVED, ACTIVE)}
+        self.assertTrue(held(source, "long")[ARCHIVED], "the memory archived some")
+
+        target = SessiondbChatStore(client=self.client)
+        copied = asyncio.run(copy_chat_store(source, target))
+        self.assertEqual(sorted(copied.copied), [prefix + "long", prefix + "short"])
+        for key in ("long", "short"):
+            self.assertEqual(held(target, key), held(source, key))
+        again = asyncio.run(copy_chat_store(source, SessiondbChatStore(client=self.client)))
+        self.assertEqual((again.copied, sorted(again.skipped)),
+                         ([], [prefix + "long", prefix + "short"]))
+        # A memory goes on from the copy.
+        memory = Memory(session_id=prefix + "short", sql_store=target, token_limit=1000,
+                        tokenizer_fn=words)
+        asyncio.run(memory.aput(ChatMessage(role="user", content="and now?")))
+        self.assertEqual(texts(asyncio.run(memory.aget()))[-3:],
+                         ["question 0 question 0 question 0 ", "answer 0", "and now?"])
+
+    def test_a_base_chat_store_is_copied_and_a_taken_key_is_refused(self):
+        prefix = self.fresh_prefix()
+        source = SimpleChatStore()
+        source.set_messages(prefix + "a", [ChatMessage(role="user", content="hi"),
+                                           ChatMessage(role="assistant", content="hello")])
+        source.set_messages(prefix + "b", [ChatMessage(role="user", content="b's")])
+        target = SessiondbBaseChatStore(client=self.client)
+        target.set_messages(prefix + "b", [ChatMessage(role="user", content="other")])
+
+        with self.assertRaises(SessiondbError) as raised:
+            asyncio.run(copy_chat_store(source, target, [prefix + "b"]))
+        self.assertEqual(raised.exception.code, "conflict")
+        self.assertEqual(texts(target.get_messages(prefix + "b")), ["other"])
+        copied = asyncio.run(copy_chat_store(source, target, [prefix + "a"]))
+        self.assertEqual(copied.copied, [prefix + "a"])
+        self.assertEqual(target.get_messages(prefix + "a"), source.get_messages(prefix + "a"))

@@ -13,14 +13,14 @@ import unittest
 
 from agents import (Agent, Runner, SessionSettings, function_tool, set_default_openai_api,
                     set_default_openai_client, set_tracing_disabled)
-from agents.memory import Session
+from agents.memory import Session, SQLiteSession
 from agents.models.openai_responses import OpenAIResponsesModel
 from fake_responses import FakeResponses
 from openai import AsyncOpenAI
 from served import Served, ServedTest
 
 from sessiondb import Client, SessiondbError
-from sessiondb.openai_agents import SessiondbSession
+from sessiondb.openai_agents import SessiondbSession, copy_session, copy_sqlite_sessions
 
 set_tracing_disabled(True)
 
@@ -200,6 +200,67 @@ class SessionProtocolTest(ServedTest):
         finally:
             again.stop()
             served.stop()
+
+
+class MovingInTest(ServedTest):
+    """Conversations of the SDK's own SQLiteSession file, copied into sessiondb."""
+
+    def sqlite_file(self, conversations: dict[str, list[dict]]) -> str:
+        path = str(pathlib.Path(self.served.data) / f"{self.id()}.sqlite3")
+        for session_id, items in conversations.items():
+            source = SQLiteSession(session_id, path)
+            run(source.add_items(items))
+            if not items:
+                run(source.add_items([{"role": "user", "content": "gone"}]))
+                run(source.pop_item())
+            source.close()
+        return path
+
+    def test_a_file_of_sessions_is_copied_whole_and_a_second_copy_writes_nothing(self):
+        conversations = {"ada": ITEMS, "bob": ITEMS[:2] + ITEMS[5:6], "empty": []}
+        path = self.sqlite_file(conversations)
+        copied = run(copy_sqlite_sessions(path, self.client))
+        self.assertEqual(sorted(copied.copied), ["ada", "bob"])
+        self.assertEqual(copied.skipped, ["empty"])
+        for session_id in ("ada", "bob"):
+            self.assertEqual(run(SessiondbSession(session_id, self.client).get_items()),
+                             conversations[session_id])
+        self.assertEqual(self.client.get_session("ada")["messageCount"], len(ITEMS))
+        with self.assertRaises(SessiondbError) as raised:
+            self.client.get_session("empty")
+        self.assertEqual(raised.exception.code, "not_found")
+
+        versions = {s: self.client.get_session(s)["version"] for s in ("ada", "bob")}
+        again = run(copy_sqlite_sessions(path, self.client))
+        self.assertEqual((again.copied, sorted(again.skipped)), ([], ["ada", "bob", "empty"]))
+        self.assertEqual({s: self.client.get_session(s)["version"] for s in versions}, versions)
+        # The copies are ordinary sessions the agent goes on with.
+        target = SessiondbSession("bob", self.client)
+        run(target.add_items([{"role": "user", "content": "and now?"}]))
+        self.assertEqual(run(target.get_items())[-1], {"role": "user", "content": "and now?"})
+
+    def test_a_target_holding_other_items_is_refused_and_left_as_it_was(self):
+        path = self.sqlite_file({"taken": ITEMS[:3]})
+        run(SessiondbSession("taken", self.client).add_items(ITEMS[3:5]))
+        source = SQLiteSession("taken", path)
+        try:
+            with self.assertRaises(SessiondbError) as raised:
+                run(copy_session(source, SessiondbSession("taken", self.client)))
+        finally:
+            source.close()
+        self.assertEqual(raised.exception.code, "conflict")
+        self.assertEqual(run(SessiondbSession("taken", self.client).get_items()), ITEMS[3:5])
+        with self.assertRaises(SessiondbError):
+            run(copy_sqlite_sessions(path, self.client))
+
+    def test_a_session_that_exists_without_messages_takes_the_copy(self):
+        self.client.create_session("made-before", name="kept")
+        source = SQLiteSession("made-before")
+        run(source.add_items(ITEMS))
+        self.assertTrue(run(copy_session(source, SessiondbSession("made-before", self.client))))
+        source.close()
+        self.assertEqual(run(SessiondbSession("made-before", self.client).get_items()), ITEMS)
+        self.assertEqual(self.client.get_session("made-before")["name"], "kept")
 
 
 class AgentRunTest(ServedTest):

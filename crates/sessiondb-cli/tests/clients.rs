@@ -24,7 +24,7 @@ fn python_client_suite_passes_against_the_server() {
 /// The same suite with every server it starts on a PostgreSQL database of its own.
 #[test]
 fn python_client_suite_passes_on_postgresql() {
-    let (_cluster, databases) = postgres_databases(24);
+    let (_cluster, databases) = postgres_databases(32);
     python_suite(&[("SESSIONDB_TEST_DATABASES", &databases)]);
 }
 
