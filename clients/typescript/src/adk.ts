@@ -44,6 +44,12 @@
  * read newest first, a page at a time, only as far as needed.
  * `listSessions` lists the app's sessions (one user's through the server's user index), ordered
  * and paged as ADK's own services do, with the merged state of the sessions on the page.
+ *
+ * Moving in: `copySessions` copies an app's sessions from any other session service
+ * (`DatabaseSessionService`, `InMemorySessionService`, ...) with their events and state, each
+ * session in one write (with the app and user state it shows), all or nothing. A session the
+ * target already holds with the same events is skipped, so a copy cut short is finished by
+ * running it again; one it holds with other events is refused (`conflict`), writing nothing.
  */
 import { BaseSessionService, State, createEvent, createSession } from '@google/adk';
 import type {
@@ -65,6 +71,7 @@ import type {
 import {
   COMPACTION_PREFIX,
   Client,
+  type Copied,
   type ImportLine,
   type Json,
   type MessageInput,
@@ -483,6 +490,53 @@ export class SessiondbSessionService extends BaseSessionService {
 }
 
 /** The owner (`userId`) of a user's memory sessions in an app. */
+/**
+ * Copies the app's sessions (one user's, or every user's) from `source` into `target`, least
+ * recently updated first, each whole in one write (see the module's documentation): which were
+ * copied and which skipped, as `[userId, sessionId]` pairs. Events keep their times; a session
+ * deleted from `source` while this runs is left out.
+ */
+export async function copySessions(
+  source: BaseSessionService,
+  target: SessiondbSessionService,
+  { appName, userId }: { appName: string; userId?: string },
+): Promise<Copied<[string, string]>> {
+  const { sessions } = await source.listSessions({ appName, userId });
+  const copied: Copied<[string, string]> = { copied: [], skipped: [] };
+  for (const listed of [...sessions].sort((a, b) => a.lastUpdateTime - b.lastUpdateTime)) {
+    const session = await source.getSession({ appName, userId: listed.userId, sessionId: listed.id });
+    if (session === undefined) continue;
+    const name: [string, string] = [session.userId, session.id];
+    (await copySession(session, target) ? copied.copied : copied.skipped).push(name);
+  }
+  return copied;
+}
+
+/** Stores `session` (another service's, whole) as a session that does not exist in `target` yet,
+ * as `createSession` and `appendEvent` would have stored it: whether it was written. */
+async function copySession(session: Session, target: SessiondbSessionService): Promise<boolean> {
+  const key = sessionKey(session.appName, session.userId, session.id);
+  const scopes = splitState(session.state);
+  const metadata = { [APP_KEY]: session.appName, [USER_KEY]: session.userId, [SESSION_KEY]: session.id };
+  const lines: ImportLine[] = [{ session: { userId: session.userId, metadata } }, ...stateLines(scopes.session)];
+  let parentId: string | null = null;
+  for (const event of session.events) {
+    const message = messageOfEvent(event);
+    lines.push({ message, parentId, createdAt: Math.floor(event.timestamp) });
+    parentId = message.id;
+  }
+  try {
+    await target.client.importTogether([{ sessionId: key, lines, ifAbsent: true }, ...scopeParts(session.appName, session.userId, scopes)]);
+    return true;
+  } catch (error) {
+    if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
+  }
+  const held = await target.getSession({ appName: session.appName, userId: session.userId, sessionId: session.id });
+  const ids = (events: Event[]) => JSON.stringify(events.map((event) => event.id));
+  if (held !== undefined && ids(held.events) === ids(session.events)) return false;
+  throw new SessiondbError(409, 'conflict', `the session ${JSON.stringify(session.id)} already exists with other events; nothing was copied`);
+}
+
 export function memoryOwner(appName: string, userId: string): string {
   return boundedId(joinedId('adk-memory', appName, userId));
 }

@@ -194,6 +194,16 @@ export class SessiondbError extends Error {
   }
 }
 
+/**
+ * What a copy from a framework's own store did: the conversations it copied, and those it
+ * skipped, as the target already held them exactly (a copy run again) or they held nothing.
+ * Each is named as the framework names it.
+ */
+export interface Copied<Name = string> {
+  copied: Name[];
+  skipped: Name[];
+}
+
 /** The server could not be reached, or the connection broke before an answer. */
 export class SessiondbUnavailable extends SessiondbError {
   constructor(message: string) {
@@ -718,6 +728,33 @@ export class Client {
       lines.push({ into }, ...partLines);
     }
     return this.postLines('/v1/import', lines);
+  }
+
+  /**
+   * Stores `messages`, each under the one before, as the whole conversation of a session that
+   * has none: created with them (and `record`, fields of an import's session line) when it does
+   * not exist. All or nothing: `false`, and nothing written, when the session has messages.
+   * Messages without an id get one (`msg_` and a UUID, the shape of the server's), as an import
+   * names each message's parent by id.
+   */
+  async importIfEmpty(
+    sessionId: string,
+    messages: MessageInput[],
+    record?: Partial<Extract<ExportLine, { session: unknown }>['session']>,
+  ): Promise<boolean> {
+    const lines: ImportLine[] = record ? [{ session: record }] : [];
+    let parentId: string | null = null;
+    for (const message of messages) {
+      const id = message.id || `msg_${globalThis.crypto.randomUUID()}`;
+      lines.push({ message: { ...message, id }, parentId });
+      parentId = id;
+    }
+    const refused = (error: unknown) => {
+      if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
+      return false;
+    };
+    if (await this.importTogether([{ sessionId, lines, ifAbsent: true }]).then(() => true, refused)) return true;
+    return this.importLines(sessionId, lines, { ifLeaf: null }).then(() => true, refused);
   }
 
   /**

@@ -20,6 +20,12 @@
  * A checkpoint is one append, stored whole or not at all. Checkpoint messages never change, so
  * the saver keeps recently written and read ones in memory and asks the server only for what it
  * lacks, and keeps the serialised values it wrote or rebuilt, which a value extending them needs.
+ *
+ * Moving in: `copyThreads` copies threads from any other checkpointer (`MemorySaver`,
+ * `SqliteSaver`, `PostgresSaver`, ...): every namespace's checkpoints, oldest first, each with its
+ * metadata, parent and pending writes, as the graph had put them here. Each checkpoint is one
+ * write after its pending writes, so a copy cut short leaves whole checkpoints and is finished by
+ * running it again; a namespace whose newest checkpoint the target has is skipped.
  */
 import type { RunnableConfig } from '@langchain/core/runnables';
 import {
@@ -40,7 +46,7 @@ import {
 } from '@langchain/langgraph-checkpoint';
 
 import { base64Of, bytesOf, concatBytes, samePrefix } from './bytes.js';
-import { Client, SessiondbError, boundedId, joinedId, type Json, type StoredMessage } from './client.js';
+import { Client, type Copied, SessiondbError, boundedId, joinedId, type Json, type StoredMessage } from './client.js';
 
 export const THREAD_KEY = 'langgraphThread';
 
@@ -141,7 +147,7 @@ export interface SessiondbSaverOptions {
  * checkpoint and each `putWrites` call is a message, so a thread holds at most the server's
  * `--max-messages-per-session` of them (10,000 by default) per namespace.
  */
-export class SessiondbSaver extends BaseCheckpointSaver {
+export class SessiondbSaver extends BaseCheckpointSaver<number | string> {
   readonly client: Client;
   readonly prefix: string;
   /** Checkpoint contents by session and id, and serialised values by session, holder and channel. */
@@ -156,6 +162,17 @@ export class SessiondbSaver extends BaseCheckpointSaver {
     const budget = options.cacheBytes ?? 32 << 20;
     this.contents = new Memory(Math.floor(budget / 2));
     this.values = new Memory(Math.floor(budget / 2));
+  }
+
+  /**
+   * Integers, LangGraph's default; a thread copied from a checkpointer with versions of the form
+   * `<32-digit counter>.<random>` goes on in that form, as LangGraph compares a thread's versions
+   * with each other.
+   */
+  getNextVersion(current: number | string | undefined): number | string {
+    if (typeof current !== 'string') return typeof current === 'number' ? current + 1 : 1;
+    const next = Number.parseInt(current.split('.')[0], 10) + 1;
+    return `${String(next).padStart(32, '0')}.${String(Math.random()).padStart(16, '0')}`;
   }
 
   /** The checkpoint session and the side session of a thread's namespace. */
@@ -541,6 +558,71 @@ export class SessiondbSaver extends BaseCheckpointSaver {
     }
     return found;
   }
+}
+
+/**
+ * Copies threads (these, or every thread `source.list({})` gives, which reads every checkpoint
+ * of `source` once to find them) from `source` into `target` (see the module's documentation):
+ * the thread ids copied, and those skipped as the target had each of their namespaces' newest
+ * checkpoint.
+ */
+export async function copyThreads(
+  source: BaseCheckpointSaver<number | string>,
+  target: SessiondbSaver,
+  threadIds?: Iterable<string>,
+): Promise<Copied> {
+  let ids = threadIds === undefined ? undefined : [...threadIds];
+  if (ids === undefined) {
+    const found = new Set<string>();
+    for await (const tuple of source.list({})) found.add(tuple.config.configurable?.thread_id as string);
+    ids = [...found];
+  }
+  const copied: Copied = { copied: [], skipped: [] };
+  for (const threadId of ids) {
+    const namespaces = new Map<string, CheckpointTuple[]>();
+    for await (const tuple of source.list({ configurable: { thread_id: threadId } })) {
+      const checkpointNs = (tuple.config.configurable?.checkpoint_ns as string | undefined) ?? '';
+      namespaces.set(checkpointNs, [...(namespaces.get(checkpointNs) ?? []), tuple]);
+    }
+    let wrote = false;
+    for (const [checkpointNs, tuples] of namespaces) {
+      tuples.sort((a, b) => (a.checkpoint.id < b.checkpoint.id ? -1 : a.checkpoint.id > b.checkpoint.id ? 1 : 0));
+      const newest = { configurable: { thread_id: threadId, checkpoint_ns: checkpointNs, checkpoint_id: tuples[tuples.length - 1].checkpoint.id } };
+      if (await target.getTuple(newest)) continue;
+      const versions = new Map(tuples.map((tuple) => [tuple.checkpoint.id, tuple.checkpoint.channel_versions]));
+      for (const tuple of tuples) await copyCheckpoint(target, tuple, versions);
+      wrote = true;
+    }
+    (wrote ? copied.copied : copied.skipped).push(threadId);
+  }
+  return copied;
+}
+
+/**
+ * Puts one checkpoint of another checkpointer into `target`, its pending writes first: with the
+ * channels whose version differs from its parent's (all of them when the parent is not among
+ * `versions`, the copied checkpoints' channel versions) as the new ones.
+ */
+async function copyCheckpoint(target: SessiondbSaver, tuple: CheckpointTuple, versions: Map<string, ChannelVersions>): Promise<void> {
+  const thread = {
+    thread_id: tuple.config.configurable?.thread_id as string,
+    checkpoint_ns: (tuple.config.configurable?.checkpoint_ns as string | undefined) ?? '',
+  };
+  const config = { configurable: { ...thread, checkpoint_id: tuple.checkpoint.id } };
+  const byTask = new Map<string, PendingWrite[]>();
+  for (const [taskId, channel, value] of tuple.pendingWrites ?? []) {
+    // Each special write was a call of its own, replacing what the task wrote before.
+    if (channel in WRITES_IDX_MAP) await target.putWrites(config, [[channel, value]], taskId);
+    else byTask.set(taskId, [...(byTask.get(taskId) ?? []), [channel, value]]);
+  }
+  for (const [taskId, writes] of byTask) await target.putWrites(config, writes, taskId);
+
+  const parent = tuple.parentConfig?.configurable?.checkpoint_id as string | undefined;
+  const before = (parent && versions.get(parent)) || {};
+  const changed = Object.fromEntries(
+    Object.entries(tuple.checkpoint.channel_versions).filter(([channel, version]) => before[channel] !== version),
+  );
+  await target.put({ configurable: parent ? { ...thread, checkpoint_id: parent } : thread }, tuple.checkpoint, tuple.metadata as CheckpointMetadata, changed);
 }
 
 export { SessiondbStore, type SessiondbStoreOptions } from './langgraph-store.js';

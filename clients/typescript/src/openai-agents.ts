@@ -10,6 +10,11 @@
  * `*_result` types) and `assistant` otherwise. `getItems` gives every item back as it was added,
  * with compactions applied (a summary reads as `{role: "assistant", content}` in place of what it
  * covers); a message another client wrote reads as `{role, content}`.
+ *
+ * Moving in: `copySession` copies the conversation of any SDK session (`MemorySession`, a
+ * session of your own, ...: anything with `getItems`) into a `SessiondbSession` in one write that
+ * creates it, all or nothing; one the target already holds exactly is skipped, and one whose
+ * target holds other items is refused (`conflict`), writing nothing.
  */
 import type { AgentInputItem, Session } from '@openai/agents';
 
@@ -137,4 +142,28 @@ export class SessiondbSession implements Session {
     this.held = undefined;
     await this.client.clear(this.sessionId);
   }
+}
+
+/**
+ * Copies the conversation `source` (any SDK session) holds into `target` in one write: `true`
+ * when copied; `false` when `source` is empty or `target` already holds exactly its items (a copy
+ * run again); a `conflict` error, and nothing written, when `target` holds other items. The
+ * messages are dated by the copy.
+ */
+export async function copySession(source: Pick<Session, 'getItems'>, target: SessiondbSession): Promise<boolean> {
+  const items = await source.getItems();
+  if (items.length === 0) return false;
+  const messages = (items as unknown as Item[]).map(messageOfItem);
+  if (await target.client.importIfEmpty(target.sessionId, messages)) return true;
+  const held = await new SessiondbSession({ client: target.client, sessionId: target.sessionId }).getItems();
+  if (sortedJson(held) === sortedJson(items)) return false;
+  throw new SessiondbError(409, 'conflict', `session ${JSON.stringify(target.sessionId)} already holds other items; nothing was copied`);
+}
+
+/** JSON text with every object's keys in order, so two values compare by what they hold. */
+function sortedJson(value: unknown): string {
+  return JSON.stringify(value, (_key, held: unknown) =>
+    held !== null && typeof held === 'object' && !Array.isArray(held)
+      ? Object.fromEntries(Object.entries(held).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)))
+      : held);
 }

@@ -2,10 +2,10 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { BaseLlm, FunctionTool, LlmAgent, Runner, createEvent } from '@google/adk';
+import { BaseLlm, FunctionTool, InMemorySessionService, LlmAgent, Runner, createEvent } from '@google/adk';
 
-import { SessiondbMemoryService, SessiondbSessionService, sessionKey } from '../dist/adk.js';
-import { Client } from '../dist/index.js';
+import { SessiondbMemoryService, SessiondbSessionService, copySessions, sessionKey } from '../dist/adk.js';
+import { Client, SessiondbError } from '../dist/index.js';
 import { all, sharedServer } from './served.mjs';
 
 const shared = sharedServer();
@@ -278,6 +278,48 @@ test('messages other clients wrote read as events', async () => {
   // The runner goes on from them.
   const replies = await runTurn(service, app, 'ann', 'o', 'hi');
   assert.equal(textOf(replies.at(-1)), 'visit 1, shown 5 contents');
+});
+
+test('copySessions moves an app in with events and every scope of state, once', async () => {
+  const app = freshApp();
+  const source = new InMemorySessionService();
+  await source.createSession({ appName: app, userId: 'ann', sessionId: 'a1', state: { lang: 'en' } });
+  await runTurn(source, app, 'ann', 'a1', 'hello');
+  await runTurn(source, app, 'ann', 'a1', 'again');
+  await source.createSession({ appName: app, userId: 'bo', sessionId: 'b1' });
+  await runTurn(source, app, 'bo', 'b1', 'hi');
+  await source.createSession({ appName: app, userId: 'bo', sessionId: 'quiet', state: { topic: 'none yet' } });
+  const sessions = async (service) => {
+    const found = {};
+    for (const listed of (await service.listSessions({ appName: app })).sessions) {
+      const session = await service.getSession({ appName: app, userId: listed.userId, sessionId: listed.id });
+      found[`${listed.userId}/${listed.id}`] = [plain(session.events), session.state];
+    }
+    return found;
+  };
+
+  const target = new SessiondbSessionService(shared.client);
+  const copied = await copySessions(source, target, { appName: app });
+  assert.deepEqual(copied.copied.map((name) => name.join('/')).sort(), ['ann/a1', 'bo/b1', 'bo/quiet']);
+  const expected = await sessions(source);
+  assert.deepEqual(await sessions(new SessiondbSessionService(shared.client)), expected);
+  assert.equal(expected['ann/a1'][0].length, 8);
+  assert.equal(expected['ann/a1'][1]['user:visits'], 2);
+  const again = await copySessions(source, target, { appName: app, userId: 'bo' });
+  assert.deepEqual(again, { copied: [], skipped: [['bo', 'b1'], ['bo', 'quiet']] });
+  // A runner goes on from the copy.
+  const turn = await runTurn(new SessiondbSessionService(shared.client), app, 'ann', 'a1', 'third');
+  assert.equal(textOf(turn.at(-1)), 'visit 3, shown 11 contents');
+
+  // A session held with other events is refused, and stays as it was.
+  await source.createSession({ appName: app, userId: 'cy', sessionId: 'c1' });
+  await runTurn(source, app, 'cy', 'c1', 'theirs');
+  await target.createSession({ appName: app, userId: 'cy', sessionId: 'c1' });
+  await runTurn(target, app, 'cy', 'c1', 'mine');
+  const before = await sessions(target);
+  await assert.rejects(copySessions(source, target, { appName: app, userId: 'cy' }),
+    (error) => error instanceof SessiondbError && error.code === 'conflict');
+  assert.deepEqual(await sessions(target), before);
 });
 
 test('memory keeps what it is given and finds it by any word', async () => {

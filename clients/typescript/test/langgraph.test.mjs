@@ -3,10 +3,11 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { Annotation, Command, END, START, StateGraph, interrupt } from '@langchain/langgraph';
+import { Annotation, Command, END, MemorySaver, START, StateGraph, interrupt } from '@langchain/langgraph';
+import { emptyCheckpoint } from '@langchain/langgraph-checkpoint';
 
 import { Client } from '../dist/index.js';
-import { MAX_EXTENSION_DEPTH, SessiondbSaver } from '../dist/langgraph.js';
+import { MAX_EXTENSION_DEPTH, SessiondbSaver, copyThreads } from '../dist/langgraph.js';
 import { sharedServer } from './served.mjs';
 
 const shared = sharedServer();
@@ -131,4 +132,61 @@ test('a growing list is stored as what each step added', async () => {
   assert.equal(lengths.size, expected.length + 1);
   // The saver that wrote them reads them back from memory as they were.
   assert.deepEqual((await app.getState(config)).values.steps, expected);
+});
+
+/**
+ * Every checkpoint of a thread, every namespace, as comparable values. A value of a channel
+ * without a version is left out: `MemorySaver` keeps the empty values LangGraph hands over, a
+ * checkpointer that stores the versioned ones (ours, `SqliteSaver`) does not, and LangGraph
+ * restores either as an empty channel.
+ */
+async function checkpointsOf(checkpointer, threadId) {
+  const found = [];
+  for await (const t of checkpointer.list({ configurable: { thread_id: threadId } })) {
+    const writes = [...(t.pendingWrites ?? [])].sort((a, b) => JSON.stringify(a).localeCompare(JSON.stringify(b)));
+    const versioned = Object.entries(t.checkpoint.channel_values).filter(([channel]) => channel in t.checkpoint.channel_versions);
+    const checkpoint = { ...t.checkpoint, channel_values: Object.fromEntries(versioned) };
+    found.push([t.config, checkpoint, t.metadata, t.parentConfig, writes]);
+  }
+  const key = ([config, checkpoint]) => `${config.configurable.checkpoint_ns}\n${checkpoint.id}`;
+  return found.sort((a, b) => key(a).localeCompare(key(b)));
+}
+
+test('copyThreads moves threads in with branches, interrupts and namespaces, then only what came since', async () => {
+  const source = new MemorySaver();
+  const travel = { configurable: { thread_id: 'travel' } };
+  const app = graph(source);
+  await app.invoke({ topic: 'owls' }, travel);
+  const history = [];
+  for await (const snapshot of app.getStateHistory(travel)) history.push(snapshot);
+  await app.invoke(null, await app.updateState(history[1].config, { topic: 'crows' }));
+  const asked = { configurable: { thread_id: 'asked' } };
+  await graph(source, { ask: true }).invoke({ topic: 'bees' }, asked);
+  await source.put({ configurable: { thread_id: 'nested', checkpoint_ns: 'inner:1' } }, emptyCheckpoint(),
+    { source: 'input', step: -1, parents: {} }, {});
+
+  const target = saver();
+  const copied = await copyThreads(source, target);
+  assert.deepEqual(copied.copied.sort(), ['asked', 'nested', 'travel']);
+  for (const threadId of ['travel', 'asked', 'nested']) {
+    const expected = await checkpointsOf(source, threadId);
+    assert.deepEqual(await checkpointsOf(target, threadId), expected);
+    // Another process reads the same from the server alone.
+    assert.deepEqual(await checkpointsOf(new SessiondbSaver({ client: shared.client, prefix: target.prefix, cacheBytes: 0 }), threadId), expected);
+  }
+  assert.equal((await checkpointsOf(target, 'travel')).length, 6);
+  const resumed = await graph(target, { ask: true }).invoke(new Command({ resume: true }), asked);
+  assert.deepEqual(resumed.steps, ['research bees', 'write bees']);
+
+  await graph(source).invoke({ topic: 'owls', steps: ['revise'] }, travel);
+  const again = await copyThreads(source, target, ['travel', 'nested']);
+  assert.deepEqual(again, { copied: ['travel'], skipped: ['nested'] });
+  assert.deepEqual(await checkpointsOf(target, 'travel'), await checkpointsOf(source, 'travel'));
+});
+
+test('a thread whose versions are strings goes on in that form', () => {
+  const next = saver().getNextVersion('00000000000000000000000000000041.0.5');
+  assert.match(String(next), /^00000000000000000000000000000042\.[0-9.]{16,}$/);
+  assert.equal(saver().getNextVersion(3), 4);
+  assert.equal(saver().getNextVersion(undefined), 1);
 });

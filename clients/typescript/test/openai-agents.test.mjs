@@ -20,7 +20,7 @@ import OpenAI from 'openai';
 import { z } from 'zod';
 
 import { Client, SessiondbError } from '../dist/index.js';
-import { SessiondbSession } from '../dist/openai-agents.js';
+import { SessiondbSession, copySession } from '../dist/openai-agents.js';
 import { fakeResponses } from './fake-openai.mjs';
 import { all, sharedServer } from './served.mjs';
 
@@ -175,6 +175,22 @@ test('runs with tool calls keep what an in-memory session keeps', async () => {
   assert.deepEqual(kept.items, reference.items, 'the sessions hold the same items');
   const stored = await all(shared.client.history('agent-tools'));
   assert.deepEqual(stored.map((m) => m.role), ['user', 'assistant', 'tool', 'assistant', 'user', 'assistant']);
+});
+
+test('copySession moves a conversation in once and refuses a session that holds another', async () => {
+  const source = new MemorySession({ sessionId: 'moving', initialItems: ITEMS });
+  const target = new SessiondbSession({ client: shared.client, sessionId: 'moved-in' });
+  assert.equal(await copySession(source, target), true);
+  assert.deepEqual(await target.getItems(), ITEMS);
+  const { version } = await shared.client.getSession('moved-in');
+  assert.equal(await copySession(source, target), false, 'a second copy writes nothing');
+  assert.equal((await shared.client.getSession('moved-in')).version, version);
+  assert.equal(await copySession(new MemorySession(), target), false);
+
+  const taken = new SessiondbSession({ client: shared.client, sessionId: 'moved-taken' });
+  await taken.addItems(ITEMS.slice(0, 2));
+  await assert.rejects(copySession(source, taken), (error) => error instanceof SessiondbError && error.code === 'conflict');
+  assert.deepEqual(await taken.getItems(), ITEMS.slice(0, 2));
 });
 
 test("the README's example runs as written", async () => {
