@@ -20,6 +20,11 @@ A message written by another client (without ``langchainMessage``) reads as the 
 role (``user`` a ``HumanMessage``, ``assistant`` an ``AIMessage``, ``system`` a
 ``SystemMessage``, any other a ``ChatMessage``), its text parts joined when it has only
 ``parts``; a compaction's summary reads as an ``AIMessage`` in place of the messages it covers.
+
+Moving in. ``copy_history`` copies the messages of any other history (``SQLChatMessageHistory``,
+``RedisChatMessageHistory``, ...) into a ``SessiondbChatMessageHistory`` in one write that
+creates its session, all or nothing; a history the target already holds exactly is skipped, and
+one whose target holds other messages is refused (``conflict``), writing nothing.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from langchain_core.messages import (
     messages_from_dict,
 )
 
-from .client import Client
+from .client import Client, SessiondbError
 
 MESSAGE_KEY = "langchainMessage"
 ROLE_OF_TYPE = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool",
@@ -114,3 +119,23 @@ class SessiondbChatMessageHistory(BaseChatMessageHistory):
 
     async def aclear(self) -> None:
         await asyncio.to_thread(self.clear)
+
+
+async def copy_history(source: BaseChatMessageHistory,
+                       target: SessiondbChatMessageHistory) -> bool:
+    """Copies the messages ``source`` holds into ``target`` in one write: ``True`` when copied;
+    ``False`` when ``source`` is empty or ``target`` already holds exactly its messages (a copy
+    run again); a ``conflict`` error, and nothing written, when ``target`` holds other
+    messages. The messages are dated by the copy."""
+    messages = await source.aget_messages()
+    return await asyncio.to_thread(_copy_in, messages, target)
+
+
+def _copy_in(messages: list[BaseMessage], target: SessiondbChatMessageHistory) -> bool:
+    stored = [message_of_langchain(m) for m in messages]
+    if not stored or target.client.import_if_empty(target.session_id, stored):
+        return bool(stored)
+    if target.messages == messages:
+        return False
+    raise SessiondbError(409, "conflict", f"session {target.session_id!r} already holds other "
+                         "messages; nothing was copied")

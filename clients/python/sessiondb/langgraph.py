@@ -63,9 +63,9 @@ from langgraph.checkpoint.base import (
 )
 
 from .client import Client, Copied, SessiondbError, bounded_id, joined_id
-from .langgraph_store import SessiondbStore
+from .langgraph_store import SessiondbStore, copy_store
 
-__all__ = ["SessiondbSaver", "SessiondbStore", "acopy_threads", "copy_threads"]
+__all__ = ["SessiondbSaver", "SessiondbStore", "acopy_threads", "copy_store", "copy_threads"]
 
 THREAD_KEY = "langgraphThread"
 VALUES_PREFIX = "values:"

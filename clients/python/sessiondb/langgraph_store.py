@@ -28,6 +28,12 @@ unless the config's ``omit_expired`` is set. The TTL is in the item's metadata (
 minutes), written with its value, so a put without one drops it; the time it last restarted is
 a state key of the namespace's session (``ttl:<item's message id>``), so a read that restarts it
 changes neither the item nor its ``updated_at``.
+
+Moving in. ``copy_store`` copies every namespace's items from any other store (``InMemoryStore``,
+``PostgresStore``, ``SqliteStore``, ...) with a put each, embedded by the target's index. Each
+namespace is compared with the target's before any of its items is written: an item the target
+holds with the same value is skipped (so a copy run again writes nothing), and a namespace where
+the target holds an item with another value is refused (``conflict``), writing nothing of it.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ from langgraph.store.base import (
     tokenize_path,
 )
 
-from .client import Client, SessiondbError, bounded_id, joined_id, message_id_for
+from .client import Client, Copied, SessiondbError, bounded_id, joined_id, message_id_for
 
 NAMESPACE_KEY = "langgraphNamespace"
 ITEM_KEY = "storeKey"
@@ -443,3 +449,45 @@ class SessiondbStore(BaseStore):
         self._stop_sweeping.set()
         self._sweeper.join(timeout)
         return not self._sweeper.is_alive()
+
+
+# Items and namespaces read per request of a copy.
+COPY_PAGE = 100
+
+
+def copy_store(source: BaseStore, target: SessiondbStore) -> Copied:
+    """Copies every item of ``source`` into ``target`` (see the module's documentation): the
+    namespaces written, and those skipped as the target held all their items already. Items get
+    the copy's times. An async store (``AsyncPostgresStore``) is read from a worker thread:
+    ``await asyncio.to_thread(copy_store, source, target)``."""
+    copied = Copied([], [])
+    for namespace in _paged(lambda offset: source.list_namespaces(limit=COPY_PAGE, offset=offset)):
+        items = _items(source, namespace)
+        held = _items(target, namespace)
+        differing = sorted(k for k, v in items.items() if k in held and held[k] != v)
+        if differing:
+            raise SessiondbError(409, "conflict", f"the namespace {namespace!r} holds other "
+                                 f"values under {differing[:5]!r}; nothing of it was copied")
+        missing = [PutOp(namespace, key, value) for key, value in items.items() if key not in held]
+        if missing:
+            target.batch(missing)
+        (copied.copied if missing else copied.skipped).append(namespace)
+    return copied
+
+
+def _items(store: BaseStore, namespace: tuple[str, ...]) -> dict[str, Any]:
+    """The values of the items of ``namespace`` itself (not of the namespaces below it)."""
+    return {item.key: item.value
+            for item in _paged(lambda offset: store.search(namespace, limit=COPY_PAGE,
+                                                            offset=offset))
+            if item.namespace == namespace}
+
+
+def _paged(page: Any) -> list:
+    """Everything ``page(offset)`` gives, page by page until one comes back short."""
+    found: list = []
+    while True:
+        batch = page(len(found))
+        found.extend(batch)
+        if len(batch) < COPY_PAGE:
+            return found

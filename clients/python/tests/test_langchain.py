@@ -6,6 +6,7 @@ import asyncio
 import unittest
 import warnings
 
+from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -19,7 +20,8 @@ from langchain_core.runnables import RunnableLambda
 from langchain_core.runnables.history import RunnableWithMessageHistory
 from served import ServedTest
 
-from sessiondb.langchain import SessiondbChatMessageHistory
+from sessiondb import SessiondbError
+from sessiondb.langchain import SessiondbChatMessageHistory, copy_history
 
 EVERY_KIND = [
     SystemMessage("Answer in one line."),
@@ -58,6 +60,23 @@ class ChatMessageHistoryTest(ServedTest):
         history.clear()
         self.assertEqual(history.messages, [])
         self.assertEqual(self.client.get_session(history.session_id)["messageCount"], 0)
+
+    def test_another_history_is_copied_in_once_and_a_different_one_refused(self):
+        source = InMemoryChatMessageHistory(messages=EVERY_KIND)
+        target = self.history("moved")
+        self.assertTrue(asyncio.run(copy_history(source, target)))
+        self.assertEqual(target.messages, EVERY_KIND)
+        version = self.client.get_session(target.session_id)["version"]
+        self.assertFalse(asyncio.run(copy_history(source, target)), "a second copy")
+        self.assertFalse(asyncio.run(copy_history(InMemoryChatMessageHistory(), target)))
+        self.assertEqual(self.client.get_session(target.session_id)["version"], version)
+
+        taken = self.history("taken")
+        taken.add_messages(EVERY_KIND[:2])
+        with self.assertRaises(SessiondbError) as raised:
+            asyncio.run(copy_history(source, taken))
+        self.assertEqual(raised.exception.code, "conflict")
+        self.assertEqual(taken.messages, EVERY_KIND[:2])
 
     def test_messages_of_other_clients_and_compactions_read_as_chat_messages(self):
         history = self.history("others")

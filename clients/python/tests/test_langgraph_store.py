@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import pathlib
 import random
+import sqlite3
 import time
 import unittest
 import zlib
@@ -13,9 +15,11 @@ from typing import TypedDict
 from langgraph.graph import END, START, StateGraph
 from langgraph.store.base import BaseStore, ListNamespacesOp, MatchCondition
 from langgraph.store.memory import InMemoryStore, _does_match
+from langgraph.store.sqlite import SqliteStore
 from served import ServedTest
 
-from sessiondb.langgraph import SessiondbStore
+from sessiondb import SessiondbError
+from sessiondb.langgraph import SessiondbStore, copy_store
 
 NAMESPACES = [("users", "ada"), ("users", "bob"), ("users", "ada", "notes"), ("team",),
               ("team", "x y/z", "ü")]
@@ -273,6 +277,48 @@ class StoreTest(ServedTest):
         self.assertEqual(out["recalled"], ["plays go"])
         self.assertEqual(store.list_namespaces(prefix=("memories",)),
                          [("memories", "ada"), ("memories", "bob")])
+
+    def test_a_sqlite_store_is_copied_in_once_and_a_different_value_refused(self):
+        connection = sqlite3.connect(pathlib.Path(self.served.data) / f"{self.id()}.db",
+                                     check_same_thread=False, isolation_level=None)
+        self.addCleanup(connection.close)
+        source = SqliteStore(connection)
+        source.setup()
+        rng = random.Random(11)
+        for namespace in NAMESPACES:
+            for key in KEYS:
+                source.put(namespace, key, {**random_value(rng), "text": sentence(rng)})
+        for i in range(130):  # more than a page of a copy's reads
+            source.put(("bulk",), f"item-{i}", {"i": i, "text": sentence(rng)})
+
+        def everything(store) -> list[tuple]:
+            return found(item for namespace in store.list_namespaces(limit=1000)
+                         for item in store.search(namespace, limit=1000)
+                         if item.namespace == namespace)
+
+        prefix = self.fresh_prefix()
+        target = SessiondbStore(self.client, prefix=prefix,
+                                index={"dims": len(WORDS) + 1, "embed": embed, "fields": ["text"]})
+        copied = copy_store(source, target)
+        self.assertEqual(sorted(copied.copied), sorted(NAMESPACES + [("bulk",)]))
+        self.assertEqual(everything(target), everything(source))
+        # The target's index embedded what it was given.
+        best = target.search(("bulk",), query="jazz jazz jazz", limit=1)[0]
+        self.assertIsNotNone(best.score)
+        self.assertIn("jazz", best.value["text"])
+
+        again = copy_store(source, SessiondbStore(self.client, prefix=prefix))
+        self.assertEqual((again.copied, len(again.skipped)), ([], len(NAMESPACES) + 1))
+        source.put(("team",), "new", {"text": "added since"})
+        self.assertEqual(copy_store(source, target).copied, [("team",)])
+        self.assertEqual(target.get(("team",), "new").value, {"text": "added since"})
+
+        target.put(("users", "bob"), "pref", {"changed": "here"})
+        source.put(("users", "bob"), "more", {"text": "not copied"})
+        with self.assertRaises(SessiondbError) as raised:
+            copy_store(source, target)
+        self.assertEqual(raised.exception.code, "conflict")
+        self.assertIsNone(target.get(("users", "bob"), "more"))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,11 @@
  * client wrote reads as the message of its role (`user` human, `assistant` AI, `system`, any other
  * a `ChatMessage`), its text parts joined when it has only `parts`; a compaction's summary reads as
  * an AI message in place of the messages it covers.
+ *
+ * Moving in: `copyHistory` copies the messages of any other history into a
+ * `SessiondbChatMessageHistory` in one write that creates its session, all or nothing; a history
+ * the target already holds exactly is skipped, and one whose target holds other messages is
+ * refused (`conflict`), writing nothing.
  */
 import { BaseListChatMessageHistory } from '@langchain/core/chat_history';
 import {
@@ -25,7 +30,8 @@ import {
   type StoredMessage as LangChainStoredMessage,
 } from '@langchain/core/messages';
 
-import { Client, type Json, type MessageInput, type StoredMessage } from './client.js';
+import { Client, type Json, type MessageInput, SessiondbError, type StoredMessage } from './client.js';
+import { sortedJson } from './json.js';
 
 export const MESSAGE_KEY = 'langchainMessage';
 const ROLE_OF_TYPE: { [type: string]: string } = { human: 'user', ai: 'assistant', system: 'system', tool: 'tool', function: 'function' };
@@ -115,4 +121,22 @@ export class SessiondbChatMessageHistory extends BaseListChatMessageHistory {
   async clear(): Promise<void> {
     await this.client.clear(this.sessionId);
   }
+}
+
+/**
+ * Copies the messages `source` holds into `target` in one write: `true` when copied; `false` when
+ * `source` is empty or `target` already holds exactly its messages (a copy run again); a
+ * `conflict` error, and nothing written, when `target` holds other messages. The messages are
+ * dated by the copy.
+ */
+export async function copyHistory(
+  source: Pick<BaseListChatMessageHistory, 'getMessages'>,
+  target: SessiondbChatMessageHistory,
+): Promise<boolean> {
+  const stored = (await source.getMessages()).map(messageOfLangChain);
+  if (stored.length === 0) return false;
+  if (await target.client.importIfEmpty(target.sessionId, stored)) return true;
+  const held = (await target.getMessages()).map(messageOfLangChain);
+  if (sortedJson(held) === sortedJson(stored)) return false;
+  throw new SessiondbError(409, 'conflict', `session ${JSON.stringify(target.sessionId)} already holds other messages; nothing was copied`);
 }

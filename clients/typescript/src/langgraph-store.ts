@@ -16,6 +16,12 @@
  * base64, as the Python client keeps them); a search with a `query` ranks the matching items by
  * the cosine similarity of the query's embedding with their closest vector, as `InMemoryStore`
  * does, with the `score`. Without an index `query` is ignored, as there.
+ *
+ * Moving in: `copyStore` copies every namespace's items from any other store (`InMemoryStore`,
+ * `PostgresStore`, ...) with a put each, embedded by the target's index. Each namespace is
+ * compared with the target's before any of its items is written: an item the target holds with
+ * the same value is skipped (so a copy run again writes nothing), and a namespace where the target
+ * holds an item with another value is refused (`conflict`), writing nothing of it.
  */
 import {
   BaseStore,
@@ -32,7 +38,8 @@ import {
 } from '@langchain/langgraph-checkpoint';
 
 import { base64Of, bytesOf } from './bytes.js';
-import { Client, SessiondbError, boundedId, joinedId, messageIdFor, type Json, type StoredMessage } from './client.js';
+import { Client, type Copied, SessiondbError, boundedId, joinedId, messageIdFor, type Json, type StoredMessage } from './client.js';
+import { sortedJson } from './json.js';
 
 export const NAMESPACE_KEY = 'langgraphNamespace';
 export const ITEM_KEY = 'storeKey';
@@ -336,5 +343,48 @@ export class SessiondbStore extends BaseStore {
     const sorted = [...unique.values()].sort((a, b) => a.join(':').localeCompare(b.join(':')));
     const offset = op.offset ?? 0;
     return sorted.slice(offset, offset + (op.limit ?? sorted.length));
+  }
+}
+
+/** Items and namespaces read per request of a copy. */
+const COPY_PAGE = 100;
+
+/**
+ * Copies every item of `source` into `target` (see the module's documentation): the namespaces
+ * written, and those skipped as the target held all their items already. Items get the copy's
+ * times.
+ */
+export async function copyStore(source: BaseStore, target: SessiondbStore): Promise<Copied<string[]>> {
+  const copied: Copied<string[]> = { copied: [], skipped: [] };
+  for (const namespace of await paged((offset) => source.listNamespaces({ limit: COPY_PAGE, offset }))) {
+    const items = await itemsOf(source, namespace);
+    const held = await itemsOf(target, namespace);
+    const differing = [...items].filter(([key, value]) => held.has(key) && held.get(key) !== value).map(([key]) => key);
+    if (differing.length > 0) {
+      throw new SessiondbError(409, 'conflict', `the namespace ${JSON.stringify(namespace)} holds other values under ${JSON.stringify(differing.sort().slice(0, 5))}; nothing of it was copied`);
+    }
+    const missing = [...items].filter(([key]) => !held.has(key));
+    if (missing.length > 0) {
+      await target.batch(missing.map(([key, value]): PutOperation => ({ namespace, key, value: JSON.parse(value) })));
+    }
+    (missing.length > 0 ? copied.copied : copied.skipped).push(namespace);
+  }
+  return copied;
+}
+
+/** The values (as sorted JSON, to compare) of the items of `namespace` itself, not of those below. */
+async function itemsOf(store: BaseStore, namespace: string[]): Promise<Map<string, string>> {
+  const items = await paged((offset) => store.search(namespace, { limit: COPY_PAGE, offset }));
+  const own = items.filter((item) => sortedJson(item.namespace) === sortedJson(namespace));
+  return new Map(own.map((item) => [item.key, sortedJson(item.value)]));
+}
+
+/** Everything `page(offset)` gives, page by page until one comes back short. */
+async function paged<T>(page: (offset: number) => Promise<T[]>): Promise<T[]> {
+  const found: T[] = [];
+  for (;;) {
+    const batch = await page(found.length);
+    found.push(...batch);
+    if (batch.length < COPY_PAGE) return found;
   }
 }

@@ -625,4 +625,4 @@ async function copyCheckpoint(target: SessiondbSaver, tuple: CheckpointTuple, ve
   await target.put({ configurable: parent ? { ...thread, checkpoint_id: parent } : thread }, tuple.checkpoint, tuple.metadata as CheckpointMetadata, changed);
 }
 
-export { SessiondbStore, type SessiondbStoreOptions } from './langgraph-store.js';
+export { SessiondbStore, type SessiondbStoreOptions, copyStore } from './langgraph-store.js';

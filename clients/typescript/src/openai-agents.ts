@@ -19,6 +19,7 @@
 import type { AgentInputItem, Session } from '@openai/agents';
 
 import { Client, type Json, type MessageInput, SessiondbError, type StoredMessage } from './client.js';
+import { sortedJson } from './json.js';
 
 export const ITEM_KEY = 'openaiItem';
 const WHOLE_ITEM = 'content';
@@ -158,12 +159,4 @@ export async function copySession(source: Pick<Session, 'getItems'>, target: Ses
   const held = await new SessiondbSession({ client: target.client, sessionId: target.sessionId }).getItems();
   if (sortedJson(held) === sortedJson(items)) return false;
   throw new SessiondbError(409, 'conflict', `session ${JSON.stringify(target.sessionId)} already holds other items; nothing was copied`);
-}
-
-/** JSON text with every object's keys in order, so two values compare by what they hold. */
-function sortedJson(value: unknown): string {
-  return JSON.stringify(value, (_key, held: unknown) =>
-    held !== null && typeof held === 'object' && !Array.isArray(held)
-      ? Object.fromEntries(Object.entries(held).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)))
-      : held);
 }

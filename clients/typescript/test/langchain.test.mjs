@@ -12,7 +12,10 @@ import {
   ToolMessage,
 } from '@langchain/core/messages';
 
-import { SessiondbChatMessageHistory } from '../dist/langchain.js';
+import { InMemoryChatMessageHistory } from '@langchain/core/chat_history';
+
+import { SessiondbError } from '../dist/index.js';
+import { SessiondbChatMessageHistory, copyHistory } from '../dist/langchain.js';
 import { all, sharedServer } from './served.mjs';
 
 const shared = sharedServer();
@@ -66,6 +69,22 @@ test('every kind of message comes back as added', async () => {
   assert.equal((await h.getMessages()).at(-1).content, 'streamed');
   await h.clear();
   assert.deepEqual(await h.getMessages(), []);
+});
+
+test('another history is copied in once, and one that holds other messages is refused', async () => {
+  const source = new InMemoryChatMessageHistory(everyKind());
+  const target = history('lc-moved');
+  assert.equal(await copyHistory(source, target), true);
+  assert.deepEqual((await target.getMessages()).map(shape), everyKind().map(shape));
+  const { version } = await shared.client.getSession('lc-moved');
+  assert.equal(await copyHistory(source, target), false, 'a second copy writes nothing');
+  assert.equal(await copyHistory(new InMemoryChatMessageHistory(), target), false);
+  assert.equal((await shared.client.getSession('lc-moved')).version, version);
+
+  const taken = history('lc-taken');
+  await taken.addMessages(everyKind().slice(0, 2));
+  await assert.rejects(copyHistory(source, taken), (error) => error instanceof SessiondbError && error.code === 'conflict');
+  assert.deepEqual((await taken.getMessages()).map(shape), everyKind().slice(0, 2).map(shape));
 });
 
 test('messages of other clients and compactions read as chat messages', async () => {

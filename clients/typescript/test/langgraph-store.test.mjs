@@ -7,8 +7,8 @@ import { crc32 } from 'node:zlib';
 import { Annotation, END, START, StateGraph } from '@langchain/langgraph';
 import { InMemoryStore } from '@langchain/langgraph-checkpoint';
 
-import { SessiondbStore } from '../dist/langgraph.js';
-import { messageIdFor } from '../dist/index.js';
+import { SessiondbStore, copyStore } from '../dist/langgraph.js';
+import { SessiondbError, messageIdFor } from '../dist/index.js';
 import { sharedServer } from './served.mjs';
 
 const shared = sharedServer();
@@ -191,4 +191,41 @@ test('a put replaces the vectors of the value it replaces', async () => {
   const ranked = (await store.search(['n'], { query: 'tea' })).map((i) => [i.key, i.score !== undefined]);
   assert.deepEqual(ranked[0], ['indexed', true]);
   assert.deepEqual(ranked.slice(1).sort(), [['again', false], ['plain', false]]);
+});
+
+test('copyStore moves a store in once and refuses a namespace holding another value', async () => {
+  const rng = random(5);
+  const source = new InMemoryStore();
+  for (const namespace of NAMESPACES) {
+    for (const key of KEYS) await source.put(namespace, key, { n: rng.int(5), text: sentence(rng) });
+  }
+  for (let i = 0; i < 130; i += 1) await source.put(['bulk'], `item-${i}`, { i, text: sentence(rng) }); // more than a page
+  const everything = async (store) => {
+    const found = [];
+    for (const namespace of await store.listNamespaces({ limit: 1000 })) {
+      for (const item of await store.search(namespace, { limit: 1000 })) {
+        if (item.namespace.join('\u0000') === namespace.join('\u0000')) found.push([namespace, item.key, item.value]);
+      }
+    }
+    return found.sort((a, b) => JSON.stringify(a).localeCompare(JSON.stringify(b)));
+  };
+
+  const prefix = `store-${++stores}:`;
+  const index = { dims: WORDS.length + 1, embeddings, fields: ['text'] };
+  const target = new SessiondbStore({ client: shared.client, prefix, index });
+  const copied = await copyStore(source, target);
+  assert.equal(copied.copied.length, NAMESPACES.length + 1);
+  assert.deepEqual(await everything(target), await everything(source));
+  const [best] = await target.search(['bulk'], { query: 'jazz jazz jazz', limit: 1 });
+  assert.ok(best.score !== undefined && best.value.text.includes('jazz'), 'the target index embedded what it was given');
+
+  const again = await copyStore(source, new SessiondbStore({ client: shared.client, prefix }));
+  assert.deepEqual([again.copied.length, again.skipped.length], [0, NAMESPACES.length + 1]);
+  await source.put(['team'], 'new', { text: 'added since' });
+  assert.deepEqual((await copyStore(source, target)).copied, [['team']]);
+
+  await target.put(['users', 'bob'], 'pref', { changed: 'here' });
+  await source.put(['users', 'bob'], 'more', { text: 'not copied' });
+  await assert.rejects(copyStore(source, target), (error) => error instanceof SessiondbError && error.code === 'conflict');
+  assert.equal(await target.get(['users', 'bob'], 'more'), null);
 });
