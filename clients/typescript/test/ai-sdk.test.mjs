@@ -3,7 +3,8 @@
 // persistence guide does.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -222,6 +223,30 @@ test('saving what was loaded writes nothing, OpenAI item ids included', async ()
   assert.equal(afterwards.updatedAt, before.updatedAt);
   assert.equal(afterwards.messageCount, 2);
   assert.equal((await shared.client.getMessage(chatId, 'a1')).updatedAt, undefined);
+});
+
+test("the persistence guide's chat files move in with saveChat, and a second pass writes nothing", async () => {
+  // The guide's store: one JSON file per chat, the chat's UIMessages as `saveChat` gave them.
+  const directory = mkdtempSync(join(tmpdir(), 'ai-sdk-chats-'));
+  try {
+    const files = { [newChat()]: [user('u1', 'hi'), { id: 'a1', role: 'assistant', parts: [{ type: 'text', text: 'hello ✓' }] }], [newChat()]: [user('u2', 'only a question')] };
+    for (const [id, messages] of Object.entries(files)) writeFileSync(join(directory, `${id}.json`), JSON.stringify(messages, null, 2));
+    const moveIn = async (chats) => {
+      for (const name of readdirSync(directory)) {
+        await chats.saveChat({ chatId: name.replace(/\.json$/, ''), messages: JSON.parse(readFileSync(join(directory, name), 'utf8')) });
+      }
+    };
+    await moveIn(store());
+    const versions = {};
+    for (const [id, messages] of Object.entries(files)) {
+      assert.deepEqual(plain(await store().loadChat(id)), messages);
+      versions[id] = (await shared.client.getSession(id)).version;
+    }
+    await moveIn(store());
+    for (const id of Object.keys(files)) assert.equal((await shared.client.getSession(id)).version, versions[id], 'nothing written again');
+  } finally {
+    rmSync(directory, { recursive: true, force: true });
+  }
 });
 
 test('messages the store cannot key are refused and nothing is stored', async () => {
