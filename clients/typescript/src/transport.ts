@@ -55,10 +55,15 @@ export interface TransportOptions {
   ca?: string | Uint8Array | Array<string | Uint8Array>;
 }
 
-/** Whether Node's `http` module can be loaded here. */
+/**
+ * Whether Node's `http` module is here in full: on Node, Bun and Deno. A Cloudflare Worker with
+ * `nodejs_compat` says it is Node too (`process.versions.node`), but its `http` is a partial layer
+ * over `fetch` that fails on a streamed answer, so a Worker takes `fetch`.
+ */
 export function nodeModulesHere(): boolean {
   const runtime = (globalThis as { process?: { versions?: { node?: string } } }).process;
-  return typeof runtime?.versions?.node === 'string';
+  const worker = (globalThis as { navigator?: { userAgent?: string } }).navigator?.userAgent === 'Cloudflare-Workers';
+  return typeof runtime?.versions?.node === 'string' && !worker;
 }
 
 export function openTransport(kind: TransportKind, url: URL, options: TransportOptions): Transport {
