@@ -1,7 +1,10 @@
 // The client's work on any runtime (Node, Bun, Deno, a Cloudflare Worker): every kind of
-// request and answer against a real server through `client`. It imports nothing but the client;
-// any failure throws. What it found, to compare across runtimes, is the answer.
+// request and answer against a real server through `client`, and the two adapters that need no
+// framework at run time (the AI SDK chat store, the OpenAI Agents session). It imports nothing
+// but the client; any failure throws. What it found, to compare across runtimes, is the answer.
+import { SessiondbChatStore } from '../dist/ai-sdk.js';
 import { SessiondbError, messageIdFor } from '../dist/index.js';
+import { SessiondbSession } from '../dist/openai-agents.js';
 
 function check(holds, what) {
   if (!holds) throw new Error(`failed: ${what}`);
@@ -65,5 +68,21 @@ export async function checkClient(client) {
 
   await client.deleteSession(session);
   await refused(client.getSession(session), 'not_found');
+
+  // The adapters as an edge route uses them: a chat turn saved and loaded, an agent's items.
+  const chats = new SessiondbChatStore({ client });
+  const chat = await chats.createChat({ title: 'at the edge' });
+  const turn = [
+    { id: 'u1', role: 'user', parts: [{ type: 'text', text: 'hi' }] },
+    { id: 'a1', role: 'assistant', parts: [{ type: 'text', text: 'hello ✓' }] },
+  ];
+  await chats.saveChat({ chatId: chat, messages: turn });
+  check(JSON.stringify(await chats.loadChat(chat)) === JSON.stringify(turn), 'a chat saved and loaded');
+  const items = [{ role: 'user', content: 'hi' }, { type: 'function_call', callId: 'c1', name: 'f', arguments: '{}' }];
+  const agent = new SessiondbSession({ client, sessionId: `${session}-agent` });
+  await agent.addItems(items);
+  check(JSON.stringify(await agent.getItems()) === JSON.stringify(items), "an agent's items");
+  await client.deleteSession(chat);
+  await client.deleteSession(`${session}-agent`);
   return { transport: client.transportKind, derivedId: messageIdFor('x'.repeat(300)), read: through.length };
 }
