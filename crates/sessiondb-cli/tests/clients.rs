@@ -58,7 +58,7 @@ fn typescript_client_suite_passes_on_both_backends() {
     node_suites(&package, &[], &["--import", "./test/fetch-transport.mjs"]);
     both_clients_read_what_the_other_wrote(&package);
 
-    let (_cluster, databases) = postgres_databases(15);
+    let (_cluster, databases) = postgres_databases(20);
     let claims = tempfile::tempdir().unwrap();
     typescript_suite(
         &package,
