@@ -1,15 +1,20 @@
-// The client on the other runtimes agents are deployed on: Bun, Deno and Cloudflare Workers
-// (workerd, through Miniflare; all from npm, pinned in package.json), each with the transport it
-// picks itself and with `fetch`, running client-check.mjs against a real server.
+// The client on the other runtimes agents and their pages run on: Bun, Deno, Cloudflare Workers
+// (workerd, through Miniflare) and a browser (headless Chromium, driven by puppeteer-core), all
+// from npm, pinned in package.json, each with the transport it picks itself (and with `fetch`),
+// running client-check.mjs against a real server.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { readdirSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
+import { createServer } from 'node:http';
+import { extname, join, normalize } from 'node:path';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 
+import chromium from '@sparticuz/chromium';
 import { Miniflare } from 'miniflare';
+import puppeteer from 'puppeteer-core';
 
 import { serve } from './served.mjs';
 
@@ -69,5 +74,46 @@ test('the client works in a Cloudflare Worker, with and without nodejs_compat, o
     }
   } finally {
     await served.stop();
+  }
+});
+
+/** A page's origin serving the package's files (the client's modules and client-check.mjs) and a
+ * page that runs the check against the server `serverUrl()` names and leaves what it found in
+ * `window.found`. */
+async function pageOrigin(serverUrl) {
+  const root = fileURLToPath(new URL('..', import.meta.url));
+  const page = () => `<!doctype html><script type="module">
+    import { Client } from '/dist/index.js';
+    import { checkClient } from '/test/client-check.mjs';
+    window.found = await checkClient(new Client({ baseUrl: ${JSON.stringify(serverUrl())} }))
+      .catch((error) => ({ failed: String(error?.stack ?? error) }));
+  </script>`;
+  const origin = createServer((request, answer) => {
+    const path = normalize(decodeURIComponent(new URL(request.url, 'http://page').pathname));
+    if (path === '/check.html') return answer.writeHead(200, { 'content-type': 'text/html' }).end(page());
+    if (!/^\/(dist|test)\/[\w.-]+\.m?js$/.test(path)) return answer.writeHead(404).end();
+    answer.writeHead(200, { 'content-type': 'text/javascript' }).end(readFileSync(join(root, path)));
+  });
+  await new Promise((resolve) => origin.listen(0, '127.0.0.1', resolve));
+  return { url: `http://127.0.0.1:${origin.address().port}`, close: () => origin.close() };
+}
+
+test('the client works in a browser page of another origin, through CORS, on fetch', async () => {
+  // The server allows the page's origin, so the origin comes first.
+  let server;
+  const origin = await pageOrigin(() => server.url);
+  server = await serve('--cors-origin', origin.url);
+  // The package's flags for serverless hosts, less those that would let the page past CORS.
+  const args = chromium.args.filter((flag) => !['--disable-web-security', '--allow-running-insecure-content'].includes(flag));
+  const browser = await puppeteer.launch({ executablePath: await chromium.executablePath(), args, headless: true });
+  try {
+    const page = await browser.newPage();
+    await page.goto(`${origin.url}/check.html`);
+    await page.waitForFunction(() => window.found !== undefined, { timeout: 60_000 });
+    assert.deepEqual(await page.evaluate(() => window.found), expected('fetch'));
+  } finally {
+    await browser.close();
+    origin.close();
+    await server.stop();
   }
 });
