@@ -489,7 +489,6 @@ export class SessiondbSessionService extends BaseSessionService {
   }
 }
 
-/** The owner (`userId`) of a user's memory sessions in an app. */
 /**
  * Copies the app's sessions (one user's, or every user's) from `source` into `target`, least
  * recently updated first, each whole in one write (see the module's documentation): which were
@@ -537,6 +536,7 @@ async function copySession(session: Session, target: SessiondbSessionService): P
   throw new SessiondbError(409, 'conflict', `the session ${JSON.stringify(session.id)} already exists with other events; nothing was copied`);
 }
 
+/** The owner (`userId`) of a user's memory sessions in an app. */
 export function memoryOwner(appName: string, userId: string): string {
   return boundedId(joinedId('adk-memory', appName, userId));
 }
