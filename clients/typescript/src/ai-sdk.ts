@@ -22,6 +22,7 @@ import {
   usableId,
   type WriteCondition,
 } from './client.js';
+import { jsonEqual } from './json.js';
 
 /** Roles a `UIMessage` has; stored messages of other roles (other clients' tool rows) are left out on load. */
 const UI_ROLES = new Set(['system', 'user', 'assistant']);
@@ -459,15 +460,4 @@ function isBlankReasoning(part: { [key: string]: Json }): boolean {
   const meta = part.providerMetadata;
   const hasMetadata = meta !== null && typeof meta === 'object' && !Array.isArray(meta) && Object.keys(meta).length > 0;
   return blank && !hasMetadata;
-}
-
-/** Deep equality of JSON values, object keys in any order. */
-function jsonEqual(a: Json, b: Json): boolean {
-  if (a === b) return true;
-  if (a === null || b === null || typeof a !== 'object' || typeof b !== 'object') return false;
-  if (Array.isArray(a) || Array.isArray(b)) {
-    return Array.isArray(a) && Array.isArray(b) && a.length === b.length && a.every((x, i) => jsonEqual(x, b[i]));
-  }
-  const keys = Object.keys(a);
-  return keys.length === Object.keys(b).length && keys.every((k) => k in b && jsonEqual(a[k], b[k]));
 }

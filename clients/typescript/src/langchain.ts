@@ -31,7 +31,7 @@ import {
 } from '@langchain/core/messages';
 
 import { Client, type Json, type MessageInput, SessiondbError, type StoredMessage } from './client.js';
-import { sortedJson } from './json.js';
+import { jsonEqual } from './json.js';
 
 export const MESSAGE_KEY = 'langchainMessage';
 const ROLE_OF_TYPE: { [type: string]: string } = { human: 'user', ai: 'assistant', system: 'system', tool: 'tool', function: 'function' };
@@ -137,6 +137,6 @@ export async function copyHistory(
   if (stored.length === 0) return false;
   if (await target.client.importIfEmpty(target.sessionId, stored)) return true;
   const held = (await target.getMessages()).map(messageOfLangChain);
-  if (sortedJson(held) === sortedJson(stored)) return false;
+  if (jsonEqual(held as unknown as Json, stored as unknown as Json)) return false;
   throw new SessiondbError(409, 'conflict', `session ${JSON.stringify(target.sessionId)} already holds other messages; nothing was copied`);
 }

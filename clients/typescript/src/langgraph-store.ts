@@ -39,7 +39,7 @@ import {
 
 import { base64Of, bytesOf } from './bytes.js';
 import { Client, type Copied, SessiondbError, boundedId, joinedId, messageIdFor, type Json, type StoredMessage } from './client.js';
-import { sortedJson } from './json.js';
+import { jsonEqual } from './json.js';
 
 export const NAMESPACE_KEY = 'langgraphNamespace';
 export const ITEM_KEY = 'storeKey';
@@ -359,24 +359,24 @@ export async function copyStore(source: BaseStore, target: SessiondbStore): Prom
   for (const namespace of await paged((offset) => source.listNamespaces({ limit: COPY_PAGE, offset }))) {
     const items = await itemsOf(source, namespace);
     const held = await itemsOf(target, namespace);
-    const differing = [...items].filter(([key, value]) => held.has(key) && held.get(key) !== value).map(([key]) => key);
+    const differing = [...items].filter(([key, value]) => held.has(key) && !jsonEqual(held.get(key)!, value)).map(([key]) => key);
     if (differing.length > 0) {
       throw new SessiondbError(409, 'conflict', `the namespace ${JSON.stringify(namespace)} holds other values under ${JSON.stringify(differing.sort().slice(0, 5))}; nothing of it was copied`);
     }
     const missing = [...items].filter(([key]) => !held.has(key));
     if (missing.length > 0) {
-      await target.batch(missing.map(([key, value]): PutOperation => ({ namespace, key, value: JSON.parse(value) })));
+      await target.batch(missing.map(([key, value]): PutOperation => ({ namespace, key, value: value as Record<string, Json> })));
     }
     (missing.length > 0 ? copied.copied : copied.skipped).push(namespace);
   }
   return copied;
 }
 
-/** The values (as sorted JSON, to compare) of the items of `namespace` itself, not of those below. */
-async function itemsOf(store: BaseStore, namespace: string[]): Promise<Map<string, string>> {
+/** The values of the items of `namespace` itself, not of those below. */
+async function itemsOf(store: BaseStore, namespace: string[]): Promise<Map<string, Json>> {
   const items = await paged((offset) => store.search(namespace, { limit: COPY_PAGE, offset }));
-  const own = items.filter((item) => sortedJson(item.namespace) === sortedJson(namespace));
-  return new Map(own.map((item) => [item.key, sortedJson(item.value)]));
+  const own = items.filter((item) => jsonEqual(item.namespace, namespace));
+  return new Map(own.map((item) => [item.key, item.value as Json]));
 }
 
 /** Everything `page(offset)` gives, page by page until one comes back short. */

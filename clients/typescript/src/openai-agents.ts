@@ -19,7 +19,7 @@
 import type { AgentInputItem, Session } from '@openai/agents';
 
 import { Client, type Json, type MessageInput, SessiondbError, type StoredMessage } from './client.js';
-import { sortedJson } from './json.js';
+import { jsonEqual } from './json.js';
 
 export const ITEM_KEY = 'openaiItem';
 const WHOLE_ITEM = 'content';
@@ -157,6 +157,6 @@ export async function copySession(source: Pick<Session, 'getItems'>, target: Ses
   const messages = (items as unknown as Item[]).map(messageOfItem);
   if (await target.client.importIfEmpty(target.sessionId, messages)) return true;
   const held = await new SessiondbSession({ client: target.client, sessionId: target.sessionId }).getItems();
-  if (sortedJson(held) === sortedJson(items)) return false;
+  if (jsonEqual(held as unknown as Json, items as unknown as Json)) return false;
   throw new SessiondbError(409, 'conflict', `session ${JSON.stringify(target.sessionId)} already holds other items; nothing was copied`);
 }
