@@ -613,18 +613,14 @@ class Client:
                 message = {**message, "id": "msg_" + str(uuid.uuid4())}
             lines.append({"message": message, "parentId": parent})
             parent = message["id"]
-        try:
-            self.import_together([{"session_id": session_id, "if_absent": True, "lines": lines}])
-            return True
-        except SessiondbError as error:
-            if error.code != "conflict":
-                raise
-        try:
-            self.import_lines(session_id, lines, if_leaf=None)
-            return True
-        except SessiondbError as error:
-            if error.code != "conflict":
-                raise
+        # Created with them, else (it exists) written while it has no message.
+        for condition in ({"if_absent": True}, {"if_leaf": None}):
+            try:
+                self.import_together([{"session_id": session_id, "lines": lines, **condition}])
+                return True
+            except SessiondbError as error:
+                if error.code != "conflict":
+                    raise
         return False
 
     def import_templates(self, lines: Iterable[dict]) -> dict:

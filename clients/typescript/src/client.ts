@@ -749,12 +749,16 @@ export class Client {
       lines.push({ message: { ...message, id }, parentId });
       parentId = id;
     }
-    const refused = (error: unknown) => {
-      if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
-      return false;
-    };
-    if (await this.importTogether([{ sessionId, lines, ifAbsent: true }]).then(() => true, refused)) return true;
-    return this.importLines(sessionId, lines, { ifLeaf: null }).then(() => true, refused);
+    // Created with them, else (it exists) written while it has no message.
+    for (const condition of [{ ifAbsent: true }, { ifLeaf: null }]) {
+      try {
+        await this.importTogether([{ sessionId, lines, ...condition }]);
+        return true;
+      } catch (error) {
+        if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
+      }
+    }
+    return false;
   }
 
   /**
