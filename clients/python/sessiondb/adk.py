@@ -55,8 +55,9 @@ Moving in. ``copy_sessions`` copies an app's sessions from any other session ser
 (``SqliteSessionService``, ``DatabaseSessionService``, ...) with their events and state, each
 session in one write (with the app and user state it shows), all or nothing. A session the
 target already holds with the same events is skipped, so a copy cut short is finished by running
-it again; one it holds with other events is refused with ADK's ``AlreadyExistsError``, writing
-nothing.
+it again; one that holds the first of its events (copied before the source went on) takes the
+events it lacks and the state, in one write; one it holds with other events is refused with
+ADK's ``AlreadyExistsError``, writing nothing.
 """
 
 from __future__ import annotations
@@ -317,33 +318,45 @@ class SessiondbSessionService(BaseSessionService):
     def _copy_in(self, session: Session) -> bool:
         """Stores ``session`` (another service's, whole) as a session that does not exist here
         yet, in one write: its record, state and events as ``create_session`` and
-        ``append_event`` would have stored them (see ``copy_sessions``)."""
+        ``append_event`` would have stored them; or, into one that holds the first of its
+        events, the events it lacks with the state (see ``copy_sessions``)."""
         key = session_key(session.app_name, session.user_id, session.id)
-        metadata = {APP_KEY: session.app_name, USER_KEY: session.user_id,
-                    SESSION_KEY: session.id}
         scopes = split_state(session.state)
-        lines = [{"session": {"userId": session.user_id, "metadata": metadata}}]
-        lines += _state_lines(scopes["session"])
-        parent = None
-        for event in session.events:
-            message = message_of_event(event)
-            lines.append({"message": message, "parentId": parent,
-                          "createdAt": int(event.timestamp * 1000)})
-            parent = message["id"]
-        self._held.pop(key, None)
-        try:
-            self.client.import_together(
-                [{"session_id": key, "if_absent": True, "lines": lines}]
-                + _scope_parts(session.app_name, session.user_id, scopes))
-            return True
-        except SessiondbError as error:
-            if error.code != "conflict":
-                raise
-        held = self._get(session.app_name, session.user_id, session.id, GetSessionConfig())
-        if held is not None and [e.id for e in held.events] == [e.id for e in session.events]:
-            return False
-        raise AlreadyExistsError(f"Session with id {session.id} already exists with other "
-                                 "events; nothing was copied.")
+        found: Optional[Session] = None
+        # Each round writes only while the session is as just read: absent, or at its leaf.
+        for _ in range(3):
+            held = found.events if found is not None else []
+            leaf = message_id_for(held[-1].id) if held else None
+            lines = [] if found is not None else [{"session": {
+                "userId": session.user_id, "metadata": {
+                    APP_KEY: session.app_name, USER_KEY: session.user_id,
+                    SESSION_KEY: session.id}}}]
+            lines += _state_lines(scopes["session"])
+            parent = leaf
+            for event in session.events[len(held):]:
+                message = message_of_event(event)
+                lines.append({"message": message, "parentId": parent,
+                              "createdAt": int(event.timestamp * 1000)})
+                parent = message["id"]
+            condition = {"if_leaf": leaf} if found is not None else {"if_absent": True}
+            self._held.pop(key, None)
+            try:
+                self.client.import_together(
+                    [{"session_id": key, "lines": lines, **condition}]
+                    + _scope_parts(session.app_name, session.user_id, scopes))
+                return True
+            except SessiondbError as error:
+                if error.code != "conflict":
+                    raise
+            found = self._get(session.app_name, session.user_id, session.id, GetSessionConfig())
+            if found is None:
+                continue
+            if [e.id for e in found.events] != [e.id for e in session.events[:len(found.events)]]:
+                break
+            if len(found.events) == len(session.events):
+                return False
+        raise AlreadyExistsError(f"Session with id {session.id} already exists with events "
+                                 "the copy does not begin with; nothing was copied.")
 
     def _store(self, session: Session, event: Event) -> None:
         key = session_key(session.app_name, session.user_id, session.id)
@@ -403,8 +416,8 @@ def _scope_parts(app_name: str, user_id: str, scopes: dict[str, dict[str, Any]])
 async def copy_sessions(source: BaseSessionService, target: SessiondbSessionService, *,
                         app_name: str, user_id: Optional[str] = None) -> Copied:
     """Copies the app's sessions (one user's, or every user's) from ``source`` into ``target``,
-    least recently updated first, each whole in one write (see the module's documentation):
-    which were copied and which skipped, as ``(user_id, session_id)`` pairs. A session's events
+    least recently updated first, each in one write (see the module's documentation): which
+    were written and which skipped, as ``(user_id, session_id)`` pairs. A session's events
     keep their times; a session deleted from ``source`` while this runs is left out."""
     listed = await source.list_sessions(app_name=app_name, user_id=user_id)
     copied = Copied([], [])

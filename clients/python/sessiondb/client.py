@@ -8,7 +8,7 @@ import ssl
 import threading
 import urllib.parse
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from ._http import Answer, Connection
@@ -84,9 +84,9 @@ def message_id_for(name: str) -> str:
 
 
 class Copied(NamedTuple):
-    """What a copy from a framework's own store did: the conversations it copied, and those it
-    skipped, as the target already held them exactly (a copy run again) or they held nothing.
-    Each is named as the framework names it."""
+    """What a copy from a framework's own store did: the conversations it wrote (whole, or what
+    came since an earlier copy), and those it skipped, as the target already held all of them
+    (a copy run again) or they held nothing. Each is named as the framework names it."""
 
     copied: list
     skipped: list
@@ -599,29 +599,50 @@ class Client:
             lines.extend(part["lines"])
         return self.request("POST", "/v1/import", body=_ndjson(lines))
 
-    def import_if_empty(self, session_id: str, messages: list[dict],
-                        record: dict | None = None) -> bool:
-        """Stores ``messages``, each under the one before, as the whole conversation of a
-        session that has none: created with them (and ``record``, fields of an import's session
-        line) when it does not exist. All or nothing: ``False``, and nothing written, when the
-        session has messages. Messages without an id get one (``msg_`` and a UUID, the shape
-        of the server's), as an import names each message's parent by id."""
-        lines: list[dict] = [{"session": record}] if record else []
-        parent = None
-        for message in messages:
-            if not message.get("id"):
-                message = {**message, "id": "msg_" + str(uuid.uuid4())}
-            lines.append({"message": message, "parentId": parent})
-            parent = message["id"]
-        # Created with them, else (it exists) written while it has no message.
-        for condition in ({"if_absent": True}, {"if_leaf": None}):
-            try:
-                self.import_together([{"session_id": session_id, "lines": lines, **condition}])
-                return True
-            except SessiondbError as error:
-                if error.code != "conflict":
-                    raise
-        return False
+    def copy_conversation(self, session_id: str, messages: list[dict],
+                          same: Callable[[dict, int], bool], record: dict | None = None) -> bool:
+        """Copies ``messages`` in as the session's active path, each under the one before, for
+        a copy from another store: ``True`` when it wrote, ``False`` when the session already
+        holds them all (and maybe more: the conversation went on there). ``same(stored, i)``
+        tells whether a stored message is the ``i``-th of ``messages`` as the caller sees them.
+        A session without messages takes them all in one write (created with ``record``, fields
+        of an import's session line, when it does not exist); one whose stored path is the first
+        of them (an earlier copy, before the source went on) takes the rest in one write under
+        its leaf; one holding anything else is a ``conflict``, and nothing is written. Messages
+        without an id get one (``msg_`` and a UUID, the shape of the server's), as an import
+        names each message's parent by id."""
+        if not messages:
+            return False
+        messages = [m if m.get("id") else {**m, "id": "msg_" + str(uuid.uuid4())}
+                    for m in messages]
+        held: list[dict] = []
+        # Each round writes only while the session is as just read, so a write between the read
+        # and the import (another copy, say) is read and compared again.
+        for _ in range(3):
+            leaf = held[-1]["id"] if held else None
+            lines: list[dict] = [{"session": record}] if record and leaf is None else []
+            for message in messages[len(held):]:
+                lines.append({"message": message, "parentId": leaf})
+                leaf = message["id"]
+            # Without messages it is created with them, else (it exists) written while it has
+            # none; with messages, written while its leaf is the one read.
+            conditions = ([{"if_absent": True}, {"if_leaf": None}] if not held
+                          else [{"if_leaf": held[-1]["id"]}])
+            for condition in conditions:
+                try:
+                    self.import_together([{"session_id": session_id, "lines": lines,
+                                           **condition}])
+                    return True
+                except SessiondbError as error:
+                    if error.code != "conflict":
+                        raise
+            held = self.stored_history(session_id)
+            if not all(map(same, held, range(len(messages)))):
+                break
+            if len(held) >= len(messages):
+                return False
+        raise SessiondbError(409, "conflict", f"session {session_id!r} holds messages the copy "
+                             "does not begin with; nothing was copied")
 
     def import_templates(self, lines: Iterable[dict]) -> dict:
         """Imports a templates' part of a dump (an optional ``{"templates": {}}`` line, then block

@@ -45,7 +45,7 @@ from langchain_core.messages import (
     messages_from_dict,
 )
 
-from .client import Client, SessiondbError
+from .client import Client
 
 MESSAGE_KEY = "langchainMessage"
 ROLE_OF_TYPE = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool",
@@ -123,19 +123,14 @@ class SessiondbChatMessageHistory(BaseChatMessageHistory):
 
 async def copy_history(source: BaseChatMessageHistory,
                        target: SessiondbChatMessageHistory) -> bool:
-    """Copies the messages ``source`` holds into ``target`` in one write: ``True`` when copied;
-    ``False`` when ``source`` is empty or ``target`` already holds exactly its messages (a copy
-    run again); a ``conflict`` error, and nothing written, when ``target`` holds other
-    messages. The messages are dated by the copy."""
+    """Copies the messages ``source`` holds into ``target``: ``True`` when it wrote; ``False``
+    when ``source`` is empty or ``target`` already holds exactly its messages (a copy run
+    again). An empty ``target`` takes the messages in one write; one that holds the first of
+    them (a copy made before ``source`` went on) takes the rest in one write; one that holds
+    other messages is a ``conflict`` error, and nothing is written. The messages are dated by
+    the copy."""
     messages = await source.aget_messages()
-    return await asyncio.to_thread(_copy_in, messages, target)
-
-
-def _copy_in(messages: list[BaseMessage], target: SessiondbChatMessageHistory) -> bool:
-    stored = [message_of_langchain(m) for m in messages]
-    if not stored or target.client.import_if_empty(target.session_id, stored):
-        return bool(stored)
-    if target.messages == messages:
-        return False
-    raise SessiondbError(409, "conflict", f"session {target.session_id!r} already holds other "
-                         "messages; nothing was copied")
+    return await asyncio.to_thread(
+        target.client.copy_conversation, target.session_id,
+        [message_of_langchain(m) for m in messages],
+        lambda stored, i: langchain_of_message(stored) == messages[i])

@@ -168,18 +168,14 @@ class _KeyedSessions:
                 if KEY_KEY in (record.get("metadata") or {}) and record["messageCount"] > 0]
 
     def copy_in(self, key: str, messages: list[tuple[ChatMessage, MessageStatus]]) -> bool:
-        """Stores ``messages`` as the key's, in one write, while the key has none (see
-        ``copy_chat_store``): whether they were written."""
+        """Stores ``messages`` as the key's, or those it lacks of them (see
+        ``copy_chat_store``): whether it wrote."""
         self.held.pop(key, None)
-        stored = [message_of_chat_message(m, status) for m, status in messages]
-        if not stored or self.client.import_if_empty(session_of(key), stored,
-                                                     {"metadata": {KEY_KEY: key}}):
-            return bool(stored)
-        held = [(chat_message_of(m), _status_of(m)) for m in self.stored(key)]
-        if held == [(m, status.value) for m, status in messages]:
-            return False
-        raise SessiondbError(409, "conflict", f"the key {key!r} already holds other messages; "
-                             "nothing was copied")
+        return self.client.copy_conversation(
+            session_of(key), [message_of_chat_message(m, status) for m, status in messages],
+            lambda stored, i: (chat_message_of(stored), _status_of(stored))
+            == (messages[i][0], messages[i][1].value),
+            {"metadata": {KEY_KEY: key}})
 
 
 class _OnSessiondb(BaseModel):
@@ -287,9 +283,13 @@ class SessiondbBaseChatStore(_OnSessiondb, BaseChatStore):
 async def copy_chat_store(source: BaseChatStore | AsyncDBChatStore,
                           target: SessiondbChatStore | SessiondbBaseChatStore,
                           keys: Optional[List[str]] = None) -> Copied:
-    """Copies the keys of ``source`` (these, or all it lists) into ``target``, each in one
-    write (see the module's documentation): the keys copied, and those skipped as the target
-    held them already or they held nothing."""
+    """Copies the keys of ``source`` (these, or all it lists) into ``target``: the keys
+    copied, and those skipped as the target held them already or they held nothing. A key's
+    messages (``SQLAlchemyChatStore``'s archived, then active, with their status) go in one
+    write; a key that holds the first of them (a copy made before ``source`` went on) takes the
+    rest in one write; one that holds anything else, other messages or the same with another
+    status (``Memory`` archived them since), is a ``conflict`` error, and nothing of it is
+    written."""
     database = isinstance(source, AsyncDBChatStore)
     if keys is None:
         keys = await (source.get_keys() if database else source.aget_keys())

@@ -143,16 +143,12 @@ class SessiondbSession:
         self.client.append_batch(self.session_id, messages)
 
     def _copy_in(self, items: list[dict]) -> bool:
-        """Stores ``items`` as the conversation of a session that has none yet, in one write
-        (see ``copy_session``)."""
+        """Stores ``items`` as the session's conversation, or the items it lacks of them (see
+        ``copy_session``)."""
         self._held = None
-        if not items or self.client.import_if_empty(self.session_id,
-                                                    [message_of_item(i) for i in items]):
-            return bool(items)
-        if self._get_items(None) == items:
-            return False
-        raise SessiondbError(409, "conflict", f"session {self.session_id!r} already holds "
-                             "other items; nothing was copied")
+        return self.client.copy_conversation(
+            self.session_id, [message_of_item(i) for i in items],
+            lambda stored, i: item_of_message(stored) == items[i])
 
     async def pop_item(self) -> dict | None:
         """Deletes the newest stored message and returns its item (``None`` when empty)."""
@@ -172,12 +168,13 @@ class SessiondbSession:
 
 
 async def copy_session(source: Any, target: SessiondbSession) -> bool:
-    """Copies the conversation ``source`` (any SDK session) holds into ``target`` in one write:
-    ``True`` when copied; ``False`` when ``source`` is empty or ``target`` already holds
-    exactly its items (a copy run again); a ``conflict`` error, and nothing written, when
-    ``target`` holds other items. What ``source.get_items()`` gives is copied (only the newest
-    items, for a session with a ``limit`` in its settings). The messages are dated by the
-    copy."""
+    """Copies the conversation ``source`` (any SDK session) holds into ``target``: ``True``
+    when it wrote; ``False`` when ``source`` is empty or ``target`` already holds exactly its
+    items (a copy run again). An empty ``target`` takes the items in one write; one that holds
+    the first of them (a copy made before ``source`` went on) takes the rest in one write; one
+    that holds other items is a ``conflict`` error, and nothing is written. What
+    ``source.get_items()`` gives is copied (only the newest items, for a session with a
+    ``limit`` in its settings). The messages are dated by the copy."""
     items = await source.get_items()
     return await asyncio.to_thread(target._copy_in, items)
 

@@ -369,6 +369,22 @@ class MovingInTest(AppTest):
         self.assertEqual(turn[-1].content.parts[0].text, "visit 3, shown 11 contents")
         self.assertEqual(self.get("ann", "a1").state["app:total"], 4)
 
+    def test_a_second_copy_after_the_source_went_on_writes_only_the_new_events(self):
+        source = self.source()
+        asyncio.run(copy_sessions(source, self.service, app_name=self.app))
+        first = [e.id for e in self.get("ann", "a1").events]
+        self.run_turn(source, "ann", "a1", "third")
+        asyncio.run(self.service.create_session(app_name=self.app, user_id="cy",
+                                                session_id="c1"))
+        asyncio.run(source.create_session(app_name=self.app, user_id="cy", session_id="c1"))
+        self.run_turn(source, "cy", "c1", "late")
+        again = asyncio.run(copy_sessions(source, self.service, app_name=self.app))
+        self.assertEqual(sorted(again.copied), [("ann", "a1"), ("cy", "c1")])
+        self.assertEqual(sorted(again.skipped), [("bo", "b1"), ("bo", "quiet")])
+        self.assertEqual(self.sessions(SessiondbSessionService(self.client)),
+                         self.sessions(source))
+        self.assertEqual([e.id for e in self.get("ann", "a1").events][:len(first)], first)
+
     def test_a_session_held_with_other_events_is_refused_and_left_as_it_was(self):
         source = self.source()
         asyncio.run(self.service.create_session(app_name=self.app, user_id="bo", session_id="b1"))

@@ -109,11 +109,21 @@ class ClientTest(ServedTest):
         self.assertEqual(c.delete_messages("copy", ["b", "c", "missing"]), 2)
         self.assertEqual([m["id"] for m in c.full_history("copy")], ["a"])
 
-    def test_import_if_empty_writes_a_whole_conversation_only_where_there_is_none(self):
+    def test_copy_conversation_writes_what_the_session_lacks_of_a_conversation(self):
         c = self.client
-        chat = [{"role": "user", "content": "hi"}, {"id": "given", "role": "assistant",
-                                                    "content": "hello"}]
-        self.assertTrue(c.import_if_empty("fresh", chat, {"name": "moved", "userId": "mover"}))
+        chat = [{"role": "user", "content": "hi"},
+                {"id": "given", "role": "assistant", "content": "hello"},
+                {"role": "user", "content": "and then?"}]
+
+        def copy(session_id, messages, record=None):
+            # As the adapters compare: by what a message says, whatever its id.
+            return c.copy_conversation(
+                session_id, messages,
+                lambda stored, i: (stored["role"], stored["content"])
+                == (messages[i]["role"], messages[i]["content"]), record)
+
+        self.assertFalse(copy("fresh", []))
+        self.assertTrue(copy("fresh", chat[:2], {"name": "moved", "userId": "mover"}))
         stored = c.full_history("fresh")
         self.assertEqual([(m["role"], m["content"]) for m in stored],
                          [("user", "hi"), ("assistant", "hello")])
@@ -121,17 +131,36 @@ class ClientTest(ServedTest):
         self.assertEqual(stored[1]["id"], "given")
         self.assertEqual((c.get_session("fresh")["name"], c.get_session("fresh")["userId"]),
                          ("moved", "mover"))
-        # A session with messages takes nothing; one without takes them.
+        # The same conversation again writes nothing.
         version = c.get_session("fresh")["version"]
-        self.assertFalse(c.import_if_empty("fresh", [{"role": "user", "content": "again"}]))
+        self.assertFalse(copy("fresh", chat[:2]))
+        self.assertFalse(copy("fresh", chat[:1]), "a conversation the session holds more of")
         self.assertEqual(c.get_session("fresh")["version"], version)
+        # The conversation went on: only what came since is written, under the copied leaf.
+        self.assertTrue(copy("fresh", chat))
+        after = c.full_history("fresh")
+        self.assertEqual([m["id"] for m in after[:2]], [m["id"] for m in stored])
+        self.assertEqual(after[2]["content"], "and then?")
+        self.assertEqual(c.get_session("fresh")["messageCount"], 3)
+        # Anything else is refused, nothing written.
+        version = c.get_session("fresh")["version"]
+        for other in ([{"role": "user", "content": "hello?"}] + chat[1:],
+                      chat[:2] + [{"role": "user", "content": "or else?"}]):
+            with self.assertRaises(SessiondbError) as caught:
+                copy("fresh", other)
+            self.assertEqual(caught.exception.code, "conflict")
+        self.assertEqual(c.get_session("fresh")["version"], version)
+        # A session that exists without messages takes them all.
         c.create_session("made")
-        self.assertTrue(c.import_if_empty("made", chat[:1]))
+        self.assertTrue(copy("made", chat[:1]))
         self.assertEqual([m["content"] for m in c.full_history("made")], ["hi"])
         # All or nothing.
-        with self.assertRaises(SessiondbError) as caught:
-            c.import_if_empty("refused", [{"role": "user", "content": "x"}, {"role": ""}])
-        self.assertEqual(caught.exception.code, "invalid_request")
+        for session_id, messages in (("refused", [{"role": "user", "content": "x"}, {"role": ""}]),
+                                     ("made", [chat[0], {"role": ""}])):
+            with self.assertRaises(SessiondbError) as caught:
+                copy(session_id, messages)
+            self.assertEqual(caught.exception.code, "invalid_request")
+        self.assertEqual(c.get_session("made")["messageCount"], 1)
         with self.assertRaises(SessiondbError) as caught:
             c.get_session("refused")
         self.assertEqual(caught.exception.code, "not_found")

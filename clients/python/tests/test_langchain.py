@@ -61,7 +61,7 @@ class ChatMessageHistoryTest(ServedTest):
         self.assertEqual(history.messages, [])
         self.assertEqual(self.client.get_session(history.session_id)["messageCount"], 0)
 
-    def test_another_history_is_copied_in_once_and_a_different_one_refused(self):
+    def test_another_history_is_copied_in_then_what_came_since_and_a_different_one_refused(self):
         source = InMemoryChatMessageHistory(messages=EVERY_KIND)
         target = self.history("moved")
         self.assertTrue(asyncio.run(copy_history(source, target)))
@@ -71,12 +71,20 @@ class ChatMessageHistoryTest(ServedTest):
         self.assertFalse(asyncio.run(copy_history(InMemoryChatMessageHistory(), target)))
         self.assertEqual(self.client.get_session(target.session_id)["version"], version)
 
+        # A history that holds the first of the source's messages takes the rest.
+        begun = self.history("begun")
+        begun.add_messages(EVERY_KIND[:2])
+        first = [m["id"] for m in self.client.full_history(begun.session_id)]
+        self.assertTrue(asyncio.run(copy_history(source, begun)))
+        self.assertEqual(begun.messages, EVERY_KIND)
+        self.assertEqual([m["id"] for m in self.client.full_history(begun.session_id)][:2], first)
+
         taken = self.history("taken")
-        taken.add_messages(EVERY_KIND[:2])
+        taken.add_messages(EVERY_KIND[1:3])
         with self.assertRaises(SessiondbError) as raised:
             asyncio.run(copy_history(source, taken))
         self.assertEqual(raised.exception.code, "conflict")
-        self.assertEqual(taken.messages, EVERY_KIND[:2])
+        self.assertEqual(taken.messages, EVERY_KIND[1:3])
 
     def test_messages_of_other_clients_and_compactions_read_as_chat_messages(self):
         history = self.history("others")

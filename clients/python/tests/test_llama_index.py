@@ -231,12 +231,29 @@ class MovingInTest(ServedTest):
         again = asyncio.run(copy_chat_store(source, SessiondbChatStore(client=self.client)))
         self.assertEqual((again.copied, sorted(again.skipped)),
                          ([], [prefix + "long", prefix + "short"]))
+        # The source's memory went on: a turn that archives nothing comes over by itself; one
+        # that archived copied messages changed what the target holds of them, and is refused.
+        async def go_on(key, turn):
+            memory = Memory(session_id=prefix + key, sql_store=source, token_limit=40,
+                            tokenizer_fn=words, token_flush_size=4, chat_history_token_ratio=0.5)
+            await memory.aput(ChatMessage(role="user", content=f"question {turn} " * 3))
+            await memory.aput(ChatMessage(role="assistant", content=f"answer {turn}"))
+        asyncio.run(go_on("short", 1))
+        self.assertEqual(asyncio.run(copy_chat_store(source, target, [prefix + "short"])).copied,
+                         [prefix + "short"])
+        self.assertEqual(held(target, "short"), held(source, "short"))
+        archived = len(held(source, "long")[ARCHIVED])
+        asyncio.run(go_on("long", 8))
+        self.assertGreater(len(held(source, "long")[ARCHIVED]), archived)
+        with self.assertRaises(SessiondbError) as raised:
+            asyncio.run(copy_chat_store(source, target, [prefix + "long"]))
+        self.assertEqual(raised.exception.code, "conflict")
         # A memory goes on from the copy.
         memory = Memory(session_id=prefix + "short", sql_store=target, token_limit=1000,
                         tokenizer_fn=words)
         asyncio.run(memory.aput(ChatMessage(role="user", content="and now?")))
         self.assertEqual(texts(asyncio.run(memory.aget()))[-3:],
-                         ["question 0 question 0 question 0 ", "answer 0", "and now?"])
+                         ["question 1 question 1 question 1 ", "answer 1", "and now?"])
 
     def test_a_base_chat_store_is_copied_and_a_taken_key_is_refused(self):
         prefix = self.fresh_prefix()
@@ -253,4 +270,9 @@ class MovingInTest(ServedTest):
         self.assertEqual(texts(target.get_messages(prefix + "b")), ["other"])
         copied = asyncio.run(copy_chat_store(source, target, [prefix + "a"]))
         self.assertEqual(copied.copied, [prefix + "a"])
+        self.assertEqual(target.get_messages(prefix + "a"), source.get_messages(prefix + "a"))
+        # The source went on: a second copy writes what came since.
+        source.add_message(prefix + "a", ChatMessage(role="user", content="more?"))
+        self.assertEqual(asyncio.run(copy_chat_store(source, target, [prefix + "a"])).copied,
+                         [prefix + "a"])
         self.assertEqual(target.get_messages(prefix + "a"), source.get_messages(prefix + "a"))

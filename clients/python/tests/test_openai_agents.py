@@ -239,6 +239,19 @@ class MovingInTest(ServedTest):
         run(target.add_items([{"role": "user", "content": "and now?"}]))
         self.assertEqual(run(target.get_items())[-1], {"role": "user", "content": "and now?"})
 
+    def test_a_second_copy_after_the_source_went_on_writes_only_the_new_items(self):
+        path = self.sqlite_file({"cy": ITEMS[:3]})
+        self.assertEqual(run(copy_sqlite_sessions(path, self.client)).copied, ["cy"])
+        first = [m["id"] for m in self.client.full_history("cy")]
+        # The agent went on with the file until it moved over.
+        source = SQLiteSession("cy", path)
+        run(source.add_items(ITEMS[3:]))
+        source.close()
+        self.assertEqual(run(copy_sqlite_sessions(path, self.client)).copied, ["cy"])
+        self.assertEqual(run(SessiondbSession("cy", self.client).get_items()), ITEMS)
+        self.assertEqual([m["id"] for m in self.client.full_history("cy")][:3], first)
+        self.assertEqual(run(copy_sqlite_sessions(path, self.client)).skipped, ["cy"])
+
     def test_a_target_holding_other_items_is_refused_and_left_as_it_was(self):
         path = self.sqlite_file({"taken": ITEMS[:3]})
         run(SessiondbSession("taken", self.client).add_items(ITEMS[3:5]))
