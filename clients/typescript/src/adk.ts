@@ -49,7 +49,9 @@
  * (`DatabaseSessionService`, `InMemorySessionService`, ...) with their events and state, each
  * session in one write (with the app and user state it shows), all or nothing. A session the
  * target already holds with the same events is skipped, so a copy cut short is finished by
- * running it again; one it holds with other events is refused (`conflict`), writing nothing.
+ * running it again; one that holds the first of its events (copied before the source went on)
+ * takes the events it lacks and the state, in one write; one it holds with other events is
+ * refused (`conflict`), writing nothing.
  */
 import { BaseSessionService, State, createEvent, createSession } from '@google/adk';
 import type {
@@ -491,8 +493,8 @@ export class SessiondbSessionService extends BaseSessionService {
 
 /**
  * Copies the app's sessions (one user's, or every user's) from `source` into `target`, least
- * recently updated first, each whole in one write (see the module's documentation): which were
- * copied and which skipped, as `[userId, sessionId]` pairs. Events keep their times; a session
+ * recently updated first, each in one write (see the module's documentation): which were written
+ * and which skipped, as `[userId, sessionId]` pairs. Events keep their times; a session
  * deleted from `source` while this runs is left out.
  */
 export async function copySessions(
@@ -511,29 +513,45 @@ export async function copySessions(
   return copied;
 }
 
-/** Stores `session` (another service's, whole) as a session that does not exist in `target` yet,
- * as `createSession` and `appendEvent` would have stored it: whether it was written. */
+/**
+ * Stores `session` (another service's, whole) as a session that does not exist in `target` yet,
+ * as `createSession` and `appendEvent` would have stored it; or, into one that holds the first of
+ * its events, the events it lacks with the state: whether it wrote.
+ */
 async function copySession(session: Session, target: SessiondbSessionService): Promise<boolean> {
   const key = sessionKey(session.appName, session.userId, session.id);
   const scopes = splitState(session.state);
   const metadata = { [APP_KEY]: session.appName, [USER_KEY]: session.userId, [SESSION_KEY]: session.id };
-  const lines: ImportLine[] = [{ session: { userId: session.userId, metadata } }, ...stateLines(scopes.session)];
-  let parentId: string | null = null;
-  for (const event of session.events) {
-    const message = messageOfEvent(event);
-    lines.push({ message, parentId, createdAt: Math.floor(event.timestamp) });
-    parentId = message.id;
+  let found: Session | undefined;
+  // Each round writes only while the session is as just read: absent, or at its leaf.
+  for (let round = 0; round < 3; round++) {
+    const held = found?.events ?? [];
+    const leaf = held.length > 0 ? messageIdFor(held[held.length - 1].id) : null;
+    const lines: ImportLine[] = found ? [] : [{ session: { userId: session.userId, metadata } }];
+    lines.push(...stateLines(scopes.session));
+    let parentId = leaf;
+    for (const event of session.events.slice(held.length)) {
+      const message = messageOfEvent(event);
+      lines.push({ message, parentId, createdAt: Math.floor(event.timestamp) });
+      parentId = message.id;
+    }
+    const condition = found ? { ifLeaf: leaf } : { ifAbsent: true };
+    try {
+      await target.client.importTogether([{ sessionId: key, lines, ...condition }, ...scopeParts(session.appName, session.userId, scopes)]);
+      return true;
+    } catch (error) {
+      if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
+    }
+    found = await target.getSession({ appName: session.appName, userId: session.userId, sessionId: session.id });
+    if (found === undefined) continue;
+    if (found.events.some((event, i) => event.id !== session.events[i]?.id)) break;
+    if (found.events.length === session.events.length) return false;
   }
-  try {
-    await target.client.importTogether([{ sessionId: key, lines, ifAbsent: true }, ...scopeParts(session.appName, session.userId, scopes)]);
-    return true;
-  } catch (error) {
-    if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
-  }
-  const held = await target.getSession({ appName: session.appName, userId: session.userId, sessionId: session.id });
-  const ids = (events: Event[]) => JSON.stringify(events.map((event) => event.id));
-  if (held !== undefined && ids(held.events) === ids(session.events)) return false;
-  throw new SessiondbError(409, 'conflict', `the session ${JSON.stringify(session.id)} already exists with other events; nothing was copied`);
+  throw new SessiondbError(
+    409,
+    'conflict',
+    `the session ${JSON.stringify(session.id)} already exists with events the copy does not begin with; nothing was copied`,
+  );
 }
 
 /** The owner (`userId`) of a user's memory sessions in an app. */

@@ -195,9 +195,9 @@ export class SessiondbError extends Error {
 }
 
 /**
- * What a copy from a framework's own store did: the conversations it copied, and those it
- * skipped, as the target already held them exactly (a copy run again) or they held nothing.
- * Each is named as the framework names it.
+ * What a copy from a framework's own store did: the conversations it wrote (whole, or what came
+ * since an earlier copy), and those it skipped, as the target already held all of them (a copy
+ * run again) or they held nothing. Each is named as the framework names it.
  */
 export interface Copied<Name = string> {
   copied: Name[];
@@ -731,34 +731,54 @@ export class Client {
   }
 
   /**
-   * Stores `messages`, each under the one before, as the whole conversation of a session that
-   * has none: created with them (and `record`, fields of an import's session line) when it does
-   * not exist. All or nothing: `false`, and nothing written, when the session has messages.
-   * Messages without an id get one (`msg_` and a UUID, the shape of the server's), as an import
-   * names each message's parent by id.
+   * Copies `messages` in as the session's active path, each under the one before, for a copy
+   * from another store: `true` when it wrote, `false` when the session already holds them all
+   * (and maybe more: the conversation went on there). `same(stored, i)` tells whether a stored
+   * message is the `i`-th of `messages` as the caller sees them. A session without messages
+   * takes them all in one write (created with `record`, fields of an import's session line, when
+   * it does not exist); one whose stored path is the first of them (an earlier copy, before the
+   * source went on) takes the rest in one write under its leaf; one holding anything else is a
+   * `conflict`, and nothing is written. Messages without an id get one (`msg_` and a UUID, the
+   * shape of the server's), as an import names each message's parent by id.
    */
-  async importIfEmpty(
+  async copyConversation(
     sessionId: string,
     messages: MessageInput[],
+    same: (stored: StoredMessage, index: number) => boolean,
     record?: Partial<Extract<ExportLine, { session: unknown }>['session']>,
   ): Promise<boolean> {
-    const lines: ImportLine[] = record ? [{ session: record }] : [];
-    let parentId: string | null = null;
-    for (const message of messages) {
-      const id = message.id || `msg_${globalThis.crypto.randomUUID()}`;
-      lines.push({ message: { ...message, id }, parentId });
-      parentId = id;
-    }
-    // Created with them, else (it exists) written while it has no message.
-    for (const condition of [{ ifAbsent: true }, { ifLeaf: null }]) {
-      try {
-        await this.importTogether([{ sessionId, lines, ...condition }]);
-        return true;
-      } catch (error) {
-        if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
+    if (messages.length === 0) return false;
+    const withIds = messages.map((m) => ({ ...m, id: m.id || `msg_${globalThis.crypto.randomUUID()}` }));
+    let held: StoredMessage[] = [];
+    // Each round writes only while the session is as just read, so a write between the read and
+    // the import (another copy, say) is read and compared again.
+    for (let round = 0; round < 3; round++) {
+      let parentId: string | null = held.length > 0 ? held[held.length - 1].id : null;
+      const lines: ImportLine[] = record && parentId === null ? [{ session: record }] : [];
+      for (const message of withIds.slice(held.length)) {
+        lines.push({ message, parentId });
+        parentId = message.id;
       }
+      // Without messages it is created with them, else (it exists) written while it has none;
+      // with messages, written while its leaf is the one read.
+      const conditions = held.length === 0 ? [{ ifAbsent: true }, { ifLeaf: null }] : [{ ifLeaf: held[held.length - 1].id }];
+      for (const condition of conditions) {
+        try {
+          await this.importTogether([{ sessionId, lines, ...condition }]);
+          return true;
+        } catch (error) {
+          if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
+        }
+      }
+      held = await this.storedHistory(sessionId);
+      if (!held.slice(0, withIds.length).every(same)) break;
+      if (held.length >= withIds.length) return false;
     }
-    return false;
+    throw new SessiondbError(
+      409,
+      'conflict',
+      `session ${JSON.stringify(sessionId)} holds messages the copy does not begin with; nothing was copied`,
+    );
   }
 
   /**

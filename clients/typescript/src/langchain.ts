@@ -30,7 +30,7 @@ import {
   type StoredMessage as LangChainStoredMessage,
 } from '@langchain/core/messages';
 
-import { Client, type Json, type MessageInput, SessiondbError, type StoredMessage } from './client.js';
+import { Client, type Json, type MessageInput, type StoredMessage } from './client.js';
 import { jsonEqual } from './json.js';
 
 export const MESSAGE_KEY = 'langchainMessage';
@@ -124,19 +124,18 @@ export class SessiondbChatMessageHistory extends BaseListChatMessageHistory {
 }
 
 /**
- * Copies the messages `source` holds into `target` in one write: `true` when copied; `false` when
- * `source` is empty or `target` already holds exactly its messages (a copy run again); a
- * `conflict` error, and nothing written, when `target` holds other messages. The messages are
- * dated by the copy.
+ * Copies the messages `source` holds into `target`: `true` when it wrote; `false` when `source`
+ * is empty or `target` already holds exactly its messages (a copy run again). An empty `target`
+ * takes the messages in one write; one that holds the first of them (a copy made before `source`
+ * went on) takes the rest in one write; one that holds other messages is a `conflict` error, and
+ * nothing is written. The messages are dated by the copy.
  */
 export async function copyHistory(
   source: Pick<BaseListChatMessageHistory, 'getMessages'>,
   target: SessiondbChatMessageHistory,
 ): Promise<boolean> {
   const stored = (await source.getMessages()).map(messageOfLangChain);
-  if (stored.length === 0) return false;
-  if (await target.client.importIfEmpty(target.sessionId, stored)) return true;
-  const held = (await target.getMessages()).map(messageOfLangChain);
-  if (jsonEqual(held as unknown as Json, stored as unknown as Json)) return false;
-  throw new SessiondbError(409, 'conflict', `session ${JSON.stringify(target.sessionId)} already holds other messages; nothing was copied`);
+  return target.client.copyConversation(target.sessionId, stored, (held, i) =>
+    jsonEqual(messageOfLangChain(langChainOfMessage(held)) as unknown as Json, stored[i] as unknown as Json),
+  );
 }

@@ -146,17 +146,15 @@ export class SessiondbSession implements Session {
 }
 
 /**
- * Copies the conversation `source` (any SDK session) holds into `target` in one write: `true`
- * when copied; `false` when `source` is empty or `target` already holds exactly its items (a copy
- * run again); a `conflict` error, and nothing written, when `target` holds other items. The
- * messages are dated by the copy.
+ * Copies the conversation `source` (any SDK session) holds into `target`: `true` when it wrote;
+ * `false` when `source` is empty or `target` already holds exactly its items (a copy run again).
+ * An empty `target` takes the items in one write; one that holds the first of them (a copy made
+ * before `source` went on) takes the rest in one write; one that holds other items is a
+ * `conflict` error, and nothing is written. The messages are dated by the copy.
  */
 export async function copySession(source: Pick<Session, 'getItems'>, target: SessiondbSession): Promise<boolean> {
-  const items = await source.getItems();
-  if (items.length === 0) return false;
-  const messages = (items as unknown as Item[]).map(messageOfItem);
-  if (await target.client.importIfEmpty(target.sessionId, messages)) return true;
-  const held = await new SessiondbSession({ client: target.client, sessionId: target.sessionId }).getItems();
-  if (jsonEqual(held as unknown as Json, items as unknown as Json)) return false;
-  throw new SessiondbError(409, 'conflict', `session ${JSON.stringify(target.sessionId)} already holds other items; nothing was copied`);
+  const items = (await source.getItems()) as unknown as Item[];
+  return target.client.copyConversation(target.sessionId, items.map(messageOfItem), (stored, i) =>
+    jsonEqual(itemOfMessage(stored), items[i]),
+  );
 }

@@ -307,6 +307,13 @@ test('copySessions moves an app in with events and every scope of state, once', 
   assert.equal(expected['ann/a1'][1]['user:visits'], 2);
   const again = await copySessions(source, target, { appName: app, userId: 'bo' });
   assert.deepEqual(again, { copied: [], skipped: [['bo', 'b1'], ['bo', 'quiet']] });
+  // The source went on: a second copy writes only the new events, and the state they changed.
+  const first = (await target.getSession({ appName: app, userId: 'bo', sessionId: 'b1' })).events.map((e) => e.id);
+  await runTurn(source, app, 'bo', 'b1', 'later');
+  assert.deepEqual(await copySessions(source, target, { appName: app, userId: 'bo' }), { copied: [['bo', 'b1']], skipped: [['bo', 'quiet']] });
+  const moved = await sessions(new SessiondbSessionService(shared.client));
+  assert.deepEqual(moved['bo/b1'], (await sessions(source))['bo/b1']);
+  assert.deepEqual(moved['bo/b1'][0].slice(0, first.length).map((e) => e.id), first);
   // A runner goes on from the copy.
   const turn = await runTurn(new SessiondbSessionService(shared.client), app, 'ann', 'a1', 'third');
   assert.equal(textOf(turn.at(-1)), 'visit 3, shown 11 contents');

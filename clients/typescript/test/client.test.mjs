@@ -68,6 +68,46 @@ test('import of an export and deletes of many', async () => {
   assert.deepEqual((await all(c.history('copy'))).map((m) => m.id), ['a']);
 });
 
+test('a copy writes what the session lacks of a conversation, and refuses anything else', async () => {
+  const c = shared.client;
+  const chat = [
+    { role: 'user', content: 'hi' },
+    { id: 'given', role: 'assistant', content: 'hello' },
+    { role: 'user', content: 'and then?' },
+  ];
+  // As the adapters compare: by what a message says, whatever its id.
+  const copy = (sessionId, messages, record) =>
+    c.copyConversation(sessionId, messages, (stored, i) => stored.role === messages[i].role && stored.content === messages[i].content, record);
+  const ids = async (sessionId) => (await c.storedHistory(sessionId)).map((m) => m.id);
+
+  assert.equal(await copy('cc-fresh', []), false);
+  assert.equal(await copy('cc-fresh', chat.slice(0, 2), { name: 'moved' }), true);
+  const first = await ids('cc-fresh');
+  assert.match(first[0], /^msg_/);
+  assert.equal(first[1], 'given');
+  assert.equal((await c.getSession('cc-fresh')).name, 'moved');
+  let { version } = await c.getSession('cc-fresh');
+  assert.equal(await copy('cc-fresh', chat.slice(0, 2)), false, 'the same again');
+  assert.equal(await copy('cc-fresh', chat.slice(0, 1)), false, 'a conversation the session holds more of');
+  assert.equal((await c.getSession('cc-fresh')).version, version);
+  // The conversation went on: only what came since is written, under the copied leaf.
+  assert.equal(await copy('cc-fresh', chat), true);
+  assert.deepEqual((await ids('cc-fresh')).slice(0, 2), first);
+  assert.deepEqual((await c.storedHistory('cc-fresh')).map((m) => m.content), ['hi', 'hello', 'and then?']);
+  ({ version } = await c.getSession('cc-fresh'));
+  for (const other of [[{ role: 'user', content: 'hello?' }, ...chat.slice(1)], [...chat.slice(0, 2), { role: 'user', content: 'or else?' }]]) {
+    await rejectsWith(copy('cc-fresh', other), 409, 'conflict');
+  }
+  assert.equal((await c.getSession('cc-fresh')).version, version);
+  // A session that exists without messages takes them; a bad message fails the whole copy.
+  await c.createSession({ id: 'cc-made' });
+  assert.equal(await copy('cc-made', chat.slice(0, 1)), true);
+  await rejectsWith(copy('cc-made', [chat[0], { role: '' }]), 400, 'invalid_request');
+  await rejectsWith(copy('cc-refused', [chat[0], { role: '' }]), 400, 'invalid_request');
+  assert.deepEqual((await c.storedHistory('cc-made')).map((m) => m.content), ['hi']);
+  await rejectsWith(c.getSession('cc-refused'), 404, 'not_found');
+});
+
 test('writes conditioned on the leaf', async () => {
   const c = shared.client;
   await rejectsWith(c.append('cond', { id: 'a', role: 'user', content: 'x' }, { ifLeaf: null }), 404, 'not_found');

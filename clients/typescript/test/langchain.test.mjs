@@ -71,7 +71,7 @@ test('every kind of message comes back as added', async () => {
   assert.deepEqual(await h.getMessages(), []);
 });
 
-test('another history is copied in once, and one that holds other messages is refused', async () => {
+test('another history is copied in, then what came since, and one that holds other messages is refused', async () => {
   const source = new InMemoryChatMessageHistory(everyKind());
   const target = history('lc-moved');
   assert.equal(await copyHistory(source, target), true);
@@ -81,10 +81,18 @@ test('another history is copied in once, and one that holds other messages is re
   assert.equal(await copyHistory(new InMemoryChatMessageHistory(), target), false);
   assert.equal((await shared.client.getSession('lc-moved')).version, version);
 
+  // A history that holds the first of the source's messages takes the rest, under them.
+  const begun = history('lc-begun');
+  await begun.addMessages(everyKind().slice(0, 2));
+  const first = (await shared.client.storedHistory('lc-begun')).map((m) => m.id);
+  assert.equal(await copyHistory(source, begun), true);
+  assert.deepEqual((await begun.getMessages()).map(shape), everyKind().map(shape));
+  assert.deepEqual((await shared.client.storedHistory('lc-begun')).slice(0, 2).map((m) => m.id), first);
+
   const taken = history('lc-taken');
-  await taken.addMessages(everyKind().slice(0, 2));
+  await taken.addMessages(everyKind().slice(1, 3));
   await assert.rejects(copyHistory(source, taken), (error) => error instanceof SessiondbError && error.code === 'conflict');
-  assert.deepEqual((await taken.getMessages()).map(shape), everyKind().slice(0, 2).map(shape));
+  assert.deepEqual((await taken.getMessages()).map(shape), everyKind().slice(1, 3).map(shape));
 });
 
 test('messages of other clients and compactions read as chat messages', async () => {

@@ -177,7 +177,7 @@ test('runs with tool calls keep what an in-memory session keeps', async () => {
   assert.deepEqual(stored.map((m) => m.role), ['user', 'assistant', 'tool', 'assistant', 'user', 'assistant']);
 });
 
-test('copySession moves a conversation in once and refuses a session that holds another', async () => {
+test('copySession moves a conversation in, then what came since, and refuses a session that holds another', async () => {
   const source = new MemorySession({ sessionId: 'moving', initialItems: ITEMS });
   const target = new SessiondbSession({ client: shared.client, sessionId: 'moved-in' });
   assert.equal(await copySession(source, target), true);
@@ -187,10 +187,17 @@ test('copySession moves a conversation in once and refuses a session that holds 
   assert.equal((await shared.client.getSession('moved-in')).version, version);
   assert.equal(await copySession(new MemorySession(), target), false);
 
+  // The conversation went on in the source: a second copy writes only the new items.
+  const first = (await shared.client.storedHistory('moved-in')).map((m) => m.id);
+  await source.addItems([{ role: 'user', content: 'and one more thing' }]);
+  assert.equal(await copySession(source, target), true);
+  assert.deepEqual(await target.getItems(), await source.getItems());
+  assert.deepEqual((await shared.client.storedHistory('moved-in')).slice(0, ITEMS.length).map((m) => m.id), first);
+
   const taken = new SessiondbSession({ client: shared.client, sessionId: 'moved-taken' });
-  await taken.addItems(ITEMS.slice(0, 2));
+  await taken.addItems(ITEMS.slice(1, 3));
   await assert.rejects(copySession(source, taken), (error) => error instanceof SessiondbError && error.code === 'conflict');
-  assert.deepEqual(await taken.getItems(), ITEMS.slice(0, 2));
+  assert.deepEqual(await taken.getItems(), ITEMS.slice(1, 3));
 });
 
 test("the README's example runs as written", async () => {
