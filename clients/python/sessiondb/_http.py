@@ -75,25 +75,28 @@ class Connection:
         self.sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + (body or b""))
 
     def answer(self) -> Answer:
-        """The status and headers of the answer to the request sent; its body is read next."""
-        line = self.reader.readline(_MAX_LINE)
-        if not line:
-            raise DroppedConnection("the server closed the connection without answering")
-        parts = line.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise MalformedAnswer(f"not an HTTP/1.1 status line: {line[:80]!r}")
-        status = int(parts[1])
-        reason = parts[2].strip().decode("latin-1") if len(parts) > 2 else ""
-        headers: dict[str, str] = {}
+        """The status and headers of the answer to the request sent; its body is read next.
+        Interim answers (``100 Continue``, ``103 Early Hints``) before it are skipped."""
         while True:
             line = self.reader.readline(_MAX_LINE)
-            if line in (b"\r\n", b"\n"):
-                break
-            if not line or b":" not in line:
-                raise MalformedAnswer(f"not an HTTP header: {line[:80]!r}")
-            name, _, value = line.decode("latin-1").partition(":")
-            headers[name.strip().lower()] = value.strip()
-        return Answer(self, status, reason, headers)
+            if not line:
+                raise DroppedConnection("the server closed the connection without answering")
+            parts = line.split(None, 2)
+            if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+                raise MalformedAnswer(f"not an HTTP/1.1 status line: {line[:80]!r}")
+            status = int(parts[1])
+            reason = parts[2].strip().decode("latin-1") if len(parts) > 2 else ""
+            headers: dict[str, str] = {}
+            while True:
+                line = self.reader.readline(_MAX_LINE)
+                if line in (b"\r\n", b"\n"):
+                    break
+                if not line or b":" not in line:
+                    raise MalformedAnswer(f"not an HTTP header: {line[:80]!r}")
+                name, _, value = line.decode("latin-1").partition(":")
+                headers[name.strip().lower()] = value.strip()
+            if not 100 <= status < 200:
+                return Answer(self, status, reason, headers)
 
 
 class Answer:
@@ -104,7 +107,7 @@ class Answer:
         self.chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         length = headers.get("content-length")
         self.length = int(length) if length is not None and length.isdigit() else None
-        if status in (204, 304) or 100 <= status < 200:
+        if status in (204, 304):
             self.length, self.chunked = 0, False
         # Without a length or chunks the body runs to the end of the connection.
         self.reusable = (self.chunked or self.length is not None) \

@@ -77,7 +77,7 @@ class HttpTest(unittest.TestCase):
                    b"5;name=value\r\n{\"a\":\r\n3\r\n 1}\r\n0\r\nx-trailer: t\r\n\r\n")
         server = self.serve([
             json_answer(b'{"n": 1}'),
-            chunked,
+            b"HTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\n" + chunked,
             b"HTTP/1.1 204 No Content\r\n\r\n",
             b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n{\"until\": \"closed\"}",
             json_answer(b'{"n": 2}'),
