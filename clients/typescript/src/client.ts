@@ -1,6 +1,7 @@
 /**
- * A client for the sessiondb HTTP API, with no dependencies: Node's `http` with kept connections
- * where Node's modules are there, `fetch` on other runtimes (browsers, workers, edge functions).
+ * A client for the sessiondb HTTP API, with no dependencies: an HTTP/1.1 of its own over Node's
+ * sockets with kept connections where Node's modules are there, `fetch` on other runtimes
+ * (browsers, workers, edge functions).
  */
 import { sha256Hex } from './sha256.js';
 import {
@@ -226,7 +227,7 @@ export interface ClientOptions {
    */
   ca?: string | Uint8Array | Array<string | Uint8Array>;
   /**
-   * `node` (Node's `http`, kept connections; where Node's modules load) or `fetch` (any runtime; it
+   * `node` (Node's sockets, kept connections; where Node's modules load) or `fetch` (any runtime; it
    * refuses ids `.` and `..`, whose path segments its URL parser resolves, with an
    * `invalid_request` error and nothing sent).
    * {@link Client.defaultTransport} by default.

@@ -12,11 +12,15 @@ import { serve } from './served.mjs';
 
 /**
  * Answers each request (read up to its blank line; these carry no body) with the next of
- * `answers`; `null` closes the connection instead. Resolves to its URL and the request lines.
+ * `answers`: bytes, or a list of them written a few milliseconds apart (so they arrive apart);
+ * `null` closes the connection instead, as does an answer ending in `CLOSE`. Resolves to its
+ * URL, the request lines and how many connections it took.
  */
 async function canned(answers) {
   const requests = [];
+  let connections = 0;
   const server = createServer((socket) => {
+    connections += 1;
     let buffered = '';
     socket.on('data', (data) => {
       buffered += data.toString('latin1');
@@ -29,7 +33,13 @@ async function canned(answers) {
           socket.destroy();
           return;
         }
-        socket.write(answer);
+        const parts = Array.isArray(answer) ? answer : [answer];
+        parts.forEach((part, i) =>
+          setTimeout(() => {
+            if (part === CLOSE) socket.end();
+            else socket.write(part);
+          }, 5 * i),
+        );
       }
     });
   });
@@ -38,8 +48,10 @@ async function canned(answers) {
     server.close();
     server.closeAllConnections?.();
   };
-  return { url: `http://127.0.0.1:${server.address().port}`, requests, close };
+  return { url: `http://127.0.0.1:${server.address().port}`, requests, close, connections: () => connections };
 }
+
+const CLOSE = Symbol('close');
 
 const json = (body) => `HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
 
@@ -73,6 +85,49 @@ test('answers cut short are unavailable; paths go as they are', async () => {
   await client.request('GET', '/v1/sessions/../state/.');
   assert.equal(server.requests.at(-1), 'GET /v1/sessions/../state/. HTTP/1.1');
   client.close();
+  server.close();
+});
+
+test("Node's transport reads every framing a server or a proxy may answer with", async () => {
+  const server = await canned([
+    // A head and a chunked body in pieces, with a chunk extension, a split UTF-8 character and
+    // trailers; interim answers before it; headers in any case, one repeated.
+    [
+      'HTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Sessiondb-Version: 7\r\nx-sessiondb-version: 8\r\n',
+      '\r\n5;name=value\r\n{"a":\r\n5\r\n"\xc3',
+      '\xa9"}\r\n0\r\ntrailer: yes\r\n\r\n',
+    ].map((part) => Buffer.from(part, 'latin1')),
+    // No body, then another answer on the same connection.
+    'HTTP/1.1 204 No Content\r\n\r\n',
+    json('{"kept":true}'),
+    // A body that runs to the end of the connection.
+    ['HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n{"until":', '"closed"}', CLOSE],
+    json('{"reopened":true}'),
+    // A body framed by length whose connection the server says it closes.
+    'HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}',
+    json('{"again":true}'),
+    ['HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\n{"a":', CLOSE],
+    'not http at all\r\n\r\n',
+  ]);
+  const client = new Client({ baseUrl: server.url, timeoutMs: 5000, transport: 'node' });
+  assert.deepEqual(await client.request('GET', '/chunked'), { a: 'é' });
+  assert.equal(await client.request('DELETE', '/nothing'), undefined);
+  assert.deepEqual(await client.request('GET', '/kept'), { kept: true });
+  assert.equal(server.connections(), 1, 'the connection was kept');
+  assert.deepEqual(await client.request('GET', '/until-closed'), { until: 'closed' });
+  assert.deepEqual(await client.request('GET', '/reopened'), { reopened: true });
+  assert.equal(server.connections(), 2);
+  assert.deepEqual(await client.request('GET', '/closing'), {});
+  assert.deepEqual(await client.request('GET', '/again'), { again: true });
+  assert.equal(server.connections(), 3);
+  await assert.rejects(client.request('GET', '/cut'), SessiondbUnavailable);
+  await assert.rejects(client.request('GET', '/garbled'), (e) => e instanceof SessiondbUnavailable && /status line/.test(e.message));
+  // What HTTP cannot carry is refused unsent.
+  const keyed = new Client({ baseUrl: server.url, apiKey: 'key\r\nx-injected: yes', transport: 'node' });
+  await assert.rejects(keyed.request('GET', '/never'), (e) => e.code === 'invalid_request' && !(e instanceof SessiondbUnavailable));
+  assert.equal(server.requests.filter((r) => r.includes('never')).length, 0);
+  client.close();
+  keyed.close();
   server.close();
 });
 
