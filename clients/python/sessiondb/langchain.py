@@ -123,12 +123,12 @@ class SessiondbChatMessageHistory(BaseChatMessageHistory):
 
 async def copy_history(source: BaseChatMessageHistory,
                        target: SessiondbChatMessageHistory) -> bool:
-    """Copies the messages ``source`` holds into ``target``: ``True`` when it wrote; ``False``
-    when ``source`` is empty or ``target`` already holds exactly its messages (a copy run
-    again). An empty ``target`` takes the messages in one write; one that holds the first of
-    them (a copy made before ``source`` went on) takes the rest in one write; one that holds
-    other messages is a ``conflict`` error, and nothing is written. The messages are dated by
-    the copy."""
+    """Copies the messages ``source`` holds into ``target``: ``True`` when it wrote; ``False`` when
+    ``source`` is empty or ``target`` already holds its messages (a copy run again; maybe with
+    more after them, the agent having gone on there). An empty ``target`` takes the messages in
+    one write; one that holds the first of them (a copy made before ``source`` went on) takes
+    the rest in one write; one that holds other messages is a ``conflict`` error, and nothing is
+    written. The messages are dated by the copy."""
     messages = await source.aget_messages()
     return await asyncio.to_thread(
         target.client.copy_conversation, target.session_id,

@@ -168,13 +168,14 @@ class SessiondbSession:
 
 
 async def copy_session(source: Any, target: SessiondbSession) -> bool:
-    """Copies the conversation ``source`` (any SDK session) holds into ``target``: ``True``
-    when it wrote; ``False`` when ``source`` is empty or ``target`` already holds exactly its
-    items (a copy run again). An empty ``target`` takes the items in one write; one that holds
-    the first of them (a copy made before ``source`` went on) takes the rest in one write; one
-    that holds other items is a ``conflict`` error, and nothing is written. What
-    ``source.get_items()`` gives is copied (only the newest items, for a session with a
-    ``limit`` in its settings). The messages are dated by the copy."""
+    """Copies the conversation ``source`` (any SDK session) holds into ``target``: ``True`` when it
+    wrote; ``False`` when ``source`` is empty or ``target`` already holds its items (a copy run
+    again; maybe with more after them, the agent having gone on there). An empty ``target``
+    takes the items in one write; one that holds the first of them (a copy made before
+    ``source`` went on) takes the rest in one write; one that holds other items is a
+    ``conflict`` error, and nothing is written. What ``source.get_items()`` gives is copied
+    (only the newest items, for a session with a ``limit`` in its settings). The messages are
+    dated by the copy."""
     items = await source.get_items()
     return await asyncio.to_thread(target._copy_in, items)
 

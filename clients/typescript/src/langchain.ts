@@ -125,10 +125,11 @@ export class SessiondbChatMessageHistory extends BaseListChatMessageHistory {
 
 /**
  * Copies the messages `source` holds into `target`: `true` when it wrote; `false` when `source`
- * is empty or `target` already holds exactly its messages (a copy run again). An empty `target`
- * takes the messages in one write; one that holds the first of them (a copy made before `source`
- * went on) takes the rest in one write; one that holds other messages is a `conflict` error, and
- * nothing is written. The messages are dated by the copy.
+ * is empty or `target` already holds its messages (a copy run again; maybe with more after them,
+ * the agent having gone on there). An empty `target` takes the messages in one write; one that
+ * holds the first of them (a copy made before `source` went on) takes the rest in one write; one
+ * that holds other messages is a `conflict` error, and nothing is written. The messages are dated
+ * by the copy.
  */
 export async function copyHistory(
   source: Pick<BaseListChatMessageHistory, 'getMessages'>,

@@ -147,10 +147,11 @@ export class SessiondbSession implements Session {
 
 /**
  * Copies the conversation `source` (any SDK session) holds into `target`: `true` when it wrote;
- * `false` when `source` is empty or `target` already holds exactly its items (a copy run again).
- * An empty `target` takes the items in one write; one that holds the first of them (a copy made
- * before `source` went on) takes the rest in one write; one that holds other items is a
- * `conflict` error, and nothing is written. The messages are dated by the copy.
+ * `false` when `source` is empty or `target` already holds its items (a copy run again; maybe
+ * with more after them, the agent having gone on there). An empty `target` takes the items in
+ * one write; one that holds the first of them (a copy made before `source` went on) takes the
+ * rest in one write; one that holds other items is a `conflict` error, and nothing is written.
+ * The messages are dated by the copy.
  */
 export async function copySession(source: Pick<Session, 'getItems'>, target: SessiondbSession): Promise<boolean> {
   const items = (await source.getItems()) as unknown as Item[];
