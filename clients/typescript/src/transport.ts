@@ -130,7 +130,7 @@ class SocketTransport implements Transport {
       head += `content-length: ${Buffer.byteLength(payload ?? '')}\r\n`;
     }
     let connection: Connection | undefined;
-    while ((connection = this.idle.pop()) !== undefined && connection.closed) connection.destroy();
+    while ((connection = this.idle.pop()) !== undefined && connection.unusable) connection.destroy();
     const reused = connection !== undefined;
     connection = connection?.reuse() ?? new Connection(this.open(), this.options.timeoutMs, (done) => this.release(done));
     return connection.exchange(`${head}\r\n${payload ?? ''}`, method === 'HEAD').catch((error: Error) => {
@@ -166,8 +166,9 @@ class SocketTransport implements Transport {
 }
 
 /**
- * One connection: a request at a time, its answer parsed from the bytes as they arrive. The
- * bytes of a kept connection between requests are its end or an error, which mark it closed.
+ * One connection: a request at a time, its answer parsed from the bytes as they arrive. Between
+ * requests nothing is due from the server, so a kept connection that received anything (its
+ * end, an error, or bytes) is not used again.
  */
 class Connection {
   /** Bytes received and not yet taken, from `at`. */
@@ -211,8 +212,9 @@ class Connection {
     return this;
   }
 
-  get closed(): boolean {
-    return this.ended || this.failure !== undefined;
+  /** It cannot serve another request: it ended, broke, or holds bytes nobody asked for. */
+  get unusable(): boolean {
+    return this.ended || this.failure !== undefined || this.unread > 0;
   }
 
   destroy(): void {
@@ -301,7 +303,7 @@ class Connection {
     const connection = this;
     const finish = () => {
       complete = true;
-      if (reusable && connection.written && !connection.closed) {
+      if (reusable && connection.written && !connection.unusable) {
         // Kept, it does not keep the process alive; `reuse` takes it back.
         connection.socket.unref();
         connection.release(connection);
@@ -313,8 +315,9 @@ class Connection {
       if (chunked) {
         for (;;) {
           const sizeLine = await connection.line('a chunk size');
-          const size = parseInt(sizeLine.split(';', 1)[0], 16);
-          if (!/^[\da-f]+$/i.test(sizeLine.split(';', 1)[0].trim()) || !Number.isSafeInteger(size)) {
+          const digits = sizeLine.split(';', 1)[0].trim();
+          const size = parseInt(digits, 16);
+          if (!/^[\da-f]+$/i.test(digits) || !Number.isSafeInteger(size)) {
             throw new Error(`a chunk size was due, not ${JSON.stringify(sizeLine.slice(0, 80))}`);
           }
           if (size === 0) {

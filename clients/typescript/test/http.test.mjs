@@ -106,6 +106,9 @@ test("Node's transport reads every framing a server or a proxy may answer with",
     // A body framed by length whose connection the server says it closes.
     'HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}',
     json('{"again":true}'),
+    // Bytes after the answer, which nobody asked for: the connection is not used again.
+    json('{"extra":1}') + 'HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\n\r\n',
+    json('{"fresh":true}'),
     ['HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\n{"a":', CLOSE],
     'not http at all\r\n\r\n',
   ]);
@@ -120,6 +123,9 @@ test("Node's transport reads every framing a server or a proxy may answer with",
   assert.deepEqual(await client.request('GET', '/closing'), {});
   assert.deepEqual(await client.request('GET', '/again'), { again: true });
   assert.equal(server.connections(), 3);
+  assert.deepEqual(await client.request('GET', '/extra'), { extra: 1 });
+  assert.deepEqual(await client.request('GET', '/fresh'), { fresh: true });
+  assert.equal(server.connections(), 4);
   await assert.rejects(client.request('GET', '/cut'), SessiondbUnavailable);
   await assert.rejects(client.request('GET', '/garbled'), (e) => e instanceof SessiondbUnavailable && /status line/.test(e.message));
   // What HTTP cannot carry is refused unsent.
