@@ -351,9 +351,11 @@ class SessiondbSessionService(BaseSessionService):
             found = self._get(session.app_name, session.user_id, session.id, GetSessionConfig())
             if found is None:
                 continue
-            if [e.id for e in found.events] != [e.id for e in session.events[:len(found.events)]]:
+            # The same events first, and maybe more: the agent went on here.
+            shared = min(len(found.events), len(session.events))
+            if [e.id for e in found.events[:shared]] != [e.id for e in session.events[:shared]]:
                 break
-            if len(found.events) == len(session.events):
+            if len(found.events) >= len(session.events):
                 return False
         raise AlreadyExistsError(f"Session with id {session.id} already exists with events "
                                  "the copy does not begin with; nothing was copied.")

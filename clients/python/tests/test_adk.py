@@ -384,6 +384,10 @@ class MovingInTest(AppTest):
         self.assertEqual(self.sessions(SessiondbSessionService(self.client)),
                          self.sessions(source))
         self.assertEqual([e.id for e in self.get("ann", "a1").events][:len(first)], first)
+        # The agent goes on here; copied again, the session holds the source's events and more.
+        self.run_turn(self.service, "ann", "a1", "here")
+        again = asyncio.run(copy_sessions(source, self.service, app_name=self.app, user_id="ann"))
+        self.assertEqual((again.copied, again.skipped), ([], [("ann", "a1")]))
 
     def test_a_session_held_with_other_events_is_refused_and_left_as_it_was(self):
         source = self.source()

@@ -544,8 +544,9 @@ async function copySession(session: Session, target: SessiondbSessionService): P
     }
     found = await target.getSession({ appName: session.appName, userId: session.userId, sessionId: session.id });
     if (found === undefined) continue;
-    if (found.events.some((event, i) => event.id !== session.events[i]?.id)) break;
-    if (found.events.length === session.events.length) return false;
+    // The same events first, and maybe more: the agent went on here.
+    if (found.events.slice(0, session.events.length).some((event, i) => event.id !== session.events[i].id)) break;
+    if (found.events.length >= session.events.length) return false;
   }
   throw new SessiondbError(
     409,

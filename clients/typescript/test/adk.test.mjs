@@ -317,6 +317,8 @@ test('copySessions moves an app in with events and every scope of state, once', 
   // A runner goes on from the copy.
   const turn = await runTurn(new SessiondbSessionService(shared.client), app, 'ann', 'a1', 'third');
   assert.equal(textOf(turn.at(-1)), 'visit 3, shown 11 contents');
+  // Copied again after that, the session holds the source's events and more: skipped.
+  assert.deepEqual(await copySessions(source, target, { appName: app, userId: 'ann' }), { copied: [], skipped: [['ann', 'a1']] });
 
   // A session held with other events is refused, and stays as it was.
   await source.createSession({ appName: app, userId: 'cy', sessionId: 'c1' });
