@@ -322,43 +322,21 @@ class SessiondbSessionService(BaseSessionService):
         events, the events it lacks with the state (see ``copy_sessions``)."""
         key = session_key(session.app_name, session.user_id, session.id)
         scopes = split_state(session.state)
-        found: Optional[Session] = None
-        # Each round writes only while the session is as just read: absent, or at its leaf.
-        for _ in range(3):
-            held = found.events if found is not None else []
-            leaf = message_id_for(held[-1].id) if held else None
-            lines = [] if found is not None else [{"session": {
-                "userId": session.user_id, "metadata": {
-                    APP_KEY: session.app_name, USER_KEY: session.user_id,
-                    SESSION_KEY: session.id}}}]
-            lines += _state_lines(scopes["session"])
-            parent = leaf
-            for event in session.events[len(held):]:
-                message = message_of_event(event)
-                lines.append({"message": message, "parentId": parent,
-                              "createdAt": int(event.timestamp * 1000)})
-                parent = message["id"]
-            condition = {"if_leaf": leaf} if found is not None else {"if_absent": True}
-            self._held.pop(key, None)
-            try:
-                self.client.import_together(
-                    [{"session_id": key, "lines": lines, **condition}]
-                    + _scope_parts(session.app_name, session.user_id, scopes))
-                return True
-            except SessiondbError as error:
-                if error.code != "conflict":
-                    raise
-            found = self._get(session.app_name, session.user_id, session.id, GetSessionConfig())
-            if found is None:
-                continue
-            # The same events first, and maybe more: the agent went on here.
-            shared = min(len(found.events), len(session.events))
-            if [e.id for e in found.events[:shared]] != [e.id for e in session.events[:shared]]:
-                break
-            if len(found.events) >= len(session.events):
-                return False
-        raise AlreadyExistsError(f"Session with id {session.id} already exists with events "
-                                 "the copy does not begin with; nothing was copied.")
+        messages = [message_of_event(event) for event in session.events]
+        record = {"userId": session.user_id, "metadata": {
+            APP_KEY: session.app_name, USER_KEY: session.user_id, SESSION_KEY: session.id}}
+        self._held.pop(key, None)
+        try:
+            return self.client.copy_conversation(
+                key, messages, lambda stored, i: stored["id"] == messages[i]["id"], record,
+                created_at=[int(event.timestamp * 1000) for event in session.events],
+                also_lines=_state_lines(scopes["session"]),
+                also_parts=_scope_parts(session.app_name, session.user_id, scopes))
+        except SessiondbError as error:
+            if error.code != "conflict":
+                raise
+            raise AlreadyExistsError(f"Session with id {session.id} already exists with events "
+                                     "the copy does not begin with; nothing was copied.") from None
 
     def _store(self, session: Session, event: Event) -> None:
         key = session_key(session.app_name, session.user_id, session.id)

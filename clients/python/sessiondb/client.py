@@ -8,7 +8,7 @@ import ssl
 import threading
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from ._http import Answer, Connection
@@ -600,18 +600,24 @@ class Client:
         return self.request("POST", "/v1/import", body=_ndjson(lines))
 
     def copy_conversation(self, session_id: str, messages: list[dict],
-                          same: Callable[[dict, int], bool], record: dict | None = None) -> bool:
+                          same: Callable[[dict, int], bool], record: dict | None = None, *,
+                          created_at: list[int] | None = None, also_lines: Sequence[dict] = (),
+                          also_parts: Sequence[dict] = ()) -> bool:
         """Copies ``messages`` in as the session's active path, each under the one before, for
         a copy from another store: ``True`` when it wrote, ``False`` when the session already
         holds them all (and maybe more: the conversation went on there). ``same(stored, i)``
         tells whether a stored message is the ``i``-th of ``messages`` as the caller sees them.
-        A session without messages takes them all in one write (created with ``record``, fields
-        of an import's session line, when it does not exist); one whose stored path is the first
-        of them (an earlier copy, before the source went on) takes the rest in one write under
-        its leaf; one holding anything else is a ``conflict``, and nothing is written. Messages
-        without an id get one (``msg_`` and a UUID, the shape of the server's), as an import
-        names each message's parent by id."""
-        if not messages:
+        A session that does not exist is created with them all in one write (and ``record``,
+        fields of an import's session line), as is one without messages; one whose stored path
+        is the first of them (an earlier copy, before the source went on) takes the rest in one
+        write under its leaf; one holding anything else is a ``conflict``, and nothing is
+        written. ``created_at`` dates each message (epoch milliseconds; else the copy's time);
+        ``also_lines`` (state, say) go into the session and ``also_parts`` (as
+        ``import_together`` takes them) into other sessions with every write. Messages without
+        an id get one (``msg_`` and a UUID, the shape of the server's), as an import names each
+        message's parent by id. With nothing to write (no messages, record, lines or parts),
+        ``False``."""
+        if not (messages or record or also_lines or also_parts):
             return False
         messages = [m if m.get("id") else {**m, "id": "msg_" + str(uuid.uuid4())}
                     for m in messages]
@@ -621,17 +627,21 @@ class Client:
         for _ in range(3):
             leaf = held[-1]["id"] if held else None
             lines: list[dict] = [{"session": record}] if record and leaf is None else []
-            for message in messages[len(held):]:
-                lines.append({"message": message, "parentId": leaf})
-                leaf = message["id"]
-            # Without messages it is created with them, else (it exists) written while it has
-            # none; with messages, written while its leaf is the one read.
-            conditions = ([{"if_absent": True}, {"if_leaf": None}] if not held
-                          else [{"if_leaf": held[-1]["id"]}])
+            for i in range(len(held), len(messages)):
+                lines.append({"message": messages[i], "parentId": leaf})
+                if created_at is not None:
+                    lines[-1]["createdAt"] = created_at[i]
+                leaf = messages[i]["id"]
+            lines += also_lines
+            # Absent, it is created with them, else (it exists) written while it has no message
+            # (when there are some to write); with messages, written while its leaf is the one
+            # read.
+            conditions = ([{"if_leaf": held[-1]["id"]}] if held else
+                          [{"if_absent": True}] + ([{"if_leaf": None}] if messages else []))
             for condition in conditions:
                 try:
                     self.import_together([{"session_id": session_id, "lines": lines,
-                                           **condition}])
+                                           **condition}, *also_parts])
                     return True
                 except SessiondbError as error:
                     if error.code != "conflict":

@@ -169,9 +169,9 @@ class _KeyedSessions:
 
     def copy_in(self, key: str, messages: list[tuple[ChatMessage, MessageStatus]]) -> bool:
         """Stores ``messages`` as the key's, or those it lacks of them (see
-        ``copy_chat_store``): whether it wrote."""
+        ``copy_chat_store``): whether it wrote. A key without messages is not created."""
         self.held.pop(key, None)
-        return self.client.copy_conversation(
+        return bool(messages) and self.client.copy_conversation(
             session_of(key), [message_of_chat_message(m, status) for m, status in messages],
             lambda stored, i: (chat_message_of(stored), _status_of(stored))
             == (messages[i][0], messages[i][1].value),
