@@ -519,40 +519,29 @@ export async function copySessions(
  * its events, the events it lacks with the state: whether it wrote.
  */
 async function copySession(session: Session, target: SessiondbSessionService): Promise<boolean> {
-  const key = sessionKey(session.appName, session.userId, session.id);
   const scopes = splitState(session.state);
+  const messages = session.events.map(messageOfEvent);
   const metadata = { [APP_KEY]: session.appName, [USER_KEY]: session.userId, [SESSION_KEY]: session.id };
-  let found: Session | undefined;
-  // Each round writes only while the session is as just read: absent, or at its leaf.
-  for (let round = 0; round < 3; round++) {
-    const held = found?.events ?? [];
-    const leaf = held.length > 0 ? messageIdFor(held[held.length - 1].id) : null;
-    const lines: ImportLine[] = found ? [] : [{ session: { userId: session.userId, metadata } }];
-    lines.push(...stateLines(scopes.session));
-    let parentId = leaf;
-    for (const event of session.events.slice(held.length)) {
-      const message = messageOfEvent(event);
-      lines.push({ message, parentId, createdAt: Math.floor(event.timestamp) });
-      parentId = message.id;
-    }
-    const condition = found ? { ifLeaf: leaf } : { ifAbsent: true };
-    try {
-      await target.client.importTogether([{ sessionId: key, lines, ...condition }, ...scopeParts(session.appName, session.userId, scopes)]);
-      return true;
-    } catch (error) {
-      if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
-    }
-    found = await target.getSession({ appName: session.appName, userId: session.userId, sessionId: session.id });
-    if (found === undefined) continue;
-    // The same events first, and maybe more: the agent went on here.
-    if (found.events.slice(0, session.events.length).some((event, i) => event.id !== session.events[i].id)) break;
-    if (found.events.length >= session.events.length) return false;
+  try {
+    return await target.client.copyConversation(
+      sessionKey(session.appName, session.userId, session.id),
+      messages,
+      (stored, i) => stored.id === messages[i].id,
+      { userId: session.userId, metadata },
+      {
+        createdAt: session.events.map((event) => Math.floor(event.timestamp)),
+        alsoLines: stateLines(scopes.session),
+        alsoParts: scopeParts(session.appName, session.userId, scopes),
+      },
+    );
+  } catch (error) {
+    if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
+    throw new SessiondbError(
+      409,
+      'conflict',
+      `the session ${JSON.stringify(session.id)} already exists with events the copy does not begin with; nothing was copied`,
+    );
   }
-  throw new SessiondbError(
-    409,
-    'conflict',
-    `the session ${JSON.stringify(session.id)} already exists with events the copy does not begin with; nothing was copied`,
-  );
 }
 
 /** The owner (`userId`) of a user's memory sessions in an app. */

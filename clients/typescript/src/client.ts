@@ -97,6 +97,17 @@ export type ImportLine =
   | { session: Partial<Extract<ExportLine, { session: unknown }>['session']> }
   | { message: MessageInput & { id: string; createdAt?: number }; parentId: string | null; createdAt?: number; replace?: boolean };
 
+/**
+ * One session's part of `importTogether`: its lines and, optionally, one condition (see there).
+ */
+export interface ImportPart {
+  sessionId: string;
+  lines: Iterable<ImportLine>;
+  ifLeaf?: string | null;
+  ifVersion?: number;
+  ifAbsent?: boolean;
+}
+
 /** The line of `POST /v1/import` that opens a session's part. */
 type IntoLine = { into: { sessionId: string; ifLeaf?: string | null; ifVersion?: number; ifAbsent?: boolean } };
 
@@ -708,13 +719,7 @@ export class Client {
    * lines (a `conflict` when it exists). Each part of the answer has the `version` it left.
    */
   importTogether(
-    parts: Iterable<{
-      sessionId: string;
-      lines: Iterable<ImportLine>;
-      ifLeaf?: string | null;
-      ifVersion?: number;
-      ifAbsent?: boolean;
-    }>,
+    parts: Iterable<ImportPart>,
   ): Promise<{
     imported: number;
     skipped: number;
@@ -735,20 +740,24 @@ export class Client {
    * Copies `messages` in as the session's active path, each under the one before, for a copy
    * from another store: `true` when it wrote, `false` when the session already holds them all
    * (and maybe more: the conversation went on there). `same(stored, i)` tells whether a stored
-   * message is the `i`-th of `messages` as the caller sees them. A session without messages
-   * takes them all in one write (created with `record`, fields of an import's session line, when
-   * it does not exist); one whose stored path is the first of them (an earlier copy, before the
+   * message is the `i`-th of `messages` as the caller sees them. A session that does not exist is
+   * created with them all in one write (and `record`, fields of an import's session line), as is
+   * one without messages; one whose stored path is the first of them (an earlier copy, before the
    * source went on) takes the rest in one write under its leaf; one holding anything else is a
-   * `conflict`, and nothing is written. Messages without an id get one (`msg_` and a UUID, the
-   * shape of the server's), as an import names each message's parent by id.
+   * `conflict`, and nothing is written. `createdAt` dates each message (else the copy's time);
+   * `alsoLines` (state, say) go into the session and `alsoParts` (as `importTogether` takes them)
+   * into other sessions with every write. Messages without an id get one (`msg_` and a UUID, the
+   * shape of the server's), as an import names each message's parent by id. With nothing to
+   * write (no messages, record, lines or parts), `false`.
    */
   async copyConversation(
     sessionId: string,
     messages: MessageInput[],
     same: (stored: StoredMessage, index: number) => boolean,
     record?: Partial<Extract<ExportLine, { session: unknown }>['session']>,
+    { createdAt, alsoLines = [], alsoParts = [] }: { createdAt?: number[]; alsoLines?: ImportLine[]; alsoParts?: ImportPart[] } = {},
   ): Promise<boolean> {
-    if (messages.length === 0) return false;
+    if (messages.length === 0 && !record && alsoLines.length === 0 && alsoParts.length === 0) return false;
     const withIds = messages.map((m) => ({ ...m, id: m.id || `msg_${globalThis.crypto.randomUUID()}` }));
     let held: StoredMessage[] = [];
     // Each round writes only while the session is as just read, so a write between the read and
@@ -756,16 +765,19 @@ export class Client {
     for (let round = 0; round < 3; round++) {
       let parentId: string | null = held.length > 0 ? held[held.length - 1].id : null;
       const lines: ImportLine[] = record && parentId === null ? [{ session: record }] : [];
-      for (const message of withIds.slice(held.length)) {
-        lines.push({ message, parentId });
+      for (let i = held.length; i < withIds.length; i++) {
+        const message = withIds[i];
+        lines.push({ message, parentId, createdAt: createdAt?.[i] });
         parentId = message.id;
       }
-      // Without messages it is created with them, else (it exists) written while it has none;
-      // with messages, written while its leaf is the one read.
-      const conditions = held.length === 0 ? [{ ifAbsent: true }, { ifLeaf: null }] : [{ ifLeaf: held[held.length - 1].id }];
+      lines.push(...alsoLines);
+      // Absent, it is created with them, else (it exists) written while it has no message (when
+      // there are some to write); with messages, written while its leaf is the one read.
+      const conditions: { ifLeaf?: string | null; ifAbsent?: boolean }[] =
+        held.length > 0 ? [{ ifLeaf: held[held.length - 1].id }] : [{ ifAbsent: true }, ...(withIds.length > 0 ? [{ ifLeaf: null }] : [])];
       for (const condition of conditions) {
         try {
-          await this.importTogether([{ sessionId, lines, ...condition }]);
+          await this.importTogether([{ sessionId, lines, ...condition }, ...alsoParts]);
           return true;
         } catch (error) {
           if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;

@@ -582,7 +582,8 @@ export async function copyThreads(
     const namespaces = new Map<string, CheckpointTuple[]>();
     for await (const tuple of source.list({ configurable: { thread_id: threadId } })) {
       const checkpointNs = (tuple.config.configurable?.checkpoint_ns as string | undefined) ?? '';
-      namespaces.set(checkpointNs, [...(namespaces.get(checkpointNs) ?? []), tuple]);
+      if (namespaces.has(checkpointNs)) namespaces.get(checkpointNs)!.push(tuple);
+      else namespaces.set(checkpointNs, [tuple]);
     }
     let wrote = false;
     for (const [checkpointNs, tuples] of namespaces) {
@@ -613,7 +614,8 @@ async function copyCheckpoint(target: SessiondbSaver, tuple: CheckpointTuple, ve
   for (const [taskId, channel, value] of tuple.pendingWrites ?? []) {
     // Each special write was a call of its own, replacing what the task wrote before.
     if (channel in WRITES_IDX_MAP) await target.putWrites(config, [[channel, value]], taskId);
-    else byTask.set(taskId, [...(byTask.get(taskId) ?? []), [channel, value]]);
+    else if (byTask.has(taskId)) byTask.get(taskId)!.push([channel, value]);
+    else byTask.set(taskId, [[channel, value]]);
   }
   for (const [taskId, writes] of byTask) await target.putWrites(config, writes, taskId);
 
