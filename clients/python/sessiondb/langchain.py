@@ -23,8 +23,9 @@ role (``user`` a ``HumanMessage``, ``assistant`` an ``AIMessage``, ``system`` a
 
 Moving in. ``copy_history`` copies the messages of any other history (``SQLChatMessageHistory``,
 ``RedisChatMessageHistory``, ...) into a ``SessiondbChatMessageHistory`` in one write that
-creates its session, all or nothing; a history the target already holds exactly is skipped, and
-one whose target holds other messages is refused (``conflict``), writing nothing.
+creates its session, all or nothing; a history the target already holds is skipped, one whose
+target holds its first messages (copied before the source went on) takes the rest in one write,
+and one whose target holds other messages is refused (``conflict``), writing nothing.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ Moving in. ``copy_session`` copies the conversation of any SDK session (``SQLite
 ``SQLAlchemySession``, ``RedisSession``, ...: anything with ``get_items``) into a
 ``SessiondbSession``, and ``copy_sqlite_sessions`` every session of a ``SQLiteSession`` file.
 Each conversation is copied in one write that creates its session, all or nothing; one the
-target already holds exactly is skipped, so a copy cut short is finished by running it again,
+target already holds is skipped, so a copy cut short is finished by running it again; one whose
+target holds its first items (copied before the source went on) takes the rest in one write;
 and one whose target holds other items is refused (``conflict``), writing nothing.
 """
 

@@ -16,7 +16,8 @@
  *
  * Moving in: `copyHistory` copies the messages of any other history into a
  * `SessiondbChatMessageHistory` in one write that creates its session, all or nothing; a history
- * the target already holds exactly is skipped, and one whose target holds other messages is
+ * the target already holds is skipped, one whose target holds its first messages (copied before
+ * the source went on) takes the rest in one write, and one whose target holds other messages is
  * refused (`conflict`), writing nothing.
  */
 import { BaseListChatMessageHistory } from '@langchain/core/chat_history';

@@ -13,7 +13,8 @@
  *
  * Moving in: `copySession` copies the conversation of any SDK session (`MemorySession`, a
  * session of your own, ...: anything with `getItems`) into a `SessiondbSession` in one write that
- * creates it, all or nothing; one the target already holds exactly is skipped, and one whose
+ * creates it, all or nothing; one the target already holds is skipped, one whose target holds its
+ * first items (copied before the source went on) takes the rest in one write, and one whose
  * target holds other items is refused (`conflict`), writing nothing.
  */
 import type { AgentInputItem, Session } from '@openai/agents';
