@@ -109,7 +109,7 @@ export interface ImportPart {
 }
 
 /** The line of `POST /v1/import` that opens a session's part. */
-type IntoLine = { into: { sessionId: string; ifLeaf?: string | null; ifVersion?: number; ifAbsent?: boolean } };
+type IntoLine = { into: Omit<ImportPart, 'lines'> };
 
 export interface Compaction {
   id: string;
@@ -206,6 +206,14 @@ export class SessiondbError extends Error {
   }
 }
 
+/** The server could not be reached, or the connection broke before an answer. */
+export class SessiondbUnavailable extends SessiondbError {
+  constructor(message: string) {
+    super(undefined, 'unavailable', message);
+    this.name = 'SessiondbUnavailable';
+  }
+}
+
 /**
  * What a copy from a framework's own store did: the conversations it wrote (whole, or what came
  * since an earlier copy), and those it skipped, as the target already held all of them (a copy
@@ -214,14 +222,6 @@ export class SessiondbError extends Error {
 export interface Copied<Name = string> {
   copied: Name[];
   skipped: Name[];
-}
-
-/** The server could not be reached, or the connection broke before an answer. */
-export class SessiondbUnavailable extends SessiondbError {
-  constructor(message: string) {
-    super(undefined, 'unavailable', message);
-    this.name = 'SessiondbUnavailable';
-  }
 }
 
 export interface ClientOptions {
