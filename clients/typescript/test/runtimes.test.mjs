@@ -37,7 +37,7 @@ for (const [runtime, command] of Object.entries(RUNTIMES)) {
   test(`the client works on ${runtime}, on its own transport and on fetch`, async () => {
     const served = await serve();
     try {
-      // Each of these runtimes has Node's `http` (and `process.versions.node`), so Node's transport.
+      // Each of these runtimes has Node's modules (and `process.versions.node`), so Node's transport.
       for (const [transport, picked] of [['default', 'node'], ['fetch', 'fetch']]) {
         const [file, args] = command(served.url, transport);
         const { stdout } = await run(file, args, { env: { ...process.env, NO_COLOR: '1' }, timeout: 60_000 });
