@@ -4,13 +4,16 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::request::Parts;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use sessiondb::Store;
@@ -78,12 +81,36 @@ impl<S: Send + Sync> FromRequestParts<S> for ConversationHeader {
     }
 }
 
+fn body_too_large() -> ApiError {
+    ApiError::too_large("the request body exceeds the configured limit")
+}
+
+/// Refuses a request whose declared length is over the body limit before any of its body is
+/// read, so a client that asked first (`Expect: 100-continue`) never sends it, and one that did
+/// not learns at once (the connection closes after the answer).
+pub(crate) async fn refuse_declared_too_large<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|length| length.to_str().ok()?.parse::<u64>().ok());
+    match declared {
+        Some(length) if length > app.config.limits.max_body_bytes as u64 => {
+            body_too_large().into_response()
+        }
+        _ => next.run(req).await,
+    }
+}
+
 /// Reads the body, mapping an exceeded size limit to 413, a stalled body to 408 and anything
 /// else to 400.
 async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
     Bytes::from_request(req, state).await.map_err(|rejection| {
         if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large("the request body exceeds the configured limit")
+            body_too_large()
         } else if let Some(stalled) = stalled(&rejection) {
             ApiError::request_timeout(stalled.to_string())
         } else {
@@ -110,22 +137,25 @@ struct BodyStalled(Duration);
 
 /// A request body that fails with [`BodyStalled`] once it has waited `limit` for its next
 /// bytes. A body that keeps coming, however slowly, is never cut; the timer runs only while the
-/// body waits, so one that arrived with its head costs none.
+/// body waits, so one that arrived with its head costs none. `read_to_end` is set once the body
+/// has been read to its end.
 pub(crate) struct StallLimited {
     body: Body,
     limit: Duration,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Whether `timer` counts from the start of the current wait.
     armed: bool,
+    read_to_end: Arc<AtomicBool>,
 }
 
 impl StallLimited {
-    pub(crate) fn new(body: Body, limit: Duration) -> Self {
+    pub(crate) fn new(body: Body, limit: Duration, read_to_end: Arc<AtomicBool>) -> Self {
         Self {
             body,
             limit,
             timer: None,
             armed: false,
+            read_to_end,
         }
     }
 }
@@ -141,6 +171,9 @@ impl http_body::Body for StallLimited {
         let this = self.get_mut();
         if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
             this.armed = false;
+            if frame.is_none() || this.body.is_end_stream() {
+                this.read_to_end.store(true, Ordering::Relaxed);
+            }
             return Poll::Ready(frame);
         }
         let deadline = tokio::time::Instant::now() + this.limit;

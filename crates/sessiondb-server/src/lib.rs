@@ -29,13 +29,15 @@ pub mod wire;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::HeaderValue;
+use axum::http::header::CONNECTION;
+use axum::http::{HeaderValue, Version};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use http_body::Body as _;
@@ -237,9 +239,13 @@ impl<S: Store> App<S> {
     }
 }
 
-/// Every route, with request ids, logging, metrics and the body limit.
+/// Every route, with request ids, logging, metrics, CORS and the body limit.
 pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
     routes::routes::<S>()
+        .layer(middleware::from_fn_with_state(
+            app.clone(),
+            extract::refuse_declared_too_large::<S>,
+        ))
         .layer(middleware::from_fn_with_state(app.clone(), cors::cors::<S>))
         .layer(middleware::from_fn_with_state(app.clone(), observe::<S>))
         .layer(DefaultBodyLimit::max(app.config.limits.max_body_bytes))
@@ -350,15 +356,25 @@ async fn observe<S: Store>(State(app): State<Arc<App<S>>>, req: Request, next: N
         .filter(|v| !v.is_empty() && v.len() <= 128)
         .map_or_else(|| uuid::Uuid::now_v7().simple().to_string(), str::to_owned);
     let conversation = req.headers().get(CONVERSATION_ID).cloned();
-    // An empty body (a GET's) cannot stall.
-    let req = if req.body().is_end_stream() {
-        req
-    } else {
-        let limit = app.config.request_body_timeout;
-        req.map(|body| Body::new(extract::StallLimited::new(body, limit)))
+    // An empty body (a GET's) cannot stall, and has nothing to read.
+    let body_read = (!req.body().is_end_stream()).then(|| Arc::new(AtomicBool::new(false)));
+    let req = match &body_read {
+        None => req,
+        Some(read) => {
+            let (limit, read) = (app.config.request_body_timeout, read.clone());
+            req.map(|body| Body::new(extract::StallLimited::new(body, limit, read)))
+        }
     };
     let span = tracing::info_span!("request", id = %request_id, method = %method, route = %route);
     let mut response = next.run(req).instrument(span.clone()).await;
+    // Answered before its body was read (over the size limit, unauthorized, an unknown route),
+    // an HTTP/1 connection still holds the rest of the body, so hyper closes it after the
+    // answer: saying so keeps a client from sending its next request on it.
+    if version < Version::HTTP_2 && body_read.is_some_and(|read| !read.load(Ordering::Relaxed)) {
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
     if let Some(value) = conversation {
         response.headers_mut().insert(CONVERSATION_ID, value);
     }

@@ -298,3 +298,93 @@ async fn a_body_that_stalls_is_answered_408_and_one_that_trickles_is_taken() {
         json!(1)
     );
 }
+
+/// The next answer on a kept connection: its head and its `content-length` body.
+async fn read_answer(stream: &mut TcpStream) -> String {
+    let mut received = Vec::new();
+    let mut buffer = [0; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&received).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end]
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length: "))
+                .map_or(0, |length| length.parse::<usize>().unwrap());
+            if received.len() >= end + 4 + length {
+                return text;
+            }
+        }
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer))
+            .await
+            .expect("an answer within 10 s")
+            .unwrap();
+        assert!(read > 0, "closed before answering: {received:?}");
+        received.extend_from_slice(&buffer[..read]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_before_the_body_was_read_close_the_connection_and_say_so() {
+    let server = start_with(ServerConfig {
+        limits: sessiondb_server::Limits {
+            max_body_bytes: 4096,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let address = server.base.trim_start_matches("http://").to_owned();
+    let post = |path: &str, length: usize, extra: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: sessiondb\r\ncontent-type: application/json\r\n\
+             content-length: {length}\r\n{extra}\r\n"
+        )
+    };
+
+    // Declared over the limit: refused before any of it is sent, even when the client asked.
+    let mut over = TcpStream::connect(&address).await.unwrap();
+    let head = post("/v1/sessions/s/messages", 5000, "expect: 100-continue\r\n");
+    over.write_all(head.as_bytes()).await.unwrap();
+    let answer = String::from_utf8(read_until_closed(&mut over).await).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
+    assert!(answer.contains(r#""code":"payload_too_large""#), "{answer}");
+
+    // An unknown route, its body not read: the same.
+    let mut unknown = TcpStream::connect(&address).await.unwrap();
+    let head = post("/v1/nowhere", 100, "");
+    unknown.write_all(head.as_bytes()).await.unwrap();
+    let answer = String::from_utf8(read_until_closed(&mut unknown).await).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
+
+    // Within the limit, a client that asks is asked for the body; refused or taken once it was
+    // read, the connection stays for the next request.
+    let mut kept = TcpStream::connect(&address).await.unwrap();
+    let body = json!({"id": "m1", "role": "user", "content": "hello"}).to_string();
+    let head = post(
+        "/v1/sessions/s/messages",
+        body.len(),
+        "expect: 100-continue\r\n",
+    );
+    kept.write_all(head.as_bytes()).await.unwrap();
+    let mut continue_line = [0; 25];
+    kept.read_exact(&mut continue_line).await.unwrap();
+    assert_eq!(&continue_line, b"HTTP/1.1 100 Continue\r\n\r\n");
+    kept.write_all(body.as_bytes()).await.unwrap();
+    let answer = read_answer(&mut kept).await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    let bad = "{not json";
+    let head = post("/v1/sessions/s/messages", bad.len(), "");
+    kept.write_all(format!("{head}{bad}").as_bytes())
+        .await
+        .unwrap();
+    let answer = read_answer(&mut kept).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nhost: sessiondb\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_answer(&mut kept).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(!answer.contains("connection: close"), "{answer}");
+}
