@@ -99,6 +99,19 @@ class Connection:
                 return Answer(self, status, reason, headers)
 
 
+    def early_answer(self) -> Answer | None:
+        """The answer the server sent before sending failed, if there is one whole; the
+        connection is not kept after it (the request was not all sent)."""
+        if self.reader is None:
+            return None  # it never opened
+        try:
+            answer = self.answer()
+        except OSError:
+            return None
+        answer.reusable = False
+        return answer
+
+
 class Answer:
     """An answer whose body has not been read yet."""
 

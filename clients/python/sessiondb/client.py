@@ -219,6 +219,11 @@ class Client:
             try:
                 connection.send(method, target, headers, data)
             except OSError as failure:
+                # A server may answer before it has read the whole body (a body over its limit)
+                # and close the connection: the answer, when it came, is the request's.
+                early = None if isinstance(failure, TimeoutError) else connection.early_answer()
+                if early is not None:
+                    return connection, early
                 connection.close()
                 if reused and attempt == 0 and not isinstance(failure, TimeoutError):
                     continue

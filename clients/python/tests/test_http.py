@@ -154,6 +154,30 @@ class HttpTest(unittest.TestCase):
         with self.assertRaises(SessiondbUnavailable):
             client.request("POST", "/append", body={})
         self.assertEqual(len(server.requests), 2)
+    def test_an_answer_before_the_body_was_taken_is_the_answer(self):
+        # As a server answers a body over its limit: on the head, then it closes the connection
+        # with the body unread, so sending the rest fails.
+        listener = socket.create_server(("127.0.0.1", 0))
+        self.addCleanup(listener.close)
+
+        def refuse():
+            connection, _ = listener.accept()
+            with connection, connection.makefile("rb") as reader:
+                while reader.readline() not in (b"\r\n", b""):
+                    pass
+                body = b'{"error": {"code": "payload_too_large", "message": "too long"}}'
+                connection.sendall(b"HTTP/1.1 413 Payload Too Large\r\nconnection: close\r\n"
+                                   b"content-length: " + str(len(body)).encode() + b"\r\n\r\n"
+                                   + body)
+
+        threading.Thread(target=refuse, daemon=True).start()
+        client = Client(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout=5)
+        self.addCleanup(client.close)
+        with self.assertRaises(SessiondbError) as caught:
+            client.request("POST", "/v1/import", body=b"x" * (64 << 20))
+        self.assertEqual((caught.exception.status, caught.exception.code),
+                         (413, "payload_too_large"))
+
 
 if __name__ == "__main__":
     unittest.main()

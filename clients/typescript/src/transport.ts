@@ -91,6 +91,15 @@ const MAX_IDLE = 8;
 const MAX_HEAD = 64 * 1024;
 /** Unread answer bytes past which the socket stops reading until the reader catches up. */
 const HIGH_WATER = 1 << 20;
+/**
+ * A body longer than this is sent once the server asks for it (`Expect: 100-continue`): one it
+ * refuses (over its limit, say) is answered without being sent. Node destroys a socket whose
+ * write fails, with the answer that came before unread, so a body sent whole to a server that
+ * answered and closed would end in `EPIPE`, not in its answer.
+ */
+const ASK_BEFORE_BYTES = 1 << 20;
+/** How long a request that asked waits for the server's answer before sending its body anyway. */
+const CONTINUE_WITHIN_MS = 1000;
 /** What Node's `http` refuses in a header value or a request target: control characters. */
 const UNSENDABLE = /[^\t\x20-\x7e\x80-\xff]/;
 
@@ -126,14 +135,16 @@ class SocketTransport implements Transport {
     if (unsendable) {
       return Promise.reject(new Unsendable('a header or the path holds a control character, which HTTP cannot carry'));
     }
-    if (payload !== undefined || ['POST', 'PUT', 'PATCH'].includes(method)) {
-      head += `content-length: ${Buffer.byteLength(payload ?? '')}\r\n`;
-    }
-    let connection: Connection | undefined;
-    while ((connection = this.idle.pop()) !== undefined && connection.unusable) connection.destroy();
-    const reused = connection !== undefined;
-    connection = connection?.reuse() ?? new Connection(this.open(), this.options.timeoutMs, (done) => this.release(done));
-    return connection.exchange(`${head}\r\n${payload ?? ''}`, method === 'HEAD').catch((error: Error) => {
+    const length = payload === undefined ? 0 : Buffer.byteLength(payload);
+    if (payload !== undefined || ['POST', 'PUT', 'PATCH'].includes(method)) head += `content-length: ${length}\r\n`;
+    const asks = length > ASK_BEFORE_BYTES;
+    if (asks) head += 'expect: 100-continue\r\n';
+    let kept: Connection | undefined;
+    while ((kept = this.idle.pop()) !== undefined && kept.unusable) kept.destroy();
+    const reused = kept !== undefined;
+    const connection = kept?.reuse() ?? new Connection(this.open(), this.options.timeoutMs, (done) => this.release(done));
+    const exchange = asks ? connection.exchange(`${head}\r\n`, false, payload) : connection.exchange(`${head}\r\n${payload ?? ''}`, method === 'HEAD');
+    return exchange.catch((error: Error) => {
       throw new SendFailure(reused, error);
     });
   }
@@ -229,14 +240,15 @@ class Connection {
 
   /**
    * Waits for more bytes (or the end); throws what broke the connection, or that it ended
-   * before `due` came.
+   * before `due` came. Bytes that came before it broke are taken first: a server may answer
+   * before it has read a request's whole body (one over its limit) and close the connection,
+   * which then fails the request's writing.
    */
   private async more(due: string): Promise<void> {
     if (this.failure !== undefined) throw this.failure;
     if (this.ended) throw new Error(`the connection closed before ${due}`);
     if (this.socket.isPaused()) this.socket.resume();
     await new Promise<void>((resolve) => (this.wake = resolve));
-    if (this.failure !== undefined) throw this.failure;
   }
 
   private get unread(): number {
@@ -264,9 +276,34 @@ class Connection {
     }
   }
 
-  async exchange(request: string, head: boolean): Promise<Answer> {
+  /**
+   * Sends `request` and reads its answer's head. `held`: a body that follows once the server
+   * asks for it (`100 Continue`) or has not answered within `CONTINUE_WITHIN_MS`; answered
+   * before, it is never sent, and the connection is not used again.
+   */
+  async exchange(request: string, head: boolean, held?: string): Promise<Answer> {
     this.written = false;
-    this.socket.write(request, () => (this.written = true));
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const sendHeld = () => {
+      clearTimeout(timer);
+      if (held !== undefined) this.socket.write(held, () => (this.written = true));
+      held = undefined;
+    };
+    if (held === undefined) {
+      this.socket.write(request, () => (this.written = true));
+    } else {
+      this.socket.write(request);
+      timer = setTimeout(sendHeld, CONTINUE_WITHIN_MS);
+    }
+    try {
+      return await this.answerHead(head, sendHeld);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** The head of the answer to the request sent; `asked` is called on a `100 Continue`. */
+  private async answerHead(head: boolean, asked: () => void): Promise<Answer> {
     for (;;) {
       // The head is parsed once it is all here (on a loopback connection, with the first bytes).
       let end: number;
@@ -288,6 +325,7 @@ class Connection {
       }
       const code = Number(match[1]);
       // An interim answer (`100 Continue`, `103 Early Hints`) comes before the one asked for.
+      if (code === 100) asked();
       if (code >= 100 && code < 200) continue;
       return this.answer(code, match[2] ?? '', headers, head || code === 204 || code === 304);
     }

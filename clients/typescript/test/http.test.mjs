@@ -137,6 +137,90 @@ test("Node's transport reads every framing a server or a proxy may answer with",
   server.close();
 });
 
+/**
+ * Reads each request's head and body (of its content-length) and answers `{"got": <body bytes>}`
+ * once the body is in. `onHead(head)` says what comes first: `continue` answers `100 Continue`
+ * (and drops the connection if the body is not all in within half a second), `refuse` answers
+ * 413 at once (any body sent after it is counted, never answered), `wait`
+ * nothing. Resolves to its URL, the requests (`{head, received}`) and the connections it took.
+ */
+async function bodyServer(onHead) {
+  const requests = [];
+  let connections = 0;
+  const refusal = '{"error":{"code":"payload_too_large","message":"too long"}}';
+  const server = createServer((socket) => {
+    connections += 1;
+    let buffered = Buffer.alloc(0);
+    let due; // the request whose body is being read: { request, length, answered }
+    socket.on('data', (data) => {
+      buffered = Buffer.concat([buffered, data]);
+      for (;;) {
+        if (due === undefined) {
+          const end = buffered.indexOf('\r\n\r\n');
+          if (end < 0) return;
+          const head = buffered.toString('latin1', 0, end);
+          buffered = buffered.subarray(end + 4);
+          const request = { head, received: 0 };
+          requests.push(request);
+          const action = onHead(head);
+          if (action === 'refuse') {
+            socket.write(`HTTP/1.1 413 Payload Too Large\r\ncontent-length: ${refusal.length}\r\n\r\n${refusal}`);
+          }
+          if (action === 'continue') {
+            socket.write('HTTP/1.1 100 Continue\r\n\r\n');
+            // As a server gives up on a body it asked for that does not come.
+            const length = Number(/\r\ncontent-length: (\d+)/i.exec(head)?.[1] ?? 0);
+            setTimeout(() => request.received < length && socket.destroy(), 500);
+          }
+          due = { request, length: Number(/\r\ncontent-length: (\d+)/i.exec(head)?.[1] ?? 0), answered: action === 'refuse' };
+        }
+        const taken = Math.min(due.length - due.request.received, buffered.length);
+        due.request.received += taken;
+        buffered = buffered.subarray(taken);
+        if (due.request.received < due.length) return;
+        if (!due.answered) socket.write(json(`{"got":${due.length}}`));
+        due = undefined;
+      }
+    });
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const close = () => {
+    server.close();
+    server.closeAllConnections?.();
+  };
+  return { url: `http://127.0.0.1:${server.address().port}`, requests, close, connections: () => connections };
+}
+
+test('a body over 1 MiB is sent once the server asks for it, and never to one that answered first', async () => {
+  const big = 'x'.repeat(2 << 20);
+  const asks = (head) => /\r\nexpect: 100-continue\r\n/i.test(`${head}\r\n`);
+  let server = await bodyServer((head) => (asks(head) ? 'continue' : 'wait'));
+  let client = new Client({ baseUrl: server.url, timeoutMs: 5000, transport: 'node' });
+  assert.deepEqual(await client.request('POST', '/big', { body: big }), { got: big.length + 2 });
+  assert.deepEqual(await client.request('POST', '/small', { body: {} }), { got: 2 });
+  assert.deepEqual(server.requests.map((r) => asks(r.head)), [true, false]);
+  assert.equal(server.connections(), 1);
+  client.close();
+  server.close();
+
+  // Refused on its head: the body is not sent, and the connection (still owed it) not used again.
+  server = await bodyServer((head) => (asks(head) ? 'refuse' : 'wait'));
+  client = new Client({ baseUrl: server.url, timeoutMs: 5000, transport: 'node' });
+  await assert.rejects(client.request('POST', '/big', { body: big }), (e) => e instanceof SessiondbError && e.status === 413 && e.code === 'payload_too_large');
+  assert.deepEqual(await client.request('POST', '/small', { body: {} }), { got: 2 });
+  assert.equal(server.requests[0].received, 0);
+  assert.equal(server.connections(), 2);
+  client.close();
+  server.close();
+
+  // A server that does not answer `Expect` gets the body after a second.
+  server = await bodyServer(() => 'wait');
+  client = new Client({ baseUrl: server.url, timeoutMs: 5000, transport: 'node' });
+  assert.deepEqual(await client.request('POST', '/big', { body: big }), { got: big.length + 2 });
+  client.close();
+  server.close();
+});
+
 test('on fetch, answers cut short are unavailable and dot segments are refused unsent', async () => {
   const server = await canned(['HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n{"a"', json('{"b":1}')]);
   const client = new Client({ baseUrl: server.url, timeoutMs: 300, transport: 'fetch' });
