@@ -58,6 +58,8 @@ target already holds with the same events is skipped, so a copy cut short is fin
 it again; one that holds the first of its events (copied before the source went on) takes the
 events it lacks and the state, in one write; one it holds with other events is refused with
 ADK's ``AlreadyExistsError``, writing nothing.
+A conversation longer than one request (16 MiB, or the server's ``--max-body-bytes``) goes in
+several writes, each under the one before (``Client.copy_conversation``).
 """
 
 from __future__ import annotations

@@ -42,6 +42,9 @@ class SessiondbUnavailable(SessiondbError):
 MAX_ID_CHARS = 256
 # Ids of the messages that stand for compactions in a read with compactions applied.
 COMPACTION_PREFIX = "compaction_"
+# The most a copy (``Client.copy_conversation``) puts in one request, a quarter of a server's
+# default ``--max-body-bytes``: a longer conversation is copied in several writes.
+COPY_REQUEST_BYTES = 16 * 1024 * 1024
 
 
 def _segment(value: str) -> str:
@@ -591,18 +594,7 @@ class Client:
         exist yet: it is created with these lines, else a ``conflict``).
         ``{imported, skipped, parts: [{sessionId, imported, skipped, version}]}``, each part's
         ``version`` the session's once the write committed."""
-        lines: list[dict] = []
-        for part in parts:
-            into: dict[str, Any] = {"sessionId": part["session_id"]}
-            if "if_leaf" in part:
-                into["ifLeaf"] = part["if_leaf"]
-            if part.get("if_version") is not None:
-                into["ifVersion"] = part["if_version"]
-            if part.get("if_absent"):
-                into["ifAbsent"] = True
-            lines.append({"into": into})
-            lines.extend(part["lines"])
-        return self.request("POST", "/v1/import", body=_ndjson(lines))
+        return self.request("POST", "/v1/import", body=_import_body(parts))
 
     def copy_conversation(self, session_id: str, messages: list[dict],
                           same: Callable[[dict, int], bool], record: dict | None = None, *,
@@ -612,52 +604,91 @@ class Client:
         a copy from another store: ``True`` when it wrote, ``False`` when the session already
         holds them all (and maybe more: the conversation went on there). ``same(stored, i)``
         tells whether a stored message is the ``i``-th of ``messages`` as the caller sees them.
-        A session that does not exist is created with them all in one write (and ``record``,
-        fields of an import's session line), as is one without messages; one whose stored path
-        is the first of them (an earlier copy, before the source went on) takes the rest in one
-        write under its leaf; one holding anything else is a ``conflict``, and nothing is
-        written. ``created_at`` dates each message (epoch milliseconds; else the copy's time);
-        ``also_lines`` (state, say) go into the session and ``also_parts`` (as
-        ``import_together`` takes them) into other sessions with every write. Messages without
-        an id get one (``msg_`` and a UUID, the shape of the server's), as an import names each
-        message's parent by id. With nothing to write (no messages, record, lines or parts),
-        ``False``."""
+        A session that does not exist is created with them (and ``record``, fields of an
+        import's session line), as is one without messages; one whose stored path is the first
+        of them (an earlier copy, before the source went on) takes the rest under its leaf; one
+        holding anything else is a ``conflict``, and nothing is written. ``created_at`` dates
+        each message (epoch milliseconds; else the copy's time); ``also_lines`` (state, say) go
+        into the session and ``also_parts`` (as ``import_together`` takes them) into other
+        sessions with the write of the last message. Messages without an id get one (``msg_``
+        and a UUID, the shape of the server's), as an import names each message's parent by id.
+        With nothing to write (no messages, record, lines or parts), ``False``.
+
+        What is to be written goes in one write, all or nothing, unless it is longer than
+        ``COPY_REQUEST_BYTES`` or the server refuses it as too large (``--max-body-bytes``):
+        then in several, each under the one before and no longer than the last one taken, so a
+        copy cut short leaves the first messages, which the next copy goes on from."""
         if not (messages or record or also_lines or also_parts):
             return False
         messages = [m if m.get("id") else {**m, "id": "msg_" + str(uuid.uuid4())}
                     for m in messages]
         held: list[dict] = []
+        wrote = False
+        budget = COPY_REQUEST_BYTES
         # Each round writes only while the session is as just read, so a write between the read
         # and the import (another copy, say) is read and compared again.
         for _ in range(3):
-            leaf = held[-1]["id"] if held else None
-            lines: list[dict] = [{"session": record}] if record and leaf is None else []
-            for i in range(len(held), len(messages)):
-                lines.append({"message": messages[i], "parentId": leaf})
+            start, leaf = len(held), held[-1]["id"] if held else None
+            head = [{"session": record}] if record and leaf is None else []
+            encoded: list[bytes] = []
+            for i in range(start, len(messages)):
+                line = {"message": messages[i], "parentId": leaf}
                 if created_at is not None:
-                    lines[-1]["createdAt"] = created_at[i]
+                    line["createdAt"] = created_at[i]
+                encoded.append(_ndjson([line]))
                 leaf = messages[i]["id"]
-            lines += also_lines
+            tail = _ndjson(also_lines) + _import_body(also_parts)
             # Absent, it is created with them, else (it exists) written while it has no message
             # (when there are some to write); with messages, written while its leaf is the one
-            # read.
+            # read, as is every later write of this round while its leaf is the one written.
             conditions = ([{"if_leaf": held[-1]["id"]}] if held else
                           [{"if_absent": True}] + ([{"if_leaf": None}] if messages else []))
-            for condition in conditions:
+            written = 0
+            while True:
+                end, size = written, 0
+                while end < len(encoded) and (end == written
+                                              or size + len(encoded[end]) <= budget):
+                    size += len(encoded[end])
+                    end += 1
+                last = end == len(encoded)
+                body = b"".join(encoded[written:end]) + (tail if last else b"")
                 try:
-                    self.import_together([{"session_id": session_id, "lines": lines,
-                                           **condition}, *also_parts])
-                    return True
+                    if not self._import_first_met(session_id, conditions,
+                                                  head if written == 0 else [], body):
+                        break
                 except SessiondbError as error:
-                    if error.code != "conflict":
+                    if error.code != "payload_too_large" or end - written < 2:
                         raise
+                    budget = size // 2
+                    continue
+                wrote = True
+                if last:
+                    return True
+                written = end
+                conditions = [{"if_leaf": messages[start + end - 1]["id"]}]
             held = self.stored_history(session_id)
             if not all(map(same, held, range(len(messages)))):
                 break
             if len(held) >= len(messages):
-                return False
+                return wrote
         raise SessiondbError(409, "conflict", f"session {session_id!r} holds messages the copy "
-                             "does not begin with; nothing was copied")
+                             "does not begin with; " + ("the messages it wrote before stay"
+                                                         if wrote else "nothing was copied"))
+
+    def _import_first_met(self, session_id: str, conditions: list[dict], lines: list[dict],
+                          encoded: bytes) -> bool:
+        """Imports ``lines``, then the NDJSON ``encoded`` (more of the session's lines, then
+        maybe other parts), under the first of ``conditions`` the session meets; ``False``
+        when it meets none (each a ``conflict``)."""
+        for condition in conditions:
+            part = {"session_id": session_id, "lines": lines, **condition}
+            try:
+                self.request("POST", "/v1/import", body=_import_body([part]) + encoded)
+                return True
+            except SessiondbError as error:
+                if error.code != "conflict":
+                    raise
+        return False
 
     def import_templates(self, lines: Iterable[dict]) -> dict:
         """Imports a templates' part of a dump (an optional ``{"templates": {}}`` line, then block
@@ -851,6 +882,22 @@ def _condition_query(if_leaf: str | None, if_version: int | None) -> dict[str, A
     if if_version is not None:
         query["ifVersion"] = if_version
     return query
+
+
+def _import_body(parts: Iterable[dict]) -> bytes:
+    """The NDJSON body of an import into several sessions (``Client.import_together``)."""
+    lines: list[dict] = []
+    for part in parts:
+        into: dict[str, Any] = {"sessionId": part["session_id"]}
+        if "if_leaf" in part:
+            into["ifLeaf"] = part["if_leaf"]
+        if part.get("if_version") is not None:
+            into["ifVersion"] = part["if_version"]
+        if part.get("if_absent"):
+            into["ifAbsent"] = True
+        lines.append({"into": into})
+        lines.extend(part["lines"])
+    return _ndjson(lines)
 
 
 def _ndjson(lines: Iterable[dict]) -> bytes:

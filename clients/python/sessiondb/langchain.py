@@ -26,6 +26,8 @@ Moving in. ``copy_history`` copies the messages of any other history (``SQLChatM
 creates its session, all or nothing; a history the target already holds is skipped, one whose
 target holds its first messages (copied before the source went on) takes the rest in one write,
 and one whose target holds other messages is refused (``conflict``), writing nothing.
+A conversation longer than one request (16 MiB, or the server's ``--max-body-bytes``) goes in
+several writes, each under the one before (``Client.copy_conversation``).
 """
 
 from __future__ import annotations

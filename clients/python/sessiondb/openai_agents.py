@@ -27,6 +27,8 @@ Each conversation is copied in one write that creates its session, all or nothin
 target already holds is skipped, so a copy cut short is finished by running it again; one whose
 target holds its first items (copied before the source went on) takes the rest in one write;
 and one whose target holds other items is refused (``conflict``), writing nothing.
+A conversation longer than one request (16 MiB, or the server's ``--max-body-bytes``) goes in
+several writes, each under the one before (``Client.copy_conversation``).
 """
 
 from __future__ import annotations

@@ -10,9 +10,11 @@ import ssl
 import threading
 import time
 import unittest
+import unittest.mock
 
 from served import Served, ServedTest
 
+import sessiondb.client
 from sessiondb import Client, SessiondbError, SessiondbUnavailable
 
 
@@ -164,6 +166,58 @@ class ClientTest(ServedTest):
         with self.assertRaises(SessiondbError) as caught:
             c.get_session("refused")
         self.assertEqual(caught.exception.code, "not_found")
+
+    def test_a_conversation_longer_than_a_request_is_copied_in_several_writes(self):
+        served = Served("--max-body-bytes", "65536")
+        self.addCleanup(served.stop)
+        client = Client(served.url)
+        self.addCleanup(client.close)
+        imports: list[int] = []
+        start = client._start
+
+        def recorded(method, target, headers, data):
+            connection, answer = start(method, target, headers, data)
+            if target == "/v1/import":
+                imports.append(answer.status)
+            return connection, answer
+
+        client._start = recorded
+        chat = [{"role": ("user", "assistant")[i % 2], "content": f"{i}: " + "x" * 2000}
+                for i in range(100)]
+
+        def copy(session_id, messages, **more):
+            return client.copy_conversation(
+                session_id, messages, lambda stored, i: stored["content"]
+                == messages[i]["content"], {"name": "long"}, **more)
+
+        state = [{"state": {"key": "k", "value": 1}}]
+        # About 120 KB: refused whole as too large, then taken in halves.
+        self.assertTrue(copy("long", chat[:60], also_lines=state))
+        self.assertEqual(imports[0], 413)
+        self.assertGreaterEqual(imports.count(200), 2)
+        stored = client.full_history("long")
+        self.assertEqual([m["content"] for m in stored], [m["content"] for m in chat[:60]])
+        self.assertEqual(client.get_session("long")["name"], "long")
+        self.assertEqual(client.get_state("long", "k"), 1)
+        self.assertFalse(copy("long", chat[:60]))
+        # The rest of a conversation that went on, again in parts, under the copied leaf.
+        self.assertTrue(copy("long", chat))
+        after = client.full_history("long")
+        self.assertEqual([m["id"] for m in after[:60]], [m["id"] for m in stored])
+        self.assertEqual([m["content"] for m in after], [m["content"] for m in chat])
+        # A copy longer than COPY_REQUEST_BYTES goes in parts before any is refused.
+        imports.clear()
+        with unittest.mock.patch.object(sessiondb.client, "COPY_REQUEST_BYTES", 10_000):
+            self.assertTrue(copy("parts", chat))
+        self.assertEqual(imports, [200] * 25)  # 100 messages of ~2.1 KB, four to a request
+        self.assertEqual([m["content"] for m in client.full_history("parts")],
+                         [m["content"] for m in chat])
+        # A message over the limit is refused as too large, after the writes before it.
+        with self.assertRaises(SessiondbError) as caught:
+            copy("alone", chat[:1] + [{"role": "user", "content": "y" * 70_000}])
+        self.assertEqual(caught.exception.code, "payload_too_large")
+        self.assertEqual([m["content"] for m in client.full_history("alone")],
+                         [chat[0]["content"]])
 
     def test_versions_tag_reads_and_condition_appends(self):
         c = self.client

@@ -52,6 +52,8 @@
  * running it again; one that holds the first of its events (copied before the source went on)
  * takes the events it lacks and the state, in one write; one it holds with other events is
  * refused (`conflict`), writing nothing.
+ * A conversation longer than one request (16 Mi characters of JSON, or the server's
+ * `--max-body-bytes`) goes in several writes, each under the one before (`copyConversation`).
  */
 import { BaseSessionService, State, createEvent, createSession } from '@google/adk';
 import type {

@@ -111,6 +111,26 @@ export interface ImportPart {
 /** The line of `POST /v1/import` that opens a session's part. */
 type IntoLine = { into: Omit<ImportPart, 'lines'> };
 
+/** NDJSON of `lines`. */
+function ndjson(lines: Iterable<ImportLine | IntoLine>): string {
+  let text = '';
+  for (const line of lines) text += JSON.stringify(line) + '\n';
+  return text;
+}
+
+/** The NDJSON body of an import into several sessions (`Client.importTogether`). */
+function importBody(parts: Iterable<ImportPart>): string {
+  const lines: (ImportLine | IntoLine)[] = [];
+  for (const { sessionId, lines: partLines, ifLeaf, ifVersion, ifAbsent } of parts) {
+    const into: IntoLine['into'] = { sessionId };
+    if (ifLeaf !== undefined) into.ifLeaf = ifLeaf;
+    if (ifVersion !== undefined) into.ifVersion = ifVersion;
+    if (ifAbsent) into.ifAbsent = ifAbsent;
+    lines.push({ into }, ...partLines);
+  }
+  return ndjson(lines);
+}
+
 export interface Compaction {
   id: string;
   summary: string;
@@ -298,6 +318,13 @@ export function usableName(value: unknown): value is string {
 
 /** The id prefix of a compaction's summary, which reads stand in place of the messages it covers. */
 export const COMPACTION_PREFIX = 'compaction_';
+
+/**
+ * The most a copy (`Client.copyConversation`) puts in one request, in UTF-16 code units of its
+ * JSON: at most 48 MiB of UTF-8, under a server's default `--max-body-bytes` (64 MiB). A longer
+ * conversation is copied in several writes.
+ */
+export const COPY_REQUEST_CHARS = 16 * 1024 * 1024;
 
 /** Whether sessiondb takes `value` as a message id: a usable name without the reserved `compaction_` prefix. */
 export function usableId(value: unknown): value is string {
@@ -725,15 +752,7 @@ export class Client {
     skipped: number;
     parts: { sessionId: string; imported: number; skipped: number; version?: number }[];
   }> {
-    const lines: (ImportLine | IntoLine)[] = [];
-    for (const { sessionId, lines: partLines, ifLeaf, ifVersion, ifAbsent } of parts) {
-      const into: IntoLine['into'] = { sessionId };
-      if (ifLeaf !== undefined) into.ifLeaf = ifLeaf;
-      if (ifVersion !== undefined) into.ifVersion = ifVersion;
-      if (ifAbsent) into.ifAbsent = ifAbsent;
-      lines.push({ into }, ...partLines);
-    }
-    return this.postLines('/v1/import', lines);
+    return this.postText('/v1/import', importBody(parts));
   }
 
   /**
@@ -741,14 +760,19 @@ export class Client {
    * from another store: `true` when it wrote, `false` when the session already holds them all
    * (and maybe more: the conversation went on there). `same(stored, i)` tells whether a stored
    * message is the `i`-th of `messages` as the caller sees them. A session that does not exist is
-   * created with them all in one write (and `record`, fields of an import's session line), as is
-   * one without messages; one whose stored path is the first of them (an earlier copy, before the
-   * source went on) takes the rest in one write under its leaf; one holding anything else is a
-   * `conflict`, and nothing is written. `createdAt` dates each message (else the copy's time);
-   * `alsoLines` (state, say) go into the session and `alsoParts` (as `importTogether` takes them)
-   * into other sessions with every write. Messages without an id get one (`msg_` and a UUID, the
-   * shape of the server's), as an import names each message's parent by id. With nothing to
-   * write (no messages, record, lines or parts), `false`.
+   * created with them (and `record`, fields of an import's session line), as is one without
+   * messages; one whose stored path is the first of them (an earlier copy, before the source went
+   * on) takes the rest under its leaf; one holding anything else is a `conflict`, and nothing is
+   * written. `createdAt` dates each message (else the copy's time); `alsoLines` (state, say) go
+   * into the session and `alsoParts` (as `importTogether` takes them) into other sessions with
+   * the write of the last message. Messages without an id get one (`msg_` and a UUID, the shape
+   * of the server's), as an import names each message's parent by id. With nothing to write (no
+   * messages, record, lines or parts), `false`.
+   *
+   * What is to be written goes in one write, all or nothing, unless it is longer than
+   * `COPY_REQUEST_CHARS` or the server refuses it as too large (`--max-body-bytes`): then in
+   * several, each under the one before and no longer than the last one taken, so a copy cut short
+   * leaves the first messages, which the next copy goes on from.
    */
   async copyConversation(
     sessionId: string,
@@ -760,38 +784,75 @@ export class Client {
     if (messages.length === 0 && !record && alsoLines.length === 0 && alsoParts.length === 0) return false;
     const withIds = messages.map((m) => ({ ...m, id: m.id || `msg_${globalThis.crypto.randomUUID()}` }));
     let held: StoredMessage[] = [];
+    let wrote = false;
+    let budget = COPY_REQUEST_CHARS;
     // Each round writes only while the session is as just read, so a write between the read and
     // the import (another copy, say) is read and compared again.
     for (let round = 0; round < 3; round++) {
-      let parentId: string | null = held.length > 0 ? held[held.length - 1].id : null;
-      const lines: ImportLine[] = record && parentId === null ? [{ session: record }] : [];
-      for (let i = held.length; i < withIds.length; i++) {
-        const message = withIds[i];
-        lines.push({ message, parentId, createdAt: createdAt?.[i] });
-        parentId = message.id;
+      const start = held.length;
+      let parentId: string | null = start > 0 ? held[start - 1].id : null;
+      const head: ImportLine[] = record && parentId === null ? [{ session: record }] : [];
+      const encoded: string[] = [];
+      for (let i = start; i < withIds.length; i++) {
+        encoded.push(JSON.stringify({ message: withIds[i], parentId, createdAt: createdAt?.[i] }) + '\n');
+        parentId = withIds[i].id;
       }
-      lines.push(...alsoLines);
+      const tail = ndjson(alsoLines) + importBody(alsoParts);
       // Absent, it is created with them, else (it exists) written while it has no message (when
-      // there are some to write); with messages, written while its leaf is the one read.
-      const conditions: { ifLeaf?: string | null; ifAbsent?: boolean }[] =
-        held.length > 0 ? [{ ifLeaf: held[held.length - 1].id }] : [{ ifAbsent: true }, ...(withIds.length > 0 ? [{ ifLeaf: null }] : [])];
-      for (const condition of conditions) {
+      // there are some to write); with messages, written while its leaf is the one read, as is
+      // every later write of this round while its leaf is the one written.
+      let conditions: { ifLeaf?: string | null; ifAbsent?: boolean }[] =
+        start > 0 ? [{ ifLeaf: held[start - 1].id }] : [{ ifAbsent: true }, ...(withIds.length > 0 ? [{ ifLeaf: null }] : [])];
+      let written = 0;
+      for (;;) {
+        let end = written;
+        let size = 0;
+        while (end < encoded.length && (end === written || size + encoded[end].length <= budget)) size += encoded[end++].length;
+        const last = end === encoded.length;
+        const body = encoded.slice(written, end).join('') + (last ? tail : '');
         try {
-          await this.importTogether([{ sessionId, lines, ...condition }, ...alsoParts]);
-          return true;
+          if (!(await this.importFirstMet(sessionId, conditions, written === 0 ? head : [], body))) break;
         } catch (error) {
-          if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
+          if (!(error instanceof SessiondbError && error.code === 'payload_too_large' && end - written > 1)) throw error;
+          budget = Math.floor(size / 2);
+          continue;
         }
+        wrote = true;
+        if (last) return true;
+        written = end;
+        conditions = [{ ifLeaf: withIds[start + end - 1].id }];
       }
       held = await this.storedHistory(sessionId);
       if (!held.slice(0, withIds.length).every(same)) break;
-      if (held.length >= withIds.length) return false;
+      if (held.length >= withIds.length) return wrote;
     }
     throw new SessiondbError(
       409,
       'conflict',
-      `session ${JSON.stringify(sessionId)} holds messages the copy does not begin with; nothing was copied`,
+      `session ${JSON.stringify(sessionId)} holds messages the copy does not begin with; ${wrote ? 'the messages it wrote before stay' : 'nothing was copied'}`,
     );
+  }
+
+  /**
+   * Imports `lines`, then the NDJSON `encoded` (more of the session's lines, then maybe other
+   * parts), under the first of `conditions` the session meets; `false` when it meets none (each a
+   * `conflict`).
+   */
+  private async importFirstMet(
+    sessionId: string,
+    conditions: { ifLeaf?: string | null; ifAbsent?: boolean }[],
+    lines: ImportLine[],
+    encoded: string,
+  ): Promise<boolean> {
+    for (const condition of conditions) {
+      try {
+        await this.postText('/v1/import', importBody([{ sessionId, lines, ...condition }]) + encoded);
+        return true;
+      } catch (error) {
+        if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
+      }
+    }
+    return false;
   }
 
   /**
@@ -808,11 +869,16 @@ export class Client {
   /** POSTs `lines` as an NDJSON body; the answer's import counts. */
   private async postLines<T = { imported: number; skipped: number }>(
     path: string,
-    lines: Iterable<ImportLine | IntoLine> | AsyncIterable<ImportLine | IntoLine>,
+    lines: Iterable<ImportLine> | AsyncIterable<ImportLine>,
     query?: Query,
   ): Promise<T> {
     let text = '';
     for await (const line of lines) text += JSON.stringify(line) + '\n';
+    return this.postText(path, text, query);
+  }
+
+  /** POSTs `text`, NDJSON, and parses the answer. */
+  private async postText<T>(path: string, text: string, query?: Query): Promise<T> {
     const answer = await this.open('POST', path, query, undefined, text);
     return JSON.parse(await bodyOf(answer, `POST ${path}`)) as T;
   }

@@ -19,6 +19,8 @@
  * the target already holds is skipped, one whose target holds its first messages (copied before
  * the source went on) takes the rest in one write, and one whose target holds other messages is
  * refused (`conflict`), writing nothing.
+ * A conversation longer than one request (16 Mi characters of JSON, or the server's
+ * `--max-body-bytes`) goes in several writes, each under the one before (`copyConversation`).
  */
 import { BaseListChatMessageHistory } from '@langchain/core/chat_history';
 import {

@@ -16,6 +16,8 @@
  * creates it, all or nothing; one the target already holds is skipped, one whose target holds its
  * first items (copied before the source went on) takes the rest in one write, and one whose
  * target holds other items is refused (`conflict`), writing nothing.
+ * A conversation longer than one request (16 Mi characters of JSON, or the server's
+ * `--max-body-bytes`) goes in several writes, each under the one before (`copyConversation`).
  */
 import type { AgentInputItem, Session } from '@openai/agents';
 

@@ -108,6 +108,35 @@ test('a copy writes what the session lacks of a conversation, and refuses anythi
   await rejectsWith(c.getSession('cc-refused'), 404, 'not_found');
 });
 
+test('a conversation longer than a request is copied in several writes', async () => {
+  const served = await serve('--max-body-bytes', '65536');
+  const c = new Client({ baseUrl: served.url });
+  try {
+    const chat = Array.from({ length: 100 }, (_, i) => ({ role: i % 2 ? 'assistant' : 'user', content: `${i}: ${'x'.repeat(2000)}` }));
+    const copy = (sessionId, messages, options) =>
+      c.copyConversation(sessionId, messages, (stored, i) => stored.content === messages[i].content, { name: 'long' }, options);
+    const contents = async (sessionId) => (await c.storedHistory(sessionId)).map((m) => m.content);
+    // About 120 KB: refused whole as too large, then taken in halves.
+    assert.equal(await copy('long', chat.slice(0, 60), { alsoLines: [{ state: { key: 'k', value: 1 } }] }), true);
+    const first = await c.storedHistory('long');
+    assert.deepEqual(first.map((m) => m.content), chat.slice(0, 60).map((m) => m.content));
+    assert.equal((await c.getSession('long')).name, 'long');
+    assert.equal(await c.getState('long', 'k'), 1);
+    assert.equal(await copy('long', chat.slice(0, 60)), false);
+    // The rest of a conversation that went on, again in parts, under the copied leaf.
+    assert.equal(await copy('long', chat), true);
+    const after = await c.storedHistory('long');
+    assert.deepEqual(after.slice(0, 60).map((m) => m.id), first.map((m) => m.id));
+    assert.deepEqual(after.map((m) => m.content), chat.map((m) => m.content));
+    // A message over the limit is refused as too large, after the writes before it.
+    await rejectsWith(copy('alone', [chat[0], { role: 'user', content: 'y'.repeat(70_000) }]), 413, 'payload_too_large');
+    assert.deepEqual(await contents('alone'), [chat[0].content]);
+  } finally {
+    c.close();
+    await served.stop();
+  }
+});
+
 test('writes conditioned on the leaf', async () => {
   const c = shared.client;
   await rejectsWith(c.append('cond', { id: 'a', role: 'user', content: 'x' }, { ifLeaf: null }), 404, 'not_found');
