@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import pathlib
 import sqlite3
@@ -145,13 +146,16 @@ class SessiondbSession:
                 return
         self.client.append_batch(self.session_id, messages)
 
-    def _copy_in(self, items: list[dict]) -> bool:
+    def _copy_in(self, items: list[dict], created_at: list[int | None] | None = None,
+                 record: dict | None = None) -> bool:
         """Stores ``items`` as the session's conversation, or the items it lacks of them (see
-        ``copy_session``)."""
+        ``copy_session``); ``created_at`` and ``record`` as ``Client.copy_conversation`` takes
+        them."""
         self._held = None
         return self.client.copy_conversation(
             self.session_id, [message_of_item(i) for i in items],
-            lambda stored, i: item_of_message(stored) == items[i])
+            lambda stored, i: item_of_message(stored) == items[i], record,
+            created_at=created_at)
 
     async def pop_item(self) -> dict | None:
         """Deletes the newest stored message and returns its item (``None`` when empty)."""
@@ -187,23 +191,49 @@ async def copy_sqlite_sessions(db_path: str, client: Client, *,
                                sessions_table: str = "agent_sessions",
                                messages_table: str = "agent_messages") -> Copied:
     """Copies every session of a ``SQLiteSession`` database file into the sessiondb session of
-    the same id (as ``copy_session`` does, oldest session first), read through the SDK's own
-    ``SQLiteSession``. Sessions of the file with no items are skipped."""
-    from agents.memory import SQLiteSession
+    the same id (as ``copy_session`` does, oldest session first), its items read as
+    ``SQLiteSession`` reads them (in the order they were added, an item whose JSON does not
+    decode skipped), each session and item dated by the time the file holds for it
+    (``created_at``; the copy's time where that is not a time). Sessions of the file with no
+    items are skipped."""
+    read_only = pathlib.Path(db_path).resolve().as_uri() + "?mode=ro"
 
-    def session_ids() -> list[str]:
-        read_only = pathlib.Path(db_path).resolve().as_uri() + "?mode=ro"
+    def query(sql: str, *parameters: Any) -> list[tuple]:
         with contextlib.closing(sqlite3.connect(read_only, uri=True)) as db:
-            return [row[0] for row in db.execute(
-                f'SELECT session_id FROM "{sessions_table}" ORDER BY created_at, session_id')]
+            return db.execute(sql, parameters).fetchall()
+
+    def items_of(session_id: str) -> tuple[list[dict], list[int | None]]:
+        items, times = [], []
+        for data, created_at in query(f'SELECT message_data, created_at FROM "{messages_table}" '
+                                      "WHERE session_id = ? ORDER BY id", session_id):
+            try:
+                items.append(json.loads(data))
+            except (json.JSONDecodeError, TypeError):
+                continue
+            times.append(_epoch_ms(created_at))
+        return items, times
 
     copied = Copied([], [])
-    for session_id in await asyncio.to_thread(session_ids):
-        source = SQLiteSession(session_id, db_path, sessions_table=sessions_table,
-                               messages_table=messages_table)
-        try:
-            done = await copy_session(source, SessiondbSession(session_id, client))
-        finally:
-            source.close()
+    sessions = await asyncio.to_thread(
+        query, f'SELECT session_id, created_at FROM "{sessions_table}" '
+        "ORDER BY created_at, session_id")
+    for session_id, created_at in sessions:
+        items, times = await asyncio.to_thread(items_of, session_id)
+        started = _epoch_ms(created_at)
+        done = bool(items) and await asyncio.to_thread(
+            SessiondbSession(session_id, client)._copy_in, items, times,
+            None if started is None else {"createdAt": started})
         (copied.copied if done else copied.skipped).append(session_id)
     return copied
+
+
+def _epoch_ms(timestamp: Any) -> int | None:
+    """Epoch milliseconds of a time as SQLite's ``CURRENT_TIMESTAMP`` writes it (UTC,
+    ``YYYY-MM-DD HH:MM:SS``) or another ISO 8601 form; ``None`` for anything else."""
+    try:
+        moment = datetime.datetime.fromisoformat(timestamp)
+    except (TypeError, ValueError):
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return round(moment.timestamp() * 1000)

@@ -8,6 +8,7 @@ import base64
 import contextlib
 import io
 import pathlib
+import sqlite3
 import time
 import unittest
 
@@ -219,6 +220,13 @@ class MovingInTest(ServedTest):
     def test_a_file_of_sessions_is_copied_whole_and_a_second_copy_writes_nothing(self):
         conversations = {"ada": ITEMS, "bob": ITEMS[:2] + ITEMS[5:6], "empty": []}
         path = self.sqlite_file(conversations)
+        # Times as the file keeps them, a minute apart, and a row the SDK skips as not JSON.
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            db.execute("UPDATE agent_messages SET created_at = "
+                       "datetime('2025-01-01 10:00:00', '+' || id || ' minutes')")
+            db.execute("UPDATE agent_sessions SET created_at = '2025-01-01 09:30:00'")
+            db.execute("INSERT INTO agent_messages (session_id, message_data) "
+                       "VALUES ('ada', '{not json')")
         copied = run(copy_sqlite_sessions(path, self.client))
         self.assertEqual(sorted(copied.copied), ["ada", "bob"])
         self.assertEqual(copied.skipped, ["empty"])
@@ -226,6 +234,13 @@ class MovingInTest(ServedTest):
             self.assertEqual(run(SessiondbSession(session_id, self.client).get_items()),
                              conversations[session_id])
         self.assertEqual(self.client.get_session("ada")["messageCount"], len(ITEMS))
+        at_ten = 1735725600000  # 2025-01-01 10:00:00 UTC
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            ids = [row[0] for row in db.execute(
+                "SELECT id FROM agent_messages WHERE session_id = 'bob' ORDER BY id")]
+        self.assertEqual([m["createdAt"] for m in self.client.full_history("bob")],
+                         [at_ten + i * 60_000 for i in ids])
+        self.assertEqual(self.client.get_session("bob")["createdAt"], at_ten - 30 * 60_000)
         with self.assertRaises(SessiondbError) as raised:
             self.client.get_session("empty")
         self.assertEqual(raised.exception.code, "not_found")
