@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, EXPECT};
 use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use sessiondb::Store;
@@ -85,9 +86,15 @@ fn body_too_large() -> ApiError {
     ApiError::too_large("the request body exceeds the configured limit")
 }
 
+/// How long a refused body that is still coming is read and dropped (see
+/// [`refuse_declared_too_large`]).
+const DRAIN_REFUSED_BODY: Duration = Duration::from_secs(5);
+
 /// Refuses a request whose declared length is over the body limit before any of its body is
-/// read, so a client that asked first (`Expect: 100-continue`) never sends it, and one that did
-/// not learns at once (the connection closes after the answer).
+/// read: a client that asked first (`Expect: 100-continue`) never sends it. From one that did
+/// not ask, what it sends is read and dropped for a while (the connection closes after the
+/// answer all the same): closed at once, with the body unread, the connection would reset, and
+/// a client still sending would meet the reset before it read the answer.
 pub(crate) async fn refuse_declared_too_large<S: Store>(
     State(app): State<Arc<App<S>>>,
     req: Request,
@@ -99,6 +106,17 @@ pub(crate) async fn refuse_declared_too_large<S: Store>(
         .and_then(|length| length.to_str().ok()?.parse::<u64>().ok());
     match declared {
         Some(length) if length > app.config.limits.max_body_bytes as u64 => {
+            // Reading a body that waits for `100 Continue` would ask for it.
+            let asked = req
+                .headers()
+                .get(EXPECT)
+                .is_some_and(|expect| expect.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+            if !asked {
+                let mut body = req.into_body().into_data_stream();
+                tokio::spawn(tokio::time::timeout(DRAIN_REFUSED_BODY, async move {
+                    while let Some(Ok(_)) = body.next().await {}
+                }));
+            }
             body_too_large().into_response()
         }
         _ => next.run(req).await,

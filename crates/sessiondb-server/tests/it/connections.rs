@@ -350,6 +350,17 @@ async fn answers_before_the_body_was_read_close_the_connection_and_say_so() {
     assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
     assert!(answer.contains(r#""code":"payload_too_large""#), "{answer}");
 
+    // Declared over the limit without asking: what is sent is read and dropped, so a client
+    // that sends it all still reads the answer (closed at once, the connection would reset).
+    let mut unasked = TcpStream::connect(&address).await.unwrap();
+    let length = 16 << 20;
+    let head = post("/v1/sessions/s/messages", length, "");
+    unasked.write_all(head.as_bytes()).await.unwrap();
+    unasked.write_all(&vec![b'x'; length]).await.unwrap();
+    let answer = String::from_utf8(read_until_closed(&mut unasked).await).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
+
     // An unknown route, its body not read: the same.
     let mut unknown = TcpStream::connect(&address).await.unwrap();
     let head = post("/v1/nowhere", 100, "");
