@@ -123,8 +123,36 @@ async fn checked(what: String, response: Response) -> anyhow::Result<Response> {
             ))
         })
         .unwrap_or(body);
-    bail!("{what}: the server answered {status}: {reason}")
+    Err(Refused {
+        what,
+        status,
+        reason,
+    }
+    .into())
 }
+
+/// An answer other than a success.
+#[derive(Debug)]
+pub struct Refused {
+    /// The request's method and URL.
+    what: String,
+    pub status: StatusCode,
+    /// The server's message and code, or its body when that is not a JSON error.
+    reason: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Refused {
+            what,
+            status,
+            reason,
+        } = self;
+        write!(f, "{what}: the server answered {status}: {reason}")
+    }
+}
+
+impl std::error::Error for Refused {}
 
 /// Percent-encodes one URL path segment (or query value).
 pub fn segment(s: &str) -> String {

@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use futures::StreamExt;
+use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sessiondb::{BlockKind, ContextEntry, Db, ImportLine, ImportLines, SessionSort, SqliteStore};
 
 use crate::listing;
-use crate::remote::{Remote, segment};
+use crate::remote::{Refused, Remote, segment};
 
 /// A one-line progress display, redrawn at most ten times a second; silent when standard error
 /// is not a terminal.
@@ -218,16 +219,9 @@ impl Part {
                     Target::Session(session) => remote.session_url(session, "/import"),
                     Target::Templates => remote.url("/v1/context"),
                 };
-                let request = remote
-                    .request(reqwest::Method::POST, &url)
-                    .header("content-type", "application/x-ndjson")
-                    .body(self.text);
-                // The server numbers the lines it was sent, which start at the part's first.
-                let first_line = self.first_line;
-                let answer = remote.send(request).await.with_context(|| {
-                    format!("importing {what} (its lines[0] is the file's lines[{first_line}])")
-                })?;
-                answer.json().await?
+                // The templates go whole: a `templates` line speaks for the lines after it.
+                let splits = matches!(self.target, Target::Session(_));
+                post_import(remote, &url, &self.text, self.first_line, &what, splits).await?
             }
             (None, None) => bail!("nothing to import into"),
         };
@@ -244,6 +238,70 @@ impl Part {
         writeln!(out, "{line}")?;
         Ok(())
     }
+}
+
+/// POSTs an import's `text` (its first line the file's `first_line`) to `url`: as one request,
+/// or, when the server refuses it as too large (`--max-body-bytes`) and it `splits`, in two
+/// halves split at a line, each halved again while it is refused, sent in their order: the
+/// messages of each part name their parents in the parts before, which are stored by then.
+/// Each part is all or nothing; an import cut short is finished by running it again (what is
+/// stored is skipped). The counts of every part, summed.
+async fn post_import(
+    remote: &Remote,
+    url: &str,
+    text: &str,
+    first_line: usize,
+    what: &str,
+    splits: bool,
+) -> anyhow::Result<Value> {
+    let (mut imported, mut skipped) = (0, 0);
+    // Parts still to send, the next one last.
+    let mut parts = vec![(first_line, text)];
+    while let Some((first_line, part)) = parts.pop() {
+        let request = remote
+            .request(reqwest::Method::POST, url)
+            .header("content-type", "application/x-ndjson")
+            .body(part.to_owned());
+        let answer = match remote.send(request).await {
+            Ok(answer) => answer,
+            Err(error) => {
+                let too_large = splits
+                    && error
+                        .downcast_ref::<Refused>()
+                        .is_some_and(|refused| refused.status == StatusCode::PAYLOAD_TOO_LARGE);
+                if let Some((head, tail)) = too_large.then(|| halves(part)).flatten() {
+                    let tail_line = first_line + head.matches('\n').count();
+                    parts.extend([(tail_line, tail), (first_line, head)]);
+                    continue;
+                }
+                // The server numbers the lines it was sent, which start at the part's first.
+                return Err(error).with_context(|| {
+                    format!("importing {what} (its lines[0] is the file's lines[{first_line}])")
+                });
+            }
+        };
+        let counts: Value = answer.json().await?;
+        imported += counts["imported"].as_u64().unwrap_or(0);
+        skipped += counts["skipped"].as_u64().unwrap_or(0);
+    }
+    Ok(json!({"imported": imported, "skipped": skipped}))
+}
+
+/// `text` split at the first line end after its middle (else the last before it) into two
+/// parts that each hold a line that is not blank; `None` when it holds fewer than two such
+/// lines.
+fn halves(text: &str) -> Option<(&str, &str)> {
+    let holds_a_line = |part: &str| part.lines().any(|line| !line.trim().is_empty());
+    // Searched as bytes: the middle may fall inside a character, a newline never does.
+    let (bytes, middle) = (text.as_bytes(), text.len() / 2);
+    let after = bytes[middle..].iter().position(|&b| b == b'\n');
+    let after = after.map(|i| middle + i);
+    let before = bytes[..middle].iter().rposition(|&b| b == b'\n');
+    [after, before]
+        .into_iter()
+        .flatten()
+        .map(|end| text.split_at(end + 1))
+        .find(|(head, tail)| holds_a_line(head) && holds_a_line(tail))
 }
 
 /// Writes one session's export, or every session's one after another.

@@ -717,3 +717,62 @@ fn import_all_stops_at_a_bad_part_and_a_second_run_finishes() {
     assert_eq!(counts, [(0, 2), (2, 0), (2, 0)]);
     assert_eq!(ok(&target, &["export", "--all"], None), dump);
 }
+
+#[test]
+fn import_to_a_server_goes_in_parts_where_one_request_is_too_large() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = common::Served::start(
+        &dir.path().join("served"),
+        &["--listen", "127.0.0.1:0", "--max-body-bytes", "65536"],
+        &[],
+    );
+    let url = ["--url", served.base.as_str()];
+    // About 400 KB: six times the server's limit.
+    let mut dump = String::from("{\"session\":{\"name\":\"long\"}}\n");
+    for i in 0..200 {
+        let parent = if i == 0 {
+            "null".to_owned()
+        } else {
+            format!("\"m{}\"", i - 1)
+        };
+        dump += &format!(
+            "{{\"message\":{{\"id\":\"m{i}\",\"role\":\"user\",\"content\":\"{i} {}\"}},\"parentId\":{parent}}}\n",
+            "é".repeat(1000)
+        );
+    }
+    let file = dir.path().join("dump.ndjson");
+    std::fs::write(&file, &dump).unwrap();
+    let file_arg = file.to_str().unwrap();
+    let import = [&["import", file_arg, "--session", "long"][..], &url].concat();
+    let printed = common::sessiondb_ok(&import, None);
+    assert_eq!(printed.trim(), r#"{"imported":200,"skipped":0}"#);
+    let exported = common::sessiondb_ok(&[&["export", "long"][..], &url].concat(), None);
+    let ids: Vec<String> = exported
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|l| Some(l["message"]["id"].as_str()?.to_owned()))
+        .collect();
+    assert_eq!(ids, (0..200).map(|i| format!("m{i}")).collect::<Vec<_>>());
+    assert!(
+        exported.starts_with(r#"{"session":{"id":"long","name":"long""#),
+        "{exported}"
+    );
+    let again = common::sessiondb_ok(&import, None);
+    assert_eq!(again.trim(), r#"{"imported":0,"skipped":200}"#);
+
+    // A line over the limit alone is refused, named as the file's line, after the parts before.
+    let big = format!(
+        "{{\"message\":{{\"id\":\"a\",\"role\":\"user\",\"content\":\"a\"}}}}\n\
+         {{\"message\":{{\"id\":\"b\",\"role\":\"user\",\"content\":\"{}\"}}}}\n",
+        "x".repeat(70_000)
+    );
+    std::fs::write(&file, big).unwrap();
+    let import = [&["import", file_arg, "--session", "one"][..], &url].concat();
+    let refused = common::sessiondb(&import, None);
+    assert!(!refused.status.success());
+    let error = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        error.contains("payload_too_large") && error.contains("the file's lines[1]"),
+        "{error}"
+    );
+}
