@@ -281,17 +281,7 @@ async fn a_body_that_stalls_is_answered_408_and_one_that_trickles_is_taken() {
         tokio::time::sleep(Duration::from_millis(20)).await;
         trickling.write_all(&[byte]).await.unwrap();
     }
-    let mut answer = Vec::new();
-    let mut buffer = [0; 4096];
-    while !String::from_utf8_lossy(&answer).contains("\"inserted\"") {
-        let read = tokio::time::timeout(Duration::from_secs(10), trickling.read(&mut buffer))
-            .await
-            .expect("an answer within 10 s")
-            .unwrap();
-        assert!(read > 0, "closed before answering: {answer:?}");
-        answer.extend_from_slice(&buffer[..read]);
-    }
-    let answer = String::from_utf8(answer).unwrap();
+    let answer = read_answer(&mut trickling).await;
     assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
     assert_eq!(
         server.get("/v1/sessions/s").await.json["messageCount"],
