@@ -203,7 +203,8 @@ enum Command {
     },
     /// Import an NDJSON export (or `{message, parentId, createdAt}` lines) into a session, all or
     /// nothing; with `--all`, an `export --all` into the sessions it holds, each all or nothing,
-    /// and its templates' part into the namespace's context templates.
+    /// and its templates' part into the namespace's context templates. With `--url`, a session a
+    /// server refuses as one request too large goes in halves, each all or nothing.
     Import {
         file: PathBuf,
         /// The session to import into.

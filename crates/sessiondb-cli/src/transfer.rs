@@ -94,8 +94,9 @@ pub enum Scope<'a> {
 
 /// Imports `file`: all of it into one session, or with [`Scope::All`] each session's part
 /// into that session, read and written one part at a time. Each part is checked whole, then
-/// written all or nothing; a bad line or a failed part stops the import (the parts before it
-/// stay, and a second run skips what they wrote). Prints each part's counts.
+/// written all or nothing (to a server that refuses it as too large, in halves: see
+/// [`post_import`]); a bad line or a failed part stops the import (the parts before it stay,
+/// and a second run skips what they wrote). Prints each part's counts.
 pub async fn import(
     db: Option<&Db<SqliteStore>>,
     remote: Option<&Remote>,
