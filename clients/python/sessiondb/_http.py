@@ -98,7 +98,6 @@ class Connection:
             if not 100 <= status < 200:
                 return Answer(self, status, reason, headers)
 
-
     def early_answer(self) -> Answer | None:
         """The answer the server sent before sending failed, if there is one whole; the
         connection is not kept after it (the request was not all sent)."""
