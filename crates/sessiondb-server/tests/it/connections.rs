@@ -313,6 +313,15 @@ async fn read_answer(stream: &mut TcpStream) -> String {
     }
 }
 
+/// What the server sends on a new connection to `address` after `head` and `body`, until it
+/// closes the connection.
+async fn answered_then_closed(address: &str, head: &str, body: &[u8]) -> String {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body).await.unwrap();
+    String::from_utf8(read_until_closed(&mut stream).await).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_before_the_body_was_read_close_the_connection_and_say_so() {
     let server = start_with(ServerConfig {
@@ -332,30 +341,22 @@ async fn answers_before_the_body_was_read_close_the_connection_and_say_so() {
     };
 
     // Declared over the limit: refused before any of it is sent, even when the client asked.
-    let mut over = TcpStream::connect(&address).await.unwrap();
     let head = post("/v1/sessions/s/messages", 5000, "expect: 100-continue\r\n");
-    over.write_all(head.as_bytes()).await.unwrap();
-    let answer = String::from_utf8(read_until_closed(&mut over).await).unwrap();
+    let answer = answered_then_closed(&address, &head, &[]).await;
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
     assert!(answer.contains(r#""code":"payload_too_large""#), "{answer}");
 
     // Declared over the limit without asking: what is sent is read and dropped, so a client
     // that sends it all still reads the answer (closed at once, the connection would reset).
-    let mut unasked = TcpStream::connect(&address).await.unwrap();
     let length = 16 << 20;
     let head = post("/v1/sessions/s/messages", length, "");
-    unasked.write_all(head.as_bytes()).await.unwrap();
-    unasked.write_all(&vec![b'x'; length]).await.unwrap();
-    let answer = String::from_utf8(read_until_closed(&mut unasked).await).unwrap();
+    let answer = answered_then_closed(&address, &head, &vec![b'x'; length]).await;
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
 
     // An unknown route, its body not read: the same.
-    let mut unknown = TcpStream::connect(&address).await.unwrap();
-    let head = post("/v1/nowhere", 100, "");
-    unknown.write_all(head.as_bytes()).await.unwrap();
-    let answer = String::from_utf8(read_until_closed(&mut unknown).await).unwrap();
+    let answer = answered_then_closed(&address, &post("/v1/nowhere", 100, ""), &[]).await;
     assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
     assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
 
