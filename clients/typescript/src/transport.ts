@@ -283,18 +283,18 @@ class Connection {
    */
   async exchange(request: string, head: boolean, held?: string): Promise<Answer> {
     this.written = false;
-    let timer: ReturnType<typeof setTimeout> | undefined;
+    const sent = () => (this.written = true);
+    if (held === undefined) {
+      this.socket.write(request, sent);
+      return this.answerHead(head);
+    }
+    this.socket.write(request);
     const sendHeld = () => {
       clearTimeout(timer);
-      if (held !== undefined) this.socket.write(held, () => (this.written = true));
+      if (held !== undefined) this.socket.write(held, sent);
       held = undefined;
     };
-    if (held === undefined) {
-      this.socket.write(request, () => (this.written = true));
-    } else {
-      this.socket.write(request);
-      timer = setTimeout(sendHeld, CONTINUE_WITHIN_MS);
-    }
+    const timer = setTimeout(sendHeld, CONTINUE_WITHIN_MS);
     try {
       return await this.answerHead(head, sendHeld);
     } finally {
@@ -303,7 +303,7 @@ class Connection {
   }
 
   /** The head of the answer to the request sent; `asked` is called on a `100 Continue`. */
-  private async answerHead(head: boolean, asked: () => void): Promise<Answer> {
+  private async answerHead(head: boolean, asked?: () => void): Promise<Answer> {
     for (;;) {
       // The head is parsed once it is all here (on a loopback connection, with the first bytes).
       let end: number;
@@ -325,7 +325,7 @@ class Connection {
       }
       const code = Number(match[1]);
       // An interim answer (`100 Continue`, `103 Early Hints`) comes before the one asked for.
-      if (code === 100) asked();
+      if (code === 100) asked?.();
       if (code >= 100 && code < 200) continue;
       return this.answer(code, match[2] ?? '', headers, head || code === 204 || code === 304);
     }
