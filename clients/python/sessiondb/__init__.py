@@ -2,6 +2,6 @@
 (``sessiondb.openai_agents``, ``sessiondb.claude_agent_sdk``, ``sessiondb.langgraph``,
 ``sessiondb.langchain``, ``sessiondb.pydantic_ai``)."""
 
-from .client import Client, SessiondbError, SessiondbUnavailable
+from .client import Client, CopyConflict, SessiondbError, SessiondbUnavailable
 
-__all__ = ["Client", "SessiondbError", "SessiondbUnavailable"]
+__all__ = ["Client", "CopyConflict", "SessiondbError", "SessiondbUnavailable"]

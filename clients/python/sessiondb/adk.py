@@ -91,6 +91,7 @@ from pydantic_core import to_jsonable_python
 from .client import (
     Client,
     Copied,
+    CopyConflict,
     HeldPath,
     SessiondbError,
     bounded_id,
@@ -334,11 +335,11 @@ class SessiondbSessionService(BaseSessionService):
                 created_at=[int(event.timestamp * 1000) for event in session.events],
                 also_lines=_state_lines(scopes["session"]),
                 also_parts=_scope_parts(session.app_name, session.user_id, scopes))
-        except SessiondbError as error:
-            if error.code != "conflict":
-                raise
+        except CopyConflict as conflict:
+            copied = ("the events it wrote before another writer changed the session stay"
+                      if conflict.wrote_before else "nothing was copied")
             raise AlreadyExistsError(f"Session with id {session.id} already exists with events "
-                                     "the copy does not begin with; nothing was copied.") from None
+                                     f"the copy does not begin with; {copied}.") from None
 
     def _store(self, session: Session, event: Event) -> None:
         key = session_key(session.app_name, session.user_id, session.id)

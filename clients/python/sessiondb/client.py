@@ -39,6 +39,18 @@ class SessiondbUnavailable(SessiondbError):
         super().__init__(None, "unavailable", message)
 
 
+class CopyConflict(SessiondbError):
+    """A ``conflict``: the session a copy writes to holds messages the copy does not begin with.
+    ``wrote_before`` says whether parts of a copy written in several writes were stored before
+    another writer changed the session (they stay, a prefix the next copy goes on from)."""
+
+    def __init__(self, session_id: str, wrote_before: bool):
+        super().__init__(409, "conflict", f"session {session_id!r} holds messages the copy does "
+                         "not begin with; " + ("the messages it wrote before stay" if wrote_before
+                                               else "nothing was copied"))
+        self.wrote_before = wrote_before
+
+
 MAX_ID_CHARS = 256
 # Ids of the messages that stand for compactions in a read with compactions applied.
 COMPACTION_PREFIX = "compaction_"
@@ -607,17 +619,20 @@ class Client:
         A session that does not exist is created with them (and ``record``, fields of an
         import's session line), as is one without messages; one whose stored path is the first
         of them (an earlier copy, before the source went on) takes the rest under its leaf; one
-        holding anything else is a ``conflict``, and nothing is written. ``created_at`` dates
-        each message (epoch milliseconds; else the copy's time); ``also_lines`` (state, say) go
-        into the session and ``also_parts`` (as ``import_together`` takes them) into other
-        sessions with the write of the last message. Messages without an id get one (``msg_``
-        and a UUID, the shape of the server's), as an import names each message's parent by id.
-        With nothing to write (no messages, record, lines or parts), ``False``.
+        holding anything else is a ``conflict`` (``CopyConflict``), and nothing is written.
+        ``created_at`` dates each message (epoch milliseconds; else the copy's time);
+        ``also_lines`` (state, say) go into the session and ``also_parts`` (as
+        ``import_together`` takes them) into other sessions with the write of the last message.
+        Messages without an id get one (``msg_`` and a UUID, the shape of the server's), as an
+        import names each message's parent by id. With nothing to write (no messages, record,
+        lines or parts), ``False``.
 
         What is to be written goes in one write, all or nothing, unless it is longer than
         ``COPY_REQUEST_BYTES`` or the server refuses it as too large (``--max-body-bytes``):
         then in several, each under the one before and no longer than the last one taken, so a
-        copy cut short leaves the first messages, which the next copy goes on from."""
+        copy cut short leaves the first messages, which the next copy goes on from. Another
+        writer that changes the session between two of them makes the copy a ``CopyConflict``
+        whose ``wrote_before`` is true: the parts written stay."""
         if not (messages or record or also_lines or also_parts):
             return False
         messages = [m if m.get("id") else {**m, "id": "msg_" + str(uuid.uuid4())}
@@ -671,9 +686,7 @@ class Client:
                 break
             if len(held) >= len(messages):
                 return wrote
-        raise SessiondbError(409, "conflict", f"session {session_id!r} holds messages the copy "
-                             "does not begin with; " + ("the messages it wrote before stay"
-                                                         if wrote else "nothing was copied"))
+        raise CopyConflict(session_id, wrote)
 
     def _import_first_met(self, session_id: str, conditions: list[dict], lines: list[dict],
                           encoded: bytes) -> bool:

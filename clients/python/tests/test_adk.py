@@ -7,6 +7,7 @@ import datetime
 import logging
 import pathlib
 import unittest
+import unittest.mock
 from typing import AsyncGenerator
 
 from google.adk.agents import LlmAgent
@@ -26,6 +27,7 @@ from google.adk.tools.tool_context import ToolContext
 from google.genai import types
 from served import ServedTest
 
+import sessiondb.client
 from sessiondb import SessiondbError
 from sessiondb.adk import (
     SessiondbMemoryService,
@@ -394,9 +396,33 @@ class MovingInTest(AppTest):
         asyncio.run(self.service.create_session(app_name=self.app, user_id="bo", session_id="b1"))
         self.run_turn(self.service, "bo", "b1", "mine")
         before = self.sessions(self.service)
-        with self.assertRaises(AlreadyExistsError):
+        with self.assertRaises(AlreadyExistsError) as refused:
             asyncio.run(copy_sessions(source, self.service, app_name=self.app, user_id="bo"))
+        self.assertIn("nothing was copied", str(refused.exception))
         self.assertEqual(self.sessions(SessiondbSessionService(self.client)), before)
+
+    def test_a_copy_in_parts_that_another_writer_races_says_what_stays(self):
+        source = self.source()
+        first_met = self.client._import_first_met
+        raced: list[str] = []
+
+        def racing(session_id, *args):
+            met = first_met(session_id, *args)
+            if not raced:
+                raced.append(session_id)
+                self.client.append(session_id, {"role": "user", "content": "meanwhile"})
+            return met
+
+        self.client._import_first_met = racing
+        self.addCleanup(setattr, self.client, "_import_first_met", first_met)
+        # A message to a write: the first is stored before the other writer's.
+        with unittest.mock.patch.object(sessiondb.client, "COPY_REQUEST_BYTES", 1):
+            with self.assertRaises(AlreadyExistsError) as refused:
+                asyncio.run(copy_sessions(source, self.service, app_name=self.app, user_id="ann"))
+        self.assertIn("the events it wrote before another writer changed the session stay",
+                      str(refused.exception))
+        held = self.client.full_history(raced[0])
+        self.assertEqual([m["content"] for m in held[1:]], ["meanwhile"])
 
 
 def said(author: str, text: str, at: float) -> Event:

@@ -15,7 +15,7 @@ import unittest.mock
 from served import Served, ServedTest
 
 import sessiondb.client
-from sessiondb import Client, SessiondbError, SessiondbUnavailable
+from sessiondb import Client, CopyConflict, SessiondbError, SessiondbUnavailable
 
 
 class ClientTest(ServedTest):
@@ -148,9 +148,10 @@ class ClientTest(ServedTest):
         version = c.get_session("fresh")["version"]
         for other in ([{"role": "user", "content": "hello?"}] + chat[1:],
                       chat[:2] + [{"role": "user", "content": "or else?"}]):
-            with self.assertRaises(SessiondbError) as caught:
+            with self.assertRaises(CopyConflict) as caught:
                 copy("fresh", other)
             self.assertEqual(caught.exception.code, "conflict")
+            self.assertFalse(caught.exception.wrote_before)
         self.assertEqual(c.get_session("fresh")["version"], version)
         # A session that exists without messages takes them all.
         c.create_session("made")
@@ -212,6 +213,24 @@ class ClientTest(ServedTest):
         self.assertEqual(imports, [200] * 25)  # 100 messages of ~2.1 KB, four to a request
         self.assertEqual([m["content"] for m in client.full_history("parts")],
                          [m["content"] for m in chat])
+        # Another writer between two parts: the copy stops there, and says the parts stay.
+        first_met = client._import_first_met
+
+        def raced(session_id, *args):
+            met = first_met(session_id, *args)
+            if session_id == "raced" and len(client.full_history("raced")) == 4:
+                client.append("raced", {"role": "user", "content": "meanwhile"})
+            return met
+
+        client._import_first_met = raced
+        with unittest.mock.patch.object(sessiondb.client, "COPY_REQUEST_BYTES", 10_000):
+            with self.assertRaises(CopyConflict) as raced_copy:
+                copy("raced", chat)
+        self.assertTrue(raced_copy.exception.wrote_before)
+        self.assertIn("the messages it wrote before stay", str(raced_copy.exception))
+        self.assertEqual([m["content"] for m in client.full_history("raced")],
+                         [m["content"] for m in chat[:4]] + ["meanwhile"])
+        client._import_first_met = first_met
         # A message over the limit is refused as too large, after the writes before it.
         with self.assertRaises(SessiondbError) as caught:
             copy("alone", chat[:1] + [{"role": "user", "content": "y" * 70_000}])

@@ -76,6 +76,7 @@ import {
   COMPACTION_PREFIX,
   Client,
   type Copied,
+  CopyConflict,
   type ImportLine,
   type Json,
   type MessageInput,
@@ -537,11 +538,14 @@ async function copySession(session: Session, target: SessiondbSessionService): P
       },
     );
   } catch (error) {
-    if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
+    if (!(error instanceof CopyConflict)) throw error;
+    const copied = error.wroteBefore
+      ? 'the events it wrote before another writer changed the session stay'
+      : 'nothing was copied';
     throw new SessiondbError(
       409,
       'conflict',
-      `the session ${JSON.stringify(session.id)} already exists with events the copy does not begin with; nothing was copied`,
+      `the session ${JSON.stringify(session.id)} already exists with events the copy does not begin with; ${copied}`,
     );
   }
 }

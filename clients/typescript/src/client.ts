@@ -235,6 +235,25 @@ export class SessiondbUnavailable extends SessiondbError {
 }
 
 /**
+ * A `conflict`: the session a copy writes to holds messages the copy does not begin with.
+ * `wroteBefore` says whether parts of a copy written in several writes were stored before another
+ * writer changed the session (they stay, a prefix the next copy goes on from).
+ */
+export class CopyConflict extends SessiondbError {
+  constructor(
+    sessionId: string,
+    readonly wroteBefore: boolean,
+  ) {
+    super(
+      409,
+      'conflict',
+      `session ${JSON.stringify(sessionId)} holds messages the copy does not begin with; ${wroteBefore ? 'the messages it wrote before stay' : 'nothing was copied'}`,
+    );
+    this.name = 'CopyConflict';
+  }
+}
+
+/**
  * What a copy from a framework's own store did: the conversations it wrote (whole, or what came
  * since an earlier copy), and those it skipped, as the target already held all of them (a copy
  * run again) or they held nothing. Each is named as the framework names it.
@@ -762,17 +781,19 @@ export class Client {
    * message is the `i`-th of `messages` as the caller sees them. A session that does not exist is
    * created with them (and `record`, fields of an import's session line), as is one without
    * messages; one whose stored path is the first of them (an earlier copy, before the source went
-   * on) takes the rest under its leaf; one holding anything else is a `conflict`, and nothing is
-   * written. `createdAt` dates each message (else the copy's time); `alsoLines` (state, say) go
-   * into the session and `alsoParts` (as `importTogether` takes them) into other sessions with
-   * the write of the last message. Messages without an id get one (`msg_` and a UUID, the shape
-   * of the server's), as an import names each message's parent by id. With nothing to write (no
-   * messages, record, lines or parts), `false`.
+   * on) takes the rest under its leaf; one holding anything else is a `conflict` (`CopyConflict`),
+   * and nothing is written. `createdAt` dates each message (else the copy's time); `alsoLines`
+   * (state, say) go into the session and `alsoParts` (as `importTogether` takes them) into other
+   * sessions with the write of the last message. Messages without an id get one (`msg_` and a
+   * UUID, the shape of the server's), as an import names each message's parent by id. With
+   * nothing to write (no messages, record, lines or parts), `false`.
    *
    * What is to be written goes in one write, all or nothing, unless it is longer than
    * `COPY_REQUEST_CHARS` or the server refuses it as too large (`--max-body-bytes`): then in
    * several, each under the one before and no longer than the last one taken, so a copy cut short
-   * leaves the first messages, which the next copy goes on from.
+   * leaves the first messages, which the next copy goes on from. Another writer that changes the
+   * session between two of them makes the copy a `CopyConflict` whose `wroteBefore` is true: the
+   * parts written stay.
    */
   async copyConversation(
     sessionId: string,
@@ -826,11 +847,7 @@ export class Client {
       if (!held.slice(0, withIds.length).every(same)) break;
       if (held.length >= withIds.length) return wrote;
     }
-    throw new SessiondbError(
-      409,
-      'conflict',
-      `session ${JSON.stringify(sessionId)} holds messages the copy does not begin with; ${wrote ? 'the messages it wrote before stay' : 'nothing was copied'}`,
-    );
+    throw new CopyConflict(sessionId, wrote);
   }
 
   /**

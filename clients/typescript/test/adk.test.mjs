@@ -6,7 +6,7 @@ import { BaseLlm, FunctionTool, InMemorySessionService, LlmAgent, Runner, create
 
 import { SessiondbMemoryService, SessiondbSessionService, copySessions, sessionKey } from '../dist/adk.js';
 import { Client, SessiondbError } from '../dist/index.js';
-import { all, sharedServer } from './served.mjs';
+import { all, serve, sharedServer } from './served.mjs';
 
 const shared = sharedServer();
 let apps = 0;
@@ -327,8 +327,40 @@ test('copySessions moves an app in with events and every scope of state, once', 
   await runTurn(target, app, 'cy', 'c1', 'mine');
   const before = await sessions(target);
   await assert.rejects(copySessions(source, target, { appName: app, userId: 'cy' }),
-    (error) => error instanceof SessiondbError && error.code === 'conflict');
+    (error) => error instanceof SessiondbError && error.code === 'conflict' && /nothing was copied/.test(error.message));
   assert.deepEqual(await sessions(target), before);
+});
+
+test('a copy in parts that another writer races says what stays', async () => {
+  // Too small for the session in one request: it goes in parts.
+  const served = await serve('--max-body-bytes', '4096');
+  const client = new Client({ baseUrl: served.url });
+  try {
+    const app = freshApp();
+    const source = new InMemorySessionService();
+    await source.createSession({ appName: app, userId: 'ann', sessionId: 'a1' });
+    await runTurn(source, app, 'ann', 'a1', 'hello');
+    await runTurn(source, app, 'ann', 'a1', 'again');
+    const firstMet = client.importFirstMet;
+    let raced;
+    client.importFirstMet = async function (sessionId, ...rest) {
+      const met = await firstMet.call(this, sessionId, ...rest);
+      if (raced === undefined) {
+        raced = sessionId;
+        await client.append(sessionId, { role: 'user', content: 'meanwhile' });
+      }
+      return met;
+    };
+    await assert.rejects(copySessions(source, new SessiondbSessionService(client), { appName: app, userId: 'ann' }),
+      (error) => error instanceof SessiondbError && error.code === 'conflict'
+        && /the events it wrote before another writer changed the session stay/.test(error.message));
+    const held = await client.storedHistory(raced);
+    assert.equal(held.at(-1).content, 'meanwhile');
+    assert.ok(held.length > 1, `${held.length} messages`);
+  } finally {
+    client.close();
+    await served.stop();
+  }
 });
 
 test('memory keeps what it is given and finds it by any word', async () => {

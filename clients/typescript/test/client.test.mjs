@@ -5,7 +5,7 @@ import { createServer } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
 
-import { Client, SessiondbError, SessiondbUnavailable } from '../dist/index.js';
+import { Client, CopyConflict, SessiondbError, SessiondbUnavailable } from '../dist/index.js';
 import { all, serve, sharedServer } from './served.mjs';
 
 const shared = sharedServer();
@@ -96,7 +96,8 @@ test('a copy writes what the session lacks of a conversation, and refuses anythi
   assert.deepEqual((await c.storedHistory('cc-fresh')).map((m) => m.content), ['hi', 'hello', 'and then?']);
   ({ version } = await c.getSession('cc-fresh'));
   for (const other of [[{ role: 'user', content: 'hello?' }, ...chat.slice(1)], [...chat.slice(0, 2), { role: 'user', content: 'or else?' }]]) {
-    await rejectsWith(copy('cc-fresh', other), 409, 'conflict');
+    const refused = await copy('cc-fresh', other).catch((error) => error);
+    assert.ok(refused instanceof CopyConflict && !refused.wroteBefore, String(refused));
   }
   assert.equal((await c.getSession('cc-fresh')).version, version);
   // A session that exists without messages takes them; a bad message fails the whole copy.
@@ -128,6 +129,22 @@ test('a conversation longer than a request is copied in several writes', async (
     const after = await c.storedHistory('long');
     assert.deepEqual(after.slice(0, 60).map((m) => m.id), first.map((m) => m.id));
     assert.deepEqual(after.map((m) => m.content), chat.map((m) => m.content));
+    // Another writer between two parts: the copy stops there, and says the parts stay.
+    const firstMet = c.importFirstMet;
+    c.importFirstMet = async function (sessionId, ...rest) {
+      const met = await firstMet.call(this, sessionId, ...rest);
+      if (sessionId === 'raced' && !(await c.storedHistory('raced')).some((m) => m.content === 'meanwhile')) {
+        await c.append('raced', { role: 'user', content: 'meanwhile' });
+      }
+      return met;
+    };
+    const raced = await copy('raced', chat).catch((error) => error);
+    c.importFirstMet = firstMet;
+    assert.ok(raced instanceof CopyConflict && raced.wroteBefore, String(raced));
+    assert.match(raced.message, /the messages it wrote before stay/);
+    const stored = await contents('raced');
+    assert.ok(stored.length > 1 && stored.length < chat.length, `${stored.length} messages`);
+    assert.deepEqual(stored, [...chat.slice(0, stored.length - 1).map((m) => m.content), 'meanwhile']);
     // A message over the limit is refused as too large, after the writes before it.
     await rejectsWith(copy('alone', [chat[0], { role: 'user', content: 'y'.repeat(70_000) }]), 413, 'payload_too_large');
     assert.deepEqual(await contents('alone'), [chat[0].content]);
