@@ -39,6 +39,9 @@ from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.bridge.pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from llama_index.core.storage.chat_store.base import BaseChatStore
 from llama_index.core.storage.chat_store.base_db import AsyncDBChatStore, MessageStatus
+from llama_index.core.storage.chat_store.sql import SQLAlchemyChatStore
+from sqlalchemy import JSON, BigInteger, Column, Integer, MetaData, String, Table, select
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from .client import Client, Copied, HeldPath, SessiondbError, bounded_id, joined_id
 
@@ -167,15 +170,20 @@ class _KeyedSessions:
         return [record["metadata"][KEY_KEY] for record in self.client.list_sessions()
                 if KEY_KEY in (record.get("metadata") or {}) and record["messageCount"] > 0]
 
-    def copy_in(self, key: str, messages: list[tuple[ChatMessage, MessageStatus]]) -> bool:
+    def copy_in(self, key: str, messages: list[tuple[ChatMessage, MessageStatus]],
+                created_at: list[int | None] | None = None) -> bool:
         """Stores ``messages`` as the key's, or those it lacks of them (see
-        ``copy_chat_store``): whether it wrote. A key without messages is not created."""
+        ``copy_chat_store``): whether it wrote. A key without messages is not created.
+        ``created_at`` dates each message (epoch milliseconds), the session by the first."""
         self.held.pop(key, None)
+        record: dict[str, Any] = {"metadata": {KEY_KEY: key}}
+        if created_at and created_at[0] is not None:
+            record["createdAt"] = created_at[0]
         return bool(messages) and self.client.copy_conversation(
             session_of(key), [message_of_chat_message(m, status) for m, status in messages],
             lambda stored, i: (chat_message_of(stored), _status_of(stored))
             == (messages[i][0], messages[i][1].value),
-            {"metadata": {KEY_KEY: key}})
+            record, created_at=created_at)
 
 
 class _OnSessiondb(BaseModel):
@@ -289,18 +297,74 @@ async def copy_chat_store(source: BaseChatStore | AsyncDBChatStore,
     write; a key that holds the first of them (a copy made before ``source`` went on) takes the
     rest in one write; one that holds anything else, other messages or the same with another
     status (``Memory`` archived them since), is a ``conflict`` error, and nothing of it is
-    written."""
+    written. A key longer than one request (16 MiB, or the server's ``--max-body-bytes``) goes
+    in several writes, each under the one before (``Client.copy_conversation``).
+
+    From a ``SQLAlchemyChatStore`` on a database (not in memory) each message is dated by the
+    time its row holds, read from the store's table with an engine of the copy's own (the
+    store's interface gives messages without times); from other stores, by the copy."""
     database = isinstance(source, AsyncDBChatStore)
     if keys is None:
         keys = await (source.get_keys() if database else source.aget_keys())
+    dated = _DatedRows.of(source)
     copied = Copied([], [])
-    for key in keys:
-        if database:
-            messages = [(m, status)
-                        for status in (MessageStatus.ARCHIVED, MessageStatus.ACTIVE)
-                        for m in await source.get_messages(key, status=status)]
-        else:
-            messages = [(m, MessageStatus.ACTIVE) for m in await source.aget_messages(key)]
-        done = await asyncio.to_thread(target._sessions.copy_in, key, messages)
-        (copied.copied if done else copied.skipped).append(key)
+    try:
+        for key in keys:
+            times = None
+            if dated is not None:
+                messages, times = await dated.read(key)
+            elif database:
+                messages = [(m, status) for status in _COPIED_STATUSES
+                            for m in await source.get_messages(key, status=status)]
+            else:
+                messages = [(m, MessageStatus.ACTIVE) for m in await source.aget_messages(key)]
+            done = await asyncio.to_thread(target._sessions.copy_in, key, messages, times)
+            (copied.copied if done else copied.skipped).append(key)
+    finally:
+        if dated is not None:
+            await dated.engine.dispose()
     return copied
+
+
+# Archived messages are a key's oldest (``Memory`` archives from the front of its queue).
+_COPIED_STATUSES = (MessageStatus.ARCHIVED, MessageStatus.ACTIVE)
+
+
+class _DatedRows:
+    """A ``SQLAlchemyChatStore``'s rows with the time each holds (``time.time_ns()`` when it
+    was added), read as the store reads them: a key's rows of a status by time, then id."""
+
+    def __init__(self, engine: AsyncEngine, table: Table):
+        self.engine = engine
+        self.table = table
+
+    @classmethod
+    def of(cls, source: Any) -> Optional["_DatedRows"]:
+        """A reader of ``source``'s table; ``None`` when ``source`` is no
+        ``SQLAlchemyChatStore`` or keeps its rows where another engine cannot read them (in
+        memory, which is also where its URI points when it was given an engine instead)."""
+        if not isinstance(source, SQLAlchemyChatStore):
+            return None
+        uri = source.async_database_uri
+        if uri.startswith("sqlite") and (":memory:" in uri or uri.endswith("://")):
+            return None
+        schema = None if uri.startswith("sqlite") else source.db_schema
+        table = Table(source.table_name, MetaData(schema=schema),
+                      Column("id", Integer, primary_key=True), Column("key", String),
+                      Column("timestamp", BigInteger), Column("status", String),
+                      Column("data", JSON))
+        return cls(create_async_engine(uri), table)
+
+    async def read(self, key: str) -> tuple[list[tuple[ChatMessage, MessageStatus]],
+                                            list[int | None]]:
+        t = self.table
+        async with self.engine.connect() as connection:
+            rows = (await connection.execute(
+                select(t.c.timestamp, t.c.status, t.c.data).where(t.c.key == key)
+                .order_by(t.c.timestamp, t.c.id))).fetchall()
+        messages, times = [], []
+        for status in _COPIED_STATUSES:
+            for timestamp, _, data in (r for r in rows if r.status == status.value):
+                messages.append((ChatMessage.model_validate(data), status))
+                times.append(timestamp // 1_000_000 if isinstance(timestamp, int) else None)
+        return messages, times

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
+import sqlite3
+import time
 import unittest
 
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock
@@ -22,6 +25,7 @@ from sessiondb.llama_index import (
 )
 
 ACTIVE, ARCHIVED = MessageStatus.ACTIVE, MessageStatus.ARCHIVED
+YEAR_NS = 365 * 86_400 * 10**9
 
 
 def words(text: str) -> list:
@@ -204,9 +208,9 @@ class MovingInTest(ServedTest):
 
     def test_a_memorys_sqlite_store_is_copied_with_what_it_archived(self):
         prefix = self.fresh_prefix()
+        path = pathlib.Path(self.served.data) / f"{self.id()}.db"
         source = SQLAlchemyChatStore(table_name="chats",
-                                     async_database_uri="sqlite+aiosqlite:///"
-                                     + str(pathlib.Path(self.served.data) / f"{self.id()}.db"))
+                                     async_database_uri=f"sqlite+aiosqlite:///{path}")
 
         async def fill():
             for key in ("long", "short"):
@@ -222,12 +226,24 @@ class MovingInTest(ServedTest):
             return {status: asyncio.run(store.get_messages(prefix + key, status=status))
                     for status in (ARCHIVED, ACTIVE)}
         self.assertTrue(held(source, "long")[ARCHIVED], "the memory archived some")
+        # Rows a year older than the copy: each message is dated by its row, the session by the
+        # first.
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            db.execute("UPDATE chats SET timestamp = timestamp - ?", (YEAR_NS,))
+            rows = db.execute("SELECT key, status, timestamp FROM chats "
+                              "ORDER BY timestamp, id").fetchall()
 
         target = SessiondbChatStore(client=self.client)
         copied = asyncio.run(copy_chat_store(source, target))
         self.assertEqual(sorted(copied.copied), [prefix + "long", prefix + "short"])
         for key in ("long", "short"):
             self.assertEqual(held(target, key), held(source, key))
+            times = [ns // 1_000_000 for status in (ARCHIVED, ACTIVE)
+                     for k, s, ns in rows if (k, s) == (prefix + key, status.value)]
+            self.assertLess(times[-1], time.time() * 1000 - 300 * 86_400_000)
+            session = session_of(prefix + key)
+            self.assertEqual([m["createdAt"] for m in self.client.full_history(session)], times)
+            self.assertEqual(self.client.get_session(session)["createdAt"], times[0])
         again = asyncio.run(copy_chat_store(source, SessiondbChatStore(client=self.client)))
         self.assertEqual((again.copied, sorted(again.skipped)),
                          ([], [prefix + "long", prefix + "short"]))
@@ -254,6 +270,22 @@ class MovingInTest(ServedTest):
         asyncio.run(memory.aput(ChatMessage(role="user", content="and now?")))
         self.assertEqual(texts(asyncio.run(memory.aget()))[-3:],
                          ["question 1 question 1 question 1 ", "answer 1", "and now?"])
+
+    def test_a_memorys_store_in_memory_is_copied_through_its_interface(self):
+        key = self.fresh_prefix() + "in-memory"
+        source = SQLAlchemyChatStore(table_name="chats")  # its default: SQLite in memory
+
+        async def fill():
+            await source.add_messages(key, [ChatMessage(role="user", content="old")],
+                                      status=ARCHIVED)
+            await source.add_messages(key, [ChatMessage(role="user", content="hi"),
+                                            ChatMessage(role="assistant", content="hello")])
+        asyncio.run(fill())
+        target = SessiondbChatStore(client=self.client)
+        self.assertEqual(asyncio.run(copy_chat_store(source, target)).copied, [key])
+        for status, expected in ((ARCHIVED, ["old"]), (ACTIVE, ["hi", "hello"])):
+            self.assertEqual(texts(asyncio.run(target.get_messages(key, status=status))),
+                             expected)
 
     def test_a_base_chat_store_is_copied_and_a_taken_key_is_refused(self):
         prefix = self.fresh_prefix()
