@@ -534,14 +534,24 @@ class Client:
         at its version. Returns the path (objects of the caller's own) and what to keep from now
         on: ``None`` when there is nothing to keep (no session, or a compaction's summary in the
         path, whose stored path is then read in pages)."""
+        path, kept = self.held_history(session_id, held)
+        if kept is None and any(m["id"].startswith(COMPACTION_PREFIX) for m in path):
+            return list(self.iter_messages(session_id)), None
+        return path, kept
+
+    def held_history(self, session_id: str, held: HeldPath | None
+                     ) -> tuple[list[dict], HeldPath | None]:
+        """The active path with compactions applied (as ``versioned_history`` reads it), for a
+        caller that keeps it: ``held`` is what it kept, parsed again without a transfer while
+        the session is still at its version. Returns the path (objects of the caller's own) and
+        what to keep from now on: ``None`` when there is nothing to keep (no session, or a
+        compaction's summary in the path); what is kept is also the path as stored."""
         read = self._versioned_lines(session_id, held.version if held else None)
         if read is None and held is not None:
             return held.messages(), held
         version, lines = read or (0, [])
         path = _json_lines(lines)
-        if any(m["id"].startswith(COMPACTION_PREFIX) for m in path):
-            return list(self.iter_messages(session_id)), None
-        if not version:
+        if not version or any(m["id"].startswith(COMPACTION_PREFIX) for m in path):
             return path, None
         return path, HeldPath(version, tuple(lines), path[-1]["id"] if path else None)
 
