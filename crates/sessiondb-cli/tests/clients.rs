@@ -21,10 +21,11 @@ fn python_client_suite_passes_against_the_server() {
     python_suite(&[]);
 }
 
-/// The same suite with every server it starts on a PostgreSQL database of its own.
+/// The same suite with every server it starts on a PostgreSQL database of its own (room to
+/// spare: a server that finds none left fails its tests).
 #[test]
 fn python_client_suite_passes_on_postgresql() {
-    let (_cluster, databases) = postgres_databases(32);
+    let (_cluster, databases) = postgres_databases(48);
     python_suite(&[("SESSIONDB_TEST_DATABASES", &databases)]);
 }
 
@@ -58,7 +59,8 @@ fn typescript_client_suite_passes_on_both_backends() {
     node_suites(&package, &[], &["--import", "./test/fetch-transport.mjs"]);
     both_clients_read_what_the_other_wrote(&package);
 
-    let (_cluster, databases) = postgres_databases(20);
+    // A database per server the suites start, with room to spare.
+    let (_cluster, databases) = postgres_databases(32);
     let claims = tempfile::tempdir().unwrap();
     typescript_suite(
         &package,
