@@ -42,6 +42,7 @@ holding other messages is refused (``CopyConflict``). A conversation longer than
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import warnings
 from collections import OrderedDict
@@ -129,13 +130,19 @@ class SessiondbHistoryProvider(HistoryProvider):
 
     def _save(self, session: str, messages: list[Message]) -> None:
         held = self._held_of(session)
+        # `filter_new_messages` looks further back than the last `len(messages)` stored messages
+        # only when there are no more stored than that (it then looks for all of them among the
+        # given ones): a run's save parses its few, not the whole conversation.
+        compared = len(messages)
         for _ in range(SAVE_ATTEMPTS):
             if held is not None:
                 # As held: written at that version, or refused when the session moved since.
-                stored, condition = held.messages(), {"if_version": held.version}
+                stored = [json.loads(line) for line in held.lines[-compared:]]
+                condition: dict[str, Any] = {"if_version": held.version}
             else:
                 stored, held = self.client.held_stored_history(session, None)
                 condition = {"if_leaf": stored[-1]["id"]} if stored else {}
+                stored = stored[-compared:]
             added = filter_new_messages([framework_message_of(m) for m in stored], messages)
             if not added:
                 self._remember(session, held)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import tempfile
 import unittest
 import warnings
@@ -20,6 +21,7 @@ from agent_framework import (
     InMemoryHistoryProvider,
     Message,
 )
+from agent_framework._sessions import filter_new_messages
 from served import ServedTest
 
 from sessiondb import CopyConflict
@@ -153,6 +155,24 @@ class HistoryProviderTest(ServedTest):
             asyncio.run(self.provider.get_messages(None))
         with self.assertRaises(ValueError):
             asyncio.run(self.provider.save_messages("", [Message("user", ["x"])]))
+
+
+class ComparedTailTest(unittest.TestCase):
+    def test_new_messages_are_found_from_the_stored_tail_as_long_as_what_is_given(self):
+        # The provider compares a save with the last len(given) stored messages only.
+        rng = random.Random(7)
+        pool = [Message(role, [text]) for role in ("user", "assistant") for text in "abc"]
+        pool.append(Message("user", ["a"], message_id="m1"))
+        for _ in range(3000):
+            stored = rng.choices(pool, k=rng.randint(0, 8))
+            given = rng.choices(pool, k=rng.randint(1, 5))
+            if rng.random() < 0.3 and stored:  # a replay of a stretch of what is stored
+                start = rng.randrange(len(stored))
+                given = stored[start:] + given
+            whole = filter_new_messages(stored, given)
+            tail = filter_new_messages(stored[-len(given):], given)
+            self.assertEqual([m.to_dict() for m in tail], [m.to_dict() for m in whole],
+                             (stored, given))
 
 
 class SessionStoreTest(ServedTest):
