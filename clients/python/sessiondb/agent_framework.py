@@ -15,8 +15,8 @@ How messages are stored. Each ``Message`` is one sessiondb message of its role w
 ``content`` is its text (``Message.text``: its text contents, joined by spaces), so search, the
 converters, compaction and a UI read it like any other message; the whole message as the
 framework serialises it (``to_dict()``: function calls and results, data, author, message id,
-additional properties) is kept under the metadata key ``agentFrameworkMessage``, and reads give
-back what was saved. A message another client wrote reads as a ``Message`` of its role and text
+additional properties; without its role, and without its contents when they are that one text)
+is kept under the metadata key ``agentFrameworkMessage``, and reads give back what was saved. A message another client wrote reads as a ``Message`` of its role and text
 (its text parts joined when it has only ``parts``); a compaction's summary reads as a message of
 its role in place of the messages it covers.
 
@@ -65,14 +65,22 @@ SAVE_ATTEMPTS = 3
 
 def message_of(message: Message) -> dict:
     """The sessiondb message that stores one Agent Framework message."""
-    return {"role": message.role, "content": message.text,
-            "metadata": {MESSAGE_KEY: message.to_dict()}}
+    text = message.text
+    whole = message.to_dict()
+    # The role is the message's; a message of one plain text is its content: kept once.
+    del whole["role"]
+    if whole.get("contents") == [{"type": "text", "text": text, "additional_properties": {}}]:
+        del whole["contents"]
+    return {"role": message.role, "content": text, "metadata": {MESSAGE_KEY: whole}}
 
 
 def framework_message_of(stored: dict) -> Message:
     """The Agent Framework message a stored message holds (see the module's documentation)."""
     whole = (stored.get("metadata") or {}).get(MESSAGE_KEY)
     if isinstance(whole, dict):
+        whole = {**whole, "role": stored.get("role")}
+        if "contents" not in whole:
+            whole["contents"] = [{"type": "text", "text": stored.get("content", "")}]
         return Message.from_dict(whole)
     content: Any = stored.get("content")
     if not isinstance(content, str):

@@ -96,6 +96,9 @@ class HistoryProviderTest(ServedTest):
         stored = self.client.full_history(self.prefix + "calls")
         self.assertEqual([m["content"] for m in stored],
                          ["What is the weather?", "", "", "Sunny in Oslo."])
+        # A message of one plain text keeps it once, as its content.
+        kept = [m["metadata"]["agentFrameworkMessage"] for m in stored]
+        self.assertEqual(["contents" in k for k in kept], [True, True, True, False])
 
     def test_a_replayed_transcript_stores_only_what_came_since(self):
         chat = [Message("user", ["hi"]), Message("assistant", ["hello"]),
