@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "drivers"))
 from workload import texts  # noqa: E402  (the comparison's text generator)
 
+from agent_framework import FileHistoryProvider, Message  # noqa: E402
 from agents import SQLiteSession  # noqa: E402
 from google.adk.events.event import Event  # noqa: E402
 from google.adk.events.event_actions import EventActions  # noqa: E402
@@ -33,6 +34,7 @@ from langgraph.graph import END, START, StateGraph  # noqa: E402
 
 from sessiondb import Client  # noqa: E402
 from sessiondb.adk import SessiondbSessionService  # noqa: E402
+from sessiondb.agent_framework import SessiondbHistoryProvider  # noqa: E402
 from sessiondb.llama_index import SessiondbChatStore  # noqa: E402
 from sessiondb.langgraph import SessiondbSaver  # noqa: E402
 from sessiondb.openai_agents import SessiondbSession  # noqa: E402
@@ -121,6 +123,21 @@ async def llama_index_turns(store, turns):
     return ms
 
 
+async def agent_framework_turns(provider, turns):
+    """What an Agent Framework agent does with its history provider each run: load the
+    conversation, then store the run's input and the agent's answer."""
+    lines = iter(texts(2 * turns))
+    ms = []
+    for _ in range(turns):
+        started = time.perf_counter()
+        await provider.get_messages("bench")
+        await provider.save_messages("bench", [Message("user", [next(lines)]),
+                                               Message("assistant", [next(lines)],
+                                                       author_name="bench")])
+        ms.append((time.perf_counter() - started) * 1000)
+    return ms
+
+
 class State(TypedDict):
     steps: Annotated[list[str], operator.add]
     topic: str
@@ -183,8 +200,11 @@ def run(store, binary, scratch, turns, invokes):
         ms = asyncio.run(llama_index_turns(store, turns))
         emit("own", "llama-index", ms, sum(os.path.getsize(p) for p in [path, path + "-wal"]
                                               if os.path.exists(p)))
+        path = os.path.join(folder, "agent-framework")
+        ms = asyncio.run(agent_framework_turns(FileHistoryProvider(path), turns))
+        emit("own", "agent-framework", ms, dir_size(path))
         return
-    for framework in ["openai", "langgraph", "adk", "llama-index"]:
+    for framework in ["openai", "langgraph", "adk", "llama-index", "agent-framework"]:
         server = Server(binary, os.path.join(folder, framework))
         with Client(server.url) as client:
             if framework == "openai":
@@ -193,6 +213,8 @@ def run(store, binary, scratch, turns, invokes):
                 ms = asyncio.run(adk_turns(SessiondbSessionService(client), turns))
             elif framework == "llama-index":
                 ms = asyncio.run(llama_index_turns(SessiondbChatStore(client=client), turns))
+            elif framework == "agent-framework":
+                ms = asyncio.run(agent_framework_turns(SessiondbHistoryProvider(client), turns))
             else:
                 ms = langgraph_invokes(SessiondbSaver(client), invokes)
         emit("sessiondb", framework, ms, server.stop())
