@@ -43,9 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import warnings
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
@@ -53,7 +51,7 @@ from agent_framework import AgentSession, Message
 from agent_framework._feature_stage import ExperimentalWarning
 from agent_framework._sessions import HistoryProvider, SessionStore, filter_new_messages
 
-from .client import Client, Copied, HeldPath, SessiondbError, bounded_id
+from .client import Client, Copied, HeldPaths, SessiondbError, bounded_id
 
 MESSAGE_KEY = "agentFrameworkMessage"
 SESSION_KEY = "agentFrameworkSession"
@@ -104,8 +102,7 @@ class SessiondbHistoryProvider(HistoryProvider):
                          store_context_from=store_context_from, store_outputs=store_outputs)
         self.client = client
         self.prefix = prefix
-        self._held: OrderedDict[str, HeldPath] = OrderedDict()
-        self._guard = threading.Lock()
+        self._held = HeldPaths(HELD_SESSIONS)
 
     def session_of(self, session_id: str | None) -> str:
         """The sessiondb session holding the conversation of ``session_id``."""
@@ -127,17 +124,17 @@ class SessiondbHistoryProvider(HistoryProvider):
         """Deletes the conversation's messages; the session and its state stay."""
         session = self.session_of(session_id)
         await asyncio.to_thread(self.client.clear, session)
-        self._remember(session, None)
+        self._held.put(session, None)
 
     def _read(self, session: str) -> list[dict]:
         """The session's path as the model sees it, transferred only when it changed since
         this provider held it."""
-        path, kept = self.client.held_history(session, self._held_of(session))
-        self._remember(session, kept)
+        path, kept = self.client.held_history(session, self._held.get(session))
+        self._held.put(session, kept)
         return path
 
     def _save(self, session: str, messages: list[Message]) -> None:
-        held = self._held_of(session)
+        held = self._held.get(session)
         # `filter_new_messages` looks further back than the last `len(messages)` stored messages
         # only when there are no more stored than that (it then looks for all of them among the
         # given ones): a run's save parses its few, not the whole conversation.
@@ -153,7 +150,7 @@ class SessiondbHistoryProvider(HistoryProvider):
                 stored = stored[-compared:]
             added = filter_new_messages([framework_message_of(m) for m in stored], messages)
             if not added:
-                self._remember(session, held)
+                self._held.put(session, held)
                 return
             try:
                 written, version = self.client.append_batch_versioned(
@@ -163,26 +160,12 @@ class SessiondbHistoryProvider(HistoryProvider):
                     raise
                 held = None
                 continue
-            self._remember(session, held.extended(version, written)
+            self._held.put(session, held.extended(version, written)
                            if held is not None and version else None)
             return
-        self._remember(session, None)
+        self._held.put(session, None)
         raise SessiondbError(409, "conflict", f"session {session!r} kept changing while "
                              "messages were saved to it; nothing was saved")
-
-    def _held_of(self, session: str) -> HeldPath | None:
-        with self._guard:
-            return self._held.get(session)
-
-    def _remember(self, session: str, held: HeldPath | None) -> None:
-        with self._guard:
-            if held is None:
-                self._held.pop(session, None)
-                return
-            self._held[session] = held
-            self._held.move_to_end(session)
-            while len(self._held) > HELD_SESSIONS:
-                self._held.popitem(last=False)
 
 
 # The framework warns when a class derives from ``SessionStore``, which it marks experimental:
@@ -244,6 +227,6 @@ async def copy_history(source: HistoryProvider, target: SessiondbHistoryProvider
 
         done = bool(wanted) and await asyncio.to_thread(
             target.client.copy_conversation, target_session, wanted, same)
-        target._remember(target_session, None)
+        target._held.put(target_session, None)
         (copied.copied if done else copied.skipped).append(session_id)
     return copied

@@ -8,6 +8,7 @@ import ssl
 import threading
 import urllib.parse
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -124,6 +125,31 @@ class HeldPath(NamedTuple):
         and left the session at ``version``."""
         lines = tuple(json.dumps(m, ensure_ascii=False).encode() for m in added)
         return HeldPath(version, self.lines + lines, added[-1]["id"] if added else self.last_id)
+
+
+class HeldPaths:
+    """The paths a caller holds (``HeldPath``) by session, for the ``capacity`` sessions used
+    last: the least recently used is forgotten first. Safe to share between threads."""
+
+    def __init__(self, capacity: int = 256):
+        self._paths: OrderedDict[str, HeldPath] = OrderedDict()
+        self._capacity = capacity
+        self._guard = threading.Lock()
+
+    def get(self, session_id: str) -> HeldPath | None:
+        with self._guard:
+            return self._paths.get(session_id)
+
+    def put(self, session_id: str, held: HeldPath | None) -> None:
+        """Holds ``held`` for the session; ``None`` forgets what was held."""
+        with self._guard:
+            if held is None:
+                self._paths.pop(session_id, None)
+                return
+            self._paths[session_id] = held
+            self._paths.move_to_end(session_id)
+            while len(self._paths) > self._capacity:
+                self._paths.popitem(last=False)
 
 
 class Client:
@@ -527,33 +553,36 @@ class Client:
         ``messages``."""
         return self.held_stored_history(session_id, None)[0]
 
-    def held_stored_history(self, session_id: str, held: HeldPath | None
+    def held_stored_history(self, session_id: str, held: HeldPath | None, start: int = 0
                             ) -> tuple[list[dict], HeldPath | None]:
         """The active path as stored (as ``stored_history`` reads it), for a caller that keeps
         it: ``held`` is what it kept, parsed again without a transfer while the session is still
-        at its version. Returns the path (objects of the caller's own) and what to keep from now
-        on: ``None`` when there is nothing to keep (no session, or a compaction's summary in the
-        path, whose stored path is then read in pages)."""
-        path, kept = self.held_history(session_id, held)
-        if kept is None and any(m["id"].startswith(COMPACTION_PREFIX) for m in path):
-            return list(self.iter_messages(session_id)), None
+        at its version. Returns the path from position ``start`` (objects of the caller's own;
+        those before it are not parsed again) and what to keep from now on: ``None`` when there
+        is nothing to keep (no session, or a compaction's summary in the path, whose stored path
+        is then read in pages)."""
+        path, kept = self.held_history(session_id, held, start)
+        # Nothing kept of a path read: a compaction stands in it (maybe before `start`).
+        if kept is None and (path or start):
+            return list(self.iter_messages(session_id))[start:], None
         return path, kept
 
-    def held_history(self, session_id: str, held: HeldPath | None
+    def held_history(self, session_id: str, held: HeldPath | None, start: int = 0
                      ) -> tuple[list[dict], HeldPath | None]:
         """The active path with compactions applied (as ``versioned_history`` reads it), for a
         caller that keeps it: ``held`` is what it kept, parsed again without a transfer while
-        the session is still at its version. Returns the path (objects of the caller's own) and
-        what to keep from now on: ``None`` when there is nothing to keep (no session, or a
-        compaction's summary in the path); what is kept is also the path as stored."""
+        the session is still at its version. Returns the path from position ``start`` (objects
+        of the caller's own; those before it are not parsed again) and what to keep from now
+        on: ``None`` when there is nothing to keep (no session, or a compaction's summary in the
+        path); what is kept is also the path as stored."""
         read = self._versioned_lines(session_id, held.version if held else None)
         if read is None and held is not None:
-            return held.messages(), held
+            return _json_lines(list(held.lines[start:])), held
         version, lines = read or (0, [])
         path = _json_lines(lines)
         if not version or any(m["id"].startswith(COMPACTION_PREFIX) for m in path):
-            return path, None
-        return path, HeldPath(version, tuple(lines), path[-1]["id"] if path else None)
+            return path[start:], None
+        return path[start:], HeldPath(version, tuple(lines), path[-1]["id"] if path else None)
 
     def iter_messages(self, session_id: str, order: str = "asc",
                       page_size: int = 100) -> Iterator[dict]:

@@ -257,6 +257,22 @@ class ClientTest(ServedTest):
         version, messages = c.versioned_history("vers", unless_version=v1)
         self.assertEqual((version, [m["id"] for m in messages]), (second["version"], ["a", "b"]))
 
+    def test_a_held_stored_path_is_read_from_a_position(self):
+        c = self.client
+        c.append_batch("from", [{"id": i, "role": "user", "content": i} for i in "abcd"])
+        path, held = c.held_stored_history("from", None, 1)
+        self.assertEqual([m["id"] for m in path], ["b", "c", "d"])
+        # Unchanged: parsed again from the position, without a transfer.
+        path, again = c.held_stored_history("from", held, 3)
+        self.assertEqual(([m["id"] for m in path], again), (["d"], held))
+        self.assertEqual(c.held_stored_history("absent", None, 2), ([], None))
+        # A compaction before the position: the stored path, not the summary, is what counts.
+        c.add_compaction("from", "a and b", "a", "b")
+        path, kept = c.held_stored_history("from", held, 2)
+        self.assertEqual(([m["id"] for m in path], kept), (["c", "d"], None))
+        path, kept = c.held_history("from", None, 1)
+        self.assertEqual([m["content"] for m in path], ["c", "d"])
+
     def test_writes_conditioned_on_the_leaf(self):
         c = self.client
         with self.assertRaises(SessiondbError) as caught:
