@@ -31,6 +31,9 @@ from llama_index.core.memory import Memory  # noqa: E402
 from llama_index.core.storage.chat_store.sql import SQLAlchemyChatStore  # noqa: E402
 from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
+from strands import Agent as StrandsAgent  # noqa: E402
+from strands.models.model import Model as StrandsModel  # noqa: E402
+from strands.session import FileSessionManager, RepositorySessionManager  # noqa: E402
 
 from sessiondb import Client  # noqa: E402
 from sessiondb.adk import SessiondbSessionService  # noqa: E402
@@ -38,6 +41,7 @@ from sessiondb.agent_framework import SessiondbHistoryProvider  # noqa: E402
 from sessiondb.llama_index import SessiondbChatStore  # noqa: E402
 from sessiondb.langgraph import SessiondbSaver  # noqa: E402
 from sessiondb.openai_agents import SessiondbSession  # noqa: E402
+from sessiondb.strands import SessiondbSessionRepository  # noqa: E402
 
 
 def dir_size(path):
@@ -138,6 +142,46 @@ async def agent_framework_turns(provider, turns):
     return ms
 
 
+class ScriptedStrandsModel(StrandsModel):
+    """A model answering with the given text, streamed as Strands' model providers stream."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def update_config(self, **model_config):
+        pass
+
+    def get_config(self):
+        return {}
+
+    async def structured_output(self, output_model, prompt, system_prompt=None, **kwargs):
+        raise NotImplementedError
+        yield
+
+    async def stream(self, messages, tool_specs=None, system_prompt=None, **kwargs):
+        yield {"messageStart": {"role": "assistant"}}
+        yield {"contentBlockStart": {"start": {}}}
+        yield {"contentBlockDelta": {"delta": {"text": self.answer}}}
+        yield {"contentBlockStop": {}}
+        yield {"messageStop": {"stopReason": "end_turn"}}
+
+
+def strands_turns(manager_of, turns):
+    """What a server that keeps no agent between requests does with Strands each turn: a new
+    `Agent` restored from its session manager (the default sliding window of 40 messages), then
+    the user's message and the answer, each stored as the agent adds it, and the agent synced."""
+    lines = iter(texts(2 * turns))
+    ms = []
+    for _ in range(turns):
+        question, answer = next(lines), next(lines)
+        started = time.perf_counter()
+        agent = StrandsAgent(model=ScriptedStrandsModel(answer), session_manager=manager_of(),
+                             callback_handler=None)
+        agent(question)
+        ms.append((time.perf_counter() - started) * 1000)
+    return ms
+
+
 class State(TypedDict):
     steps: Annotated[list[str], operator.add]
     topic: str
@@ -203,8 +247,11 @@ def run(store, binary, scratch, turns, invokes):
         path = os.path.join(folder, "agent-framework")
         ms = asyncio.run(agent_framework_turns(FileHistoryProvider(path), turns))
         emit("own", "agent-framework", ms, dir_size(path))
+        path = os.path.join(folder, "strands")
+        ms = strands_turns(lambda: FileSessionManager("bench", storage_dir=path), turns)
+        emit("own", "strands", ms, dir_size(path))
         return
-    for framework in ["openai", "langgraph", "adk", "llama-index", "agent-framework"]:
+    for framework in ["openai", "langgraph", "adk", "llama-index", "agent-framework", "strands"]:
         server = Server(binary, os.path.join(folder, framework))
         with Client(server.url) as client:
             if framework == "openai":
@@ -215,6 +262,10 @@ def run(store, binary, scratch, turns, invokes):
                 ms = asyncio.run(llama_index_turns(SessiondbChatStore(client=client), turns))
             elif framework == "agent-framework":
                 ms = asyncio.run(agent_framework_turns(SessiondbHistoryProvider(client), turns))
+            elif framework == "strands":
+                repository = SessiondbSessionRepository(client)
+                ms = strands_turns(lambda: RepositorySessionManager(
+                    session_id="bench", session_repository=repository), turns)
             else:
                 ms = langgraph_invokes(SessiondbSaver(client), invokes)
         emit("sessiondb", framework, ms, server.stop())

@@ -8,14 +8,17 @@ against `SessiondbSession`, LangGraph on its `SqliteSaver` against `SessiondbSav
 ADK on its `SqliteSessionService` against `SessiondbSessionService`, LlamaIndex's `Memory` on its
 `SQLAlchemyChatStore` (aiosqlite) against `SessiondbChatStore`, Microsoft Agent Framework on its
 `FileHistoryProvider` (a JSON Lines file per session, no fsync) against
-`SessiondbHistoryProvider`, the sessiondb adapters going through the Python client to a release `sessiondb serve` on this
+`SessiondbHistoryProvider`, Strands Agents on its `FileSessionManager` (a JSON file per message, no
+fsync) against `SessiondbSessionRepository`, the sessiondb adapters going through the Python client to a release `sessiondb serve` on this
 machine (durable, as the SQLite stores are by default); and the AI SDK's chat store on the file
 store of its persistence guide (a JSON file per chat, no fsync) against `SessiondbChatStore`
 through the TypeScript client (bench/adapters/ai_sdk.mjs, on Node). Per step: one conversation
 turn (the runner's read of the history, then storing the turn's input and output; for ADK, its
 session read whole and two events stored, the answer with a state change; for LlamaIndex,
 `Memory.aget` then `aput_messages` with the turn's two messages; for Agent Framework, the
-provider's `get_messages` then `save_messages` with the run's two messages; for the AI
+provider's `get_messages` then `save_messages` with the run's two messages; for Strands, a new
+`Agent` restored from its session manager, then a run with a scripted model: the two messages
+stored as added and the agent synced; for the AI
 SDK, `loadChat` and then `saveChat` with the turn's question and answer added) or one graph
 invocation (two nodes, each adding ~200 characters to an accumulating list). ADK for TypeScript
 runs the same turn as ADK in Python on its `DatabaseSessionService` (MikroORM's SQLite driver, a
@@ -42,7 +45,8 @@ VENV = os.path.join(BENCH, ".peers", "adapters")
 NODE_PEERS = os.path.join(BENCH, ".peers", "adapters-node")
 RESULTS = os.path.join(HERE, "results.json")
 PACKAGES = ["openai-agents==0.24.0", "langgraph==1.2.22", "langgraph-checkpoint-sqlite==3.1.2",
-            "google-adk==2.13.0", "llama-index-core==0.14.25", "agent-framework-core==1.23.0"]
+            "google-adk==2.13.0", "llama-index-core==0.14.25", "agent-framework-core==1.23.0",
+            "strands-agents==1.62.0"]
 # MikroORM pinned to one 6.x release throughout: 7.x needs Node 22.
 NODE_PACKAGES = ["@google/adk@2.0.0", "@mikro-orm/core@6.6.16", "@mikro-orm/knex@6.6.16",
                  "@mikro-orm/reflection@6.6.16", "@mikro-orm/sqlite@6.6.16"]
@@ -51,6 +55,7 @@ FRAMEWORKS = {"openai": "OpenAI Agents SDK: one turn (SQLiteSession / SessiondbS
               "adk": "Google ADK: one turn (SqliteSessionService / SessiondbSessionService)",
               "llama-index": "LlamaIndex Memory: one turn (SQLAlchemyChatStore on SQLite / SessiondbChatStore)",
               "agent-framework": "Microsoft Agent Framework: one run (FileHistoryProvider / SessiondbHistoryProvider)",
+              "strands": "Strands Agents: one request (FileSessionManager / SessiondbSessionRepository)",
               "ai-sdk": "AI SDK: one chat turn (the persistence guide's file store / SessiondbChatStore)",
               "adk-ts": "ADK for TypeScript: one turn (DatabaseSessionService on SQLite / SessiondbSessionService)"}
 TYPESCRIPT = os.path.join(ROOT, "clients", "typescript")
