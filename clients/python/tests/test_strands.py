@@ -172,6 +172,29 @@ class RepositoryTest(ServedTest):
         # The window dropped the first messages; all ten stay stored.
         self.assertEqual((len(ours[0]), ours[1], ours[2]), (4, 5, 10))
 
+    def test_two_agents_restored_from_one_session_both_keep_their_turns(self):
+        run(self.manager(), "hello")
+        # Two requests at once (two processes, say), each restored before the other wrote.
+        elsewhere = SessiondbSessionRepository(self.client, prefix=self.prefix)
+        first = Agent(model=ScriptedModel(), session_manager=self.manager(),
+                      callback_handler=None)
+        second = Agent(model=ScriptedModel(), session_manager=self.manager(
+            repository=elsewhere), callback_handler=None)
+        first("from the first")
+        second("from the second")
+        listed = self.repository.list_messages("chat", "default")
+        # Strands' file store would have written both turns to the same two files, the second
+        # over the first; here both stay, in the order they were written.
+        self.assertEqual([text_of(m.message) for m in listed], [
+            "hello", "shown 1, last hello", "from the first", "shown 3, last from the first",
+            "from the second", "shown 3, last from the second"])
+        self.assertEqual([m.message_id for m in listed], [0, 1, 2, 3, 2, 3])
+        # The next agent goes on from all of them, its messages after the last index.
+        _, agent = run(self.manager(), "and then")
+        self.assertEqual(len(agent.messages), 8)
+        self.assertEqual(self.repository.read_message("chat", "default", 4).message["content"],
+                         [{"text": "and then"}])
+
     def test_messages_another_client_wrote_read_at_their_positions(self):
         run(self.manager(), "hello")
         conversation = self.repository.conversation_of("chat", "default")
