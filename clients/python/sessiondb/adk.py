@@ -92,7 +92,7 @@ from .client import (
     Client,
     Copied,
     CopyConflict,
-    HeldPath,
+    HeldPaths,
     SessiondbError,
     bounded_id,
     joined_id,
@@ -202,10 +202,10 @@ class SessiondbSessionService(BaseSessionService):
 
     def __init__(self, client: Client):
         self.client = client
-        # Per session key, the session's stored path at its version as this service last read
-        # or wrote it, so a whole read while the session is still at that version transfers no
-        # events.
-        self._held: dict[str, Optional[HeldPath]] = {}
+        # Per session key (for the 256 used last), the session's stored path at its version as
+        # this service last read or wrote it, so a whole read while the session is still at
+        # that version transfers no events.
+        self._held = HeldPaths()
 
     # -- ADK's interface --------------------------------------------------------------------
 
@@ -227,7 +227,7 @@ class SessiondbSessionService(BaseSessionService):
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
         key = session_key(app_name, user_id, session_id.strip())
-        self._held.pop(key, None)
+        self._held.pop(key)
         await asyncio.to_thread(self.client.delete_session, key, True)
 
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
@@ -290,7 +290,8 @@ class SessiondbSessionService(BaseSessionService):
         """The events ``config`` asks for, oldest first."""
         wanted, after = config.num_recent_events, config.after_timestamp
         if wanted is None:
-            path, self._held[key] = self.client.held_stored_history(key, self._held.get(key))
+            path, held = self.client.held_stored_history(key, self._held.get(key))
+            self._held.put(key, held)
             events = [event_of(m) for m in path]
             return [e for e in events if e.timestamp >= after] if after else events
         # The stored path newest first, read only as far as ``config`` needs.
@@ -328,7 +329,7 @@ class SessiondbSessionService(BaseSessionService):
         messages = [message_of_event(event) for event in session.events]
         record = {"userId": session.user_id, "metadata": {
             APP_KEY: session.app_name, USER_KEY: session.user_id, SESSION_KEY: session.id}}
-        self._held.pop(key, None)
+        self._held.pop(key)
         try:
             return self.client.copy_conversation(
                 key, messages, lambda stored, i: stored["id"] == messages[i]["id"], record,
@@ -353,7 +354,7 @@ class SessiondbSessionService(BaseSessionService):
         lines = [{"message": message, "parentId": leaf, "createdAt": created_at}]
         lines += _state_lines(scopes["session"])
         scope_parts = _scope_parts(session.app_name, session.user_id, scopes)
-        held = self._held.pop(key, None)
+        held = self._held.pop(key)
         if held is not None and leaf is not None and held.last_id == leaf:
             # The path held ends where this object does: at the version held, the path after
             # the write is what is held plus this event (an import stores it as given).
@@ -366,7 +367,8 @@ class SessiondbSessionService(BaseSessionService):
             else:
                 version = answer["parts"][0].get("version")
                 if version is not None:
-                    self._held[key] = held.extended(version, [{**message, "createdAt": created_at}])
+                    self._held.put(key, held.extended(
+                        version, [{**message, "createdAt": created_at}]))
                 return
         event_part = {"session_id": key, "lines": lines, "if_leaf": leaf}
         try:

@@ -55,8 +55,6 @@ from .client import Client, Copied, HeldPaths, SessiondbError, bounded_id
 
 MESSAGE_KEY = "agentFrameworkMessage"
 SESSION_KEY = "agentFrameworkSession"
-# Sessions whose path a provider remembers; the least recently used is forgotten first.
-HELD_SESSIONS = 256
 # Reads and writes of one save before another writer's steady changes make it give up.
 SAVE_ATTEMPTS = 3
 
@@ -102,7 +100,7 @@ class SessiondbHistoryProvider(HistoryProvider):
                          store_context_from=store_context_from, store_outputs=store_outputs)
         self.client = client
         self.prefix = prefix
-        self._held = HeldPaths(HELD_SESSIONS)
+        self._held = HeldPaths()
 
     def session_of(self, session_id: str | None) -> str:
         """The sessiondb session holding the conversation of ``session_id``."""

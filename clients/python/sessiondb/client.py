@@ -138,7 +138,15 @@ class HeldPaths:
 
     def get(self, session_id: str) -> HeldPath | None:
         with self._guard:
-            return self._paths.get(session_id)
+            held = self._paths.get(session_id)
+            if held is not None:
+                self._paths.move_to_end(session_id)
+            return held
+
+    def pop(self, session_id: str) -> HeldPath | None:
+        """What was held for the session, forgotten (a writer takes it while it writes)."""
+        with self._guard:
+            return self._paths.pop(session_id, None)
 
     def put(self, session_id: str, held: HeldPath | None) -> None:
         """Holds ``held`` for the session; ``None`` forgets what was held."""

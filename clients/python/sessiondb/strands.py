@@ -56,8 +56,6 @@ MESSAGE_KEY = "strandsMessage"
 SESSION_KEY = "strandsSession"
 AGENT_KEY_PREFIX = "strandsAgent:"
 MULTI_AGENT_KEY_PREFIX = "strandsMultiAgent:"
-# Conversations whose path a repository remembers; the least recently used is forgotten first.
-HELD_CONVERSATIONS = 256
 # Agents whose creation time a repository remembers; all are forgotten when it is full.
 HELD_AGENTS = 4096
 MESSAGE_FIELDS = frozenset(field.name for field in dataclasses.fields(SessionMessage))
@@ -132,7 +130,7 @@ class SessiondbSessionRepository(SessionRepository):
     def __init__(self, client: Client, prefix: str = ""):
         self.client = client
         self.prefix = prefix
-        self._held = HeldPaths(HELD_CONVERSATIONS)
+        self._held = HeldPaths()
         # When each agent this repository read or wrote was created, by session and agent id.
         self._agents_created: dict[tuple[str, str], str] = {}
 

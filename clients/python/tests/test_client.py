@@ -16,6 +16,7 @@ from served import Served, ServedTest
 
 import sessiondb.client
 from sessiondb import Client, CopyConflict, SessiondbError, SessiondbUnavailable
+from sessiondb.client import HeldPath, HeldPaths
 
 
 class ClientTest(ServedTest):
@@ -272,6 +273,19 @@ class ClientTest(ServedTest):
         self.assertEqual(([m["id"] for m in path], kept), (["c", "d"], None))
         path, kept = c.held_history("from", None, 1)
         self.assertEqual([m["content"] for m in path], ["c", "d"])
+
+    def test_held_paths_forget_the_least_recently_used_first(self):
+        held = HeldPaths(capacity=2)
+        paths = {name: HeldPath(1, (b"{}",), name) for name in "abc"}
+        held.put("a", paths["a"])
+        held.put("b", paths["b"])
+        self.assertIs(held.get("a"), paths["a"])
+        held.put("c", paths["c"])
+        self.assertEqual([held.get(n) for n in "abc"], [paths["a"], None, paths["c"]])
+        self.assertIs(held.pop("a"), paths["a"])
+        self.assertIsNone(held.get("a"))
+        held.put("c", None)
+        self.assertIsNone(held.get("c"))
 
     def test_writes_conditioned_on_the_leaf(self):
         c = self.client
