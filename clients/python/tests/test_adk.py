@@ -241,6 +241,26 @@ class SessionServiceTest(AppTest):
         with self.assertRaises(SessionNotFoundError):
             asyncio.run(self.service.append_event(again, event("third")))
 
+    def test_a_service_holds_the_paths_of_the_sessions_used_last(self):
+        client, statuses = self.recording_client("/history")
+        service = SessiondbSessionService(client)
+
+        async def read_all(ids):
+            for session_id in ids:
+                await service.get_session(app_name=self.app, user_id="ann", session_id=session_id)
+
+        async def create_all(ids):
+            for session_id in ids:
+                await service.create_session(app_name=self.app, user_id="ann",
+                                             session_id=session_id)
+
+        others = [f"other-{i}" for i in range(256)]
+        asyncio.run(create_all(["first", *others]))
+        asyncio.run(read_all(["first", *others[:255], "first"]))
+        self.assertEqual(statuses[-1], ("GET", 304), "held while among the 256 used last")
+        asyncio.run(read_all([*others, "first"]))
+        self.assertEqual(statuses[-1], ("GET", 200), "forgotten after 256 others were used")
+
     def test_a_read_after_its_own_writes_transfers_no_events(self):
         client, statuses = self.recording_client("/history")
         service = SessiondbSessionService(client)

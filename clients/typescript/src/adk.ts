@@ -97,6 +97,8 @@ export const MEMORY_KEY = 'adkMemory';
 const PAGE_SIZE = 100;
 /** How often one append reads a session again after other writers moved it, before giving up. */
 const MAX_REFRESHES = 16;
+/** Sessions whose stored path a service holds. */
+const HELD_SESSIONS = 256;
 
 /** The sessiondb session holding an ADK session. */
 export function sessionKey(appName: string, userId: string, sessionId: string): string {
@@ -115,6 +117,7 @@ export function userStateKey(appName: string, userId: string): string {
 
 type JsonObject = { [key: string]: Json };
 type Scopes = { app: JsonObject; user: JsonObject; session: JsonObject };
+type HeldPath = { version: number; path: StoredMessage[] };
 
 /** `value` as JSON: as `JSON.stringify` gives it, `null` for what it leaves out, else its text. */
 function jsonOf(value: unknown): Json {
@@ -270,8 +273,8 @@ export class SessiondbSessionService extends BaseSessionService {
   private readonly leaves = new WeakMap<Session, string | null>();
   /** Per session key, its version and stored path as this service last read or wrote it (never
    * handed out: each read builds events of its own), so a read while the session is still at
-   * that version transfers no events. */
-  private readonly held = new Map<string, { version: number; path: StoredMessage[] }>();
+   * that version transfers no events; for the `HELD_SESSIONS` used last, least recent first. */
+  private readonly held = new Map<string, HeldPath>();
 
   constructor(client: Client) {
     super();
@@ -419,7 +422,10 @@ export class SessiondbSessionService extends BaseSessionService {
   private async storedPath(key: string): Promise<StoredMessage[]> {
     const held = this.held.get(key);
     const read = await this.client.versionedHistory(key, { unlessVersion: held?.version });
-    if (read === null && held !== undefined) return held.path;
+    if (read === null && held !== undefined) {
+      this.hold(key, held);
+      return held.path;
+    }
     const { version, messages } = read ?? { version: 0, messages: [] };
     this.held.delete(key);
     if (messages.some((message) => message.id.startsWith(COMPACTION_PREFIX))) {
@@ -428,8 +434,16 @@ export class SessiondbSessionService extends BaseSessionService {
       for await (const message of this.client.iterMessages(key)) stored.push(message);
       return stored;
     }
-    if (version) this.held.set(key, { version, path: messages });
+    if (version) this.hold(key, { version, path: messages });
     return messages;
+  }
+
+  /** Holds `path` for the session as the one used last, forgetting the least recently used
+   * past `HELD_SESSIONS`. */
+  private hold(key: string, path: HeldPath): void {
+    this.held.delete(key);
+    this.held.set(key, path);
+    if (this.held.size > HELD_SESSIONS) this.held.delete(this.held.keys().next().value as string);
   }
 
   /** Stores `event` with its state changes; `replaces`: the session object holds its id. */
@@ -449,7 +463,7 @@ export class SessiondbSessionService extends BaseSessionService {
       try {
         const answer = await this.client.importTogether([{ sessionId: key, lines, ifVersion: held.version }, ...scoped]);
         const version = answer.parts[0].version;
-        if (version !== undefined) this.held.set(key, { version, path: [...held.path, { ...message, createdAt }] });
+        if (version !== undefined) this.hold(key, { version, path: [...held.path, { ...message, createdAt }] });
         return;
       } catch (error) {
         const refused = error instanceof SessiondbError && (error.code === 'conflict' || error.code === 'not_found');

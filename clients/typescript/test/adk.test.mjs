@@ -228,6 +228,28 @@ test('a compacted session still gives every event', async () => {
   }
 });
 
+test('a service holds the paths of the sessions used last', async () => {
+  const client = new Client({ baseUrl: shared.client.baseUrl });
+  const statuses = [];
+  const open = client.open.bind(client);
+  client.open = async (method, path, ...rest) => {
+    const answer = await open(method, path, ...rest);
+    if (path.endsWith('/history')) statuses.push(answer.status);
+    return answer;
+  };
+  const service = new SessiondbSessionService(client);
+  const appName = freshApp();
+  const readAll = async (ids) => {
+    for (const sessionId of ids) await service.getSession({ appName, userId: 'ann', sessionId });
+  };
+  const others = Array.from({ length: 256 }, (_, i) => `other-${i}`);
+  for (const sessionId of ['first', ...others]) await service.createSession({ appName, userId: 'ann', sessionId });
+  await readAll(['first', ...others.slice(0, 255), 'first']);
+  assert.equal(statuses.at(-1), 304, 'held while among the 256 used last');
+  await readAll([...others, 'first']);
+  assert.equal(statuses.at(-1), 200, 'forgotten after 256 others were used');
+});
+
 test('a read after its own writes transfers no events', async () => {
   const client = new Client({ baseUrl: shared.client.baseUrl });
   const statuses = [];
