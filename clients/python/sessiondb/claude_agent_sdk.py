@@ -39,6 +39,7 @@ from typing import Any
 
 from .client import (
     Client,
+    RememberedValues,
     SessiondbError,
     bounded_id,
     joined_id,
@@ -124,7 +125,7 @@ class SessiondbSessionStore:
         self.client = client
         self.prefix = prefix
         # The summary this process last stored, by session id.
-        self._summaries: dict[str, dict] = {}
+        self._summaries: dict[str, dict] = RememberedValues()
 
     def _session_id(self, key: dict) -> str:
         parts = [key["project_key"], key["session_id"]]

@@ -127,6 +127,29 @@ class HeldPath(NamedTuple):
         return HeldPath(version, self.lines + lines, added[-1]["id"] if added else self.last_id)
 
 
+# What an adapter remembers only to save a request (the sessions it created, the records it
+# read) is forgotten all at once past this many entries, so a long-lived process stays bounded.
+REMEMBERED = 4096
+
+
+class RememberedIds(set):
+    """Ids an adapter remembers only to skip a request, forgotten past ``REMEMBERED``."""
+
+    def add(self, item: Any) -> None:
+        if item not in self and len(self) >= REMEMBERED:
+            self.clear()
+        super().add(item)
+
+
+class RememberedValues(dict):
+    """Values an adapter remembers only to skip a request, forgotten past ``REMEMBERED``."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if key not in self and len(self) >= REMEMBERED:
+            self.clear()
+        super().__setitem__(key, value)
+
+
 class HeldPaths:
     """The paths a caller holds (``HeldPath``) by session, for the ``capacity`` sessions used
     last: the least recently used is forgotten first. Safe to share between threads."""

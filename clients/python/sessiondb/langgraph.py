@@ -62,7 +62,7 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 
-from .client import Client, Copied, SessiondbError, bounded_id, joined_id
+from .client import Client, Copied, RememberedIds, SessiondbError, bounded_id, joined_id
 from .langgraph_store import SessiondbStore, copy_store
 
 __all__ = ["SessiondbSaver", "SessiondbStore", "acopy_threads", "copy_store", "copy_threads"]
@@ -167,7 +167,7 @@ class SessiondbSaver(BaseCheckpointSaver[str]):
         # holder, channel) as (version, type, bytes, links below), half of the budget each.
         self._contents = _Memory(cache_bytes // 2)
         self._values = _Memory(cache_bytes // 2)
-        self._created: set[str] = set()
+        self._created = RememberedIds()
 
     # -- naming ------------------------------------------------------------------------------
 

@@ -68,7 +68,15 @@ from langgraph.store.base import (
     tokenize_path,
 )
 
-from .client import Client, Copied, SessiondbError, bounded_id, joined_id, message_id_for
+from .client import (
+    Client,
+    Copied,
+    RememberedIds,
+    SessiondbError,
+    bounded_id,
+    joined_id,
+    message_id_for,
+)
 
 NAMESPACE_KEY = "langgraphNamespace"
 ITEM_KEY = "storeKey"
@@ -169,7 +177,7 @@ class SessiondbStore(BaseStore):
                  ttl: TTLConfig | None = None):
         self.client = client
         self.prefix = prefix
-        self._created: set[str] = set()
+        self._created = RememberedIds()
         self.ttl_config = ttl
         self._sweeper: threading.Thread | None = None
         self._stop_sweeping = threading.Event()

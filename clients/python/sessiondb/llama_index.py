@@ -43,7 +43,15 @@ from llama_index.core.storage.chat_store.sql import SQLAlchemyChatStore
 from sqlalchemy import JSON, BigInteger, Column, Integer, MetaData, String, Table, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from .client import Client, Copied, HeldPaths, SessiondbError, bounded_id, joined_id
+from .client import (
+    Client,
+    Copied,
+    HeldPaths,
+    RememberedIds,
+    SessiondbError,
+    bounded_id,
+    joined_id,
+)
 
 MESSAGE_KEY = "llamaIndexMessage"
 STATUS_KEY = "llamaIndexStatus"
@@ -90,7 +98,7 @@ class _KeyedSessions:
     def __init__(self, client: Client):
         self.client = client
         # Keys whose session this process has created (or found), so an add is one request.
-        self.registered: set[str] = set()
+        self.registered = RememberedIds()
         # Per key (for the 256 used last), the session's stored path at its version as this
         # store last read or wrote it: a read while the session is still at that version
         # transfers nothing.

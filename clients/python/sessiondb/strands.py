@@ -47,7 +47,15 @@ from strands.session.session_repository import SessionRepository
 from strands.types.exceptions import SessionException
 from strands.types.session import Session, SessionAgent, SessionMessage, decode_bytes_values
 
-from .client import Client, Copied, HeldPaths, SessiondbError, bounded_id, joined_id
+from .client import (
+    Client,
+    Copied,
+    HeldPaths,
+    RememberedValues,
+    SessiondbError,
+    bounded_id,
+    joined_id,
+)
 
 if TYPE_CHECKING:
     from strands.multiagent.base import MultiAgentBase
@@ -56,8 +64,6 @@ MESSAGE_KEY = "strandsMessage"
 SESSION_KEY = "strandsSession"
 AGENT_KEY_PREFIX = "strandsAgent:"
 MULTI_AGENT_KEY_PREFIX = "strandsMultiAgent:"
-# Agents whose creation time a repository remembers; all are forgotten when it is full.
-HELD_AGENTS = 4096
 MESSAGE_FIELDS = frozenset(field.name for field in dataclasses.fields(SessionMessage))
 
 
@@ -132,7 +138,7 @@ class SessiondbSessionRepository(SessionRepository):
         self.prefix = prefix
         self._held = HeldPaths()
         # When each agent this repository read or wrote was created, by session and agent id.
-        self._agents_created: dict[tuple[str, str], str] = {}
+        self._agents_created: dict[tuple[str, str], str] = RememberedValues()
 
     def record_of(self, session_id: str) -> str:
         """The sessiondb session holding the records of Strands session ``session_id``."""
@@ -206,8 +212,6 @@ class SessiondbSessionRepository(SessionRepository):
         self.create_agent(session_id, session_agent)
 
     def _remember_agent(self, session_id: str, agent: SessionAgent) -> None:
-        if len(self._agents_created) >= HELD_AGENTS:
-            self._agents_created.clear()
         self._agents_created[(session_id, agent.agent_id)] = agent.created_at
 
     # -- messages ---------------------------------------------------------------------------

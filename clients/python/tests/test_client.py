@@ -16,7 +16,7 @@ from served import Served, ServedTest
 
 import sessiondb.client
 from sessiondb import Client, CopyConflict, SessiondbError, SessiondbUnavailable
-from sessiondb.client import HeldPath, HeldPaths
+from sessiondb.client import HeldPath, HeldPaths, RememberedIds, RememberedValues
 
 
 class ClientTest(ServedTest):
@@ -286,6 +286,19 @@ class ClientTest(ServedTest):
         self.assertIsNone(held.get("a"))
         held.put("c", None)
         self.assertIsNone(held.get("c"))
+
+    def test_what_adapters_remember_to_skip_requests_stays_bounded(self):
+        with unittest.mock.patch("sessiondb.client.REMEMBERED", 3):
+            ids, values = RememberedIds(), RememberedValues()
+            for i in range(3):
+                ids.add(i)
+                values[i] = str(i)
+            ids.add(2)
+            values[2] = "again"
+            self.assertEqual((ids, values), ({0, 1, 2}, {0: "0", 1: "1", 2: "again"}))
+            ids.add(3)
+            values[3] = "3"
+            self.assertEqual((ids, values), ({3}, {3: "3"}))
 
     def test_writes_conditioned_on_the_leaf(self):
         c = self.client

@@ -366,6 +366,16 @@ export function joinedId(...parts: string[]): string {
   return parts.map(quoteSegment).join('/');
 }
 
+/** What an adapter remembers only to save a request (the sessions it created) is forgotten all
+ * at once past this many entries, so a long-lived process stays bounded. */
+export const REMEMBERED = 4096;
+
+/** Adds `id` to ids an adapter remembers only to skip a request (forgotten past `REMEMBERED`). */
+export function rememberId(ids: Set<string>, id: string): void {
+  if (!ids.has(id) && ids.size >= REMEMBERED) ids.clear();
+  ids.add(id);
+}
+
 /** `prefix + name`, or `prefix` and a SHA-256 of it when that passes the API's 256 characters. */
 export function boundedId(name: string, prefix = ''): string {
   const full = prefix + name;

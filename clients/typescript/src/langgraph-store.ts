@@ -38,7 +38,7 @@ import {
 } from '@langchain/langgraph-checkpoint';
 
 import { base64Of, bytesOf } from './bytes.js';
-import { Client, type Copied, SessiondbError, boundedId, joinedId, messageIdFor, type Json, type StoredMessage } from './client.js';
+import { Client, type Copied, SessiondbError, boundedId, joinedId, messageIdFor, rememberId, type Json, type StoredMessage } from './client.js';
 import { jsonEqual } from './json.js';
 
 export const NAMESPACE_KEY = 'langgraphNamespace';
@@ -278,7 +278,7 @@ export class SessiondbStore extends BaseStore {
       } catch (error) {
         if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
       }
-      this.created.add(sessionId);
+      rememberId(this.created, sessionId);
     }
     const metadata: Record<string, Json> = { [ITEM_KEY]: op.key };
     if (vectors.length > 0) {

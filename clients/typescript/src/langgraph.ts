@@ -46,7 +46,7 @@ import {
 } from '@langchain/langgraph-checkpoint';
 
 import { base64Of, bytesOf, concatBytes, samePrefix } from './bytes.js';
-import { Client, type Copied, SessiondbError, boundedId, joinedId, type Json, type StoredMessage } from './client.js';
+import { Client, type Copied, SessiondbError, boundedId, joinedId, rememberId, type Json, type StoredMessage } from './client.js';
 
 export const THREAD_KEY = 'langgraphThread';
 
@@ -199,7 +199,7 @@ export class SessiondbSaver extends BaseCheckpointSaver<number | string> {
       } catch (error) {
         if (!(error instanceof SessiondbError && error.code === 'conflict')) throw error;
       }
-      this.created.add(id);
+      rememberId(this.created, id);
     }
     return sessions;
   }

@@ -5,7 +5,7 @@ import { createServer } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
 
-import { Client, CopyConflict, SessiondbError, SessiondbUnavailable } from '../dist/index.js';
+import { Client, CopyConflict, REMEMBERED, SessiondbError, SessiondbUnavailable, rememberId } from '../dist/index.js';
 import { all, serve, sharedServer } from './served.mjs';
 
 const shared = sharedServer();
@@ -373,4 +373,13 @@ test('api keys keep namespaces apart', async () => {
   } finally {
     await keyed.stop();
   }
+});
+
+test('what adapters remember to skip requests stays bounded', () => {
+  const ids = new Set();
+  for (let i = 0; i < REMEMBERED; i++) rememberId(ids, `id-${i}`);
+  rememberId(ids, 'id-0');
+  assert.equal(ids.size, REMEMBERED, 'an id remembered already is not a new entry');
+  rememberId(ids, 'one more');
+  assert.deepEqual([...ids], ['one more']);
 });
