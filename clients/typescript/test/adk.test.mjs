@@ -228,7 +228,8 @@ test('a compacted session still gives every event', async () => {
   }
 });
 
-test('a service holds the paths of the sessions used last', async () => {
+/** A service on a client of its own that records the status of each history read. */
+function recordingService() {
   const client = new Client({ baseUrl: shared.client.baseUrl });
   const statuses = [];
   const open = client.open.bind(client);
@@ -237,7 +238,11 @@ test('a service holds the paths of the sessions used last', async () => {
     if (path.endsWith('/history')) statuses.push(answer.status);
     return answer;
   };
-  const service = new SessiondbSessionService(client);
+  return { service: new SessiondbSessionService(client), statuses };
+}
+
+test('a service holds the paths of the sessions used last', async () => {
+  const { service, statuses } = recordingService();
   const appName = freshApp();
   const readAll = async (ids) => {
     for (const sessionId of ids) await service.getSession({ appName, userId: 'ann', sessionId });
@@ -251,15 +256,7 @@ test('a service holds the paths of the sessions used last', async () => {
 });
 
 test('a read after its own writes transfers no events', async () => {
-  const client = new Client({ baseUrl: shared.client.baseUrl });
-  const statuses = [];
-  const open = client.open.bind(client);
-  client.open = async (method, path, ...rest) => {
-    const answer = await open(method, path, ...rest);
-    if (path.endsWith('/history')) statuses.push(answer.status);
-    return answer;
-  };
-  const service = new SessiondbSessionService(client);
+  const { service, statuses } = recordingService();
   const appName = freshApp();
   const where = { appName, userId: 'ann', sessionId: 'h' };
   const readElsewhere = () => new SessiondbSessionService(shared.client).getSession(where);
