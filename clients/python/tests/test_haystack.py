@@ -201,6 +201,19 @@ class SameAsInMemoryTest(ServedTest):
                 self.assertEqual(ours.count_messages(history), memory.count_messages(history))
             memory.delete_messages(history)
 
+    def test_a_history_moves_in_from_the_in_memory_store_once(self):
+        memory = InMemoryChatMessageStore()
+        history = f"h{next(HISTORIES)}"
+        memory.write_messages(history, self.random_messages(random.Random(3), 1)
+                              + self.random_messages(random.Random(5), 2))
+        ours = SessiondbChatMessageStore(self.served.url, prefix="moved:")
+        self.addCleanup(ours.close)
+        every = memory.retrieve_messages(history, last_k=None)
+        self.assertEqual(ours.write_messages(history, every), len(every))
+        self.assertEqual(ours.write_messages(history, every), 0, "run again, it writes nothing")
+        self.assertEqual(shown(ours.retrieve_messages(history, last_k=None)), shown(every))
+        memory.delete_messages(history)
+
     @staticmethod
     def random_messages(rng: random.Random, step: int) -> list[ChatMessage]:
         call = ToolCall(tool_name="f", arguments={"n": step}, id=f"t{step}")
