@@ -34,6 +34,7 @@ so a read after its own write transfers nothing (the server answers ``304``).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -129,7 +130,8 @@ class SessiondbChatMessageStore:
         return len(self._stored(self.session_of(chat_history_id))[0])
 
     def write_messages(self, chat_history_id: str, messages: list[ChatMessage]) -> int:
-        if not isinstance(messages, list) or any(not isinstance(m, ChatMessage) for m in messages):
+        messages = list(messages) if isinstance(messages, Iterable) else None
+        if messages is None or any(not isinstance(m, ChatMessage) for m in messages):
             raise ValueError("Please provide a list of ChatMessages.")
         session = self.session_of(chat_history_id)
         given = []

@@ -168,6 +168,9 @@ class ChatMessageStoreTest(ServedTest):
             with self.assertRaises(ValueError):
                 store.write_messages("bad", ["not a message"])
             with self.assertRaises(ValueError):
+                store.write_messages("bad", 7)
+            self.assertEqual(store.write_messages("bad", (m for m in [])), 0)
+            with self.assertRaises(ValueError):
                 store.retrieve_messages("bad", last_k=-1)
         self.assertEqual(self.store.count_messages("bad"), 0)
 
