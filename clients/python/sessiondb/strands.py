@@ -31,7 +31,8 @@ path with its version (for the 256 conversations used last), so reading it again
 writes transfers nothing (the server answers ``304``).
 
 Moving in. ``copy_sessions`` copies sessions of another repository (``FileSessionManager``,
-``S3SessionManager``) with the agents named: a conversation the target holds whole is skipped,
+whose agents and multi-agents it finds, or ``S3SessionManager`` with the agents named): a
+conversation the target holds whole is skipped,
 one whose target holds its first messages takes the rest, one holding other messages is refused
 (``CopyConflict``).
 """
@@ -39,10 +40,17 @@ one whose target holds its first messages takes the rest, one holding other mess
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from strands.session.file_session_manager import (
+    AGENT_PREFIX,
+    MULTI_AGENT_PREFIX,
+    SESSION_PREFIX,
+    FileSessionManager,
+)
 from strands.session.session_repository import SessionRepository
 from strands.types.exceptions import SessionException
 from strands.types.session import Session, SessionAgent, SessionMessage, decode_bytes_values
@@ -312,28 +320,34 @@ def multi_agent_key(multi_agent_id: str) -> str:
 
 
 def copy_sessions(source: SessionRepository, target: SessiondbSessionRepository,
-                  session_ids: Iterable[str], agent_ids: Iterable[str] = ("default",),
-                  multi_agent_ids: Iterable[str] = ()) -> Copied:
+                  session_ids: Iterable[str], agent_ids: Iterable[str] | None = None,
+                  multi_agent_ids: Iterable[str] | None = None) -> Copied:
     """Copies the sessions ``source`` holds of ``session_ids`` into ``target``: each session's
-    record and, of the agents and multi-agents named (the repository interface lists neither;
-    ``"default"`` is an ``Agent``'s id unless given another), those it holds, each agent with its
-    messages. Returns the ``(session id, agent id)`` pairs copied, and those skipped as the
-    target held them whole already or the source held no such agent (see the module's
-    documentation)."""
-    agent_ids, multi_agent_ids = list(agent_ids), list(multi_agent_ids)
+    record, its agents' records with their messages and its multi-agents' states. The
+    repository interface lists no agents: from a ``FileSessionManager`` they are found in its
+    folders unless named; from another repository, ``agent_ids`` names them (``"default"``, an
+    ``Agent``'s id unless given another, when not named) and ``multi_agent_ids`` the
+    multi-agents (none when not named). Returns the ``(session id, agent id)`` pairs copied,
+    and those skipped as the target held them whole already or the source held no such agent
+    (see the module's documentation)."""
     copied = Copied([], [])
     for session_id in session_ids:
+        named = list(agent_ids) if agent_ids is not None else _stored_ids(
+            source, session_id, "agents", AGENT_PREFIX, ["default"])
         session = source.read_session(session_id)
         if session is None:
-            copied.skipped.extend((session_id, agent_id) for agent_id in agent_ids)
+            copied.skipped.extend((session_id, agent_id) for agent_id in named)
             continue
         record = target.record_of(session_id)
         lines = [{"state": {"key": SESSION_KEY, "value": session.to_dict()}}]
-        for multi_agent_id in multi_agent_ids:
+        for multi_agent_id in (list(multi_agent_ids) if multi_agent_ids is not None else
+                               _stored_ids(source, session_id, "multi_agents",
+                                           MULTI_AGENT_PREFIX, [])):
             state = source.read_multi_agent(session_id, multi_agent_id)
             if state is not None:
                 lines.append({"state": {"key": multi_agent_key(multi_agent_id), "value": state}})
-        for agent_id in agent_ids:
+        wrote_record = False
+        for agent_id in named:
             agent = source.read_agent(session_id, agent_id)
             if agent is None:
                 copied.skipped.append((session_id, agent_id))
@@ -351,8 +365,32 @@ def copy_sessions(source: SessionRepository, target: SessiondbSessionRepository,
                 created_at=[epoch_ms(m.created_at) for m in messages],
                 also_parts=[{"session_id": record, "lines": [*lines, agent_line]}])
             target._held.put(conversation, None)
+            wrote_record |= done
             (copied.copied if done else copied.skipped).append((session_id, agent_id))
+        if not wrote_record:
+            # No agent copy carried the records (none held, or all copied before): they go in
+            # where the target has no such session yet, never over one that went on there.
+            try:
+                target.client.import_together([{"session_id": record, "if_absent": True,
+                                                "lines": lines}])
+            except SessiondbError as error:
+                if error.code != "conflict":
+                    raise
     return copied
+
+
+def _stored_ids(source: SessionRepository, session_id: str, folder: str, prefix: str,
+                otherwise: list[str]) -> list[str]:
+    """The ids of the agents or multi-agents a ``FileSessionManager`` holds in a session, from
+    its folders (``session_<id>/agents/agent_<id>``, as it documents them); ``otherwise`` for
+    any other repository."""
+    if not isinstance(source, FileSessionManager):
+        return otherwise
+    directory = os.path.join(source.storage_dir, f"{SESSION_PREFIX}{session_id}", folder)
+    if not os.path.isdir(directory):
+        return []
+    return sorted(name.removeprefix(prefix) for name in os.listdir(directory)
+                  if name.startswith(prefix))
 
 
 def epoch_ms(iso: str) -> int:

@@ -395,6 +395,7 @@ class CopyTest(ServedTest):
         run(self.files("two"), "other")
         copied = copy_sessions(self.files("one"), self.target, ["one", "two", "absent"],
                                agent_ids=["default", "helper", "nobody"])
+        # From the file store the agents are found; named, they are those.
         self.assertEqual(copied.copied, [("one", "default"), ("one", "helper"),
                                          ("two", "default")])
         self.assertEqual(copied.skipped, [("one", "nobody"), ("two", "helper"),
@@ -414,7 +415,8 @@ class CopyTest(ServedTest):
             __import__("datetime").datetime.fromisoformat(written).timestamp() * 1000))
         # Copied again: nothing to do. After the file store went on: the rest.
         again = copy_sessions(self.files("one"), self.target, ["one"])
-        self.assertEqual((again.copied, again.skipped), ([], [("one", "default")]))
+        self.assertEqual((again.copied, again.skipped), ([], [("one", "default"),
+                                                              ("one", "helper")]))
         run(self.files("one"), "third")
         later = copy_sessions(self.files("one"), self.target, ["one"])
         self.assertEqual(later.copied, [("one", "default")])
@@ -425,6 +427,31 @@ class CopyTest(ServedTest):
         self.assertEqual(text, "shown 9, last now here")
         self.assertEqual(without_tracking(agent.messages[:4]), without_tracking(before.messages))
         self.assertEqual(agent.state.get("mood"), "calm")
+
+    def test_the_file_stores_agents_and_graphs_are_found(self):
+        run(self.files("one"), "hello")
+        helper = Agent(model=ScriptedModel(), agent_id="helper", callback_handler=None,
+                       session_manager=self.files("one"))
+        helper("help")
+        builder = GraphBuilder()
+        builder.add_node(Agent(model=ScriptedModel(), callback_handler=None), "only")
+        builder.set_graph_id("pipeline")
+        builder.set_max_node_executions(2)
+        builder.set_session_manager(self.files("graph"))
+        builder.build()("work")
+        copied = copy_sessions(self.files("one"), self.target, ["one", "graph"])
+        self.assertEqual(copied, ([("one", "default"), ("one", "helper")], []))
+        self.assertEqual(len(self.target.list_messages("one", "helper")), 2)
+        # A session of a graph alone: its record and the graph's state.
+        source = self.files("graph")
+        self.assertEqual(self.target.read_multi_agent("graph", "pipeline"),
+                         source.read_multi_agent("graph", "pipeline"))
+        self.assertEqual(self.target.read_session("graph").to_dict(),
+                         source.read_session("graph").to_dict())
+        # Copied again, nothing is written over what went on in sessiondb.
+        self.client.put_state(self.prefix + "graph", "strandsMultiAgent:pipeline", {"on": 1})
+        copy_sessions(self.files("graph"), self.target, ["graph"])
+        self.assertEqual(self.target.read_multi_agent("graph", "pipeline"), {"on": 1})
 
     def test_a_conversation_holding_other_messages_is_not_copied_over(self):
         run(self.files("one"), "from the files")
