@@ -42,7 +42,6 @@ holding other messages is refused (``CopyConflict``). A conversation longer than
 from __future__ import annotations
 
 import asyncio
-import json
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
@@ -55,8 +54,6 @@ from .client import Client, Copied, HeldPaths, SessiondbError, bounded_id
 
 MESSAGE_KEY = "agentFrameworkMessage"
 SESSION_KEY = "agentFrameworkSession"
-# Reads and writes of one save before another writer's steady changes make it give up.
-SAVE_ATTEMPTS = 3
 
 
 def message_of(message: Message) -> dict:
@@ -122,7 +119,7 @@ class SessiondbHistoryProvider(HistoryProvider):
         """Deletes the conversation's messages; the session and its state stay."""
         session = self.session_of(session_id)
         await asyncio.to_thread(self.client.clear, session)
-        self._held.put(session, None)
+        self._held.pop(session)
 
     def _read(self, session: str) -> list[dict]:
         """The session's path as the model sees it, transferred only when it changed since
@@ -132,38 +129,14 @@ class SessiondbHistoryProvider(HistoryProvider):
         return path
 
     def _save(self, session: str, messages: list[Message]) -> None:
-        held = self._held.get(session)
+        def missing(stored: list[dict]) -> list[dict]:
+            added = filter_new_messages([framework_message_of(m) for m in stored], messages)
+            return [message_of(m) for m in added]
+
         # `filter_new_messages` looks further back than the last `len(messages)` stored messages
         # only when there are no more stored than that (it then looks for all of them among the
         # given ones): a run's save parses its few, not the whole conversation.
-        compared = len(messages)
-        for _ in range(SAVE_ATTEMPTS):
-            if held is not None:
-                # As held: written at that version, or refused when the session moved since.
-                stored = [json.loads(line) for line in held.lines[-compared:]]
-                condition: dict[str, Any] = {"if_version": held.version}
-            else:
-                stored, held = self.client.held_stored_history(session, None)
-                condition = {"if_leaf": stored[-1]["id"]} if stored else {}
-                stored = stored[-compared:]
-            added = filter_new_messages([framework_message_of(m) for m in stored], messages)
-            if not added:
-                self._held.put(session, held)
-                return
-            try:
-                written, version = self.client.append_batch_versioned(
-                    session, [message_of(m) for m in added], **condition)
-            except SessiondbError as error:
-                if error.code not in ("conflict", "not_found"):
-                    raise
-                held = None
-                continue
-            self._held.put(session, held.extended(version, written)
-                           if held is not None and version else None)
-            return
-        self._held.put(session, None)
-        raise SessiondbError(409, "conflict", f"session {session!r} kept changing while "
-                             "messages were saved to it; nothing was saved")
+        self.client.append_missing(session, missing, self._held, tail=len(messages))
 
 
 # The framework warns when a class derives from ``SessionStore``, which it marks experimental:
@@ -225,6 +198,6 @@ async def copy_history(source: HistoryProvider, target: SessiondbHistoryProvider
 
         done = bool(wanted) and await asyncio.to_thread(
             target.client.copy_conversation, target_session, wanted, same)
-        target._held.put(target_session, None)
+        target._held.pop(target_session)
         (copied.copied if done else copied.skipped).append(session_id)
     return copied

@@ -499,6 +499,59 @@ class Client:
                                            _condition_query(if_leaf, if_version), body)
         return stored["messages"], version
 
+    def append_held(self, session_id: str, messages: list[dict], held: HeldPaths) -> list[dict]:
+        """``append_batch`` for a caller that holds the session's path in ``held``: written at
+        the version held, the held path extends by the messages; when nothing is held, or the
+        session moved since, they are appended under the active leaf all the same and the path
+        is forgotten (the next read transfers it)."""
+        kept = held.pop(session_id)
+        if kept is not None:
+            try:
+                written, version = self.append_batch_versioned(session_id, messages,
+                                                               if_version=kept.version)
+            except SessiondbError as error:
+                if error.code not in ("conflict", "not_found"):
+                    raise
+            else:
+                held.put(session_id, kept.extended(version, written) if version else None)
+                return written
+        return self.append_batch(session_id, messages)
+
+    def append_missing(self, session_id: str, missing: Callable[[list[dict]], list[dict]],
+                       held: HeldPaths, tail: int | None = None) -> list[dict]:
+        """Appends what ``missing(stored)`` finds the session lacks, given its stored path (its
+        last ``tail`` messages when given), in one write made only while the session is as that
+        path was read: a write from elsewhere in between is read and compared again (three
+        attempts, then a ``conflict``). The path held in ``held`` is compared without a read
+        (the write's condition is the check) and extended by what was written. Returns it."""
+        kept = held.get(session_id)
+        for _ in range(3):
+            condition: dict[str, Any]
+            if kept is not None:
+                stored = _json_lines(list(kept.lines[-tail:] if tail else kept.lines))
+                condition = {"if_version": kept.version}
+            else:
+                stored, kept = self.held_stored_history(session_id, None)
+                condition = {"if_leaf": stored[-1]["id"]} if stored else {}
+                stored = stored[-tail:] if tail else stored
+            added = missing(stored)
+            if not added:
+                held.put(session_id, kept)
+                return []
+            try:
+                written, version = self.append_batch_versioned(session_id, added, **condition)
+            except SessiondbError as error:
+                if error.code not in ("conflict", "not_found"):
+                    raise
+                kept = None
+                continue
+            held.put(session_id, kept.extended(version, written)
+                     if kept is not None and version else None)
+            return written
+        held.put(session_id, None)
+        raise SessiondbError(409, "conflict", f"session {session_id!r} kept changing while "
+                             "messages were written to it; nothing was written")
+
     def _post_write(self, path: str, query: dict[str, Any], body: Any) -> tuple[Any, int | None]:
         """POSTs a write: its decoded answer, and the session's version once it committed."""
         raw, answer = self._answered("POST", path, query, body)

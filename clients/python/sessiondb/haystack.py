@@ -56,8 +56,6 @@ from .client import (
 MESSAGE_KEY = "haystackMessage"
 HISTORY_KEY = "haystackChatHistory"
 ID_KEY = "chat_message_id"
-# Reads and writes of one write before another writer's steady changes make it give up.
-WRITE_ATTEMPTS = 3
 ROLES = {role.value for role in ChatRole}
 
 
@@ -127,7 +125,10 @@ class SessiondbChatMessageStore:
         return bounded_id(chat_history_id, self.prefix)
 
     def count_messages(self, chat_history_id: str) -> int:
-        return len(self._stored(self.session_of(chat_history_id))[0])
+        session = self.session_of(chat_history_id)
+        stored, held = self.client.held_stored_history(session, self._held.get(session))
+        self._held.put(session, held)
+        return len(stored)
 
     def write_messages(self, chat_history_id: str, messages: list[ChatMessage]) -> int:
         messages = list(messages) if isinstance(messages, Iterable) else None
@@ -142,39 +143,21 @@ class SessiondbChatMessageStore:
                 message = replace(message, _meta={ID_KEY: "msg_" + uuid.uuid4().hex,
                                                   **message.meta})
             if not str(message.meta[ID_KEY]).startswith(COMPACTION_PREFIX):
-                given.append(message)
+                given.append(message_of(message))
         if not given:
             return 0
         self._list(session, chat_history_id)
-        for _ in range(WRITE_ATTEMPTS):
-            stored, held = self._stored(session)
-            # Written only while the history is as read: at the version held, else (a
-            # compaction in it) under the leaf read.
-            condition: dict[str, Any] = (
-                {"if_version": held.version} if held is not None
-                else {"if_leaf": stored[-1]["id"] if stored else None})
+
+        def missing(stored: list[dict]) -> list[dict]:
             known = {m["id"] for m in stored}
             added = []
             for message in given:
-                written = message_of(message)
-                if written["id"] not in known:
-                    known.add(written["id"])
-                    added.append(written)
-            if not added:
-                return 0
-            try:
-                written, version = self.client.append_batch_versioned(session, added,
-                                                                      **condition)
-            except SessiondbError as error:
-                if error.code not in ("conflict", "not_found"):
-                    raise
-                self._held.pop(session)
-                continue
-            self._held.put(session, held.extended(version, written)
-                           if held is not None and version else None)
-            return len(added)
-        raise SessiondbError(409, "conflict", f"chat history {chat_history_id!r} kept changing "
-                             "while messages were written to it; nothing was written")
+                if message["id"] not in known:
+                    known.add(message["id"])
+                    added.append(message)
+            return added
+
+        return len(self.client.append_missing(session, missing, self._held))
 
     def retrieve_messages(self, chat_history_id: str,
                           last_k: int | None = None) -> list[ChatMessage]:
@@ -210,12 +193,6 @@ class SessiondbChatMessageStore:
                     and record["id"].startswith(self.prefix)):
                 self._held.pop(record["id"])
                 self.client.clear(record["id"])
-
-    def _stored(self, session: str) -> tuple[list[dict], Any]:
-        """The history's path as stored, and what to hold of it (see ``held_stored_history``)."""
-        stored, held = self.client.held_stored_history(session, self._held.get(session))
-        self._held.put(session, held)
-        return stored, held
 
     def _list(self, session: str, chat_history_id: str) -> None:
         """Creates the history's session, listed as a Haystack chat history, unless it is."""

@@ -99,15 +99,16 @@ class _KeyedSessions:
         self.client = client
         # Keys whose session this process has created (or found), so an add is one request.
         self.registered = RememberedIds()
-        # Per key (for the 256 used last), the session's stored path at its version as this
+        # Per key's session (for the 256 used last), its stored path at its version as this
         # store last read or wrote it: a read while the session is still at that version
         # transfers nothing.
         self.held = HeldPaths()
 
     def stored(self, key: str, status: Optional[MessageStatus] = None) -> list[dict]:
         """The key's stored messages of ``status`` (any when ``None``), oldest first."""
-        path, held = self.client.held_stored_history(session_of(key), self.held.get(key))
-        self.held.put(key, held)
+        session = session_of(key)
+        path, held = self.client.held_stored_history(session, self.held.get(session))
+        self.held.put(session, held)
         return [m for m in path if status is None or _status_of(m) == status.value]
 
     def append(self, key: str, messages: List[ChatMessage],
@@ -123,25 +124,12 @@ class _KeyedSessions:
                 if error.code != "conflict":
                     raise
             self.registered.add(key)
-        stored = [message_of_chat_message(m, status) for m in messages]
-        held = self.held.pop(key)
-        if held is not None:
-            # At the version held: what is held plus these is then the stored path.
-            try:
-                added, version = self.client.append_batch_versioned(session, stored,
-                                                                    if_version=held.version)
-            except SessiondbError as error:
-                if error.code not in ("conflict", "not_found"):
-                    raise
-            else:
-                if version is not None:
-                    self.held.put(key, held.extended(version, added))
-                return
-        self.client.append_batch(session, stored)
+        self.client.append_held(session, [message_of_chat_message(m, status) for m in messages],
+                                self.held)
 
     def replace(self, key: str, messages: List[ChatMessage],
                 status: MessageStatus = MessageStatus.ACTIVE) -> None:
-        self.held.pop(key)
+        self.held.pop(session_of(key))
         try:
             self.client.clear(session_of(key))
         except SessiondbError as error:
@@ -151,7 +139,7 @@ class _KeyedSessions:
 
     def delete(self, key: str, stored: list[dict]) -> List[ChatMessage]:
         """Deletes these stored messages of the key (in one write) and returns them."""
-        self.held.pop(key)
+        self.held.pop(session_of(key))
         if stored:
             self.client.delete_messages(session_of(key), [m["id"] for m in stored])
         return [chat_message_of(m) for m in stored]
@@ -163,13 +151,13 @@ class _KeyedSessions:
         return self.delete(key, [stored[idx]])[0]
 
     def delete_key(self, key: str) -> None:
-        self.held.pop(key)
+        self.held.pop(session_of(key))
         self.client.delete_session(session_of(key), True)
         self.registered.discard(key)
 
     def archive_oldest(self, key: str, n: int) -> List[ChatMessage]:
         oldest = self.stored(key, MessageStatus.ACTIVE)[:max(n, 0)]
-        self.held.pop(key)
+        self.held.pop(session_of(key))
         for message in oldest:
             metadata = {**(message.get("metadata") or {}), STATUS_KEY: MessageStatus.ARCHIVED.value}
             self.client.update_message(session_of(key), message["id"], metadata=metadata)
@@ -184,7 +172,7 @@ class _KeyedSessions:
         """Stores ``messages`` as the key's, or those it lacks of them (see
         ``copy_chat_store``): whether it wrote. A key without messages is not created.
         ``created_at`` dates each message (epoch milliseconds), the session by the first."""
-        self.held.pop(key)
+        self.held.pop(session_of(key))
         record: dict[str, Any] = {"metadata": {KEY_KEY: key}}
         if created_at and created_at[0] is not None:
             record["createdAt"] = created_at[0]

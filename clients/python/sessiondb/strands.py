@@ -188,7 +188,7 @@ class SessiondbSessionRepository(SessionRepository):
                 self._agents_created.pop((session_id, value["agent_id"]), None)
                 conversation = self.conversation_of(session_id, value["agent_id"])
                 self.client.delete_session(conversation, missing_ok=True)
-                self._held.put(conversation, None)
+                self._held.pop(conversation)
         self.client.delete_session(record, missing_ok=True)
 
     # -- agents -----------------------------------------------------------------------------
@@ -226,22 +226,8 @@ class SessiondbSessionRepository(SessionRepository):
 
     def create_message(self, session_id: str, agent_id: str, session_message: SessionMessage,
                        **kwargs: Any) -> None:
-        conversation = self.conversation_of(session_id, agent_id)
-        message = message_of(session_message)
-        held = self._held.get(conversation)
-        if held is not None:
-            # Written at the version held, the held path extends by it; else read anew later.
-            try:
-                written, version = self.client.append_batch_versioned(
-                    conversation, [message], if_version=held.version)
-                self._held.put(conversation, held.extended(version, written) if version
-                               else None)
-                return
-            except SessiondbError as error:
-                if error.code not in ("conflict", "not_found"):
-                    raise
-        self._held.put(conversation, None)
-        self.client.append(conversation, message)
+        self.client.append_held(self.conversation_of(session_id, agent_id),
+                                [message_of(session_message)], self._held)
 
     def read_message(self, session_id: str, agent_id: str, message_id: int,
                      **kwargs: Any) -> SessionMessage | None:
@@ -259,7 +245,7 @@ class SessiondbSessionRepository(SessionRepository):
         session_message.created_at = session_message_of(stored, position).created_at
         conversation = self.conversation_of(session_id, agent_id)
         self.client.replace_message(conversation, stored["id"], message_of(session_message))
-        self._held.put(conversation, None)
+        self._held.pop(conversation)
 
     def list_messages(self, session_id: str, agent_id: str, limit: int | None = None,
                       offset: int = 0, **kwargs: Any) -> list[SessionMessage]:
@@ -364,7 +350,7 @@ def copy_sessions(source: SessionRepository, target: SessiondbSessionRepository,
                 conversation, wanted, same,
                 created_at=[epoch_ms(m.created_at) for m in messages],
                 also_parts=[{"session_id": record, "lines": [*lines, agent_line]}])
-            target._held.put(conversation, None)
+            target._held.pop(conversation)
             wrote_record |= done
             (copied.copied if done else copied.skipped).append((session_id, agent_id))
         if not wrote_record:
